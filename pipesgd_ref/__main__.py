@@ -1,0 +1,5 @@
+"""`python -m pipesgd_ref` is the `pipesgd` command."""
+
+from pipesgd_ref.cli import main
+
+raise SystemExit(main())

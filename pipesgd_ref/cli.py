@@ -1,0 +1,136 @@
+"""The `pipesgd` command (also `python -m pipesgd_ref`).
+
+    pipesgd compare [--quick] [--out DIR] [config options]   the main job (see below)
+    pipesgd reference [config options]                        one run of a one-process oracle
+    pipesgd config [config options]                           print the resolved configuration
+
+Config options, applied in order: --preset NAME (laptop, tiny), --config FILE (.toml/.json),
+then any --key=value (or --key value) naming a TrainConfig field, e.g. --lr=0.05 --hidden=128,64.
+
+`compare` currently runs the one-process reference of synchronous SGD (width 1) and of
+Pipe-SGD's staleness-one update (width 2) on the same problem and prints them side by side;
+the distributed runs, the baselines and the timing models join the table as they land.
+
+Bad input (unknown key, wrong type, impossible value, missing data file) prints one line that
+says what is wrong and exits with status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from pipesgd_ref.config import (
+    ConfigError,
+    TrainConfig,
+    apply_overrides,
+    field_names,
+    load_config_file,
+)
+from pipesgd_ref.data import DataError
+from pipesgd_ref.train import TrainingDiverged, run_reference, write_json
+
+EXIT_USAGE = 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="pipesgd",
+        description="Pipe-SGD reference implementation: train, compare, predict.",
+        epilog="Config keys (as --key=value): " + ", ".join(field_names()),
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def common(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--preset", default="laptop", help="starting config (laptop, tiny)")
+        sp.add_argument("--config", help="a .toml or .json file of config keys")
+        sp.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    c = sub.add_parser("compare", help="the paper's comparison in miniature (the main job)")
+    common(c)
+    c.add_argument("--quick", action="store_true", help="a short run (CI, tutorials)")
+    c.add_argument("--out", dest="out_dir", default="runs/compare", help="where to write results")
+    r = sub.add_parser("reference", help="train with a one-process oracle")
+    common(r)
+    g = sub.add_parser("config", help="print the resolved configuration as JSON")
+    common(g)
+    return p
+
+
+def _split_overrides(rest: list[str]) -> list[str]:
+    """Accept both --key=value and --key value; anything else is an error."""
+    out, i = [], 0
+    while i < len(rest):
+        arg = rest[i]
+        if arg.startswith("--") and "=" not in arg and i + 1 < len(rest):
+            if not rest[i + 1].startswith("--"):
+                out.append(f"{arg}={rest[i + 1]}")
+                i += 2
+                continue
+        out.append(arg)
+        i += 1
+    return out
+
+
+def resolve_config(args: argparse.Namespace, rest: list[str]) -> TrainConfig:
+    cfg = TrainConfig.preset(args.preset)
+    if args.config:
+        cfg = load_config_file(args.config, base=cfg)
+    return apply_overrides(cfg, _split_overrides(rest))
+
+
+def cmd_compare(args: argparse.Namespace, cfg: TrainConfig) -> int:
+    if args.quick:
+        cfg = cfg.replace(steps=min(cfg.steps, 150), eval_every=50)
+    runs = {}
+    methods = [("sync", 1), ("pipe (staleness 1)", 2)]
+    for i, (name, width) in enumerate(methods, 1):
+        label = f"[{i}/{len(methods)}] {name}"
+        runs[name] = run_reference(
+            cfg.replace(width=width, out=""), not args.no_progress, label=label
+        )
+    print()
+    print(f"one-process reference, {cfg.world_size} workers, {cfg.dataset}, {cfg.model}:")
+    to_target = f"steps to {cfg.target_accuracy:.0%}"
+    header = (
+        f"{'method':<20} {'steps':>6} {'wall s':>8} {'train loss':>11} {'test acc':>9} "
+        f"{to_target:>14}"
+    )
+    print(header)
+    print("-" * len(header))
+    for name, s in runs.items():
+        to_target = s["steps_to_target"] if s["steps_to_target"] is not None else "not reached"
+        print(
+            f"{name:<20} {s['steps']:>6} {s['wall_time_s']:>8.2f} {s['final_train_loss']:>11.4f} "
+            f"{s['test_accuracy']:>9.4f} {to_target:>14}"
+        )
+    path = Path(args.out_dir) / "compare.json"
+    write_json(path, {"kind": "reference", "runs": runs, "config": cfg.to_dict()})
+    print(f"\nwrote {path}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, rest = _parser().parse_known_args(argv)
+    try:
+        cfg = resolve_config(args, rest)
+        if args.command == "config":
+            import json
+
+            print(json.dumps(cfg.to_dict(), indent=2))
+            return 0
+        if args.command == "reference":
+            run_reference(cfg, progress=not args.no_progress)
+            return 0
+        return cmd_compare(args, cfg)
+    except (ConfigError, DataError, TrainingDiverged) as e:
+        print(f"pipesgd: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("pipesgd: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

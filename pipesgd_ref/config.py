@@ -1,0 +1,246 @@
+"""TrainConfig: every knob of a training run, in one frozen dataclass.
+
+Three ways to set it, applied in this order (later wins):
+    1. a preset:              TrainConfig.preset("laptop")
+    2. a TOML or JSON file:   load_config_file("run.toml")   (flat keys, or under a [train] table)
+    3. --key=value overrides: apply_overrides(cfg, ["--lr=0.05", "--hidden=128,64"])
+Every value is type-checked against the field's annotation; an unknown key is rejected with the
+list of valid ones (a typo must never silently fall back to a default).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import sys
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+
+class ConfigError(ValueError):
+    """A configuration a person wrote is wrong; the message says what and how to fix it."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    # --- problem ---
+    dataset: str = "digits"  # digits | synthetic[:samples=N,...,seed=S] | mnist:PATH
+    model: str = "mlp"  # softmax | mlp
+    hidden: tuple[int, ...] = (64,)  # MLP hidden widths, e.g. --hidden=128,64 (ignored by softmax)
+    backend: str = "numpy"  # ops backend: numpy (the reference) | numba (njit CPU kernels)
+    # --- parallelism ---
+    world_size: int = 4  # p: number of workers, each with its own shard of the training set
+    width: int = 2  # K: pipeline width; staleness = K - 1 (1 = synchronous, 2 = Pipe-SGD)
+    warmup_steps: int = 0  # synchronous steps before the pipeline starts (0 = none)
+    # --- optimisation ---
+    batch_size: int = 32  # per-worker minibatch; the effective batch is world_size * batch_size
+    lr: float = 0.1  # learning rate of plain SGD on the averaged gradient
+    lr_decay: float = 0.0  # lr_t = lr / (1 + lr_decay * t); 0 keeps lr constant
+    steps: int = 600  # gradient computations per worker (ignored when epochs > 0)
+    epochs: float = 0.0  # if > 0, run this many passes over each worker's shard instead of steps
+    seed: int = 0  # seeds the initial weights and every worker's minibatch order
+    # --- reporting ---
+    eval_every: int = 100  # steps between test-accuracy evaluations (0 = only at the end)
+    target_accuracy: float = 0.95  # test accuracy whose first crossing is reported (time/steps)
+    out: str = ""  # folder for results (summary.json); empty = write nothing
+
+    def __post_init__(self):
+        problems = []
+        if self.world_size < 1:
+            problems.append(f"world_size must be >= 1, got {self.world_size}")
+        if self.width < 1:
+            problems.append(f"width must be >= 1 (1 = synchronous), got {self.width}")
+        if self.warmup_steps < 0:
+            problems.append(f"warmup_steps must be >= 0, got {self.warmup_steps}")
+        if self.batch_size < 1:
+            problems.append(f"batch_size must be >= 1, got {self.batch_size}")
+        if not self.lr > 0 or self.lr == float("inf"):
+            problems.append(f"lr must be a positive finite number, got {self.lr}")
+        if self.lr_decay < 0:
+            problems.append(f"lr_decay must be >= 0, got {self.lr_decay}")
+        if self.steps < 1 and self.epochs <= 0:
+            problems.append(f"steps must be >= 1 (or set epochs > 0), got {self.steps}")
+        if self.epochs < 0:
+            problems.append(f"epochs must be >= 0, got {self.epochs}")
+        if self.eval_every < 0:
+            problems.append(f"eval_every must be >= 0, got {self.eval_every}")
+        if not 0 <= self.target_accuracy <= 1:
+            problems.append(f"target_accuracy must be in [0, 1], got {self.target_accuracy}")
+        if any(h < 1 for h in self.hidden):
+            problems.append(f"hidden widths must be >= 1, got {self.hidden}")
+        if self.backend not in ("numpy", "numba"):
+            problems.append(f"backend must be numpy or numba, got {self.backend!r}")
+        if self.model not in ("softmax", "mlp"):
+            problems.append(f"model must be softmax or mlp, got {self.model!r}")
+        if problems:
+            raise ConfigError("invalid configuration: " + "; ".join(problems))
+
+    @property
+    def staleness(self) -> int:
+        """K - 1: how many steps old the applied gradient is."""
+        return self.width - 1
+
+    def lr_at(self, step: int) -> float:
+        """The learning rate of update `step`: lr / (1 + lr_decay * step)."""
+        return self.lr / (1.0 + self.lr_decay * step)
+
+    @classmethod
+    def preset(cls, name: str) -> TrainConfig:
+        if name not in PRESETS:
+            raise ConfigError(f"unknown preset {name!r}; choose one of: {', '.join(PRESETS)}")
+        return cls(**PRESETS[name])
+
+    def replace(self, **changes: Any) -> TrainConfig:
+        """A copy with `changes` applied, each type-checked like an override."""
+        return apply_dict(self, changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: _jsonable(getattr(self, f.name)) for f in fields(self)}
+
+
+# Presets: named starting points. Every field not named keeps its default above.
+PRESETS: dict[str, dict[str, Any]] = {
+    # digits, 4 workers, a small MLP: seconds on a laptop, ~97% test accuracy
+    "laptop": dict(dataset="digits", model="mlp", hidden=(64,), world_size=4, batch_size=32,
+                   lr=0.1, steps=600, eval_every=100),
+    # the smallest run that still learns: for CI, tutorials and smoke tests
+    "tiny": dict(dataset="digits", model="softmax", hidden=(), world_size=2, batch_size=16,
+                 lr=0.1, steps=60, eval_every=20, target_accuracy=0.8),
+}  # fmt: skip
+
+
+def _jsonable(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def field_names() -> list[str]:
+    return [f.name for f in fields(TrainConfig)]
+
+
+def _field(key: str) -> dataclasses.Field:
+    name = key.replace("-", "_")
+    for f in fields(TrainConfig):
+        if f.name == name:
+            return f
+    valid = field_names()
+    close = difflib.get_close_matches(name, valid, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise ConfigError(f"unknown config key {key!r}{hint}; valid keys: {', '.join(valid)}")
+
+
+def _coerce(f: dataclasses.Field, value: Any) -> Any:
+    """Convert `value` (a string from the command line, or a TOML/JSON value) to f's type."""
+    kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    want = {"int": "an integer", "float": "a number", "str": "a string", "bool": "true or false",
+            "tuple[int, ...]": "a comma-separated list of integers"}[kind]  # fmt: skip
+
+    def bad() -> ConfigError:
+        return ConfigError(f"config key {f.name!r} expects {want}, got {value!r}")
+
+    if kind == "tuple[int, ...]":
+        if isinstance(value, str):
+            parts = [p for p in value.replace(" ", "").split(",") if p]
+        elif isinstance(value, (list, tuple)):
+            parts = list(value)
+        else:
+            raise bad()
+        try:
+            return tuple(_coerce_int(p) for p in parts)
+        except (TypeError, ValueError):
+            raise bad() from None
+    if kind == "bool":
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "false", "0", "no"):
+            return value.lower() in ("true", "1", "yes")
+        raise bad()
+    if kind == "str":
+        if isinstance(value, str):
+            return value
+        raise bad()
+    try:
+        if kind == "int":
+            return _coerce_int(value)
+        if isinstance(value, bool):
+            raise ValueError
+        return float(value)
+    except (TypeError, ValueError):
+        raise bad() from None
+
+
+def _coerce_int(value: Any) -> int:
+    if isinstance(value, bool):
+        raise ValueError("a bool is not an integer")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise ValueError(value)
+        return int(value)
+    return int(str(value).replace("_", ""), 10)
+
+
+def apply_dict(cfg: TrainConfig, values: dict[str, Any]) -> TrainConfig:
+    """`cfg` with the given keys replaced, each checked and converted to its field's type."""
+    changes = {}
+    for key, value in values.items():
+        f = _field(key)
+        changes[f.name] = _coerce(f, value)
+    return dataclasses.replace(cfg, **changes)
+
+
+def parse_overrides(args: list[str]) -> dict[str, str]:
+    """["--lr=0.05", "--hidden=128,64"] -> {"lr": "0.05", "hidden": "128,64"}."""
+    out = {}
+    for arg in args:
+        if not arg.startswith("--") or "=" not in arg:
+            raise ConfigError(f"expected an override of the form --key=value, got {arg!r}")
+        key, value = arg[2:].split("=", 1)
+        _field(key)  # reject unknown keys before any value is converted
+        out[key] = value
+    return out
+
+
+def apply_overrides(cfg: TrainConfig, args: list[str]) -> TrainConfig:
+    return apply_dict(cfg, parse_overrides(args))
+
+
+def load_config_file(path: str | Path, base: TrainConfig | None = None) -> TrainConfig:
+    """Read a .toml or .json file of keys (flat, or inside a [train] table) onto `base`."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    text = path.read_text()
+    try:
+        if path.suffix == ".toml":
+            data = tomllib.loads(text)
+        elif path.suffix == ".json":
+            data = json.loads(text)
+        else:
+            raise ConfigError(f"config file {str(path)!r}: expected a .toml or .json suffix")
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"config file {str(path)!r} is not valid {path.suffix[1:]}: {e}") from e
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {str(path)!r}: expected a table of keys at the top")
+    if set(data) == {"train"} and isinstance(data["train"], dict):
+        data = data["train"]
+    return apply_dict(base or TrainConfig(), data)
+
+
+__all__ = [
+    "ConfigError",
+    "PRESETS",
+    "TrainConfig",
+    "apply_dict",
+    "apply_overrides",
+    "field_names",
+    "load_config_file",
+    "parse_overrides",
+]

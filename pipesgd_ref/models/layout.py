@@ -1,0 +1,56 @@
+"""One flat parameter vector, viewed as per-layer arrays.
+
+Every model keeps all its parameters in ONE contiguous 1-D array and looks at slices of it as
+matrices and vectors. Gradients live in a second flat array with the same layout. Why: the
+collective (ring AllReduce, parameter server) then sees one array and chunks it however it likes,
+with no per-layer bookkeeping on the wire; production systems call this a fused tensor.
+
+    flat params: [ W0 (n_in x h0) | b0 (h0) | W1 (h0 x h1) | b1 (h1) | ... ]
+                   ^ views: W0 = flat[0 : n_in*h0].reshape(n_in, h0), etc. No copies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where one named tensor lives in the flat vector."""
+
+    name: str
+    shape: tuple[int, ...]
+    offset: int
+
+    @property
+    def size(self) -> int:
+        return prod(self.shape)
+
+
+class ParamLayout:
+    """The ordered list of named tensors in a flat vector, and views into any such vector."""
+
+    def __init__(self, shapes: list[tuple[str, tuple[int, ...]]]):
+        slots, offset = [], 0
+        for name, shape in shapes:
+            slots.append(Slot(name, tuple(shape), offset))
+            offset += prod(shape)
+        self.slots: tuple[Slot, ...] = tuple(slots)
+        self.size = offset  # total number of parameters, n
+
+    def views(self, flat: np.ndarray) -> dict[str, np.ndarray]:
+        """Views (not copies) of `flat` as the named tensors: writing a view writes `flat`."""
+        if flat.ndim != 1 or flat.shape[0] != self.size:
+            raise ValueError(
+                f"expected a flat vector of {self.size} parameters, got shape {flat.shape}"
+            )
+        if not flat.flags.c_contiguous:
+            raise ValueError("the flat parameter vector must be contiguous (views need it)")
+        return {s.name: flat[s.offset : s.offset + s.size].reshape(s.shape) for s in self.slots}
+
+    def __repr__(self) -> str:
+        parts = ", ".join(f"{s.name}{list(s.shape)}" for s in self.slots)
+        return f"ParamLayout({self.size} params: {parts})"

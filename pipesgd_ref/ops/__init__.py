@@ -1,0 +1,57 @@
+"""The backend table: one set of named ops, several implementations.
+
+    numpy  -> the reference (ops/numpy_ops.py): the definition every other backend must match
+    numba  -> Numba CPU, `njit(nogil=True)` (ops/numba_ops.py)
+
+A backend is chosen once, by name (`--backend numpy|numba`), and handed to the model and the
+algorithms; code never branches on the backend after that. Every backend module provides the
+functions listed in `OP_NAMES` with the same signatures and meaning.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+OP_NAMES = (
+    "dense_forward",  # Y = X @ W + b
+    "dense_backward",  # dW = X^T dY, db = sum_rows dY, dX = dY W^T
+    "relu_forward",  # A = max(Z, 0)
+    "relu_backward",  # dZ = dA * [Z > 0]
+    "softmax_xent_grad",  # mean cross-entropy of softmax(logits), and d/dlogits
+    "add_into",  # dst += src
+    "scale",  # x *= alpha
+    "sgd_step",  # params -= lr * grads
+)
+
+BACKENDS = {
+    "numpy": "pipesgd_ref.ops.numpy_ops",
+    "numba": "pipesgd_ref.ops.numba_ops",
+}
+
+
+class Backend:
+    """A named set of ops; attribute access gives the op, e.g. `backend.sgd_step(p, g, lr)`."""
+
+    def __init__(self, name: str, module: ModuleType):
+        self.name = name
+        missing = [op for op in OP_NAMES if not hasattr(module, op)]
+        if missing:
+            raise ImportError(f"backend {name!r} ({module.__name__}) lacks ops: {missing}")
+        for op in OP_NAMES:
+            setattr(self, op, getattr(module, op))
+
+    def __repr__(self) -> str:
+        return f"Backend({self.name!r})"
+
+
+_loaded: dict[str, Backend] = {}
+
+
+def get_backend(name: str = "numpy") -> Backend:
+    """The backend called `name`; imported on first use (Numba compiles lazily, per dtype)."""
+    if name not in BACKENDS:
+        raise ValueError(f"unknown backend {name!r}; choose one of: {', '.join(BACKENDS)}")
+    if name not in _loaded:
+        _loaded[name] = Backend(name, importlib.import_module(BACKENDS[name]))
+    return _loaded[name]

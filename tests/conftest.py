@@ -1,0 +1,21 @@
+"""Test-wide settings: hypothesis profiles.
+
+`ci` (chosen when the CI environment variable is set): derandomized, so a CI run is
+reproducible; no deadline, because a shared 2-core machine has noisy timings. `dev` (default):
+random examples, also without deadlines (Numba compiles on the first call of each op).
+Choose another with HYPOTHESIS_PROFILE=name.
+"""
+
+import os
+
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "ci",
+    derandomize=True,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile("dev", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
