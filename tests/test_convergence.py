@@ -41,7 +41,7 @@ def quadratic_run(A, b, lr, staleness, steps=3000):
     top = np.linalg.eigh(A)[1][:, -1]
     w0 = w_star + top + 0.1 * np.cos(np.arange(len(b)))
     with np.errstate(over="ignore", invalid="ignore"):  # the diverging runs overflow to inf/NaN
-        traj = delayed_sgd(lambda w, r, t: (0.0, A @ w - b), w0, 1, steps, lr, staleness)
+        traj = delayed_sgd(lambda w, r, t: (0.0, A @ w - b), w0, 1, steps, lr, staleness=staleness)
         return np.linalg.norm(traj.params - w_star) / np.linalg.norm(w0 - w_star)
 
 
@@ -153,9 +153,10 @@ def test_digits_staleness_one_matches_sync_accuracy(seed):
     grad_fn = model_grad_fn(model, data, sampler)
     acc = {}
     for staleness in (0, 1):
-        traj = delayed_sgd(grad_fn, model.init_params(seed), 4, 300, 0.1, staleness)
+        traj = delayed_sgd(grad_fn, model.init_params(seed), 4, 300, 0.1, staleness=staleness)
         acc[staleness] = model.accuracy(traj.params, data.X_test, data.y_test)
     assert acc[0] > 0.93, f"sync SGD only reached {acc[0]:.3f} test accuracy on digits"
     assert abs(acc[1] - acc[0]) <= 0.01, (
-        f"seed {seed}: staleness-one reached {acc[1]:.4f}, sync {acc[0]:.4f}: more than 1 point apart"
+        f"seed {seed}: staleness-one reached {acc[1]:.4f} test accuracy, sync {acc[0]:.4f}: "
+        "more than 1 point apart"
     )

@@ -13,7 +13,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
-from strategies import seeds, world_sizes
 
 from pipesgd_ref.data import (
     MNIST_FILES,
@@ -28,6 +27,7 @@ from pipesgd_ref.data import (
     shard_indices,
     write_idx,
 )
+from strategies import seeds, world_sizes
 
 FAST = settings(max_examples=40)  # deadline and derandomisation: tests/conftest.py profiles
 IDX_NATIVE_DTYPES = ["uint8", "int8", "int16", "int32", "float32", "float64"]
@@ -125,12 +125,13 @@ def test_synthetic_any_size(samples, features, classes, seed):
     assert np.all(np.isfinite(ds.X_train)) and np.all(np.isfinite(ds.X_test))
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_synthetic_classes_are_not_hopelessly_imbalanced(seed):
-    ds = make_synthetic(seed=seed)  # 4096 samples, 32 features, 10 classes
-    counts = np.bincount(np.concatenate([ds.y_train, ds.y_test]), minlength=10)
-    share = counts / (4096 / 10)
-    assert share.min() > 0.3, f"seed {seed}: class counts {counts.tolist()}"
+def test_synthetic_classes_are_not_hopelessly_imbalanced():
+    # Without the teacher's per-class logit scaling, some seeds leave a class under half its share.
+    for seed in range(20):
+        ds = make_synthetic(seed=seed)  # 4096 samples, 32 features, 10 classes
+        counts = np.bincount(np.concatenate([ds.y_train, ds.y_test]), minlength=10)
+        share = counts / (4096 / 10)
+        assert share.min() > 0.5, f"seed {seed}: class counts {counts.tolist()}"
 
 
 def test_synthetic_spec_parsing_and_name_round_trip():

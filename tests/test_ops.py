@@ -76,7 +76,9 @@ def test_relu(n, dtype, seed):
     np.testing.assert_array_equal(outs[0][0], np.where(Z > 0, Z, 0))
 
 
-@given(st.sampled_from([0, 1, 2, 7, 64]), st.integers(2, 12), float_dtypes, seeds, st.floats(0.1, 30))
+@given(
+    st.sampled_from([0, 1, 2, 7, 64]), st.integers(2, 12), float_dtypes, seeds, st.floats(0.1, 30)
+)
 def test_softmax_xent_grad(B, C, dtype, seed, spread):
     logits = random_array(seed, (B, C), dtype, scale=spread)  # large spread: tests the max shift
     y = np.random.default_rng(seed).integers(0, C, size=B)

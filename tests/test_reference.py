@@ -58,7 +58,16 @@ def test_staleness_zero_is_sync_bitwise(world_size, steps):
 def test_delayed_sgd_follows_the_delayed_recurrence(staleness, warmup, steps, lr):
     """With grad = w: w_{t+1} = w_t - lr w_t during warm-up, then w_{t+1} = w_t - lr w_{t-s}
     once t >= warmup + s (w_{t+1} = w_t while the pipeline fills), then the drain."""
-    traj = delayed_sgd(half_square, np.array([1.0]), 1, steps, lr, staleness, warmup, record=True)
+    traj = delayed_sgd(
+        half_square,
+        np.array([1.0]),
+        1,
+        steps,
+        lr,
+        staleness=staleness,
+        warmup_steps=warmup,
+        record=True,
+    )
     w = [1.0]
     for t in range(steps):
         if t < warmup:
@@ -98,7 +107,9 @@ def test_average_gradient_is_the_rank_mean():
 
 @given(st.integers(1, 6), st.integers(0, 30))
 def test_async_round_robin_staleness_is_p_minus_one(world_size, n_updates):
-    traj = async_ps_sgd(half_square, np.ones(2), world_size, round_robin(world_size, n_updates), 0.1)
+    traj = async_ps_sgd(
+        half_square, np.ones(2), world_size, round_robin(world_size, n_updates), 0.1
+    )
     want = [min(u, world_size - 1) for u in range(n_updates)]
     assert traj.staleness == want
 

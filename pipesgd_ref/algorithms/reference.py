@@ -99,6 +99,7 @@ def delayed_sgd(
     world_size: int,
     steps: int,
     lr: LR,
+    *,
     staleness: int,
     warmup_steps: int = 0,
     drain: bool = True,

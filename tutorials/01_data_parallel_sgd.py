@@ -1,0 +1,319 @@
+# %% [markdown]
+# # 01 · Data-parallel SGD: p workers, one average gradient
+#
+# **A number to start with.** A model with 6.25 million float32 parameters has a 25 MB gradient.
+# Over a 1 Gb/s link (125 MB/s) sending it once takes 25 / 125 = **0.2 s**; a ring AllReduce
+# over p = 4 workers moves 2(p−1)/p = 1.5 times that through every link: **0.3 s per step**.
+# If the forward and backward pass of that model took, say, 0.1 s, a synchronous worker would
+# spend three quarters of every step waiting for the network. That idle time is what Pipe-SGD
+# attacks (PAPER.md, section 1). Before any of that, this tutorial pins down *what* the p
+# workers compute together, so that every faster version has something exact to be checked
+# against.
+#
+# You will:
+# 1. split the digits training set over p = 4 workers and draw each worker's minibatch;
+# 2. check that the average of the p gradients is the gradient on the concatenated batch;
+# 3. check that `reference.sync_sgd` with p workers *is* large-batch SGD with one worker;
+# 4. train on digits and measure test accuracy;
+# 5. preview the staleness-one oracle `reference.delayed_sgd(staleness=1)`.
+#
+# Run it with `python tutorials/01_data_parallel_sgd.py` (set `PIPESGD_TUTORIAL_SMALL=1` for
+# the quick version CI runs).
+
+# %%
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from pipesgd_ref.algorithms import reference
+from pipesgd_ref.config import TrainConfig
+from pipesgd_ref.data import MinibatchSampler, load_dataset, shard_indices
+from pipesgd_ref.models import build_model
+
+SMALL = os.environ.get("PIPESGD_TUTORIAL_SMALL") == "1"  # CI: fewer steps, same lessons
+OUT = Path(__file__).resolve().parent / "out"  # figures go here (git-ignored)
+
+try:  # plots are optional: the lessons are in the printed numbers and the asserts
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no window
+    import matplotlib.pyplot as plt
+except ImportError:
+    plt = None
+
+# %% [markdown]
+# ## 0. The back-of-envelope, in code
+#
+# The alpha-beta model of PAPER.md section 3: a ring AllReduce of M bytes over p workers costs
+# 2(p−1)·α + 2(p−1)/p · M/B, with α the per-message latency and B the link bandwidth. We also
+# *measure* one gradient of the small MLP this tutorial trains, and price its (much smaller)
+# gradient the same way. α = 50 µs is an assumed LAN latency, not a measurement.
+
+# %%
+cfg = TrainConfig.preset("laptop")  # digits, MLP(64), p = 4, B = 32, lr = 0.1, 600 steps
+if SMALL:
+    cfg = cfg.replace(steps=150)
+p, B = cfg.world_size, cfg.batch_size
+bandwidth = 1e9 / 8  # 1 Gb/s in bytes/s
+alpha = 50e-6  # s per message (assumed)
+
+
+def ring_allreduce_seconds(n_bytes: float, p: int) -> float:
+    """2(p-1)*alpha + 2(p-1)/p * M/B: the alpha-beta cost of one ring AllReduce."""
+    return 2 * (p - 1) * alpha + 2 * (p - 1) / p * n_bytes / bandwidth
+
+
+big_bytes = 25e6
+print(f"25 MB gradient, one send over 1 Gb/s:   {big_bytes / bandwidth * 1e3:7.1f} ms")
+ring_ms = ring_allreduce_seconds(big_bytes, p) * 1e3
+print(f"25 MB gradient, ring AllReduce, p = {p}:  {ring_ms:7.1f} ms")
+
+# %% [markdown]
+# ## 1. Data: one shard per worker, one minibatch per (rank, step)
+#
+# `load_dataset("digits")` gives 1437 training and 360 test images of 8×8 pixels (64
+# standardised features, 10 classes). Rank r of p owns the rows r, r+p, r+2p, ...
+# (`shard_indices`), and `MinibatchSampler` draws rank r's minibatch number `step` from that
+# shard alone, as a pure function of (seed, rank, step). That last property matters: a
+# one-process oracle can replay exactly the batches that p separate processes would draw.
+
+# %%
+data = load_dataset(cfg.dataset)
+print(data)
+sampler = MinibatchSampler(data.n_train, p, B, seed=cfg.seed)
+for rank in range(p):
+    shard = shard_indices(data.n_train, rank, p)
+    idx = sampler.batch_indices(rank, step=0)
+    print(f"rank {rank}: shard of {len(shard)} rows {shard[:4]}...; step-0 batch rows {idx[:5]}...")
+step0 = [sampler.batch_indices(r, 0) for r in range(p)]
+assert len(np.unique(np.concatenate(step0))) == p * B, "the p minibatches of a step are disjoint"
+
+# %% [markdown]
+# ## 2. The average of p gradients is the gradient of one batch of p·B
+#
+# Worker r computes g_r = ∇ (1/B) Σ_{i ∈ batch r} ℓ_i(w): the gradient of the *mean* loss on
+# its own B samples. The collective then averages:
+#
+#     (1/p) Σ_r g_r = (1/p) Σ_r (1/B) Σ_{i ∈ batch r} ∇ℓ_i = (1/(pB)) Σ_{i ∈ all p batches} ∇ℓ_i
+#
+# which is the gradient of the mean loss over the concatenation of the p batches. A mean of
+# means is the overall mean **because every batch has the same size B**: with unequal sizes the
+# small batches would be over-weighted (exercise 1). This is why `MinibatchSampler` gives every
+# rank the same batch size and the same number of steps per epoch.
+#
+# `reference.model_grad_fn(model, data, sampler)` is the gradient oracle every algorithm uses:
+# `grad_fn(params, rank, step) -> (loss, grad)` for worker `rank`'s minibatch `step`.
+# `reference.average_gradient` sums the p of them in rank order and divides by p. We compare it
+# with one call of `model.loss_and_grad` on the concatenated batch, first in float64.
+
+# %%
+model = build_model(cfg.model, data.n_features, data.n_classes, hidden=cfg.hidden)
+print(model, f"= {model.n_params * 4} bytes of float32 gradient")
+grad_fn = reference.model_grad_fn(model, data, sampler)
+
+
+def concatenated_batch(step: int) -> tuple[np.ndarray, np.ndarray]:
+    """The p workers' minibatches of `step`, stacked in rank order: (p*B, n_features), (p*B,)."""
+    Xs, ys = zip(*(sampler.batch(data, rank, step) for rank in range(p)), strict=True)
+    return np.concatenate(Xs), np.concatenate(ys)
+
+
+def large_batch_grad_fn(params: np.ndarray, rank: int, step: int) -> tuple[float, np.ndarray]:
+    """One worker (rank 0) that sees all p batches of `step` at once: batch size p*B."""
+    X, y = concatenated_batch(step)
+    grad = np.empty_like(params)
+    loss = model.loss_and_grad(params, X, y, grad)
+    return loss, grad
+
+
+gaps = {}
+for dtype in (np.float64, np.float32):
+    w0 = model.init_params(cfg.seed, dtype=dtype)
+    loss_avg, g_avg = reference.average_gradient(grad_fn, w0, p, step=0)
+    loss_big, g_big = large_batch_grad_fn(w0, rank=0, step=0)
+    gaps[dtype] = np.abs(g_avg - g_big).max()
+    print(
+        f"{np.dtype(dtype).name}: max |avg of {p} grads - grad of batch {p * B}| = "
+        f"{gaps[dtype]:.2e} (largest gradient entry {np.abs(g_big).max():.2f}); "
+        f"loss gap {abs(loss_avg - loss_big):.1e}"
+    )
+
+# %% [markdown]
+# The two agree to the last few bits: in float64 the gap is a few units of 1e-16, in float32 a
+# few units of 1e-8. They are not bitwise equal, because the sums are done in a different order
+# (p partial sums of B terms, then their mean, against one sum of pB terms) and floating-point
+# addition is not associative. The tolerance to expect is a few ulps of the largest entry:
+# float32 machine epsilon is 1.2e-7, so 1e-6 for gradients of size ~1 is generous.
+#
+# ## 3. Synchronous data-parallel SGD is large-batch SGD
+#
+# `reference.sync_sgd(grad_fn, w0, world_size=p, ...)` runs w_{t+1} = w_t − lr·(1/p)Σ_r g_r(w_t).
+# By section 2, each step equals one step of single-worker SGD on the concatenated batch, so
+# the whole trajectories must agree. We run both with `record=True` (every w_t kept) and
+# compare step by step.
+
+# %%
+check_steps = 50 if SMALL else 200
+trajectory_gap = {}
+for dtype in (np.float64, np.float32):
+    w0 = model.init_params(cfg.seed, dtype=dtype)
+    parallel = reference.sync_sgd(grad_fn, w0, p, check_steps, cfg.lr, record=True)
+    single = reference.sync_sgd(large_batch_grad_fn, w0, 1, check_steps, cfg.lr, record=True)
+    per_step = np.abs(np.array(parallel.history) - np.array(single.history)).max(axis=1)
+    trajectory_gap[dtype] = per_step.max()
+    print(
+        f"{np.dtype(dtype).name}: {check_steps} steps, max |w_t(p={p}) - w_t(large batch)| = "
+        f"{per_step.max():.2e} (at step 1: {per_step[1]:.1e}, at the end: {per_step[-1]:.1e})"
+    )
+
+# %% [markdown]
+# The rounding gaps of single steps add up slowly (each step's weights feed the next), but
+# after hundreds of steps they are still near float precision: nothing diverges, because the
+# two methods are the same algorithm.
+#
+# ## 4. Train on digits
+#
+# Now a real run: the `laptop` preset (p = 4 workers, B = 32 each, so an effective batch of
+# 128; lr = 0.1) in float32. The callback evaluates test accuracy along the way.
+
+# %%
+w0 = model.init_params(cfg.seed)  # float32, as in training
+curve = []  # (step, test accuracy)
+eval_every = max(cfg.steps // 6, 1)
+
+
+def evaluate(step: int, params: np.ndarray, loss: float) -> None:
+    if (step + 1) % eval_every == 0:
+        acc = model.accuracy(params, data.X_test, data.y_test)
+        curve.append((step + 1, acc))
+        print(f"step {step + 1:4d} | train loss {loss:.4f} | test accuracy {acc:.3f}")
+
+
+t0 = time.perf_counter()
+sync_run = reference.sync_sgd(grad_fn, w0, p, cfg.steps, cfg.lr, callback=evaluate)
+seconds = time.perf_counter() - t0
+sync_acc = model.accuracy(sync_run.params, data.X_test, data.y_test)
+print(f"sync SGD, p = {p}: test accuracy {sync_acc:.3f} after {cfg.steps} steps ({seconds:.1f} s)")
+
+# %% [markdown]
+# How much would the network cost for *this* model? Time one worker's gradient and price an
+# AllReduce of its gradient with the same model as above.
+
+# %%
+repeats = 50 if SMALL else 200
+t0 = time.perf_counter()
+for step in range(repeats):
+    grad_fn(w0, 0, step)
+t_grad = (time.perf_counter() - t0) / repeats
+t_comm = ring_allreduce_seconds(model.n_params * 4, p)
+print(f"one worker's gradient (B = {B}), measured here: {t_grad * 1e3:.2f} ms")
+print(f"ring AllReduce of {model.n_params * 4} bytes over 1 Gb/s, modelled: {t_comm * 1e3:.2f} ms")
+
+# %% [markdown]
+# For a gradient this small the model's AllReduce is mostly latency (2(p−1)·α = 0.3 ms), and
+# it comes out of the same order as the measured gradient: neither resource can be ignored, and
+# a synchronous step pays for both, one after the other.
+#
+# This one-process `sync_sgd` is **the oracle**: every later tutorial and test checks the
+# distributed implementations (ring AllReduce in worker processes, the parameter server,
+# Pipe-SGD's two threads) against a run of these few lines of NumPy.
+#
+# ## 5. Preview: staleness one
+#
+# Pipe-SGD overlaps the AllReduce of g_t with the computation of g_{t+1}, so the update at step
+# t can only use the average of g_{t−1}:
+#
+#     w_{t+1} = w_t − lr · avg(g_{t−1}),      w_1 = w_0 (the pipeline fills),
+#
+# and after the last step the gradient still in flight is applied (the drain). The oracle is
+# `reference.delayed_sgd(..., staleness=1)`; `staleness=0` is `sync_sgd` again. Tutorial 06
+# works out what the delay costs.
+
+# %%
+stale_run = reference.delayed_sgd(grad_fn, w0, p, cfg.steps, cfg.lr, staleness=1, record=True)
+hist = stale_run.history
+_, g0 = reference.average_gradient(grad_fn, hist[0], p, step=0)
+w2 = hist[1] - np.float32(cfg.lr) * g0  # step 1 applies g_0, computed at w_0 = w_1
+print(f"fill: |w_1 - w_0| = {np.abs(hist[1] - hist[0]).max():.1e} (no gradient has arrived yet)")
+print(f"step 1 applies g_0: max |w_2 - (w_1 - lr*g_0)| = {np.abs(hist[2] - w2).max():.1e}")
+stale_acc = model.accuracy(stale_run.params, data.X_test, data.y_test)
+print(f"staleness-one SGD: test accuracy {stale_acc:.3f} (sync: {sync_acc:.3f})")
+
+# %%
+if plt is not None:
+    OUT.mkdir(exist_ok=True)
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(sync_run.losses, lw=0.8, label=f"sync SGD, p={p}")
+    ax.plot(stale_run.losses, lw=0.8, alpha=0.7, label="staleness one")
+    ax.set(xlabel="step", ylabel="mean worker loss", yscale="log", title="digits, MLP")
+    ax.legend()
+    fig.tight_layout()
+    path = OUT / "01_sync_vs_stale_loss.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    print(f"figure: {path}")
+else:
+    print("matplotlib is not installed: plots skipped")
+
+# %% [markdown]
+# ## 6. Check against the oracle
+
+# %%
+assert gaps[np.float64] < 1e-12, (
+    f"float64: the mean of {p} equal-size minibatch gradients should equal the gradient of "
+    f"their concatenation up to rounding; max difference {gaps[np.float64]:.2e} > 1e-12"
+)
+assert gaps[np.float32] < 1e-6, (
+    f"float32: mean of {p} gradients vs. gradient of batch {p * B} differ by "
+    f"{gaps[np.float32]:.2e} > 1e-6, more than summation order can explain"
+)
+assert trajectory_gap[np.float64] < 1e-10, (
+    f"float64: sync_sgd with p={p} drifted {trajectory_gap[np.float64]:.2e} from large-batch "
+    f"SGD in {check_steps} steps; they are the same algorithm"
+)
+assert trajectory_gap[np.float32] < 1e-5, (
+    f"float32: sync_sgd with p={p} drifted {trajectory_gap[np.float32]:.2e} from large-batch "
+    f"SGD in {check_steps} steps (expected rounding-size gaps < 1e-5)"
+)
+assert np.array_equal(hist[1], hist[0]), "staleness one: step 0 must not move the weights"
+assert np.abs(hist[2] - w2).max() == 0, (
+    f"staleness one: step 1 must apply avg(g_0), the OLDEST gradient in flight; "
+    f"max |w_2 - (w_1 - lr*g_0)| = {np.abs(hist[2] - w2).max():.1e} (a fresh g_1 would be sync)"
+)
+same = reference.delayed_sgd(grad_fn, w0, p, 20, cfg.lr, staleness=0).params
+assert np.array_equal(same, reference.sync_sgd(grad_fn, w0, p, 20, cfg.lr).params), (
+    "delayed_sgd with staleness=0 must be bitwise sync_sgd"
+)
+min_acc = 0.9 if SMALL else 0.95
+assert sync_acc > min_acc, f"sync SGD reached test accuracy {sync_acc:.3f}, expected > {min_acc}"
+assert abs(stale_acc - sync_acc) < 0.03, (
+    f"at lr={cfg.lr}, staleness one should cost little on digits: "
+    f"{stale_acc:.3f} vs sync {sync_acc:.3f}"
+)
+print("all checks passed")
+
+# %% [markdown]
+# ## Summary
+#
+# - Each of p workers computes the gradient of the mean loss on its own minibatch of B
+#   samples; their average is the gradient on the concatenated batch of p·B samples (a mean of
+#   equal-size means), equal up to the order of floating-point sums.
+# - So synchronous data-parallel SGD with p workers *is* large-batch SGD: `sync_sgd` with p
+#   workers and with one worker on the concatenated batch trace the same weights.
+# - `reference.sync_sgd` and `reference.delayed_sgd` are one-process oracles; the distributed
+#   implementations are tested against them.
+# - Communication is not small: a 25 MB gradient costs ~0.3 s per ring AllReduce at 1 Gb/s.
+#   Staleness one hides it behind compute, and on digits at lr = 0.1 costs little accuracy.
+#
+# ## Exercises
+#
+# 1. Give rank 0 a batch of 8 and the others 32, average the p gradients, and compare with the
+#    gradient of the concatenation. Which weights make the two equal again?
+# 2. Repeat section 3 with `world_size=8` and `batch_size=16`. Is the trajectory the same as
+#    p = 4, B = 32? Why not, even though both have an effective batch of 128?
+# 3. With the alpha-beta model of section 0, at what gradient size does the latency term
+#    2(p−1)·α equal the bandwidth term? What does that say about very small models?
+# 4. Make `large_batch_grad_fn` stack the batches in reverse rank order. Which checks still
+#    pass, and what changes in the float32 gap?
