@@ -1,0 +1,339 @@
+"""Rendezvous: how p processes that know only rank 0's address find each other.
+
+    1. Every rank opens a listening socket for its data links (port 0: the OS picks a free one).
+    2. Rank 0 also hosts a small store on MASTER_ADDR:MASTER_PORT.
+    3. Every rank (rank 0 too) connects to the store and registers (token, rank, world size,
+       its listening address). When all p have registered, the store sends everyone the table
+       of addresses and closes.
+    4. Each rank connects to its right neighbour (rank + 1 mod p) and accepts its left neighbour
+       (rank - 1 mod p): the ring. Then the listeners close.
+
+A per-job token (random for local jobs; PIPESGD_JOB_TOKEN across hosts) travels in every HELLO
+and is compared in constant time. A connection with a wrong token, a wrong rank, or bytes that
+are not a frame is refused with a reason and logged; rendezvous goes on waiting for the real
+peer. Listeners bind to loopback unless another interface is asked for (`bind`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import hmac
+import logging
+import secrets
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+
+from pipesgd_ref.comm.netem import LinkModel
+from pipesgd_ref.comm.transport import CommError, Kind, Link
+
+log = logging.getLogger("pipesgd.rendezvous")
+HELLO_TIMEOUT = 5.0  # a connection that has not said hello by then is dropped
+
+
+class RendezvousError(CommError):
+    """The job could not form (port busy, a rank never arrived, bad token...)."""
+
+
+def new_token() -> str:
+    """A random job token: 128 bits, hex."""
+    return secrets.token_hex(16)
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """Everything a rank needs to join a job."""
+
+    rank: int
+    world_size: int
+    master_addr: str = "127.0.0.1"  # where rank 0's store listens
+    master_port: int = 29500  # the store's port
+    token: str = ""  # the job token every connection must present
+    bind: str = "127.0.0.1"  # interface for this rank's listeners; 0.0.0.0 = all
+    timeout: float = 30.0  # seconds any single wait may take before it is an error
+    model: LinkModel = field(default_factory=LinkModel)  # link emulation on every data link
+
+    def __post_init__(self):
+        if self.world_size < 1:
+            raise ValueError(f"world_size must be >= 1, got {self.world_size}")
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {self.rank} is outside 0..{self.world_size - 1}")
+        if self.timeout <= 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {self.timeout}")
+
+
+class Communicator:
+    """A rank's place in the job: its ring neighbours and the collective sequence number."""
+
+    def __init__(self, spec: JobSpec, left: Link | None, right: Link | None, bind_host: str = ""):
+        self.spec = spec
+        self.rank = spec.rank
+        self.world_size = spec.world_size
+        self.timeout = spec.timeout
+        self.left = left  # we receive from rank - 1
+        self.right = right  # we send to rank + 1
+        self.seq = 0  # collectives issued so far; every rank must issue the same sequence
+        self.bind_host = bind_host
+
+    def next_seq(self) -> int:
+        self.seq += 1
+        return self.seq
+
+    @property
+    def bytes_sent(self) -> int:
+        return self.right.bytes_sent if self.right else 0
+
+    @property
+    def bytes_received(self) -> int:
+        return self.left.bytes_received if self.left else 0
+
+    def abort(self, error: BaseException) -> None:
+        """Tell the right neighbour that this collective failed, and why, so the news goes
+        round the ring and every rank's error names the rank at fault (best effort: the
+        job is failing anyway)."""
+        right = self.right
+        if right is None or getattr(error, "origin", None) == right.peer:
+            return  # no one to tell, or the right neighbour is the one that failed
+        sender = right._sender
+        if sender is not None and not sender.cancel(wait=1.0):
+            return  # a frame is stuck half-sent: another header would garble the stream
+        origin = getattr(error, "origin", None)
+        payload = {"origin": self.rank if origin is None else origin, "reason": str(error)}
+        old_timeout, right.timeout = right.timeout, 1.0
+        try:
+            right.send_json(Kind.ABORT, payload, "abort")
+        except CommError:
+            pass
+        finally:
+            right.timeout = old_timeout
+
+    def close(self) -> None:
+        for link in (self.left, self.right):
+            if link is not None:
+                link.close()
+        self.left = self.right = None
+
+    def __enter__(self) -> Communicator:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Communicator(rank {self.rank} of {self.world_size})"
+
+
+# --- sockets ---------------------------------------------------------------------------------
+
+
+def listen(host: str, port: int, what: str, rank: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        if e.errno == errno.EADDRINUSE:
+            raise RendezvousError(
+                f"rank {rank}: cannot listen for the {what} on {host}:{port}: the port is in use "
+                f"(another job, or an earlier one still running?). Choose another port "
+                f"(--master-port or MASTER_PORT)"
+            ) from None
+        raise RendezvousError(f"rank {rank}: cannot listen on {host}:{port} ({e})") from None
+    sock.listen(128)
+    return sock
+
+
+def connect(host: str, port: int, spec: JobSpec, peer: int, what: str) -> socket.socket:
+    """Connect, retrying while the peer is not listening yet, until spec.timeout."""
+    deadline = time.monotonic() + spec.timeout
+    while True:
+        try:
+            return socket.create_connection((host, port), timeout=spec.timeout)
+        except (ConnectionRefusedError, TimeoutError, OSError) as e:
+            if time.monotonic() > deadline:
+                raise RendezvousError(
+                    f"rank {spec.rank}: could not reach {what} (rank {peer}) at {host}:{port} "
+                    f"for {spec.timeout:.1f} s ({e}); is it running, and is the address right?"
+                ) from None
+            time.sleep(0.05)
+
+
+def _token_ok(presented: object, token: str) -> bool:
+    return isinstance(presented, str) and hmac.compare_digest(presented.encode(), token.encode())
+
+
+# --- the store on rank 0 ---------------------------------------------------------------------
+
+
+class _Store:
+    """Rank 0's address book: collects p registrations, then hands everyone the table."""
+
+    def __init__(self, spec: JobSpec):
+        self.spec = spec
+        self.sock = listen(spec.bind, spec.master_port, "rendezvous store", 0)
+        self.port = self.sock.getsockname()[1]
+        self.registered: dict[int, tuple[Link, str, int]] = {}
+        self.lock = threading.Lock()
+        self.all_in = threading.Event()
+        self.error: str | None = None
+        self.thread = threading.Thread(target=self._serve, name="rendezvous-store", daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        deadline = time.monotonic() + self.spec.timeout
+        self.sock.settimeout(0.1)
+        try:
+            while not self.all_in.is_set():
+                if time.monotonic() > deadline:
+                    with self.lock:
+                        joined = sorted(self.registered)
+                    self.error = (
+                        f"rendezvous timed out after {self.spec.timeout:.1f} s: ranks {joined} "
+                        f"of {self.spec.world_size} joined; start the missing ranks with the "
+                        f"same MASTER_ADDR, MASTER_PORT and job token, or raise --timeout"
+                    )
+                    break
+                try:
+                    conn, addr = self.sock.accept()
+                except TimeoutError:
+                    continue
+                threading.Thread(
+                    target=self._handle, args=(conn, addr), name="rendezvous-hello", daemon=True
+                ).start()
+            with self.lock:
+                links = dict(self.registered)
+            table = [[links[r][1], links[r][2]] for r in sorted(links)] if not self.error else []
+            for link, _, _ in links.values():
+                try:
+                    if self.error:
+                        link.send_json(Kind.REFUSE, {"reason": self.error}, "rendezvous")
+                    else:
+                        link.send_json(Kind.CONTROL, {"addrs": table}, "rendezvous")
+                except CommError:
+                    pass
+                link.close()
+        finally:
+            self.sock.close()
+
+    def _handle(self, conn: socket.socket, addr) -> None:
+        spec = self.spec
+        link = Link(conn, rank=0, peer=-1, timeout=HELLO_TIMEOUT)
+        try:
+            hello = link.recv_json(Kind.HELLO, "rendezvous hello")
+        except CommError as e:
+            log.warning("rendezvous: dropped a connection from %s:%s: %s", *addr[:2], e)
+            link.close()
+            return
+        rank = hello.get("rank")
+        reason = None
+        if not _token_ok(hello.get("token"), spec.token):
+            reason = "wrong job token (this is a different job, or PIPESGD_JOB_TOKEN differs)"
+        elif hello.get("world_size") != spec.world_size:
+            reason = f"world size {hello.get('world_size')} != the job's {spec.world_size}"
+        elif not isinstance(rank, int) or not 0 <= rank < spec.world_size:
+            reason = f"rank {rank!r} is outside 0..{spec.world_size - 1}"
+        else:
+            with self.lock:
+                if rank in self.registered:
+                    reason = f"rank {rank} has already joined (two processes with one RANK?)"
+        if reason:
+            log.warning("rendezvous: refused a connection from %s:%s: %s", *addr[:2], reason)
+            try:
+                link.send_json(Kind.REFUSE, {"reason": reason}, "rendezvous")
+            except CommError:
+                pass
+            link.close()
+            return
+        host = hello.get("host") or addr[0]  # a rank bound to all interfaces: use its source IP
+        link.peer = rank
+        link.timeout = spec.timeout
+        with self.lock:
+            self.registered[rank] = (link, host, int(hello["port"]))
+            if len(self.registered) == spec.world_size:
+                self.all_in.set()
+
+
+# --- joining ---------------------------------------------------------------------------------
+
+
+def _register(spec: JobSpec, data_port: int, host: str) -> list[tuple[str, int]]:
+    sock = connect(spec.master_addr, spec.master_port, spec, 0, "the rendezvous store")
+    link = Link(sock, spec.rank, peer=0, timeout=spec.timeout)
+    try:
+        hello = {"token": spec.token, "rank": spec.rank, "world_size": spec.world_size,
+                 "host": host, "port": data_port, "purpose": "store"}  # fmt: skip
+        link.send_json(Kind.HELLO, hello, "rendezvous")
+        reply = link.recv_json(Kind.CONTROL, "rendezvous (waiting for every rank to join)")
+    except CommError as e:
+        raise RendezvousError(str(e)) from None
+    finally:
+        link.close()
+    return [(h, int(p)) for h, p in reply["addrs"]]
+
+
+def _accept_left(listener: socket.socket, spec: JobSpec, left: int) -> Link:
+    """Accept connections until the real left neighbour says hello; refuse anything else."""
+    deadline = time.monotonic() + spec.timeout
+    listener.settimeout(0.1)
+    while True:
+        if time.monotonic() > deadline:
+            raise RendezvousError(
+                f"rank {spec.rank}: rank {left} (the left ring neighbour) did not connect within "
+                f"{spec.timeout:.1f} s; did it crash? raise --timeout to wait longer"
+            )
+        try:
+            conn, addr = listener.accept()
+        except TimeoutError:
+            continue
+        link = Link(conn, spec.rank, peer=left, timeout=HELLO_TIMEOUT, model=spec.model)
+        try:
+            hello = link.recv_json(Kind.HELLO, "ring hello")
+        except CommError as e:
+            log.warning("rank %d: dropped a connection from %s:%s: %s", spec.rank, *addr[:2], e)
+            link.close()
+            continue
+        if not _token_ok(hello.get("token"), spec.token):
+            reason = "wrong job token"
+        elif hello.get("rank") != left or hello.get("purpose") != "ring":
+            reason = f"expected rank {left} for the ring, got {hello.get('rank')!r}"
+        else:
+            link.timeout = spec.timeout
+            link.send_json(Kind.WELCOME, {}, "ring hello")
+            return link
+        log.warning("rank %d: refused a connection from %s:%s: %s", spec.rank, *addr[:2], reason)
+        try:
+            link.send_json(Kind.REFUSE, {"reason": reason}, "ring hello")
+        except CommError:
+            pass
+        link.close()
+
+
+def init_process_group(spec: JobSpec) -> Communicator:
+    """Join the job described by `spec`; returns this rank's Communicator (ring links ready)."""
+    store = _Store(spec) if spec.rank == 0 else None
+    if store is not None and spec.master_port == 0:  # port 0: the store picked one
+        spec = dataclasses.replace(spec, master_port=store.port)
+    listener = listen(spec.bind, 0, "data links", spec.rank)
+    host = "" if spec.bind in ("", "0.0.0.0") else spec.bind
+    try:
+        addrs = _register(spec, listener.getsockname()[1], host)
+        if spec.world_size == 1:
+            return Communicator(spec, None, None, host)
+        right_rank = (spec.rank + 1) % spec.world_size
+        left_rank = (spec.rank - 1) % spec.world_size
+        # Connect first, then accept: connect() completes against the peer's listen backlog,
+        # so no rank waits for another to reach accept(); then both sides exchange hellos.
+        sock = connect(*addrs[right_rank], spec, right_rank, "the right ring neighbour")
+        right = Link(sock, spec.rank, right_rank, spec.timeout, model=spec.model)
+        right.send_json(Kind.HELLO, {"token": spec.token, "rank": spec.rank, "purpose": "ring"},
+                        "ring hello")  # fmt: skip
+        left = _accept_left(listener, spec, left_rank)
+        right.recv_json(Kind.WELCOME, "ring hello")
+        return Communicator(spec, left, right, host)
+    finally:
+        listener.close()
+        if store is not None:
+            store.thread.join(timeout=spec.timeout)

@@ -1,0 +1,400 @@
+"""Framed messages over TCP: the only thing that ever crosses a socket.
+
+A frame is a fixed 48-byte header followed by raw array bytes:
+
+    offset  field       type   meaning
+    0       magic       4s     b"PSGD": anything else is not our protocol (a port scanner, HTTP...)
+    4       version     u8     protocol version; a mismatch is refused, never guessed at
+    5       kind        u8     HELLO / WELCOME / REFUSE / CONTROL / DATA (see Kind)
+    6       op          u8     the collective this frame belongs to (see Op)
+    7       dtype       u8     element type of the payload (see DTYPE_CODES)
+    8       seq         u64    the collective's sequence number on this communicator
+    16      step        u16    ring step within the collective
+    18      part        u16    segment of the chunk within the step
+    20      src         u32    sender's rank
+    24      total_len   u64    elements in the whole collective (checked: all ranks must agree)
+    32      nbytes      u64    payload bytes that follow
+    40      deliver_at  f64    link emulation: when the frame "arrives" (0.0 = not emulated)
+
+Why a length-prefixed binary header and raw bytes, never pickle: a receiver knows exactly how
+many bytes to expect before it reads them (so it can `recv_into` a preallocated buffer with no
+copy), refuses frames larger than `max_frame_bytes` before allocating anything, and a peer that
+sends garbage produces a clear error, not code execution. Control messages (rendezvous) carry
+JSON text in their payload.
+
+Every blocking call has a timeout. Receives wait in short slices so that a failure seen by
+another thread of this rank (the sending thread, see `Link.start_sender`) stops the wait at once
+instead of after the full timeout. Errors name this rank, the peer, what was under way, and what
+to do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import queue
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import IntEnum
+
+import numpy as np
+
+from pipesgd_ref.comm.netem import LinkEmulator, LinkModel, wait_until
+
+MAGIC = b"PSGD"
+VERSION = 1
+HEADER = struct.Struct("!4sBBBBQHHIQQd")
+assert HEADER.size == 48
+DEFAULT_MAX_FRAME_BYTES = 1 << 31  # 2 GiB: larger frames are refused before any allocation
+POLL_SECONDS = 0.2  # receive slice: how quickly a rank notices its own sender's failure
+
+
+class Kind(IntEnum):
+    HELLO = 1  # connector -> acceptor: JSON {token, rank, purpose}
+    WELCOME = 2  # acceptor -> connector: accepted
+    REFUSE = 3  # acceptor -> connector: refused, JSON {reason}
+    CONTROL = 4  # JSON payload (rendezvous store)
+    DATA = 5  # array payload of a collective
+    ABORT = 6  # JSON {origin, reason}: a rank failed; passed along the ring so all ranks know
+
+
+class Op(IntEnum):
+    NONE = 0
+    ALLREDUCE_SUM = 1
+    ALLREDUCE_MEAN = 2
+    BROADCAST = 3
+    BARRIER = 4
+
+
+DTYPE_CODES = {
+    0: np.dtype(np.uint8),
+    1: np.dtype(np.float32),
+    2: np.dtype(np.float64),
+    3: np.dtype(np.int64),
+    4: np.dtype(np.int32),
+}
+CODE_OF_DTYPE = {dt: code for code, dt in DTYPE_CODES.items()}
+
+
+class CommError(RuntimeError):
+    """A communication failure; the message names the ranks and what to do.
+
+    `origin` is the rank the failure points at (the silent or dead peer), when there is one.
+    """
+
+    def __init__(self, message: str, origin: int | None = None):
+        super().__init__(message)
+        self.origin = origin
+
+
+class PeerTimeout(CommError):
+    """A peer sent nothing for the whole timeout (stopped, hung, or far too slow)."""
+
+
+class PeerClosed(CommError):
+    """A peer closed its connection (it exited or crashed)."""
+
+
+class ProtocolError(CommError):
+    """A peer sent bytes that are not a valid frame (garbage, truncated, wrong version)."""
+
+
+class CollectiveMismatch(CommError):
+    """Two ranks are in different collectives (sequence, op, dtype or length differ)."""
+
+
+class PeerAborted(CommError):
+    """Another rank failed and the news reached this rank along the ring."""
+
+
+@dataclass(frozen=True)
+class Frame:
+    """A decoded header (the payload, if any, is read separately into the caller's buffer)."""
+
+    kind: int
+    op: int = Op.NONE
+    dtype: int = 0
+    seq: int = 0
+    step: int = 0
+    part: int = 0
+    src: int = 0
+    total_len: int = 0
+    nbytes: int = 0
+    deliver_at: float = 0.0
+
+    def pack(self) -> bytes:
+        return HEADER.pack(
+            MAGIC, VERSION, self.kind, self.op, self.dtype, self.seq, self.step, self.part,
+            self.src, self.total_len, self.nbytes, self.deliver_at,
+        )  # fmt: skip
+
+    def describe(self) -> str:
+        """Human words for the collective a DATA frame belongs to."""
+        op = Op(self.op).name.lower() if self.op in Op._value2member_map_ else f"op {self.op}"
+        dtype = DTYPE_CODES.get(self.dtype, f"dtype code {self.dtype}")
+        return f"{op} #{self.seq} of {self.total_len} {dtype}"
+
+
+def decode_header(data: bytes, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> Frame:
+    """Parse and validate 48 header bytes; raise ProtocolError saying what is wrong."""
+    if len(data) != HEADER.size:
+        raise ProtocolError(f"truncated header: {len(data)} of {HEADER.size} bytes")
+    magic, version, kind, op, dtype, seq, step, part, src, total_len, nbytes, deliver_at = (
+        HEADER.unpack(data)
+    )
+    if magic != MAGIC:
+        raise ProtocolError(f"bad magic {magic!r} (expected {MAGIC!r}): not a pipesgd peer")
+    if version != VERSION:
+        raise ProtocolError(f"protocol version {version}, this build speaks {VERSION}")
+    if kind not in Kind._value2member_map_:
+        raise ProtocolError(f"unknown frame kind {kind}")
+    if op not in Op._value2member_map_:
+        raise ProtocolError(f"unknown op {op}")
+    if dtype not in DTYPE_CODES:
+        raise ProtocolError(f"unknown dtype code {dtype}")
+    if nbytes > max_frame_bytes:
+        raise ProtocolError(
+            f"frame of {nbytes} bytes exceeds the maximum of {max_frame_bytes} bytes"
+        )
+    if nbytes % DTYPE_CODES[dtype].itemsize:
+        raise ProtocolError(
+            f"{nbytes} payload bytes are not a whole number of {DTYPE_CODES[dtype]}"
+        )
+    if deliver_at != deliver_at or deliver_at < 0:  # NaN or negative
+        raise ProtocolError(f"bad deliver_at {deliver_at}")
+    return Frame(kind, op, dtype, seq, step, part, src, total_len, nbytes, deliver_at)
+
+
+def as_bytes(array: np.ndarray) -> memoryview:
+    """A flat byte view of a contiguous array (no copy): what goes on the wire."""
+    if not array.flags.c_contiguous:
+        raise ValueError("only contiguous arrays can be sent without a copy")
+    return memoryview(array.reshape(-1).view(np.uint8))
+
+
+class Link:
+    """One TCP connection to one peer, with this rank's name for it.
+
+    The ring uses each link in one direction (send to the right, receive from the left), so
+    sends and receives run concurrently on different sockets: full duplex.
+    """
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        rank: int,
+        peer: int,
+        timeout: float,
+        model: LinkModel | None = None,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+    ):
+        self.sock = sock
+        self.rank = rank
+        self.peer = peer
+        self.timeout = timeout
+        self.model = model or LinkModel()
+        self.max_frame_bytes = max_frame_bytes
+        self.emulator = LinkEmulator(self.model)
+        self.bytes_sent = 0
+        self.bytes_received = 0
+        self._sender: _Sender | None = None
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # headers must not wait
+
+    # --- errors -------------------------------------------------------------------------
+    def _timeout_error(self, doing: str) -> PeerTimeout:
+        return PeerTimeout(
+            f"rank {self.rank}: no data from rank {self.peer} for {self.timeout:.1f} s during "
+            f"{doing}; is rank {self.peer} alive (stopped, hung, or overloaded)? "
+            f"raise --timeout to wait longer",
+            origin=self.peer,
+        )
+
+    def _closed_error(self, doing: str, detail: str = "") -> PeerClosed:
+        more = f" ({detail})" if detail else ""
+        return PeerClosed(
+            f"rank {self.rank}: rank {self.peer} closed the connection during {doing}{more}; "
+            f"it probably exited or crashed: look for its error above",
+            origin=self.peer,
+        )
+
+    # --- receiving ------------------------------------------------------------------------
+    def _recv_exact_into(self, view: memoryview, doing: str, stop: Callable[[], None]) -> None:
+        """Fill `view` from the socket: zero-copy recv_into, in slices of POLL_SECONDS."""
+        got, total = 0, len(view)
+        deadline = time.monotonic() + self.timeout
+        self.sock.settimeout(min(POLL_SECONDS, self.timeout))
+        while got < total:
+            try:
+                n = self.sock.recv_into(view[got:], total - got)
+            except TimeoutError:
+                stop()  # raises if another thread of this rank has failed
+                if time.monotonic() > deadline:
+                    raise self._timeout_error(doing) from None
+                continue
+            except (ConnectionResetError, BrokenPipeError, OSError) as e:
+                raise self._closed_error(doing, str(e)) from None
+            if n == 0:
+                raise self._closed_error(doing, f"after {got} of {total} bytes")
+            got += n
+            deadline = time.monotonic() + self.timeout  # progress: the peer is alive
+        self.bytes_received += total
+
+    def recv_header(self, doing: str, stop: Callable[[], None] = lambda: None) -> Frame:
+        raw = bytearray(HEADER.size)
+        self._recv_exact_into(memoryview(raw), doing, stop)
+        try:
+            return decode_header(bytes(raw), self.max_frame_bytes)
+        except ProtocolError as e:
+            raise ProtocolError(
+                f"rank {self.rank}: bad frame from rank {self.peer} during {doing}: {e}; is "
+                f"another program (or another job) talking to this port?",
+                origin=self.peer,
+            ) from None
+
+    def recv_payload_into(
+        self, frame: Frame, out: memoryview, doing: str, stop: Callable[[], None] = lambda: None
+    ) -> None:
+        """Read the frame's payload into `out` (exactly frame.nbytes long), then honour the
+        emulated delivery time."""
+        if frame.nbytes != len(out):
+            raise CollectiveMismatch(
+                f"rank {self.rank}: rank {self.peer} sent {frame.nbytes} bytes during {doing}, "
+                f"this rank expected {len(out)}"
+            )
+        self._recv_exact_into(out, doing, stop)
+        if frame.deliver_at:
+            wait_until(frame.deliver_at, max_wait=self.model.message_time(frame.nbytes) + 1.0)
+
+    def recv_json(self, kind: Kind, doing: str, frame: Frame | None = None) -> dict:
+        """Read a JSON control message (its header too, unless already read as `frame`)."""
+        frame = frame or self.recv_header(doing)
+        if frame.nbytes > 1 << 20:
+            raise ProtocolError(f"rank {self.rank}: control message of {frame.nbytes} bytes")
+        buf = bytearray(frame.nbytes)
+        self._recv_exact_into(memoryview(buf), doing, lambda: None)
+        if frame.kind == Kind.REFUSE:
+            reason = json.loads(buf.decode()).get("reason", "?")
+            raise CommError(
+                f"rank {self.rank}: rank {self.peer} refused us during {doing}: {reason}"
+            )
+        if frame.kind != kind:
+            raise ProtocolError(
+                f"rank {self.rank}: expected a {kind.name} frame from rank {self.peer} during "
+                f"{doing}, got {Kind(frame.kind).name}"
+            )
+        try:
+            return json.loads(buf.decode())
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ProtocolError(f"rank {self.rank}: bad JSON from rank {self.peer}: {e}") from None
+
+    # --- sending --------------------------------------------------------------------------
+    def send(self, frame: Frame, payload: memoryview | bytes = b"", doing: str = "send") -> None:
+        """Send one frame now, from the calling thread (paced by the link emulator)."""
+        deliver_at = self.emulator.schedule(len(payload) + HEADER.size)
+        header = dataclasses.replace(frame, nbytes=len(payload), deliver_at=deliver_at)
+        try:
+            self.sock.settimeout(self.timeout)
+            self.sock.sendall(header.pack())
+            if len(payload):
+                self.sock.sendall(payload)
+        except TimeoutError:
+            raise PeerTimeout(
+                f"rank {self.rank}: rank {self.peer} accepted no data for {self.timeout:.1f} s "
+                f"during {doing}; is it alive? raise --timeout to wait longer",
+                origin=self.peer,
+            ) from None
+        except OSError as e:
+            raise self._closed_error(doing, str(e)) from None
+        self.bytes_sent += HEADER.size + len(payload)
+
+    def send_json(self, kind: Kind, payload: dict, doing: str) -> None:
+        self.send(Frame(kind=kind), json.dumps(payload).encode(), doing)
+
+    def start_sender(self) -> _Sender:
+        """A background thread that sends queued frames in order, so a rank can send to one
+        neighbour while its main thread receives from another."""
+        if self._sender is None:
+            self._sender = _Sender(self)
+        return self._sender
+
+    def close(self) -> None:
+        if self._sender is not None:
+            self._sender.stop()
+            self._sender = None
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+class _Sender:
+    """The sending thread of a link: frames go out in the order they were queued."""
+
+    def __init__(self, link: Link):
+        self.link = link
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.error: BaseException | None = None
+        self.pending = 0
+        self._idle = threading.Condition()
+        self.thread = threading.Thread(
+            target=self._run, name=f"send-{link.rank}->{link.peer}", daemon=True
+        )
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            job = self.jobs.get()
+            if job is None:
+                return
+            frame, payload, doing = job
+            if self.error is None:  # after a failure, drop the rest: the collective is lost
+                try:
+                    self.link.send(frame, payload, doing)
+                except BaseException as e:  # handed to the main thread by check()
+                    self.error = e
+            with self._idle:
+                self.pending -= 1
+                self._idle.notify_all()
+
+    def put(self, frame: Frame, payload: memoryview, doing: str) -> None:
+        with self._idle:
+            self.pending += 1
+        self.jobs.put((frame, payload, doing))
+
+    def check(self) -> None:
+        """Raise the sending thread's error, if it had one (called from the main thread)."""
+        if self.error is not None:
+            raise self.error
+
+    def cancel(self, wait: float) -> bool:
+        """Drop every frame not yet started; wait up to `wait` s for the one on the wire.
+        True when the link is between frames (safe to send one more)."""
+        if self.error is None:
+            self.error = CommError("sending cancelled: the collective failed")
+        deadline = time.monotonic() + wait
+        with self._idle:
+            while self.pending and time.monotonic() < deadline:
+                self._idle.wait(0.05)
+            return self.pending == 0
+
+    def flush(self, timeout: float) -> None:
+        """Wait until every queued frame is on the wire (or raise the error that stopped it)."""
+        deadline = time.monotonic() + timeout
+        with self._idle:
+            while self.pending and self.error is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise PeerTimeout(
+                        f"rank {self.link.rank}: could not hand data to rank {self.link.peer} "
+                        f"for {timeout:.1f} s; is it alive? raise --timeout to wait longer"
+                    )
+                self._idle.wait(min(left, POLL_SECONDS))
+        self.check()
+
+    def stop(self) -> None:
+        self.jobs.put(None)
+        self.thread.join(timeout=1.0)

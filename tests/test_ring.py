@@ -1,0 +1,181 @@
+"""Ring AllReduce over real worker processes and real sockets, against the exact sum and
+against the one-process simulation of the same schedule."""
+
+import time
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipesgd_ref.comm.netem import LinkModel
+from pipesgd_ref.comm.ring import (
+    all_gather_chunks,
+    allreduce,
+    barrier,
+    broadcast,
+    chunk_bounds,
+    reduce_scatter_chunks,
+    segments,
+    simulate_allreduce,
+)
+from pipesgd_ref.launch import launch_local
+
+# --- the index math --------------------------------------------------------------------------
+
+
+@given(st.integers(0, 10_000), st.integers(1, 64))
+def test_chunk_bounds_partition_evenly(n, p):
+    bounds = chunk_bounds(n, p)
+    assert len(bounds) == p and bounds[0][0] == 0 and bounds[-1][1] == n
+    assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:], strict=False))
+    sizes = [b - a for a, b in bounds]
+    assert max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)
+
+
+@given(st.integers(1, 16))
+def test_schedule_owner_and_coverage(p):
+    """After reduce-scatter rank r owns chunk r+1; every chunk visits every rank once."""
+    for r in range(p):
+        received = [reduce_scatter_chunks(r, s, p)[1] for s in range(p - 1)]
+        assert received[-1] == (r + 1) % p if p > 1 else True
+        assert len(set(received)) == p - 1 and r not in received
+        gathered = [all_gather_chunks(r, s, p)[1] for s in range(p - 1)]
+        assert set(gathered) | {(r + 1) % p} == set(range(p))
+        for s in range(p - 1):  # what r sends at step s is what r+1 receives at step s
+            assert reduce_scatter_chunks(r, s, p)[0] == reduce_scatter_chunks((r + 1) % p, s, p)[1]
+            assert all_gather_chunks(r, s, p)[0] == all_gather_chunks((r + 1) % p, s, p)[1]
+
+
+@given(st.integers(0, 100), st.integers(0, 1000), st.integers(1, 50))
+def test_segments_cover_the_range(start, length, per):
+    pieces = segments(start, start + length, per)
+    assert pieces[0][0] == start and pieces[-1][1] == start + length
+    assert all(0 <= b - a <= per for a, b in pieces)
+
+
+@given(st.integers(1, 7), st.integers(0, 40), st.sampled_from(["sum", "mean"]))
+def test_simulation_equals_exact_sum_on_integer_data(p, n, op):
+    arrays = [np.random.default_rng(r).integers(-50, 50, n).astype(np.float64) for r in range(p)]
+    want = np.sum(arrays, axis=0) / (p if op == "mean" else 1)
+    for got in simulate_allreduce(arrays, op):
+        np.testing.assert_array_equal(got, want)
+
+
+# --- real processes --------------------------------------------------------------------------
+
+
+def _allreduce_job(comm, n, dtype, op, in_place, seed, segment_bytes):
+    x = np.random.default_rng([seed, comm.rank]).normal(size=n).astype(dtype)
+    exact = np.random.default_rng([seed + 1, comm.rank]).integers(-1000, 1000, n).astype(dtype)
+    allreduce(comm, x, op, segment_bytes=segment_bytes)
+    if in_place:
+        allreduce(comm, exact, op, segment_bytes=segment_bytes)
+        return x, exact, None
+    kept = exact.copy()
+    out = np.empty_like(exact)
+    allreduce(comm, exact, op, out=out, segment_bytes=segment_bytes)
+    return x, out, np.array_equal(kept, exact)  # the input must be left as it was
+
+
+lengths = st.one_of(st.sampled_from([0, 1, 2, 3, 5, 7, 11, 13, 97]), st.integers(0, 300))
+
+
+@settings(max_examples=30)
+@given(
+    p=st.integers(1, 6),
+    n=lengths,
+    dtype=st.sampled_from([np.float32, np.float64]),
+    op=st.sampled_from(["sum", "mean"]),
+    in_place=st.booleans(),
+    seed=st.integers(0, 2**16),
+    segment_bytes=st.sampled_from([8, 64, 1 << 20]),
+)
+def test_allreduce_over_processes(p, n, dtype, op, in_place, seed, segment_bytes):
+    results = launch_local(
+        p, _allreduce_job, (n, dtype, op, in_place, seed, segment_bytes),
+        start_method="fork", timeout=10, job_timeout=60,
+    )  # fmt: skip
+    exact_inputs = [
+        np.random.default_rng([seed + 1, r]).integers(-1000, 1000, n).astype(dtype)
+        for r in range(p)
+    ]
+    want_exact = np.sum(np.array(exact_inputs, np.float64), axis=0)
+    if op == "mean":
+        want_exact = want_exact / p
+    random_inputs = [
+        np.random.default_rng([seed, r]).normal(size=n).astype(dtype) for r in range(p)
+    ]
+    simulated = simulate_allreduce(random_inputs, op)[0]
+    for rank, (x, exact, input_kept) in enumerate(results):
+        assert x.dtype == dtype and exact.dtype == dtype
+        # Integer-valued data: the sum is exact in any order (the mean up to one rounding).
+        np.testing.assert_allclose(exact, want_exact, rtol=1e-6 if op == "mean" else 0,
+                                   err_msg=f"rank {rank} of {p}: wrong sum")  # fmt: skip
+        # Random data: bitwise what the one-process schedule computes, on every rank.
+        np.testing.assert_array_equal(x, simulated, err_msg=f"rank {rank} differs")
+        np.testing.assert_array_equal(x, results[0][0], err_msg=f"rank {rank} != rank 0")
+        assert input_kept in (None, True), f"rank {rank}: out= modified the input"
+
+
+def _collectives_job(comm, root):
+    data = np.arange(10, dtype=np.int64) * (comm.rank + 1)
+    broadcast(comm, data, root=root)
+    barrier(comm)
+    x = np.ones(3, np.float32)
+    allreduce(comm, x, "mean")
+    return data, x, comm.seq
+
+
+@pytest.mark.parametrize("p", [1, 2, 5])
+def test_broadcast_and_barrier(p):
+    root = p - 1
+    for data, x, seq in launch_local(p, _collectives_job, (root,), start_method="fork"):
+        np.testing.assert_array_equal(data, np.arange(10) * (root + 1))
+        np.testing.assert_array_equal(x, np.ones(3, np.float32))
+        assert seq == 3
+
+
+def test_spawned_workers():
+    """The default start method (spawn: no inherited state) works too."""
+    results = launch_local(3, _allreduce_job, (50, np.float32, "sum", True, 7, 1 << 20))
+    np.testing.assert_array_equal(results[0][0], results[2][0])
+
+
+def test_bad_arrays_are_refused():
+    from pipesgd_ref.comm.rendezvous import Communicator, JobSpec
+
+    comm = Communicator(JobSpec(0, 1), None, None)
+    with pytest.raises(ValueError, match="float32, float64"):
+        allreduce(comm, np.zeros(3, np.int64))
+    with pytest.raises(ValueError, match="contiguous 1-D"):
+        allreduce(comm, np.zeros((2, 2), np.float32))
+    with pytest.raises(ValueError, match="'sum' or 'mean'"):
+        allreduce(comm, np.zeros(2, np.float32), op="max")
+
+
+# --- link emulation --------------------------------------------------------------------------
+
+
+def _timed_allreduce_job(comm, n, reps):
+    x = np.ones(n, np.float32)
+    times = []
+    for _ in range(reps):
+        barrier(comm)
+        start = time.perf_counter()
+        allreduce(comm, x)
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def test_emulated_ring_matches_the_alpha_beta_formula():
+    """Latency 2 ms, bandwidth 100 MB/s, 4 MB on 4 ranks: within 15% of
+    T = 2(p-1) alpha + 2(p-1)/p M/B (the gamma term is below 3% of it here)."""
+    p, n, model = 4, 1_000_000, LinkModel(latency=2e-3, bandwidth=100e6)
+    M = 4 * n
+    predicted = 2 * (p - 1) * model.latency + 2 * (p - 1) / p * M / model.bandwidth
+    times = launch_local(p, _timed_allreduce_job, (n, 5), start_method="fork", model=model)
+    measured = max(times)
+    assert abs(measured - predicted) / predicted < 0.15, (
+        f"measured {measured * 1e3:.1f} ms, alpha-beta formula {predicted * 1e3:.1f} ms"
+    )
