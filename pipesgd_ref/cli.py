@@ -3,6 +3,8 @@
     pipesgd compare [--quick] [--out DIR] [config options]   the main job (see below)
     pipesgd reference [config options]                        one run of a one-process oracle
     pipesgd config [config options]                           print the resolved configuration
+    pipesgd bench allreduce [--world-size P] [--sizes ...] [--latency L] [--bandwidth B]
+                                                              ring AllReduce benchmark
 
 Config options, applied in order: --preset NAME (laptop, tiny), --config FILE (.toml/.json),
 then any --key=value (or --key value) naming a TrainConfig field, e.g. --lr=0.05 --hidden=128,64.
@@ -21,6 +23,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from pipesgd_ref.comm.transport import CommError
 from pipesgd_ref.config import (
     ConfigError,
     TrainConfig,
@@ -29,6 +32,7 @@ from pipesgd_ref.config import (
     load_config_file,
 )
 from pipesgd_ref.data import DataError
+from pipesgd_ref.launch import LaunchError
 from pipesgd_ref.train import TrainingDiverged, run_reference, write_json
 
 EXIT_USAGE = 2
@@ -55,6 +59,19 @@ def _parser() -> argparse.ArgumentParser:
     common(r)
     g = sub.add_parser("config", help="print the resolved configuration as JSON")
     common(g)
+    b = sub.add_parser("bench", help="benchmarks of the communication layer")
+    bsub = b.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
+    ar = bsub.add_parser("allreduce", help="ring AllReduce time, algbw and busbw per size")
+    ar.add_argument("--world-size", type=int, default=4, help="ranks to start (default 4)")
+    ar.add_argument("--sizes", default="4KB,1MB,16MB,64MB", help="comma-separated sizes")
+    ar.add_argument("--latency", default=None, help="emulated link latency, e.g. 50us, 1ms")
+    ar.add_argument("--bandwidth", default=None, help="emulated bandwidth, e.g. 1Gbit, 125MB")
+    ar.add_argument("--reps", type=int, default=10, help="timed repeats per size")
+    ar.add_argument("--warmup", type=int, default=2, help="untimed repeats per size")
+    ar.add_argument("--timeout", type=float, default=60.0, help="communication timeout, s")
+    ar.add_argument("--json", dest="json_path", default=None, help="also write results here")
+    ar.add_argument("--no-gloo", action="store_true", help="skip torch/gloo even if installed")
+    ar.add_argument("--log-level", default="WARNING", help="DEBUG, INFO, WARNING, ERROR")
     return p
 
 
@@ -111,8 +128,42 @@ def cmd_compare(args: argparse.Namespace, cfg: TrainConfig) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from pipesgd_ref.bench import bench_allreduce, bench_allreduce_joined
+    from pipesgd_ref.comm.netem import LinkModel, parse_size
+    from pipesgd_ref.launch import detect_env
+    from pipesgd_ref.logs import configure_parent_logging
+
+    configure_parent_logging(args.log_level)
+    try:
+        sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
+        model = LinkModel.from_strings(args.latency, args.bandwidth)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if args.world_size < 1 or args.reps < 1 or args.warmup < 0 or not sizes:
+        raise ConfigError("need --world-size >= 1, --reps >= 1, --warmup >= 0 and some --sizes")
+    if any(s % 4 for s in sizes):
+        raise ConfigError(f"sizes must be whole float32 arrays (multiples of 4 bytes): {sizes}")
+    kwargs = dict(model=model, reps=args.reps, warmup=args.warmup, timeout=args.timeout,
+                  json_path=args.json_path)  # fmt: skip
+    if detect_env() is not None:  # one rank of a job started by torchrun, mpirun or srun
+        bench_allreduce_joined(sizes, **kwargs)
+    else:
+        bench_allreduce(args.world_size, sizes, with_gloo=not args.no_gloo, **kwargs)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    args, rest = _parser().parse_known_args(argv)
+    parser = _parser()
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "bench":
+        if rest:
+            parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        try:
+            return cmd_bench(args)
+        except (ConfigError, LaunchError, CommError) as e:
+            print(f"pipesgd: error: {e}", file=sys.stderr)
+            return EXIT_USAGE
     try:
         cfg = resolve_config(args, rest)
         if args.command == "config":

@@ -1,0 +1,290 @@
+"""`pipesgd bench allreduce`: how fast is our ring, next to the wire and to other libraries?
+
+For each size M it reports, as nccl-tests does:
+
+    time    median over repeats (after warm-up) of the slowest rank's AllReduce time
+    algbw   M / time                        (what the caller sees)
+    busbw   algbw * 2(p-1)/p                (what each link carried: comparable across p)
+
+beside the alpha-beta prediction 2(p-1)·alpha + 2(p-1)/p·M/B + (p-1)/p·M·gamma, with alpha and
+B from the emulated link (--latency, --bandwidth) or, unemulated, from the point-to-point
+test below, and gamma from timing the reduction (np.add) on this machine.
+
+In the same run it measures the point-to-point TCP limit between two processes on this
+machine (a ping-pong for alpha, a one-way stream for B) and prints busbw as a fraction of it;
+where torch (gloo backend) is installed it times torch.distributed.all_reduce on the same sizes
+and world size, side by side (optional: never a dependency).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pipesgd_ref.comm.netem import LinkModel, format_bytes
+from pipesgd_ref.comm.ring import allreduce, barrier
+from pipesgd_ref.launch import free_port, join_from_env, launch_local
+
+
+@dataclass
+class Row:
+    size_bytes: int
+    time_s: float
+    algbw: float  # bytes/s
+    busbw: float  # bytes/s
+    predicted_s: float
+    verified: bool
+    gloo_time_s: float | None = None
+    gloo_busbw: float | None = None
+
+
+def bus_factor(p: int) -> float:
+    return 2 * (p - 1) / p if p > 1 else 1.0
+
+
+def predict_ring(p: int, nbytes: int, alpha: float, bandwidth: float, gamma: float) -> float:
+    """The alpha-beta ring AllReduce time (shared/PAPER.md section 3)."""
+    if p == 1:
+        return 0.0
+    return 2 * (p - 1) * alpha + 2 * (p - 1) / p * nbytes / bandwidth + (p - 1) / p * nbytes * gamma
+
+
+# --- our ring, in worker processes ------------------------------------------------------------
+
+
+def _ring_job(comm, sizes: list[int], reps: int, warmup: int) -> dict:
+    out = {}
+    for nbytes in sizes:
+        n = nbytes // 4
+        # Integer-valued data: the sum is exact, so it can be checked without tolerance.
+        x = np.full(n, comm.rank + 1, np.float32)
+        allreduce(comm, x)
+        want = comm.world_size * (comm.world_size + 1) / 2
+        verified = bool(np.all(x == want))
+        # Back to back after one barrier, as nccl-tests does: a barrier before every call
+        # would add its own exit skew between ranks (up to a step) to every measurement.
+        times = []
+        barrier(comm)
+        for i in range(warmup + reps):
+            start = time.perf_counter()
+            allreduce(comm, x)
+            if i >= warmup:
+                times.append(time.perf_counter() - start)
+        out[nbytes] = (times, verified)
+    return out
+
+
+def _combine(per_rank: list[dict], nbytes: int) -> tuple[float, bool]:
+    """Median over repeats of the slowest rank's time; verified on every rank."""
+    times = [
+        max(rank[nbytes][0][i] for rank in per_rank) for i in range(len(per_rank[0][nbytes][0]))
+    ]
+    return statistics.median(times), all(rank[nbytes][1] for rank in per_rank)
+
+
+# --- point to point: the wire's own limit ------------------------------------------------------
+
+
+def _p2p_job(comm, nbytes: int, reps: int) -> tuple[float, float]:
+    """Rank 0 streams `nbytes` to rank 1 `reps` times (bandwidth); then 200 one-byte ping-pongs
+    (latency). Uses the ring links directly: right of 0 is 1, left of 0 is 1."""
+    buf = np.zeros(nbytes, np.uint8)
+    small = np.zeros(1, np.uint8)
+    from pipesgd_ref.comm.transport import Frame, Kind
+
+    frame = Frame(kind=Kind.DATA)
+    barrier(comm)
+    start = time.perf_counter()
+    for _ in range(reps):
+        if comm.rank == 0:
+            comm.right.send(frame, memoryview(buf))
+        else:
+            got = comm.left.recv_header("p2p")
+            comm.left.recv_payload_into(got, memoryview(buf), "p2p")
+    barrier(comm)
+    stream = time.perf_counter() - start
+    pings = 200
+    start = time.perf_counter()
+    for _ in range(pings):
+        if comm.rank == 0:
+            comm.right.send(frame, memoryview(small))
+            got = comm.left.recv_header("pong")
+            comm.left.recv_payload_into(got, memoryview(small), "pong")
+        else:
+            got = comm.left.recv_header("ping")
+            comm.left.recv_payload_into(got, memoryview(small), "ping")
+            comm.right.send(frame, memoryview(small))
+    rtt = (time.perf_counter() - start) / pings
+    return nbytes * reps / stream, rtt / 2
+
+
+def measure_p2p(nbytes: int = 64 << 20, reps: int = 8) -> tuple[float, float]:
+    """(bandwidth bytes/s, one-way latency s) between two local processes over TCP."""
+    results = launch_local(2, _p2p_job, (nbytes, reps), start_method="fork")
+    return results[0]
+
+
+def measure_gamma(nbytes: int = 16 << 20, reps: int = 5) -> float:
+    """Seconds per byte of the reduction step (dst += src, float32) on this machine."""
+    a = np.ones(nbytes // 4, np.float32)
+    b = np.ones_like(a)
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        np.add(b, a, out=a)
+        times.append(time.perf_counter() - start)
+    return min(times) / nbytes
+
+
+# --- gloo, when torch is installed ------------------------------------------------------------
+
+
+def _gloo_job(comm, port: int, sizes: list[int], reps: int, warmup: int) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=comm.rank, world_size=comm.world_size
+    )
+    out = {}
+    try:
+        for nbytes in sizes:
+            x = torch.full((nbytes // 4,), float(comm.rank + 1))
+            dist.all_reduce(x)
+            verified = bool(torch.all(x == comm.world_size * (comm.world_size + 1) / 2))
+            times = []
+            dist.barrier()
+            for i in range(warmup + reps):
+                start = time.perf_counter()
+                dist.all_reduce(x)
+                if i >= warmup:
+                    times.append(time.perf_counter() - start)
+            out[nbytes] = (times, verified)
+    finally:
+        dist.destroy_process_group()
+    return out
+
+
+def gloo_available() -> bool:
+    try:
+        import torch.distributed as dist
+
+        return dist.is_available() and dist.is_gloo_available()
+    except Exception:  # torch absent or broken: gloo is optional
+        return False
+
+
+# --- the benchmark ----------------------------------------------------------------------------
+
+
+def bench_allreduce(
+    world_size: int,
+    sizes: list[int],
+    model: LinkModel | None = None,
+    reps: int = 10,
+    warmup: int = 2,
+    with_gloo: bool = True,
+    json_path: str | None = None,
+    timeout: float = 60.0,
+    print_fn=print,
+) -> dict:
+    model = model or LinkModel()
+    print_fn(f"ring AllReduce, {world_size} ranks on this machine (loopback TCP), "
+             f"link: {model if model.enabled else 'not emulated'}")  # fmt: skip
+    p2p_bw, p2p_alpha = measure_p2p()
+    gamma = measure_gamma()
+    print_fn(f"point-to-point TCP: {p2p_bw / 1e9:.2f} GB/s, one-way latency "
+             f"{p2p_alpha * 1e6:.0f} us; reduction {1 / gamma / 1e9:.2f} GB/s")  # fmt: skip
+    alpha = model.latency if model.enabled else p2p_alpha
+    bandwidth = model.bandwidth if model.bandwidth != float("inf") else p2p_bw
+    # busbw is compared with the link: the emulated bandwidth, or the measured p2p stream.
+    per_rank = launch_local(world_size, _ring_job, (sizes, reps, warmup), start_method="fork",
+                            model=model, timeout=timeout)  # fmt: skip
+    gloo = None
+    if with_gloo and gloo_available() and not model.enabled:
+        gloo = launch_local(world_size, _gloo_job, (free_port(), sizes, reps, warmup),
+                            start_method="spawn", timeout=timeout)  # fmt: skip
+    rows = []
+    for nbytes in sizes:
+        t, ok = _combine(per_rank, nbytes)
+        algbw = nbytes / t
+        row = Row(nbytes, t, algbw, algbw * bus_factor(world_size),
+                  predict_ring(world_size, nbytes, alpha, bandwidth, gamma), ok)  # fmt: skip
+        if gloo is not None:
+            gt, _ = _combine(gloo, nbytes)
+            row.gloo_time_s, row.gloo_busbw = gt, nbytes / gt * bus_factor(world_size)
+        rows.append(row)
+    header = (f"{'size':>10} {'time ms':>9} {'algbw GB/s':>11} {'busbw GB/s':>11} "
+              f"{'of link':>7} {'model ms':>9} {'verified':>9}")  # fmt: skip
+    if gloo is not None:
+        header += f" {'gloo ms':>8} {'gloo busbw':>11} {'ours/gloo':>10}"
+    print_fn(header)
+    for r in rows:
+        line = (f"{format_bytes(r.size_bytes):>10} {r.time_s * 1e3:9.2f} {r.algbw / 1e9:11.3f} "
+                f"{r.busbw / 1e9:11.3f} {r.busbw / bandwidth:7.0%} {r.predicted_s * 1e3:9.2f} "
+                f"{'yes' if r.verified else 'NO':>9}")  # fmt: skip
+        if r.gloo_time_s is not None:
+            line += (f" {r.gloo_time_s * 1e3:8.2f} {r.gloo_busbw / 1e9:11.3f} "
+                     f"{r.busbw / r.gloo_busbw:10.2f}x")  # fmt: skip
+        print_fn(line)
+    result = {
+        "world_size": world_size,
+        "link": {"latency_s": model.latency, "bandwidth_Bps": model.bandwidth},
+        "p2p_bandwidth_Bps": p2p_bw,
+        "p2p_latency_s": p2p_alpha,
+        "gamma_s_per_byte": gamma,
+        "gloo": gloo is not None,
+        "rows": [asdict(r) for r in rows],
+        "cpu_count": os.cpu_count(),
+        "host": socket.gethostname(),
+    }
+    if json_path:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_path).write_text(json.dumps(result, indent=2) + "\n")
+        print_fn(f"wrote {json_path}")
+    return result
+
+
+def bench_allreduce_joined(
+    sizes: list[int],
+    model: LinkModel | None = None,
+    reps: int = 10,
+    warmup: int = 2,
+    timeout: float = 60.0,
+    json_path: str | None = None,
+    print_fn=print,
+) -> dict | None:
+    """The benchmark as one rank of a job from the environment (torchrun, mpirun, srun
+    variables): every rank runs the same sizes; rank 0 prints the table (its own times)."""
+    model = model or LinkModel()
+    comm = join_from_env(timeout=timeout, model=model)
+    try:
+        mine = _ring_job(comm, sizes, reps, warmup)
+        if comm.rank != 0:
+            return None
+        p = comm.world_size
+        print_fn(f"ring AllReduce, {p} ranks (joined from the environment), rank 0's times")
+        print_fn(
+            f"{'size':>10} {'time ms':>9} {'algbw GB/s':>11} {'busbw GB/s':>11} {'verified':>9}"
+        )
+        rows = []
+        for nbytes in sizes:
+            t, ok = statistics.median(mine[nbytes][0]), mine[nbytes][1]
+            busbw = nbytes / t * bus_factor(p)
+            print_fn(f"{format_bytes(nbytes):>10} {t * 1e3:9.2f} {nbytes / t / 1e9:11.3f} "
+                     f"{busbw / 1e9:11.3f} {'yes' if ok else 'NO':>9}")  # fmt: skip
+            rows.append({"size_bytes": nbytes, "time_s": t, "busbw": busbw, "verified_rank0": ok})
+        result = {"world_size": p, "rows": rows}
+        if json_path:
+            Path(json_path).write_text(json.dumps(result, indent=2) + "\n")
+        return result
+    finally:
+        comm.close()
