@@ -179,3 +179,25 @@ def test_emulated_ring_matches_the_alpha_beta_formula():
     assert abs(measured - predicted) / predicted < 0.15, (
         f"measured {measured * 1e3:.1f} ms, alpha-beta formula {predicted * 1e3:.1f} ms"
     )
+
+
+def _traced_job(comm):
+    allreduce(comm, np.ones(10, np.float32))
+
+
+def test_trace_prints_every_chunk_and_step(monkeypatch):
+    """PIPESGD_TRACE=1: one line per rank, step and chunk, rank-tagged, in the parent's log."""
+    import io
+
+    from pipesgd_ref.logs import configure_parent_logging
+
+    monkeypatch.setenv("PIPESGD_TRACE", "1")
+    stream = io.StringIO()
+    configure_parent_logging("INFO", stream=stream)
+    try:
+        launch_local(3, _traced_job, start_method="fork")
+    finally:
+        configure_parent_logging("WARNING")
+    lines = [line for line in stream.getvalue().splitlines() if "allreduce #1" in line]
+    assert len(lines) == 3 * 4, "\n".join(lines)  # p ranks x 2(p-1) steps
+    assert any("[rank 2]" in line and "step 3 (all-gather) | rank 2 -> 0" in line for line in lines)

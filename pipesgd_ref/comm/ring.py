@@ -241,42 +241,40 @@ def _ring_reduce(comm: Communicator, array: np.ndarray, op: Op, segment_bytes: i
             Op.BARRIER: "barrier"}[op]  # fmt: skip
     tracing = trace_enabled()
 
-    def send(step: int, chunk: int, phase: str) -> None:
-        a, b = bounds[chunk]
-        for part, (s, e) in enumerate(segments(a, b, per)):
-            sender.put(_at(header, step, part), as_bytes(flat[s:e]), f"{name} #{seq} {phase}")
-        if tracing:
+    def forward(step: int, chunk: int, part: int, s: int, e: int) -> None:
+        """Queue segment [s, e) of `chunk` as frame (step, part) to the right neighbour."""
+        phase = "reduce-scatter" if step < p - 1 else "all-gather"
+        sender.put(_at(header, step, part), as_bytes(flat[s:e]), f"{name} #{seq} {phase}")
+        if tracing and part == 0:  # one line per chunk and step (PIPESGD_TRACE=1)
+            a, b = bounds[chunk]
             trace("%s #%d step %d (%s) | rank %d -> %d | chunk %d | %d bytes", name, seq, step,
                   phase, rank, comm.right.peer, chunk, (b - a) * flat.itemsize)  # fmt: skip
 
     # Reduce-scatter. Step 0's chunk is ready now; every later chunk is sent segment by
-    # segment as soon as it has been reduced (see the module docstring).
-    send(0, reduce_scatter_chunks(rank, 0, p)[0], "reduce-scatter")
+    # segment as soon as it has been reduced (see the module docstring). Frame steps number
+    # the whole schedule: reduce-scatter 0 .. p-2, all-gather p-1 .. 2p-3.
+    first = reduce_scatter_chunks(rank, 0, p)[0]
+    for part, (s, e) in enumerate(segments(*bounds[first], per)):
+        forward(0, first, part, s, e)
     for step in range(p - 1):
         _, chunk = reduce_scatter_chunks(rank, step, p)
-        a, b = bounds[chunk]
         doing = f"{name} #{seq} step {step} (reduce-scatter)"
         last = step == p - 2  # after this step, `chunk` is complete on this rank
-        for part, (s, e) in enumerate(segments(a, b, per)):
+        for part, (s, e) in enumerate(segments(*bounds[chunk], per)):
             tmp = scratch[: e - s]
             _recv_checked(comm, header, step, part, tmp, doing, sender)
             dst = flat[s:e]
             np.add(tmp, dst, out=dst)  # fixed order: the running sum arrives, our term joins
             if last and op == Op.ALLREDUCE_MEAN:
                 dst /= dst.dtype.type(p)  # the owner scales once; everyone copies its bytes
-            # Forward at once. Frame steps number the whole schedule: the last reduce-scatter
-            # step's output goes out as step p-1, the first all-gather step.
-            phase = "all-gather" if last else "reduce-scatter"
-            sender.put(_at(header, step + 1, part), as_bytes(dst), f"{name} #{seq} {phase}")
+            forward(step + 1, chunk, part, s, e)  # at once: the next hop needs it now
     # All-gather: receive each complete chunk straight into place, forward it unless the
-    # right neighbour already has it. All-gather frames carry steps p-1 .. 2p-3.
-    for step in range(p - 1):
-        _, chunk = all_gather_chunks(rank, step, p)
-        a, b = bounds[chunk]
-        doing = f"{name} #{seq} step {p - 1 + step} (all-gather)"
-        for part, (s, e) in enumerate(segments(a, b, per)):
-            dst = flat[s:e]
-            _recv_checked(comm, header, p - 1 + step, part, dst, doing, sender)
-            if step < p - 2:
-                sender.put(_at(header, p + step, part), as_bytes(dst), doing)
+    # right neighbour already has it.
+    for step in range(p - 1, 2 * p - 2):
+        _, chunk = all_gather_chunks(rank, step - (p - 1), p)
+        doing = f"{name} #{seq} step {step} (all-gather)"
+        for part, (s, e) in enumerate(segments(*bounds[chunk], per)):
+            _recv_checked(comm, header, step, part, flat[s:e], doing, sender)
+            if step < 2 * p - 3:
+                forward(step + 1, chunk, part, s, e)
     sender.flush(comm.timeout)

@@ -48,7 +48,8 @@ from pipesgd_ref.comm.netem import LinkEmulator, LinkModel, wait_until
 MAGIC = b"PSGD"
 VERSION = 1
 HEADER = struct.Struct("!4sBBBBQHHIQQd")
-assert HEADER.size == 48
+HEADER_BYTES = HEADER.size  # 48: the fixed cost of every frame on the wire
+assert HEADER_BYTES == 48
 DEFAULT_MAX_FRAME_BYTES = 1 << 31  # 2 GiB: larger frames are refused before any allocation
 POLL_SECONDS = 0.2  # receive slice: how quickly a rank notices its own sender's failure
 
