@@ -29,6 +29,7 @@ import logging
 import multiprocessing as mp
 import os
 import queue as queue_mod
+import signal
 import socket
 import time
 import traceback
@@ -88,7 +89,11 @@ def detect_env(environ: Mapping[str, str] | None = None) -> JobEnv | None:
             try:
                 port = int(env.get("MASTER_PORT", "29500"))
             except ValueError:
-                raise LaunchError(f"MASTER_PORT={env['MASTER_PORT']!r} is not a port") from None
+                port = -1
+            if not 0 < port < 65536:
+                raise LaunchError(
+                    f"MASTER_PORT={env['MASTER_PORT']!r} is not a port (1..65535)"
+                ) from None
             token = env.get("PIPESGD_JOB_TOKEN") or _default_token(addr, port)
             return JobEnv(rank, world_size, addr, port, token, source)
     return None
@@ -209,9 +214,17 @@ def launch_local(
     finally:
         for proc in procs:
             proc.join(timeout=0.5 if errors else 5.0)
-        for proc in procs:  # nothing is left behind
+        for r, proc in enumerate(procs):  # nothing is left behind
             if proc.is_alive():
+                if r not in values and r not in errors:
+                    errors[r] = (
+                        f"rank {r} never reported (hung or stopped); the launcher stopped it"
+                    )
                 proc.terminate()
+                try:  # a stopped process acts on SIGTERM only once woken
+                    os.kill(proc.pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
                 proc.join(timeout=2.0)
             if proc.is_alive():
                 proc.kill()

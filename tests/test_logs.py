@@ -27,6 +27,10 @@ def fresh_pipesgd_logger():
     """Leave the "pipesgd" logger as the test found it (no handlers, propagating, level unset)."""
     logger = logging.getLogger(LOGGER_NAME)
     saved = (list(logger.handlers), logger.level, logger.propagate)
+    for handler in list(logger.handlers):  # start clean, whatever earlier tests configured
+        logger.removeHandler(handler)
+    logger.setLevel(logging.NOTSET)
+    logger.propagate = True
     yield logger
     for handler in list(logger.handlers):
         logger.removeHandler(handler)

@@ -188,16 +188,24 @@ def _traced_job(comm):
 def test_trace_prints_every_chunk_and_step(monkeypatch):
     """PIPESGD_TRACE=1: one line per rank, step and chunk, rank-tagged, in the parent's log."""
     import io
+    import logging
 
     from pipesgd_ref.logs import configure_parent_logging
 
     monkeypatch.setenv("PIPESGD_TRACE", "1")
     stream = io.StringIO()
+    logger = logging.getLogger("pipesgd")
+    saved = (list(logger.handlers), logger.level, logger.propagate)
     configure_parent_logging("INFO", stream=stream)
     try:
         launch_local(3, _traced_job, start_method="fork")
-    finally:
-        configure_parent_logging("WARNING")
+    finally:  # leave the logger as this test found it
+        for handler in list(logger.handlers):
+            logger.removeHandler(handler)
+        for handler in saved[0]:
+            logger.addHandler(handler)
+        logger.setLevel(saved[1])
+        logger.propagate = saved[2]
     lines = [line for line in stream.getvalue().splitlines() if "allreduce #1" in line]
     assert len(lines) == 3 * 4, "\n".join(lines)  # p ranks x 2(p-1) steps
     assert any("[rank 2]" in line and "step 3 (all-gather) | rank 2 -> 0" in line for line in lines)

@@ -27,7 +27,14 @@ import time
 from dataclasses import dataclass, field
 
 from pipesgd_ref.comm.netem import LinkModel
-from pipesgd_ref.comm.transport import CommError, Kind, Link
+from pipesgd_ref.comm.transport import (
+    CommError,
+    Kind,
+    Link,
+    PeerClosed,
+    PeerTimeout,
+    ProtocolError,
+)
 
 log = logging.getLogger("pipesgd.rendezvous")
 HELLO_TIMEOUT = 5.0  # a connection that has not said hello by then is dropped
@@ -94,8 +101,13 @@ class Communicator:
         round the ring and every rank's error names the rank at fault (best effort: the
         job is failing anyway)."""
         right = self.right
-        if right is None or getattr(error, "origin", None) == right.peer:
-            return  # no one to tell, or the right neighbour is the one that failed
+        if right is None:
+            return
+        if (
+            isinstance(error, (PeerClosed, PeerTimeout, ProtocolError))
+            and error.origin == right.peer
+        ):
+            return  # the right link itself is broken: nothing can be sent on it
         sender = right._sender
         if sender is not None and not sender.cancel(wait=1.0):
             return  # a frame is stuck half-sent: another header would garble the stream
@@ -190,10 +202,12 @@ class _Store:
                 if time.monotonic() > deadline:
                     with self.lock:
                         joined = sorted(self.registered)
+                    missing = sorted(set(range(self.spec.world_size)) - set(joined))
                     self.error = (
-                        f"rendezvous timed out after {self.spec.timeout:.1f} s: ranks {joined} "
-                        f"of {self.spec.world_size} joined; start the missing ranks with the "
-                        f"same MASTER_ADDR, MASTER_PORT and job token, or raise --timeout"
+                        f"rendezvous timed out after {self.spec.timeout:.1f} s: rank(s) "
+                        f"{', '.join(map(str, missing))} never joined (joined: {joined}); start "
+                        f"them with the same MASTER_ADDR, MASTER_PORT and job token, or raise "
+                        f"--timeout"
                     )
                     break
                 try:
@@ -266,6 +280,9 @@ def _register(spec: JobSpec, data_port: int, host: str) -> list[tuple[str, int]]
         hello = {"token": spec.token, "rank": spec.rank, "world_size": spec.world_size,
                  "host": host, "port": data_port, "purpose": "store"}  # fmt: skip
         link.send_json(Kind.HELLO, hello, "rendezvous")
+        # Wait a little longer than the store does, so its answer (which names the ranks that
+        # never joined) arrives before this rank gives up on its own.
+        link.timeout = spec.timeout + 2.0
         reply = link.recv_json(Kind.CONTROL, "rendezvous (waiting for every rank to join)")
     except CommError as e:
         raise RendezvousError(str(e)) from None

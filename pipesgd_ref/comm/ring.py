@@ -202,8 +202,10 @@ def _at(header: Frame, step: int, part: int) -> Frame:
 
 def _recv_checked(comm, want: Frame, step: int, part: int, out: np.ndarray, doing, sender):
     """Receive the next frame from the left into `out`, after checking it belongs here."""
-    stop = sender.check if sender is not None else (lambda: None)
+    stop = sender.heartbeat if sender is not None else (lambda: None)
     got = comm.left.recv_header(doing, stop)
+    while got.kind == Kind.HEARTBEAT:  # the left neighbour is alive and waiting: keep waiting
+        got = comm.left.recv_header(doing, stop)
     if got.kind == Kind.ABORT:  # a rank upstream failed: pass its story on
         news = comm.left.recv_json(Kind.ABORT, doing, frame=got)
         origin = news.get("origin")

@@ -61,6 +61,7 @@ class Kind(IntEnum):
     CONTROL = 4  # JSON payload (rendezvous store)
     DATA = 5  # array payload of a collective
     ABORT = 6  # JSON {origin, reason}: a rank failed; passed along the ring so all ranks know
+    HEARTBEAT = 7  # "I am alive, waiting on my own left neighbour": resets the peer's timeout
 
 
 class Op(IntEnum):
@@ -370,6 +371,14 @@ class _Sender:
         """Raise the sending thread's error, if it had one (called from the main thread)."""
         if self.error is not None:
             raise self.error
+
+    def heartbeat(self) -> None:
+        """Called while the main thread waits on its left neighbour: if nothing is queued,
+        tell the right neighbour we are alive, so that only the rank next to a silent peer
+        times out, and everyone else waits for its ABORT, which names the silent rank."""
+        self.check()
+        if self.pending == 0:  # only the main thread queues: idle now means idle when sent
+            self.put(Frame(kind=Kind.HEARTBEAT), b"", "heartbeat")
 
     def cancel(self, wait: float) -> bool:
         """Drop every frame not yet started; wait up to `wait` s for the one on the wire.

@@ -1,0 +1,531 @@
+"""Communication faults: what happens when a rank dies, stops, disagrees, or never comes.
+
+Every case runs real worker processes (fork: fast, and the jobs below are module-level
+functions) or real sockets in threads, with small timeouts, and checks three things:
+
+    * it ends: an error, never a hang, within a bound stated in the assert message;
+    * the error names the rank at fault and says what differed;
+    * nothing is left behind: no worker process alive afterwards.
+
+The measured detection times are printed: `pytest -s` shows them.
+"""
+
+import logging
+import multiprocessing as mp
+import os
+import re
+import signal
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from pipesgd_ref.comm.rendezvous import JobSpec, RendezvousError, init_process_group
+from pipesgd_ref.comm.ring import allreduce, barrier, broadcast
+from pipesgd_ref.comm.transport import CommError, Kind, Link
+from pipesgd_ref.launch import (
+    JobEnv,
+    LaunchError,
+    WorkerFailed,
+    _default_token,
+    detect_env,
+    free_port,
+    launch_local,
+)
+
+TIMEOUT = 2.0  # the communication timeout inside the workers
+
+
+def record(case: str, seconds: float) -> None:
+    print(f"\n[detection] {case}: {seconds:.2f} s")
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def write_pid(pid_dir) -> None:
+    (pid_dir / f"{os.getpid()}.pid").write_text(str(os.getpid()))
+
+
+def assert_nothing_left_alive(pid_dir, expected: int) -> None:
+    """No multiprocessing child, and none of the workers' pids exists any more."""
+    assert mp.active_children() == [], f"workers still alive: {mp.active_children()}"
+    pids = [int(p.read_text()) for p in pid_dir.glob("*.pid")]
+    assert len(pids) == expected, f"{len(pids)} of {expected} workers wrote their pid"
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)  # signal 0: "does it exist?"
+
+
+def run_failing(world_size: int, job, args: tuple, **kw) -> tuple[WorkerFailed, float]:
+    """launch_local that must fail; returns the WorkerFailed and the wall time it took."""
+    kw = dict(start_method="fork", timeout=TIMEOUT, job_timeout=20.0) | kw
+    start = time.monotonic()
+    with pytest.raises(WorkerFailed) as info:
+        launch_local(world_size, job, args, **kw)
+    elapsed = time.monotonic() - start
+    assert -1 not in info.value.errors, f"the job hit job_timeout: {info.value}"
+    return info.value, elapsed
+
+
+# Which rank an error blames: "rank R closed", "rank R failed", "no data from rank R"...
+BLAME = re.compile(
+    r"^rank \d+: (?:rank (\d+) (?:closed|failed|accepted no data)|no data from rank (\d+))"
+)
+
+
+def blamed(text: str) -> int | None:
+    m = BLAME.match(text.strip())
+    return int(m.group(1) or m.group(2)) if m else None
+
+
+# --- 1. a rank killed mid-collective ---------------------------------------------------------
+
+
+def _killed_job(comm, victim, n, reps, pid_dir):
+    write_pid(pid_dir)
+    x = np.ones(n, np.float32)
+    allreduce(comm, x)  # warm-up: every link is up and carrying data
+    if comm.rank == victim:  # SIGKILL: no cleanup, no error message, sockets reset by the kernel
+        threading.Timer(0.01, os.kill, (os.getpid(), signal.SIGKILL)).start()
+    for _ in range(reps):
+        allreduce(comm, x)
+
+
+@pytest.mark.timeout(60)
+def test_rank_killed_mid_allreduce_is_named_by_every_rank(tmp_path):
+    p, victim = 4, 2
+    failed, elapsed = run_failing(p, _killed_job, (victim, 4_000_000, 5, tmp_path))
+    record(f"SIGKILL of rank {victim} (timeout {TIMEOUT} s)", elapsed)
+    assert elapsed < 2 * TIMEOUT, (
+        f"the job took {elapsed:.2f} s to fail; bound: 2 x the {TIMEOUT} s timeout "
+        f"(a closed socket is noticed at once, no timeout should be needed)"
+    )
+    assert sorted(failed.errors) == list(range(p)), failed
+    assert "died with exit code -9" in failed.errors[victim], failed.errors[victim]
+    for rank in set(range(p)) - {victim}:
+        text = failed.errors[rank]
+        assert blamed(text) == victim, f"rank {rank} should blame rank {victim}: {text}"
+    assert_nothing_left_alive(tmp_path, expected=p)
+
+
+# --- 2. a stopped rank -----------------------------------------------------------------------
+
+
+def _stopped_job(comm, victim, n, pid_dir):
+    write_pid(pid_dir)
+    x = np.ones(n, np.float32)
+    allreduce(comm, x)
+    if comm.rank == victim:  # alive, sockets open, silent: only a timeout can tell
+        os.kill(os.getpid(), signal.SIGSTOP)
+    allreduce(comm, x)
+
+
+STOP_GRACE = 0.5  # launch_local's grace: the stopped rank cannot exit on its own anyway
+
+
+@pytest.fixture(scope="module")
+def stopped_run(tmp_path_factory):
+    """Rank 2 of 4 stops itself before an allreduce; run once, judged by several tests."""
+    pid_dir = tmp_path_factory.mktemp("stopped")
+    failed, elapsed = run_failing(4, _stopped_job, (2, 1000, pid_dir), grace=STOP_GRACE)
+    record(f"SIGSTOP of rank 2 (timeout {TIMEOUT} s, grace {STOP_GRACE} s)", elapsed)
+    return failed, elapsed, pid_dir
+
+
+@pytest.mark.timeout(60)
+def test_stopped_rank_is_timed_out_and_cleaned_up(stopped_run):
+    failed, elapsed, pid_dir = stopped_run
+    # Detection within the timeout plus a poll slice; then grace; then the launcher's
+    # terminate (2 s wait: a stopped process ignores SIGTERM) and kill.
+    bound = TIMEOUT + 0.5 + STOP_GRACE + 0.5 + 2.0 + 1.0
+    assert elapsed < bound, f"took {elapsed:.2f} s, bound {bound:.1f} s"
+    assert {0, 1, 3} <= set(failed.errors), failed
+    text = failed.errors[3]  # rank 3's left neighbour is the stopped rank
+    assert f"rank 3: no data from rank 2 for {TIMEOUT:.1f} s" in text, text
+    assert "is rank 2 alive" in text and "raise --timeout" in text, text
+    assert_nothing_left_alive(pid_dir, expected=4)
+
+
+@pytest.mark.timeout(60)
+def test_stopped_rank_is_listed_among_the_failed(stopped_run):
+    failed, _, _ = stopped_run
+    assert 2 in failed.errors, f"rank 2 (stopped, then killed) is not reported: {failed}"
+
+
+@pytest.mark.timeout(60)
+def test_stopped_rank_ends_within_twice_the_timeout(stopped_run):
+    _, elapsed, _ = stopped_run
+    bound = 2 * TIMEOUT + STOP_GRACE
+    assert elapsed < bound, (
+        f"took {elapsed:.2f} s; bound: 2 x timeout ({TIMEOUT} s) + grace ({STOP_GRACE} s)"
+    )
+
+
+def _stopped_job_slow_detector(comm, victim, n, skew):
+    x = np.ones(n, np.float32)
+    allreduce(comm, x)
+    if comm.rank == victim:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    if comm.rank == (victim + 1) % comm.world_size:
+        # The rank downstream of the victim notices `skew` seconds late. Naturally its 0.2 s
+        # poll slices make it late by 0..0.2 s, at random: this makes the race deterministic.
+        comm.left.timeout += skew
+    allreduce(comm, x)
+
+
+@pytest.mark.timeout(60)
+def test_every_rank_blames_the_stopped_rank():
+    failed, elapsed = run_failing(4, _stopped_job_slow_detector, (2, 1000, 0.5), grace=1.5)
+    blames = {r: blamed(t) for r, t in failed.errors.items() if r != 2}
+    assert blames == {0: 2, 1: 2, 3: 2}, f"who blamed whom: {blames}\n{failed}"
+    assert "rank 2 never reported" in failed.errors[2]
+
+
+# --- 3. mismatched length or dtype -----------------------------------------------------------
+
+
+def _mismatch_job(comm, odd_rank, n_odd, dtype_odd, pid_dir):
+    write_pid(pid_dir)
+    odd = comm.rank == odd_rank
+    x = np.ones(n_odd if odd else 10, dtype_odd if odd else np.float32)
+    allreduce(comm, x)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "n_odd, dtype_odd, mine, theirs",
+    [
+        (11, np.float32, "of 11 float32", "of 10 float32"),  # length 11 vs 10
+        (10, np.float64, "of 10 float64", "of 10 float32"),  # float64 vs float32
+    ],
+    ids=["length", "dtype"],
+)
+def test_mismatched_allreduce_is_an_error_naming_both_ranks(tmp_path, n_odd, dtype_odd, mine,
+                                                            theirs):  # fmt: skip
+    p, odd = 4, 1
+    failed, elapsed = run_failing(p, _mismatch_job, (odd, n_odd, dtype_odd, tmp_path))
+    record(f"mismatch {mine} vs {theirs} (timeout {TIMEOUT} s)", elapsed)
+    assert elapsed < TIMEOUT, f"took {elapsed:.2f} s: a mismatch needs no timeout to be seen"
+    assert sorted(failed.errors) == list(range(p)), failed
+    # Rank 1 (the odd one) receives rank 0's frames first, whatever the timing: it names
+    # rank 0 and both collectives.
+    text = failed.errors[1]
+    assert text.startswith("rank 1: rank 0 sent a frame of allreduce_sum #1 " + theirs), text
+    assert "while this rank is in allreduce_sum #1 " + mine in text, text
+    assert "same order, with the same dtype and length" in text, text
+    # Ranks 2 and 3 learn it from rank 1's frames (rank 2) or from the ABORT news passed along
+    # the ring, which carries rank 1's text: their errors show what differed, and rank 1.
+    # (Rank 0 may not: see test_mismatch_news_reaches_every_rank.)
+    for rank in (2, 3):
+        text = failed.errors[rank]
+        assert mine in text and theirs in text and "rank 1" in text, f"rank {rank}: {text}"
+    assert_nothing_left_alive(tmp_path, expected=p)
+
+
+# --- 4. mismatched op sequence ---------------------------------------------------------------
+
+
+def _op_mismatch_job(comm):
+    x = np.ones(10, np.float32)
+    if comm.rank == 0:
+        broadcast(comm, x, root=0)
+        barrier(comm)  # the next collective: rank 0 must not get through it either
+    else:
+        allreduce(comm, x)
+
+
+@pytest.mark.timeout(60)
+def test_broadcast_against_allreduce_is_an_error():
+    failed, elapsed = run_failing(3, _op_mismatch_job, ())
+    record(f"broadcast vs allreduce (timeout {TIMEOUT} s)", elapsed)
+    assert elapsed < 2 * TIMEOUT, f"took {elapsed:.2f} s; bound 2 x timeout"
+    text = failed.errors[1]  # rank 1 receives the broadcast from rank 0
+    assert text.startswith("rank 1: rank 0 sent a frame of broadcast #1 of 10 float32"), text
+    assert "while this rank is in allreduce_sum #1 of 10 float32" in text, text
+    assert set(failed.errors) == {0, 1, 2}, failed
+
+
+def _one_rank_broadcasts(comm, odd_rank):
+    x = np.ones(10, np.float32)
+    if comm.rank == odd_rank:
+        broadcast(comm, x, root=0)  # a non-root rank receives first: it sends nothing before
+    else:
+        allreduce(comm, x)
+
+
+@pytest.mark.timeout(60)
+def test_mismatch_news_reaches_every_rank():
+    failed, elapsed = run_failing(3, _one_rank_broadcasts, (1,))
+    assert elapsed < 2 * TIMEOUT, f"took {elapsed:.2f} s; bound 2 x timeout"
+    text = failed.errors[1]
+    assert text.startswith("rank 1: rank 0 sent a frame of allreduce_sum #1 of 10 float32"), text
+    assert "while this rank is in broadcast #1 of 10 float32" in text, text
+    for rank, text in failed.errors.items():
+        assert "broadcast #1" in text, f"rank {rank} never heard what differed: {text}"
+
+
+# --- 5. a wrong job token (and garbage) at rendezvous ----------------------------------------
+
+
+class Ranks:
+    """Run one function per rank in threads of this process; collect results or errors."""
+
+    def __init__(self, fn, per_rank_args: dict[int, tuple]):
+        self.results, self.errors = {}, {}
+        self.threads = {
+            r: threading.Thread(target=self._run, args=(r, fn, args), daemon=True)
+            for r, args in per_rank_args.items()
+        }
+
+    def _run(self, rank, fn, args):
+        try:
+            self.results[rank] = fn(*args)
+        except BaseException as e:
+            self.errors[rank] = e
+
+    def start(self, *ranks):
+        for r in ranks or self.threads:
+            self.threads[r].start()
+        return self
+
+    def join(self, timeout: float) -> dict:
+        deadline = time.monotonic() + timeout
+        for r, t in self.threads.items():
+            t.join(max(0.0, deadline - time.monotonic()))
+            assert not t.is_alive(), f"rank {r} is still running after {timeout} s"
+        assert not self.errors, f"ranks failed: {self.errors}"
+        return self.results
+
+
+def connect_when_listening(port: int, timeout: float = 2.0) -> socket.socket:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        except ConnectionRefusedError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
+def dropped(sock: socket.socket) -> bool:
+    """Whether the other end closed `sock` (within 2 s) without sending anything."""
+    sock.settimeout(2.0)
+    try:
+        return sock.recv(100) == b""  # FIN
+    except ConnectionResetError:  # RST: it closed with our unread bytes still in its buffer
+        return True
+
+
+class ListHandler(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+@pytest.mark.timeout(60)
+def test_wrong_token_is_refused_garbage_dropped_and_the_job_still_forms():
+    port, token = free_port(), "the-real-token"
+    specs = {r: (JobSpec(r, 2, master_port=port, token=token, timeout=5.0),) for r in (0, 1)}
+    ranks = Ranks(init_process_group, specs).start(0)
+    logger = logging.getLogger("pipesgd.rendezvous")
+    handler, old_level = ListHandler(), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.WARNING)
+    strays = []
+    try:
+        # A stray with the wrong token, claiming rank 1: refused, with the reason.
+        stray = Link(connect_when_listening(port), rank=9, peer=0, timeout=2)
+        strays.append(stray.sock)
+        start = time.monotonic()
+        stray.send_json(Kind.HELLO, {"token": "not-the-token", "rank": 1, "world_size": 2,
+                                     "host": "127.0.0.1", "port": 1, "purpose": "store"},
+                        "test")  # fmt: skip
+        with pytest.raises(CommError, match="refused") as info:
+            stray.recv_json(Kind.CONTROL, "test")
+        record("wrong job token refused", time.monotonic() - start)
+        assert "wrong job token" in str(info.value), info.value
+
+        # Garbage: an HTTP request that then waits for an answer (fewer bytes than a header),
+        # one that half-closes, and one longer than a header (bad magic at once).
+        request = b"GET / HTTP/1.0\r\n\r\n"
+        waiting = connect_when_listening(port)
+        waiting.sendall(request)
+        strays.append(waiting)
+        for data, half_close in ((request, True), (request * 3, False)):
+            sock = connect_when_listening(port)
+            strays.append(sock)
+            start = time.monotonic()
+            sock.sendall(data)
+            if half_close:
+                sock.shutdown(socket.SHUT_WR)
+            assert dropped(sock), f"the store answered {data!r}"
+            record(f"garbage of {len(data)} bytes dropped", time.monotonic() - start)
+
+        # The real rank 1 still joins (the HTTP client still waiting does not block anyone).
+        start = time.monotonic()
+        ranks.start(1)
+        comms = ranks.join(timeout=5.0)
+        assert time.monotonic() - start < 2.0, "rendezvous was slowed by the stray connections"
+        try:
+            inputs = {0: np.arange(5, dtype=np.float32), 1: 10 * np.arange(5, dtype=np.float32)}
+            summed = Ranks(allreduce, {r: (comms[r], inputs[r]) for r in (0, 1)})
+            out = summed.start().join(timeout=5.0)
+            for r in (0, 1):
+                np.testing.assert_array_equal(out[r], 11 * np.arange(5, dtype=np.float32),
+                                              err_msg=f"rank {r}: wrong sum")  # fmt: skip
+        finally:
+            for comm in comms.values():
+                comm.close()
+    finally:
+        for sock in strays:
+            sock.close()
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+    logged = "\n".join(handler.messages)
+    assert "refused a connection" in logged and "wrong job token" in logged, logged
+    assert logged.count("dropped a connection") >= 2, logged
+    assert "bad magic" in logged, logged
+
+
+# --- 6. a busy port --------------------------------------------------------------------------
+
+
+def _never_runs(comm):
+    raise AssertionError("no worker should start when the port is busy")
+
+
+@pytest.mark.timeout(60)
+def test_busy_master_port_is_reported_at_once():
+    with socket.create_server(("127.0.0.1", 0)) as busy:  # bound and listening
+        port = busy.getsockname()[1]
+        start = time.monotonic()
+        with pytest.raises(LaunchError, match=f"port {port} on 127.0.0.1 is in use"):
+            launch_local(2, _never_runs, start_method="fork", timeout=TIMEOUT, master_port=port)
+        record("busy port, launch_local", time.monotonic() - start)
+        assert mp.active_children() == [], "workers were started on a busy port"
+        start = time.monotonic()
+        with pytest.raises(RendezvousError, match=f"127.0.0.1:{port}: the port is in use"):
+            init_process_group(JobSpec(0, 2, master_port=port, token="t", timeout=TIMEOUT))
+        elapsed = time.monotonic() - start
+        record("busy port, init_process_group", elapsed)
+        assert elapsed < 1.0, f"took {elapsed:.2f} s: a busy port needs no timeout"
+
+
+# --- 7. a rank that never shows up -----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def missing_rank_1():
+    """A 2-rank job where only rank 0 comes, timeout 1 s."""
+    start = time.monotonic()
+    with pytest.raises(RendezvousError) as info:
+        init_process_group(JobSpec(0, 2, master_port=free_port(), token="t", timeout=1.0))
+    elapsed = time.monotonic() - start
+    record("missing rank 1, seen by rank 0 (timeout 1.0 s)", elapsed)
+    return str(info.value), elapsed
+
+
+@pytest.mark.timeout(60)
+def test_missing_rank_fails_the_rendezvous_in_time(missing_rank_1):
+    text, elapsed = missing_rank_1
+    assert 1.0 <= elapsed < 2.0, f"timeout 1 s, failed after {elapsed:.2f} s"
+    assert "raise --timeout" in text, text
+
+
+@pytest.mark.timeout(60)
+def test_missing_rank_is_named(missing_rank_1):
+    text, _ = missing_rank_1
+    assert re.search(r"\brank\(?s?\)? \[?1\b", text) and "is rank 0 alive" not in text, text
+
+
+@pytest.mark.timeout(60)
+def test_missing_rank_0_is_named_by_the_others():
+    port = free_port()
+    start = time.monotonic()
+    with pytest.raises(RendezvousError) as info:
+        init_process_group(JobSpec(1, 2, master_port=port, token="t", timeout=1.0))
+    elapsed = time.monotonic() - start
+    record("missing rank 0, seen by rank 1 (timeout 1.0 s)", elapsed)
+    assert 1.0 <= elapsed < 2.0, f"timeout 1 s, failed after {elapsed:.2f} s"
+    text = str(info.value)
+    assert f"rank 1: could not reach the rendezvous store (rank 0) at 127.0.0.1:{port}" in text
+
+
+# --- 8. detect_env ---------------------------------------------------------------------------
+
+ADDR = {"MASTER_ADDR": "10.0.0.7", "MASTER_PORT": "23456"}
+OMPI = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"}
+OMPI_UNDER_SLURM = OMPI | {"SLURM_PROCID": "0", "SLURM_NTASKS": "1"}  # mpirun inside srun
+
+
+@pytest.mark.parametrize(
+    "env, rank, size, source",
+    [
+        ({"RANK": "1", "WORLD_SIZE": "4"}, 1, 4, "torchrun"),
+        ({"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "3"}, 2, 3, "Open MPI"),
+        ({"PMI_RANK": "0", "PMI_SIZE": "2"}, 0, 2, "MPICH/Hydra"),
+        ({"SLURM_PROCID": "7", "SLURM_NTASKS": "8"}, 7, 8, "SLURM"),
+        # Several launchers' variables: the first convention in ENV_CONVENTIONS wins.
+        ({"RANK": "0", "WORLD_SIZE": "1", "PMI_RANK": "3", "PMI_SIZE": "4"}, 0, 1, "torchrun"),
+        (OMPI_UNDER_SLURM, 1, 2, "Open MPI"),
+    ],
+)
+def test_detect_env_reads_each_launcher(env, rank, size, source):
+    job = detect_env(env | ADDR)
+    assert job == JobEnv(rank, size, "10.0.0.7", 23456, _default_token("10.0.0.7", 23456), source)
+
+
+def test_detect_env_defaults_and_nothing():
+    assert detect_env({}) is None
+    assert detect_env({"MASTER_ADDR": "10.0.0.7", "PATH": "/bin"}) is None
+    job = detect_env({"RANK": "0", "WORLD_SIZE": "1"})
+    assert (job.master_addr, job.master_port) == ("127.0.0.1", 29500)
+
+
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        ({"RANK": "0"}, "torchrun job: WORLD_SIZE is not set"),
+        ({"WORLD_SIZE": "2"}, "torchrun job: RANK is not set"),
+        ({"OMPI_COMM_WORLD_SIZE": "2"}, "Open MPI job: OMPI_COMM_WORLD_RANK is not set"),
+        ({"PMI_RANK": "1"}, "MPICH/Hydra job: PMI_SIZE is not set"),
+        ({"SLURM_PROCID": "1"}, "SLURM job: SLURM_NTASKS is not set"),
+        ({"RANK": "one", "WORLD_SIZE": "2"}, "RANK='one' and WORLD_SIZE='2' must be integers"),
+        ({"PMI_RANK": "0", "PMI_SIZE": "2.0"}, "must be integers"),
+        ({"RANK": "", "WORLD_SIZE": "2"}, "must be integers"),
+        ({"RANK": "4", "WORLD_SIZE": "4"}, "rank 4 is outside 0..3"),
+        ({"RANK": "-1", "WORLD_SIZE": "4"}, "rank -1 is outside 0..3"),
+        ({"SLURM_PROCID": "0", "SLURM_NTASKS": "0"}, "SLURM job: rank 0 is outside"),
+        ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": "http"}, "MASTER_PORT='http' is not"),
+        ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": ""}, "MASTER_PORT='' is not a port"),
+    ],
+)
+def test_detect_env_refuses_inconsistent_environments(env, message):
+    with pytest.raises(LaunchError, match=re.escape(message)):
+        detect_env(env)
+
+
+@pytest.mark.parametrize("port", ["70000", "-1"])
+def test_detect_env_refuses_a_port_out_of_range(port):
+    with pytest.raises(LaunchError, match="MASTER_PORT"):
+        detect_env({"RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": port})
+
+
+def test_detect_env_job_token():
+    env = {"RANK": "0", "WORLD_SIZE": "2"} | ADDR
+    assert detect_env(env | {"PIPESGD_JOB_TOKEN": "s3cret"}).token == "s3cret"
+    default = detect_env(env).token
+    assert detect_env(env | {"PIPESGD_JOB_TOKEN": ""}).token == default  # empty: not set
+    # Every rank derives the same default from the store's address...
+    assert detect_env({"PMI_RANK": "1", "PMI_SIZE": "2"} | ADDR).token == default
+    assert re.fullmatch(r"[0-9a-f]{32}", default), default
+    # ...and another address or port is another job.
+    assert detect_env(env | {"MASTER_PORT": "23457"}).token != default
+    assert detect_env(env | {"MASTER_ADDR": "10.0.0.8"}).token != default
