@@ -261,11 +261,12 @@ def bench_allreduce_joined(
     timeout: float = 60.0,
     json_path: str | None = None,
     print_fn=print,
+    bind: str | None = None,
 ) -> dict | None:
     """The benchmark as one rank of a job from the environment (torchrun, mpirun, srun
     variables): every rank runs the same sizes; rank 0 prints the table (its own times)."""
     model = model or LinkModel()
-    comm = join_from_env(timeout=timeout, model=model)
+    comm = join_from_env(timeout=timeout, bind=bind, model=model)
     try:
         mine = _ring_job(comm, sizes, reps, warmup)
         if comm.rank != 0:

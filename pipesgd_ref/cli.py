@@ -72,6 +72,9 @@ def _parser() -> argparse.ArgumentParser:
     ar.add_argument("--json", dest="json_path", default=None, help="also write results here")
     ar.add_argument("--no-gloo", action="store_true", help="skip torch/gloo even if installed")
     ar.add_argument("--log-level", default="WARNING", help="DEBUG, INFO, WARNING, ERROR")
+    ar.add_argument("--bind", default=None,
+                    help="interface for this rank's listeners when joining a job from the "
+                         "environment (default: loopback for a loopback MASTER_ADDR, else all)")  # fmt: skip
     return p
 
 
@@ -147,7 +150,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     kwargs = dict(model=model, reps=args.reps, warmup=args.warmup, timeout=args.timeout,
                   json_path=args.json_path)  # fmt: skip
     if detect_env() is not None:  # one rank of a job started by torchrun, mpirun or srun
-        bench_allreduce_joined(sizes, **kwargs)
+        bench_allreduce_joined(sizes, bind=args.bind, **kwargs)
     else:
         bench_allreduce(args.world_size, sizes, with_gloo=not args.no_gloo, **kwargs)
     return 0

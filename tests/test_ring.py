@@ -209,3 +209,24 @@ def test_trace_prints_every_chunk_and_step(monkeypatch):
     lines = [line for line in stream.getvalue().splitlines() if "allreduce #1" in line]
     assert len(lines) == 3 * 4, "\n".join(lines)  # p ranks x 2(p-1) steps
     assert any("[rank 2]" in line and "step 3 (all-gather) | rank 2 -> 0" in line for line in lines)
+
+
+def _peak_memory_job(comm, n):
+    import tracemalloc
+
+    x = np.ones(n, np.float32)
+    allreduce(comm, x)  # warm up: threads and buffers that live as long as the link
+    tracemalloc.start()
+    allreduce(comm, x)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return peak
+
+
+def test_extra_memory_is_one_chunk_not_the_whole_array():
+    """Per-rank extra memory of the ring is O(M/p) (one chunk-sized receive buffer), not O(M p):
+    with M = 16 MB on 4 ranks, at most M/p plus 10% (NumPy reports its buffers to tracemalloc)."""
+    p, n = 4, 4 << 20
+    M = 4 * n
+    for rank, peak in enumerate(launch_local(p, _peak_memory_job, (n,), start_method="fork")):
+        assert peak <= 1.1 * M / p, f"rank {rank}: {peak / 1e6:.1f} MB extra for M = {M / 1e6} MB"
