@@ -72,9 +72,12 @@ def _parser() -> argparse.ArgumentParser:
     ar.add_argument("--json", dest="json_path", default=None, help="also write results here")
     ar.add_argument("--no-gloo", action="store_true", help="skip torch/gloo even if installed")
     ar.add_argument("--log-level", default="WARNING", help="DEBUG, INFO, WARNING, ERROR")
-    ar.add_argument("--bind", default=None,
-                    help="interface for this rank's listeners when joining a job from the "
-                         "environment (default: loopback for a loopback MASTER_ADDR, else all)")  # fmt: skip
+    ar.add_argument(
+        "--bind",
+        default=None,
+        help="interface for this rank's listeners when joining a job from the environment "
+        "(default: loopback for a loopback MASTER_ADDR, else all interfaces)",
+    )
     return p
 
 

@@ -205,6 +205,11 @@ class Link:
         self.bytes_received = 0
         self._sender: _Sender | None = None
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # headers must not wait
+        # Blocking calls that give up after POLL_SECONDS (see _recv_exact_into and _send_all).
+        sock.settimeout(None)
+        slice_ = struct.pack("ll", int(POLL_SECONDS), int(POLL_SECONDS % 1 * 1e6))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, slice_)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, slice_)
 
     # --- errors -------------------------------------------------------------------------
     def _timeout_error(self, doing: str) -> PeerTimeout:
@@ -225,19 +230,23 @@ class Link:
 
     # --- receiving ------------------------------------------------------------------------
     def _recv_exact_into(self, view: memoryview, doing: str, stop: Callable[[], None]) -> None:
-        """Fill `view` from the socket: zero-copy recv_into, in slices of POLL_SECONDS."""
+        """Fill `view` from the socket: zero-copy recv_into, waiting in slices of POLL_SECONDS.
+
+        The socket is in blocking mode with SO_RCVTIMEO = POLL_SECONDS, and MSG_WAITALL asks the
+        kernel to return only when the whole view is full (or the slice ends): one system call
+        per segment, where a Python-level timeout would cost a poll() and a recv() per packet.
+        """
         got, total = 0, len(view)
         deadline = time.monotonic() + self.timeout
-        self.sock.settimeout(min(POLL_SECONDS, self.timeout))
         while got < total:
             try:
-                n = self.sock.recv_into(view[got:], total - got)
-            except TimeoutError:
+                n = self.sock.recv_into(view[got:], total - got, socket.MSG_WAITALL)
+            except (BlockingIOError, TimeoutError):  # the slice ended with nothing new
                 stop()  # raises if another thread of this rank has failed
                 if time.monotonic() > deadline:
                     raise self._timeout_error(doing) from None
                 continue
-            except (ConnectionResetError, BrokenPipeError, OSError) as e:
+            except OSError as e:  # reset, broken pipe, closed under us
                 raise self._closed_error(doing, str(e)) from None
             if n == 0:
                 raise self._closed_error(doing, f"after {got} of {total} bytes")
@@ -298,20 +307,36 @@ class Link:
         """Send one frame now, from the calling thread (paced by the link emulator)."""
         deliver_at = self.emulator.schedule(len(payload) + HEADER.size)
         header = dataclasses.replace(frame, nbytes=len(payload), deliver_at=deliver_at)
-        try:
-            self.sock.settimeout(self.timeout)
-            self.sock.sendall(header.pack())
-            if len(payload):
-                self.sock.sendall(payload)
-        except TimeoutError:
-            raise PeerTimeout(
-                f"rank {self.rank}: rank {self.peer} accepted no data for {self.timeout:.1f} s "
-                f"during {doing}; is it alive? raise --timeout to wait longer",
-                origin=self.peer,
-            ) from None
-        except OSError as e:
-            raise self._closed_error(doing, str(e)) from None
+        self._send_all(header.pack(), memoryview(payload).cast("B"), doing)
         self.bytes_sent += HEADER.size + len(payload)
+
+    def _send_all(self, header: bytes, payload: memoryview, doing: str) -> None:
+        """Send header and payload with one gathering system call (sendmsg) where the kernel
+        takes it all: a lone 48-byte header would be its own packet and its own wake-up of the
+        receiver. Blocking; SO_SNDTIMEO ends a call that could hand the kernel nothing for
+        POLL_SECONDS; `timeout` without any progress is an error."""
+        parts = [memoryview(header), payload] if len(payload) else [memoryview(header)]
+        deadline = time.monotonic() + self.timeout
+        while parts:
+            try:
+                sent = self.sock.sendmsg(parts)
+            except (BlockingIOError, TimeoutError):
+                if time.monotonic() > deadline:
+                    raise PeerTimeout(
+                        f"rank {self.rank}: rank {self.peer} accepted no data for "
+                        f"{self.timeout:.1f} s during {doing}; is it alive? raise --timeout to "
+                        f"wait longer",
+                        origin=self.peer,
+                    ) from None
+                continue
+            except OSError as e:
+                raise self._closed_error(doing, str(e)) from None
+            deadline = time.monotonic() + self.timeout
+            while parts and sent >= len(parts[0]):  # drop what went out, keep the rest
+                sent -= len(parts[0])
+                parts.pop(0)
+            if parts and sent:
+                parts[0] = parts[0][sent:]
 
     def send_json(self, kind: Kind, payload: dict, doing: str) -> None:
         self.send(Frame(kind=kind), json.dumps(payload).encode(), doing)
