@@ -230,3 +230,25 @@ def test_extra_memory_is_one_chunk_not_the_whole_array():
     M = 4 * n
     for rank, peak in enumerate(launch_local(p, _peak_memory_job, (n,), start_method="fork")):
         assert peak <= 1.1 * M / p, f"rank {rank}: {peak / 1e6:.1f} MB extra for M = {M / 1e6} MB"
+
+
+def _star_job(comm):
+    from pipesgd_ref.comm.transport import Frame, Kind
+
+    if comm.rank == 0:
+        got = {}
+        for r, link in sorted(comm.clients.items()):
+            frame = link.recv_header("star test")
+            buf = np.empty(1, np.int64)
+            link.recv_payload_into(frame, memoryview(buf).cast("B"), "star test")
+            got[r] = int(buf[0])
+        return got
+    comm.server.send(Frame(kind=Kind.DATA, dtype=3), np.array([comm.rank * 10]).view(np.uint8))
+    return None
+
+
+@pytest.mark.parametrize("p", [2, 4])
+def test_star_links_to_rank_0(p):
+    """With star=True every rank also has a link to rank 0 (the parameter server's links)."""
+    results = launch_local(p, _star_job, start_method="fork", star=True)
+    assert results[0] == {r: r * 10 for r in range(1, p)}

@@ -83,6 +83,8 @@ class Communicator:
         self.right = right  # we send to rank + 1
         self.seq = 0  # collectives issued so far; every rank must issue the same sequence
         self.bind_host = bind_host
+        self.server: Link | None = None  # star links (parameter server): worker -> rank 0
+        self.clients: dict[int, Link] = {}  # on rank 0: one link per worker rank
 
     def next_seq(self) -> int:
         self.seq += 1
@@ -122,10 +124,11 @@ class Communicator:
             right.timeout = old_timeout
 
     def close(self) -> None:
-        for link in (self.left, self.right):
+        for link in (self.left, self.right, self.server, *self.clients.values()):
             if link is not None:
                 link.close()
-        self.left = self.right = None
+        self.left = self.right = self.server = None
+        self.clients = {}
 
     def __enter__(self) -> Communicator:
         return self
@@ -291,66 +294,95 @@ def _register(spec: JobSpec, data_port: int, host: str) -> list[tuple[str, int]]
     return [(h, int(p)) for h, p in reply["addrs"]]
 
 
-def _accept_left(listener: socket.socket, spec: JobSpec, left: int) -> Link:
-    """Accept connections until the real left neighbour says hello; refuse anything else."""
+def _accept_peers(
+    listener: socket.socket, spec: JobSpec, expected: set[tuple[str, int]]
+) -> dict[tuple[str, int], Link]:
+    """Accept connections until every expected (purpose, rank) has said hello with the job's
+    token; refuse anything else (wrong token, unexpected rank, garbage) and keep waiting."""
     deadline = time.monotonic() + spec.timeout
     listener.settimeout(0.1)
-    while True:
+    links: dict[tuple[str, int], Link] = {}
+    while len(links) < len(expected):
         if time.monotonic() > deadline:
+            missing = sorted(expected - set(links), key=lambda k: k[1])
+            names = ", ".join(f"rank {r} ({what})" for what, r in missing)
             raise RendezvousError(
-                f"rank {spec.rank}: rank {left} (the left ring neighbour) did not connect within "
-                f"{spec.timeout:.1f} s; did it crash? raise --timeout to wait longer"
+                f"rank {spec.rank}: {names} did not connect within {spec.timeout:.1f} s; did it "
+                f"crash? raise --timeout to wait longer"
             )
         try:
             conn, addr = listener.accept()
         except TimeoutError:
             continue
-        link = Link(conn, spec.rank, peer=left, timeout=HELLO_TIMEOUT, model=spec.model)
+        link = Link(conn, spec.rank, peer=-1, timeout=HELLO_TIMEOUT, model=spec.model)
         try:
-            hello = link.recv_json(Kind.HELLO, "ring hello")
+            hello = link.recv_json(Kind.HELLO, "hello")
         except CommError as e:
             log.warning("rank %d: dropped a connection from %s:%s: %s", spec.rank, *addr[:2], e)
             link.close()
             continue
+        key = (hello.get("purpose"), hello.get("rank"))
         if not _token_ok(hello.get("token"), spec.token):
             reason = "wrong job token"
-        elif hello.get("rank") != left or hello.get("purpose") != "ring":
-            reason = f"expected rank {left} for the ring, got {hello.get('rank')!r}"
+        elif key not in expected or key in links:
+            reason = f"unexpected {key[0]!r} connection from rank {key[1]!r}"
         else:
-            link.timeout = spec.timeout
-            link.send_json(Kind.WELCOME, {}, "ring hello")
-            return link
+            link.peer, link.timeout = key[1], spec.timeout
+            link.send_json(Kind.WELCOME, {}, "hello")
+            links[key] = link
+            continue
         log.warning("rank %d: refused a connection from %s:%s: %s", spec.rank, *addr[:2], reason)
         try:
-            link.send_json(Kind.REFUSE, {"reason": reason}, "ring hello")
+            link.send_json(Kind.REFUSE, {"reason": reason}, "hello")
         except CommError:
             pass
         link.close()
+    return links
 
 
-def init_process_group(spec: JobSpec) -> Communicator:
-    """Join the job described by `spec`; returns this rank's Communicator (ring links ready)."""
+def init_process_group(spec: JobSpec, star: bool = False) -> Communicator:
+    """Join the job described by `spec`; returns this rank's Communicator with its ring links
+    ready, and with `star=True` also the links of a star around rank 0 (the parameter server):
+    `comm.server` on ranks 1..p-1, `comm.clients[r]` on rank 0."""
     store = _Store(spec) if spec.rank == 0 else None
     if store is not None and spec.master_port == 0:  # port 0: the store picked one
         spec = dataclasses.replace(spec, master_port=store.port)
     listener = listen(spec.bind, 0, "data links", spec.rank)
     host = "" if spec.bind in ("", "0.0.0.0") else spec.bind
+    opened: list[Link] = []
     try:
         addrs = _register(spec, listener.getsockname()[1], host)
-        if spec.world_size == 1:
+        p, rank = spec.world_size, spec.rank
+        if p == 1:
             return Communicator(spec, None, None, host)
-        right_rank = (spec.rank + 1) % spec.world_size
-        left_rank = (spec.rank - 1) % spec.world_size
         # Connect first, then accept: connect() completes against the peer's listen backlog,
         # so no rank waits for another to reach accept(); then both sides exchange hellos.
-        sock = connect(*addrs[right_rank], spec, right_rank, "the right ring neighbour")
-        right = Link(sock, spec.rank, right_rank, spec.timeout, model=spec.model)
-        right.send_json(Kind.HELLO, {"token": spec.token, "rank": spec.rank, "purpose": "ring"},
-                        "ring hello")  # fmt: skip
-        left = _accept_left(listener, spec, left_rank)
-        right.recv_json(Kind.WELCOME, "ring hello")
-        return Communicator(spec, left, right, host)
+        targets = [("ring", (rank + 1) % p)]
+        expected = {("ring", (rank - 1) % p)}
+        if star and rank != 0:
+            targets.append(("star", 0))
+        if star and rank == 0:
+            expected |= {("star", r) for r in range(1, p)}
+        outgoing = {}
+        for purpose, peer in targets:
+            sock = connect(*addrs[peer], spec, peer, f"rank {peer} ({purpose})")
+            link = Link(sock, rank, peer, spec.timeout, model=spec.model)
+            opened.append(link)
+            link.send_json(Kind.HELLO, {"token": spec.token, "rank": rank, "purpose": purpose},
+                           f"{purpose} hello")  # fmt: skip
+            outgoing[purpose] = link
+        incoming = _accept_peers(listener, spec, expected)
+        opened.extend(incoming.values())
+        for purpose, link in outgoing.items():
+            link.recv_json(Kind.WELCOME, f"{purpose} hello")
+        comm = Communicator(spec, incoming[("ring", (rank - 1) % p)], outgoing["ring"], host)
+        comm.server = outgoing.get("star")
+        comm.clients = {r: link for (what, r), link in incoming.items() if what == "star"}
+        opened.clear()
+        return comm
     finally:
+        for link in opened:  # only when forming the job failed half way
+            link.close()
         listener.close()
         if store is not None:
             store.thread.join(timeout=spec.timeout)
