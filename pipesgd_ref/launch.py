@@ -53,6 +53,10 @@ ENV_CONVENTIONS = (
 )
 
 
+class JobError(RuntimeError):
+    """An error inside a worker whose message says it all (no traceback is shown)."""
+
+
 class LaunchError(RuntimeError):
     """The job's environment is inconsistent, or workers failed; the message says which."""
 
@@ -142,7 +146,7 @@ def _worker_main(
         comm = init_process_group(spec, star=star)
         value = target(comm, *args)
         results.put(("ok", spec.rank, value))
-    except CommError as e:  # our own errors already say what happened and what to do
+    except (CommError, JobError) as e:  # our own errors say what happened and what to do
         results.put(("error", spec.rank, str(e)))
         raise SystemExit(1) from None
     except BaseException:

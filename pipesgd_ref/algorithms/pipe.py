@@ -1,0 +1,115 @@
+"""Pipe-SGD of width K (shared/PAPER.md section 2): compute and communication overlap.
+
+Each worker runs two threads. The compute thread computes g_t on the current weights and hands
+it to the communication thread, which AllReduces it while the compute thread goes on to
+iteration t+1. The update at step t applies the averaged gradient of step t-K+1 (staleness
+s = K-1), so K-1 gradients are in flight at any time, each in one of K preallocated buffers.
+
+    phase          step t               compute thread                      comm thread
+    warm-up        t < W                g_t; hand over; wait avg(g_t);     AllReduce(g_t)
+                                        w -= lr_t avg(g_t)   (synchronous)
+    fill           W <= t < W + s       g_t; hand over                      AllReduce(g_t)
+                                        (no update yet: w_{t+1} = w_t)
+    steady state   t >= W + s           g_t; hand over; wait avg(g_{t-s});  AllReduce(g_t)
+                                        w -= lr_t avg(g_{t-s})              overlaps g_{t+1}
+    drain          after the last step  wait and apply the s gradients still in flight
+
+Every rank applies the same averaged gradients in the same order (the ring makes them bitwise
+identical), so the replicas stay identical, the final weights included. Iteration time in
+steady state: max(t_comp + t_update, T_allreduce). The oracle is `reference.delayed_sgd`.
+
+NumPy, Numba (nogil) and socket calls release the GIL, so the two threads truly run at once.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+import numpy as np
+
+from pipesgd_ref.algorithms.worker import Timeline, WorkerResult, WorkerSetup
+from pipesgd_ref.comm.rendezvous import Communicator
+from pipesgd_ref.comm.ring import allreduce
+from pipesgd_ref.config import TrainConfig
+
+_STOP = None  # tells the communication thread to finish
+
+
+class _CommThread:
+    """AllReduces (step, buffer) pairs in the order they are handed over."""
+
+    def __init__(self, comm: Communicator, timeline: Timeline):
+        self.comm = comm
+        self.timeline = timeline
+        self.todo: queue.SimpleQueue = queue.SimpleQueue()
+        self.done: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._run, name=f"comm-{comm.rank}", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while (item := self.todo.get()) is not _STOP:
+            step, buf = item
+            try:
+                with self.timeline.span("allreduce", "comm", step):
+                    allreduce(self.comm, buf, "mean")
+            except BaseException as e:  # handed to the compute thread, which re-raises
+                self.done.put(e)
+                return
+            self.done.put((step, buf))
+
+    def start_allreduce(self, step: int, buf: np.ndarray) -> None:
+        self.todo.put((step, buf))
+
+    def wait(self, expected_step: int) -> np.ndarray:
+        """Block until the AllReduce of `expected_step` is done; return its averaged buffer."""
+        item = self.done.get()  # the ring's own timeouts bound this wait
+        if isinstance(item, BaseException):
+            raise item
+        step, buf = item
+        assert step == expected_step, f"pipeline out of order: got {step}, want {expected_step}"
+        return buf
+
+    def stop(self) -> None:
+        self.todo.put(_STOP)
+        self.thread.join(timeout=self.comm.timeout)
+
+
+def pipe_worker(comm: Communicator, cfg: TrainConfig, progress=None) -> WorkerResult:
+    w = WorkerSetup.build(cfg, comm.rank, comm.world_size)
+    K, s, warmup = cfg.width, cfg.width - 1, cfg.warmup_steps
+    timeline = Timeline(comm.rank)
+    # K buffers: K-1 gradients in flight, one being computed. Buffer t % K is reused at step
+    # t + K; its gradient was applied at step t + K - 1 at the latest.
+    buffers = [np.empty_like(w.params) for _ in range(K)]
+    comm_thread = _CommThread(comm, timeline)
+    losses, step_end = [], []
+    try:
+        for t in range(w.steps):
+            buf = buffers[t % K]
+            with timeline.span("compute", "compute", t):
+                loss = w.loss_and_grad(t, buf)  # g_t, on the current weights w_t
+            comm_thread.start_allreduce(t, buf)  # AllReduce(g_t) starts now
+            if t < warmup:  # warm-up: synchronous, the fresh gradient
+                avg = comm_thread.wait(t)
+                with timeline.span("update", "compute", t):
+                    w.sgd_step(avg, t)
+            elif t >= warmup + s:  # steady state: avg(g_{t-s}) ran during this compute
+                avg = comm_thread.wait(t - s)
+                with timeline.span("update", "compute", t):
+                    w.sgd_step(avg, t)
+            # else: fill, nothing has arrived yet
+            losses.append(loss)
+            step_end.append(time.perf_counter())
+            if progress is not None:
+                progress(t, w.params, loss)
+        # Drain: the gradients still in flight, oldest first, as the oracle applies them.
+        first_pending = max(warmup, w.steps - s)
+        for j, t_grad in enumerate(range(first_pending, w.steps)):
+            avg = comm_thread.wait(t_grad)
+            with timeline.span("update", "compute", w.steps + j):
+                w.sgd_step(avg, w.steps + j)
+    finally:
+        comm_thread.stop()
+    return WorkerResult(comm.rank, w.params, losses, step_end, timeline.events, comm.bytes_sent)

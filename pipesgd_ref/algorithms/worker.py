@@ -1,0 +1,102 @@
+"""What every distributed training method shares, inside one worker process.
+
+- `WorkerSetup`: the identical start on every rank. Data, model and initial weights come from
+  the config and the seed alone, so no broadcast is needed: every rank builds the same w_0.
+- `Timeline`: spans of work (compute, allreduce, update, push/pull) per thread, in microseconds
+  of a clock shared by the processes of one machine (perf_counter is CLOCK_MONOTONIC on Linux);
+  they become the Chrome trace (trace.py) and the timing medians of summary.json.
+- `WorkerResult`: what a worker hands back to the launcher when it is done.
+
+A worker trains on its own shard: worker index `worker` (0..n_workers-1) draws minibatch
+(worker, step) from the sampler, exactly as the one-process oracles do.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pipesgd_ref.config import TrainConfig
+from pipesgd_ref.data import Dataset, MinibatchSampler, load_dataset
+from pipesgd_ref.launch import JobError
+from pipesgd_ref.models import MLP, build_model
+
+
+class TrainingDiverged(JobError):
+    """The loss became NaN or Inf: the run stopped instead of training on garbage."""
+
+
+def steps_for(cfg: TrainConfig, sampler: MinibatchSampler) -> int:
+    """cfg.steps, or cfg.epochs passes over each worker's shard when epochs > 0."""
+    if cfg.epochs > 0:
+        return max(1, math.ceil(cfg.epochs * sampler.steps_per_epoch))
+    return cfg.steps
+
+
+@dataclass
+class WorkerSetup:
+    cfg: TrainConfig
+    worker: int  # this worker's index among the n_workers that compute gradients
+    n_workers: int
+    data: Dataset
+    model: MLP
+    sampler: MinibatchSampler
+    steps: int
+    params: np.ndarray  # w_0: identical on every rank (same seed)
+
+    @classmethod
+    def build(cls, cfg: TrainConfig, worker: int, n_workers: int) -> WorkerSetup:
+        data = load_dataset(cfg.dataset)
+        model = build_model(cfg.model, data.n_features, data.n_classes, cfg.hidden, cfg.backend)
+        sampler = MinibatchSampler(data.n_train, n_workers, cfg.batch_size, cfg.seed)
+        return cls(cfg, worker, n_workers, data, model, sampler, steps_for(cfg, sampler),
+                   model.init_params(cfg.seed))  # fmt: skip
+
+    def loss_and_grad(self, step: int, grads: np.ndarray, params: np.ndarray | None = None):
+        """This worker's loss on its minibatch `step`, gradient written into `grads`."""
+        X, y = self.sampler.batch(self.data, self.worker, step)
+        loss = self.model.loss_and_grad(self.params if params is None else params, X, y, grads)
+        if not math.isfinite(loss):
+            raise TrainingDiverged(
+                f"worker {self.worker}: the training loss is {loss} at step {step}; the run "
+                f"diverged. Lower --lr (now {self.cfg.lr}); with staleness the largest stable "
+                f"step size is smaller than for synchronous SGD"
+            )
+        return loss
+
+    def sgd_step(self, grads: np.ndarray, step: int) -> None:
+        self.model.backend.sgd_step(self.params, grads, self.cfg.lr_at(step))
+
+
+class Timeline:
+    """Spans of work on one rank, as Chrome trace events (ph "X", microseconds)."""
+
+    def __init__(self, rank: int):
+        self.rank = rank
+        self.events: list[dict] = []  # appended from two threads: list.append is atomic
+
+    @contextmanager
+    def span(self, name: str, thread: str, step: int):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            end = time.perf_counter()
+            self.events.append({"name": name, "ph": "X", "pid": self.rank, "tid": thread,
+                                "ts": start * 1e6, "dur": (end - start) * 1e6,
+                                "args": {"step": step}})  # fmt: skip
+
+
+@dataclass
+class WorkerResult:
+    rank: int
+    params: np.ndarray  # final weights (after the drain)
+    losses: list[float]  # this worker's minibatch loss at each step
+    step_end: list[float]  # perf_counter seconds at the end of each step
+    events: list[dict]
+    bytes_sent: int
+    extra: dict = field(default_factory=dict)  # method-specific (e.g. staleness of ps-async)
