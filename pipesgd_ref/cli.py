@@ -1,6 +1,7 @@
 """The `pipesgd` command (also `python -m pipesgd_ref`).
 
     pipesgd compare [--quick] [--out DIR] [config options]   the main job (see below)
+    pipesgd train [config options]                            --algo in worker processes over TCP
     pipesgd reference [config options]                        one run of a one-process oracle
     pipesgd config [config options]                           print the resolved configuration
     pipesgd bench allreduce [--world-size P] [--sizes ...] [--latency L] [--bandwidth B]
@@ -33,7 +34,7 @@ from pipesgd_ref.config import (
 )
 from pipesgd_ref.data import DataError
 from pipesgd_ref.launch import LaunchError
-from pipesgd_ref.train import TrainingDiverged, run_reference, write_json
+from pipesgd_ref.train import TrainingDiverged, run_reference, run_training, write_json
 
 EXIT_USAGE = 2
 
@@ -55,6 +56,9 @@ def _parser() -> argparse.ArgumentParser:
     common(c)
     c.add_argument("--quick", action="store_true", help="a short run (CI, tutorials)")
     c.add_argument("--out", dest="out_dir", default="runs/compare", help="where to write results")
+    t = sub.add_parser("train", help="train with --algo in worker processes over TCP")
+    common(t)
+    t.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
     r = sub.add_parser("reference", help="train with a one-process oracle")
     common(r)
     g = sub.add_parser("config", help="print the resolved configuration as JSON")
@@ -180,8 +184,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "reference":
             run_reference(cfg, progress=not args.no_progress)
             return 0
+        if args.command == "train":
+            from pipesgd_ref.logs import configure_parent_logging
+
+            configure_parent_logging(args.log_level)
+            run_training(cfg, progress=not args.no_progress)
+            return 0
         return cmd_compare(args, cfg)
-    except (ConfigError, DataError, TrainingDiverged) as e:
+    except (ConfigError, DataError, TrainingDiverged, LaunchError, CommError) as e:
         print(f"pipesgd: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

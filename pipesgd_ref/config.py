@@ -35,6 +35,8 @@ class TrainConfig:
     model: str = "mlp"  # softmax | mlp
     hidden: tuple[int, ...] = (64,)  # MLP hidden widths, e.g. --hidden=128,64 (ignored by softmax)
     backend: str = "numpy"  # ops backend: numpy (the reference) | numba (njit CPU kernels)
+    # --- method ---
+    algo: str = "pipe"  # sync | pipe | ps-sync | ps-async (distributed runs: `pipesgd train`)
     # --- parallelism ---
     world_size: int = 4  # p: number of workers, each with its own shard of the training set
     width: int = 2  # K: pipeline width; staleness = K - 1 (1 = synchronous, 2 = Pipe-SGD)
@@ -46,6 +48,10 @@ class TrainConfig:
     steps: int = 600  # gradient computations per worker (ignored when epochs > 0)
     epochs: float = 0.0  # if > 0, run this many passes over each worker's shard instead of steps
     seed: int = 0  # seeds the initial weights and every worker's minibatch order
+    # --- network ---
+    latency: str = "0"  # emulated per-message latency per link, e.g. 50us, 1ms (0 = none)
+    bandwidth: str = "inf"  # emulated bandwidth per link and direction, e.g. 1Gbit, 125MB
+    timeout: float = 60.0  # seconds any wait on a peer may take before it is an error
     # --- reporting ---
     eval_every: int = 100  # steps between test-accuracy evaluations (0 = only at the end)
     target_accuracy: float = 0.95  # test accuracy whose first crossing is reported (time/steps)
@@ -79,6 +85,14 @@ class TrainConfig:
             problems.append(f"backend must be numpy or numba, got {self.backend!r}")
         if self.model not in ("softmax", "mlp"):
             problems.append(f"model must be softmax or mlp, got {self.model!r}")
+        if self.algo not in ALGOS:
+            problems.append(f"algo must be one of {', '.join(ALGOS)}, got {self.algo!r}")
+        if not self.timeout > 0:
+            problems.append(f"timeout must be > 0 seconds, got {self.timeout}")
+        try:
+            link_model(self)
+        except ValueError as e:
+            problems.append(str(e))
         if problems:
             raise ConfigError("invalid configuration: " + "; ".join(problems))
 
@@ -103,6 +117,16 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: _jsonable(getattr(self, f.name)) for f in fields(self)}
+
+
+ALGOS = ("sync", "pipe", "ps-sync", "ps-async")
+
+
+def link_model(cfg: TrainConfig):
+    """The emulated link of cfg.latency and cfg.bandwidth (a LinkModel)."""
+    from pipesgd_ref.comm.netem import LinkModel
+
+    return LinkModel.from_strings(cfg.latency, cfg.bandwidth)
 
 
 # Presets: named starting points. Every field not named keeps its default above.

@@ -1,9 +1,8 @@
 """Run a training job from a TrainConfig and summarise it.
 
-For now every run is the one-process reference (algorithms/reference.py): p workers emulated in
-this process, synchronous (width 1) or pipelined with staleness width - 1. The distributed
-implementations (worker processes over TCP) will run the same configs and write the same
-summary, so a reference run is also the yardstick a distributed run is compared against.
+`run_training` runs cfg.algo in worker processes over TCP (sync, pipe; the parameter server
+methods join as they land); `run_reference` runs the one-process oracle of the same config, the
+yardstick the distributed run is compared against.
 
 The summary (a dict, written as DIR/summary.json when `cfg.out` is set) holds: algo,
 world_size, width, steps, wall_time_s, final_train_loss, test_accuracy, steps_to_target and
@@ -14,6 +13,7 @@ time_to_target_s (first evaluation at or above cfg.target_accuracy), loss_curve 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import time
@@ -24,13 +24,10 @@ from typing import Any
 import numpy as np
 
 from pipesgd_ref.algorithms.reference import delayed_sgd, model_grad_fn
+from pipesgd_ref.algorithms.worker import TrainingDiverged, WorkerResult
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.data import MinibatchSampler, load_dataset
 from pipesgd_ref.models import build_model
-
-
-class TrainingDiverged(RuntimeError):
-    """The loss became NaN or Inf: the run stopped instead of training on garbage."""
 
 
 def total_steps(cfg: TrainConfig, sampler: MinibatchSampler) -> int:
@@ -150,3 +147,131 @@ def _progress_bar(total: int, label: str, enabled: bool):
     return tqdm(
         total=total, desc=label, unit="step", disable=None if enabled else True, leave=False
     )
+
+
+# --- distributed runs ----------------------------------------------------------------------
+
+
+def _worker_fn(algo: str):
+    if algo == "sync":
+        from pipesgd_ref.algorithms.sync import sync_worker
+
+        return sync_worker
+    if algo == "pipe":
+        from pipesgd_ref.algorithms.pipe import pipe_worker
+
+        return pipe_worker
+    raise ValueError(f"algo {algo!r} is not available yet in distributed runs")
+
+
+class _Progress:
+    """Rank 0's progress bar (iterations, loss, samples/s) and per-epoch test accuracy."""
+
+    def __init__(self, cfg: TrainConfig, setup_steps: int, steps_per_epoch: int, model, data):
+        from tqdm.auto import tqdm
+
+        self.cfg, self.model, self.data = cfg, model, data
+        self.steps, self.steps_per_epoch = setup_steps, steps_per_epoch
+        self.bar = tqdm(total=setup_steps, desc=cfg.algo, unit="step", disable=None, leave=False)
+        self.start = time.perf_counter()
+        self.log = logging.getLogger("pipesgd.train")
+
+    def __call__(self, step: int, params: np.ndarray, loss: float) -> None:
+        done = step + 1
+        elapsed = time.perf_counter() - self.start
+        self.bar.update(1)
+        rate = self.cfg.world_size * self.cfg.batch_size * done / max(elapsed, 1e-9)
+        self.bar.set_postfix(loss=f"{loss:.4f}", samples_s=f"{rate:.0f}")
+        if done % self.steps_per_epoch == 0 and done < self.steps:
+            acc = self.model.accuracy(params, self.data.X_test, self.data.y_test)
+            self.log.info("epoch %d (step %d): loss %.4f, test accuracy %.4f",
+                          done // self.steps_per_epoch, done, loss, acc)  # fmt: skip
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def _train_job(comm, cfg: TrainConfig, show_progress: bool) -> WorkerResult:
+    from pipesgd_ref.algorithms.worker import WorkerSetup
+
+    progress = None
+    if show_progress and comm.rank == 0:
+        w = WorkerSetup.build(cfg, 0, cfg.world_size)
+        progress = _Progress(cfg, w.steps, w.sampler.steps_per_epoch, w.model, w.data)
+    try:
+        return _worker_fn(cfg.algo)(comm, cfg, progress)
+    finally:
+        if progress is not None:
+            progress.close()
+
+
+def summarise(cfg: TrainConfig, results: list[WorkerResult], wall: float) -> dict[str, Any]:
+    """summary.json: what happened, measured."""
+    from pipesgd_ref.algorithms.worker import WorkerSetup
+    from pipesgd_ref.trace import hidden_fraction, median_duration
+
+    setup = WorkerSetup.build(cfg, 0, cfg.world_size)
+    events = [e for r in results for e in r.events]
+    steps = len(results[0].losses)
+    ends = np.array(results[0].step_end)
+    skip = min(steps - 1, cfg.warmup_steps + cfg.width + 1)  # steady state only
+    iter_times = np.diff(ends[skip:]) if steps - skip > 1 else np.diff(ends)
+    losses = np.mean([r.losses for r in results], axis=0)  # the oracle's "mean worker loss"
+    tail = losses[-max(1, steps // 20) :]
+    start = min(e["ts"] for e in events) / 1e6 if events else ends[0]
+    comm_names = ("allreduce", "push", "pull")
+    return {
+        "algo": cfg.algo,
+        "world_size": cfg.world_size,
+        "width": cfg.width,
+        "codec": "none",
+        "steps": steps,
+        "wall_time_s": wall,
+        "iter_time_s": float(np.median(iter_times)) if len(iter_times) else None,
+        "t_comp_s": median_duration(events, ("compute",)),
+        "t_comm_s": median_duration(events, comm_names),
+        "comm_hidden_fraction": hidden_fraction(events, comm_names),
+        "final_train_loss": float(np.mean(tail)),
+        "test_accuracy": setup.model.accuracy(
+            results[0].params, setup.data.X_test, setup.data.y_test
+        ),  # fmt: skip
+        "bytes_sent_per_rank": [r.bytes_sent for r in results],
+        "params_identical_on_all_ranks": all(
+            np.array_equal(r.params, results[0].params) for r in results
+        ),
+        "config": cfg.to_dict(),
+        "loss_curve": [
+            {"step": t, "wall_time_s": float(ends[t] - start), "loss": float(losses[t])}
+            for t in range(steps)
+        ],
+    }
+
+
+def run_training(cfg: TrainConfig, progress: bool = True, log: Callable[[str], None] = print):
+    """Run cfg.algo on cfg.world_size local worker processes; return (summary, results)."""
+    from pipesgd_ref.config import link_model
+    from pipesgd_ref.launch import launch_local
+    from pipesgd_ref.trace import chrome_trace
+
+    data = load_dataset(cfg.dataset)  # bad data specs fail here, in one line, before any fork
+    MinibatchSampler(data.n_train, cfg.world_size, cfg.batch_size, cfg.seed)
+    model = link_model(cfg)
+    width = f", width {cfg.width}" if cfg.algo == "pipe" else ""
+    log(f"{cfg.algo}: {cfg.world_size} workers, {cfg.dataset}, {cfg.model}{width}, "
+        f"link: {model if model.enabled else 'not emulated'}")  # fmt: skip
+    start = time.perf_counter()
+    results = launch_local(cfg.world_size, _train_job, (cfg, progress), model=model,
+                           timeout=cfg.timeout, start_method="fork")  # fmt: skip
+    wall = time.perf_counter() - start
+    summary = summarise(cfg, results, wall)
+    log(
+        f"{cfg.algo}: {summary['steps']} steps in {wall:.2f} s, iteration "
+        f"{summary['iter_time_s'] * 1e3:.2f} ms, final train loss "
+        f"{summary['final_train_loss']:.4f}, test accuracy {summary['test_accuracy']:.4f}"
+    )
+    if cfg.out:
+        out = Path(cfg.out)
+        write_json(out / "summary.json", summary)
+        write_json(out / "trace.json", chrome_trace([e for r in results for e in r.events]))
+        log(f"wrote {out / 'summary.json'} and {out / 'trace.json'}")
+    return summary, results

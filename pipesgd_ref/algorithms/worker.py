@@ -59,7 +59,10 @@ class WorkerSetup:
     def loss_and_grad(self, step: int, grads: np.ndarray, params: np.ndarray | None = None):
         """This worker's loss on its minibatch `step`, gradient written into `grads`."""
         X, y = self.sampler.batch(self.data, self.worker, step)
-        loss = self.model.loss_and_grad(self.params if params is None else params, X, y, grads)
+        # A diverging run overflows before its loss turns inf; the check below reports that
+        # as one clear error, so NumPy's overflow warnings would only be noise on the way.
+        with np.errstate(over="ignore", invalid="ignore"):
+            loss = self.model.loss_and_grad(self.params if params is None else params, X, y, grads)
         if not math.isfinite(loss):
             raise TrainingDiverged(
                 f"worker {self.worker}: the training loss is {loss} at step {step}; the run "

@@ -1,0 +1,121 @@
+"""Distributed training in real worker processes, against the one-process oracles."""
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipesgd_ref.algorithms.pipe import pipe_worker
+from pipesgd_ref.algorithms.reference import delayed_sgd, model_grad_fn, sync_sgd
+from pipesgd_ref.algorithms.sync import sync_worker
+from pipesgd_ref.algorithms.worker import WorkerSetup
+from pipesgd_ref.cli import main
+from pipesgd_ref.config import TrainConfig
+from pipesgd_ref.launch import launch_local
+
+
+def oracle(cfg: TrainConfig, staleness: int, warmup: int = 0):
+    w = WorkerSetup.build(cfg, 0, cfg.world_size)
+    grad_fn = model_grad_fn(w.model, w.data, w.sampler)
+    if staleness == 0 and warmup == 0:
+        return sync_sgd(grad_fn, w.model.init_params(cfg.seed), cfg.world_size, w.steps, cfg.lr_at)
+    return delayed_sgd(grad_fn, w.model.init_params(cfg.seed), cfg.world_size, w.steps,
+                       cfg.lr_at, staleness=staleness, warmup_steps=warmup)  # fmt: skip
+
+
+def assert_matches_oracle(results, want, p):
+    for r in results:  # the replicas never drift apart
+        np.testing.assert_array_equal(r.params, results[0].params, err_msg=f"rank {r.rank}")
+    got = results[0].params
+    scale = np.max(np.abs(want.params))
+    worst = np.max(np.abs(got - want.params)) / scale
+    if p <= 2:  # two terms add in the same order in the ring and in the oracle: bitwise
+        assert worst == 0, f"p={p}: expected bitwise equality, relative difference {worst:.2e}"
+    assert worst <= 1e-6, f"p={p}: relative difference {worst:.2e} from the oracle (max 1e-6)"
+    np.testing.assert_allclose(np.mean([r.losses for r in results], axis=0), want.losses,
+                               rtol=1e-5)  # fmt: skip
+
+
+@pytest.mark.timeout(120)
+@settings(max_examples=12)
+@given(
+    p=st.integers(1, 4),
+    width=st.integers(1, 3),
+    warmup=st.sampled_from([0, 0, 2]),
+    model=st.sampled_from(["softmax", "mlp"]),
+    seed=st.integers(0, 1000),
+)
+def test_pipe_equals_delayed_sgd(p, width, warmup, model, seed):
+    cfg = TrainConfig.preset("tiny").replace(
+        world_size=p, width=width, warmup_steps=warmup, model=model, hidden=(8,), steps=25,
+        seed=seed,
+    )  # fmt: skip
+    results = launch_local(p, pipe_worker, (cfg,), start_method="fork", timeout=20)
+    assert_matches_oracle(results, oracle(cfg, width - 1, warmup), p)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("p", [1, 2, 3, 4])
+@pytest.mark.parametrize("model", ["softmax", "mlp"])
+def test_sync_equals_sync_sgd(p, model):
+    cfg = TrainConfig.preset("tiny").replace(world_size=p, model=model, hidden=(8,), steps=25)
+    results = launch_local(p, sync_worker, (cfg,), start_method="fork", timeout=20)
+    assert_matches_oracle(results, oracle(cfg, 0), p)
+
+
+@pytest.mark.timeout(180)
+def test_train_writes_summary_and_trace(tmp_path):
+    out = tmp_path / "run"
+    rc = main(["train", "--preset=tiny", "--algo=pipe", "--steps=40", f"--out={out}",
+               "--no-progress"])  # fmt: skip
+    assert rc == 0
+    summary = json.loads((out / "summary.json").read_text())
+    for key in ("algo", "world_size", "width", "codec", "steps", "wall_time_s", "iter_time_s",
+                "t_comp_s", "t_comm_s", "comm_hidden_fraction", "final_train_loss",
+                "test_accuracy", "bytes_sent_per_rank", "config", "loss_curve"):  # fmt: skip
+        assert key in summary, key
+    assert summary["steps"] == 40 and len(summary["loss_curve"]) == 40
+    assert summary["params_identical_on_all_ranks"]
+    assert 0 <= summary["comm_hidden_fraction"] <= 1
+    trace = json.loads((out / "trace.json").read_text())
+    spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert {e["name"] for e in spans} >= {"compute", "allreduce", "update"}
+    assert {e["pid"] for e in spans} == {0, 1}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("algo", ["sync", "pipe"])
+def test_digits_reaches_95_percent(algo, tmp_path):
+    rc = main(["train", "--preset=laptop", f"--algo={algo}", "--steps=400", "--no-progress",
+               f"--out={tmp_path}"])  # fmt: skip
+    assert rc == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["test_accuracy"] >= 0.95, summary["test_accuracy"]
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--world-size=5000"], "larger than the training set"),
+        (["--width=0"], "width must be >= 1"),
+        (["--lr=0"], "lr must be a positive"),
+        (["--dataset=cifar"], "unknown dataset"),
+        (["--model=resnet"], "model must be softmax or mlp"),
+        (["--algo=gossip"], "algo must be one of"),
+        (["--bandwidth=10Mb"], "ambiguous bandwidth"),
+    ],
+)
+def test_train_bad_input_exits_2(argv, message, capsys):
+    assert main(["train", "--no-progress", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+@pytest.mark.timeout(120)
+def test_diverging_training_names_rank_and_step(capsys):
+    rc = main(["train", "--algo=sync", "--steps=100", "--lr=50", "--no-progress"])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "diverged" in err and "at step" in err and "Traceback" not in err
