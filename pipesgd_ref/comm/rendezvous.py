@@ -98,28 +98,29 @@ class Communicator:
     def bytes_received(self) -> int:
         return self.left.bytes_received if self.left else 0
 
-    def abort(self, error: BaseException) -> None:
+    def abort(self, error: BaseException) -> bool:
         """Tell the right neighbour that this collective failed, and why, so the news goes
         round the ring and every rank's error names the rank at fault (best effort: the
-        job is failing anyway)."""
+        job is failing anyway). True when the news was sent."""
         right = self.right
         if right is None:
-            return
+            return False
         if (
             isinstance(error, (PeerClosed, PeerTimeout, ProtocolError))
             and error.origin == right.peer
         ):
-            return  # the right link itself is broken: nothing can be sent on it
+            return False  # the right link itself is broken: nothing can be sent on it
         sender = right._sender
         if sender is not None and not sender.cancel(wait=1.0):
-            return  # a frame is stuck half-sent: another header would garble the stream
+            return False  # a frame is stuck half-sent: another header would garble the stream
         origin = getattr(error, "origin", None)
         payload = {"origin": self.rank if origin is None else origin, "reason": str(error)}
         old_timeout, right.timeout = right.timeout, 1.0
         try:
             right.send_json(Kind.ABORT, payload, "abort")
+            return True
         except CommError:
-            pass
+            return False
         finally:
             right.timeout = old_timeout
 

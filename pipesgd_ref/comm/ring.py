@@ -32,6 +32,8 @@ collectives get an error naming both, never a hang or wrong numbers.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from pipesgd_ref.comm.rendezvous import Communicator
@@ -48,6 +50,7 @@ from pipesgd_ref.comm.transport import (
 )
 from pipesgd_ref.logs import trace, trace_enabled
 
+ABORT_LINGER_SECONDS = 0.25
 SEGMENT_BYTES = 1 << 20  # 1 MiB: large enough to amortise a frame, small enough to pipeline
 
 
@@ -161,7 +164,10 @@ def _aborting_on_error(comm: Communicator, fn, *args) -> None:
     try:
         fn(*args)
     except CommError as e:
-        comm.abort(e)
+        if comm.abort(e):
+            # Keep our sockets open a moment: the news goes round the ring in milliseconds,
+            # while closing now would make our left neighbour see a reset instead of the reason.
+            time.sleep(ABORT_LINGER_SECONDS)
         raise
 
 
