@@ -132,6 +132,12 @@ def pin_to_core(rank: int) -> int | None:
     cores = sorted(os.sched_getaffinity(0))
     core = cores[rank % len(cores)]
     os.sched_setaffinity(0, {core})
+    try:  # one core, one BLAS thread: more would only take turns on it
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(1)
+    except ImportError:  # threadpoolctl comes with scikit-learn; without it, BLAS decides
+        pass
     return core
 
 

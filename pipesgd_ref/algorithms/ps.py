@@ -1,0 +1,125 @@
+"""Parameter-server SGD, synchronous and asynchronous: the classic baselines of Pipe-SGD.
+
+A job of p workers runs on p + 1 ranks, launched with the star links:
+
+    launch_local(cfg.world_size + 1, ps_sync_worker, (cfg,), star=True)
+
+Rank 0 is the server (authoritative weights, no gradients); rank r >= 1 is worker r - 1 and
+trains on minibatches (r - 1, step) exactly as the oracles' rank r - 1. Every rank builds w_0
+from the seed, so nothing is broadcast first. The wire protocol and the server loop are in
+comm/ps.py.
+
+    ps-sync, step t:
+        worker i:  g_i = grad f(w_t; minibatch (i, t))      # compute
+                   push(g_i)                                 # p * M into the server's link
+                   pull(w_{t+1})                             # p * M out: the barrier is here
+        server:    w_{t+1} = w_t - lr_t * (1/p) sum_i g_i    # summed in worker order
+        Iteration time t_c + 2 alpha + (p + 1) M / B + p M gamma + t_u with the pulls sent one
+        after another (2 p M / B if they all finished together: comm/ps.py says why). Oracle:
+        reference.sync_sgd, bitwise (same gradients, same additions in the same order, same
+        update).
+
+    ps-async, each worker independently, `steps` times:
+        worker i:  g = grad f(w_v; its next minibatch);  push(g);  pull(w, newer version)
+        server:    on each push in arrival order: w <- w - lr_u * g, u <- u + 1; the gradient
+                   is u - v updates stale. No barrier: a fast worker never waits for a slow one,
+                   but staleness is unbounded in principle (about p - 1 for equal speeds).
+        Throughput min(p / (t_c + 2 alpha + 2 M / B), B / M) updates/s. Oracle: the recorded
+        arrival order replayed by reference.async_ps_sgd gives the same weights and staleness.
+
+Results. Rank 0's WorkerResult is the answer: params = the server's final weights, losses and
+step_end one per applied update (the loss that came with the push: in ps-sync the mean over the
+workers, in worker order; in ps-async the pushing worker's), extra = {"role": "server",
+"staleness": [...], "arrival_order": [...]} (the last two for ps-async). A worker's result holds
+its last pulled weights (ps-sync: equal to the server's) and its own minibatch losses.
+
+`progress(u, params, loss)` is called on rank 0 after each applied update (ps-sync: `steps`
+updates; ps-async: p * steps) and on workers after each step, with their pulled weights.
+Time spans: workers "compute" (thread compute), "push" and "pull" (thread comm); the server
+"recv" per push and "server" per update (apply and send pulls), thread server.
+"""
+
+from __future__ import annotations
+
+import time
+
+from pipesgd_ref.algorithms.worker import Timeline, WorkerResult, WorkerSetup
+from pipesgd_ref.comm.ps import ParameterServer, PSClient, worker_of
+from pipesgd_ref.comm.rendezvous import Communicator
+from pipesgd_ref.config import TrainConfig
+from pipesgd_ref.launch import JobError
+
+
+def ps_sync_worker(comm: Communicator, cfg: TrainConfig, progress=None) -> WorkerResult:
+    """One rank of synchronous parameter-server SGD (rank 0: the server)."""
+    if comm.rank == 0:
+        return _serve(comm, cfg, "ps-sync", progress)
+    return _work(comm, cfg, "ps-sync", progress)
+
+
+def ps_async_worker(comm: Communicator, cfg: TrainConfig, progress=None) -> WorkerResult:
+    """One rank of asynchronous parameter-server SGD (rank 0: the server)."""
+    if comm.rank == 0:
+        return _serve(comm, cfg, "ps-async", progress)
+    return _work(comm, cfg, "ps-async", progress)
+
+
+def n_workers_of(comm: Communicator, method: str) -> int:
+    """p = world_size - 1: the server is a rank of its own."""
+    if comm.world_size < 2 or (comm.rank == 0 and not comm.clients) or (
+        comm.rank > 0 and comm.server is None
+    ):  # fmt: skip
+        raise JobError(
+            f"rank {comm.rank}: {method} needs world_size = workers + 1 >= 2 (rank 0 is the "
+            f"server) and the star links: launch with star=True (world_size {comm.world_size})"
+        )
+    return comm.world_size - 1
+
+
+def _serve(comm: Communicator, cfg: TrainConfig, method: str, progress) -> WorkerResult:
+    n = n_workers_of(comm, method)
+    setup = WorkerSetup.build(cfg, 0, n)  # the server never computes: w_0, the model, steps
+    timeline = Timeline(comm.rank)
+    server = ParameterServer(comm.clients, setup.params, timeline)
+    links = list(comm.clients.values())
+    # Count this method's bytes only, not the rendezvous hellos already on these links.
+    sent0, received0 = (sum(link.bytes_sent for link in links),
+                        sum(link.bytes_received for link in links))  # fmt: skip
+
+    def apply(version: int, grads) -> None:
+        setup.sgd_step(grads, version)  # w -= lr_at(version) * grads, the model's backend
+
+    if method == "ps-sync":
+        log = server.run_sync(setup.steps, apply, progress)
+        extra = {"role": "server"}
+    else:
+        log = server.run_async(setup.steps, apply, progress)
+        extra = {"role": "server", "staleness": log.staleness, "arrival_order": log.arrival_order}
+    extra["bytes_received"] = sum(link.bytes_received for link in links) - received0
+    return WorkerResult(comm.rank, setup.params, log.losses, log.update_end, timeline.events,
+                        sum(link.bytes_sent for link in links) - sent0, extra)  # fmt: skip
+
+
+def _work(comm: Communicator, cfg: TrainConfig, method: str, progress) -> WorkerResult:
+    n = n_workers_of(comm, method)
+    worker = worker_of(comm.rank)
+    w = WorkerSetup.build(cfg, worker, n)  # the same w_0 as the server's: same seed
+    timeline = Timeline(comm.rank)
+    client = PSClient(comm.server, w.params.size, w.params.dtype)
+    sent0 = comm.server.bytes_sent  # the rendezvous hello is not this method's traffic
+    losses, step_end = [], []
+    for t in range(w.steps):
+        doing = f"{method} step {t} of worker {worker}"
+        with timeline.span("compute", "compute", t):
+            loss = w.loss_and_grad(t, client.grads)  # on the weights last pulled
+        with timeline.span("push", "comm", t):
+            client.push(loss, doing)
+        with timeline.span("pull", "comm", t):  # ps-sync: waits for the slowest worker too
+            client.pull(w.params, doing, expect=t + 1 if method == "ps-sync" else None)
+        losses.append(loss)
+        step_end.append(time.perf_counter())
+        if progress is not None:
+            progress(t, w.params, loss)
+    extra = {"role": "worker", "worker": worker}
+    return WorkerResult(comm.rank, w.params, losses, step_end, timeline.events,
+                        comm.server.bytes_sent - sent0, extra)  # fmt: skip

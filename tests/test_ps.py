@@ -1,0 +1,279 @@
+"""Parameter server, sync and async, over real worker processes and real sockets, against the
+one-process oracles (reference.sync_sgd, reference.async_ps_sgd replayed in the recorded
+arrival order); its wire protocol's checks; and its failures."""
+
+import os
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from pipesgd_ref.algorithms.ps import ps_async_worker, ps_sync_worker
+from pipesgd_ref.algorithms.reference import async_ps_sgd, model_grad_fn, sync_sgd
+from pipesgd_ref.algorithms.worker import WorkerSetup
+from pipesgd_ref.comm.netem import LinkModel
+from pipesgd_ref.comm.ps import ParameterServer, PSClient
+from pipesgd_ref.comm.transport import HEADER_BYTES, CollectiveMismatch, Link, PeerAborted
+from pipesgd_ref.config import TrainConfig
+from pipesgd_ref.launch import WorkerFailed, launch_local
+
+STEPS = 20
+CONFIGS = {
+    "softmax": TrainConfig.preset("tiny").replace(steps=STEPS),
+    "mlp": TrainConfig.preset("tiny").replace(steps=STEPS, model="mlp", hidden=(16,)),
+}
+
+
+def oracle(cfg, n_workers):
+    """(grad_fn, w_0) of the one-process oracles for `n_workers` workers of `cfg`."""
+    setup = WorkerSetup.build(cfg, 0, n_workers)
+    return model_grad_fn(setup.model, setup.data, setup.sampler), setup.params
+
+
+def run(worker_fn, cfg, n_workers, timeout=10.0):
+    return launch_local(n_workers + 1, worker_fn, (cfg,), start_method="fork", star=True,
+                        timeout=timeout, job_timeout=50)  # fmt: skip
+
+
+@pytest.fixture
+def steady_workers(monkeypatch):
+    """Every gradient takes at least 1 ms, so that async workers interleave (a tiny model's
+    step is ~0.1 ms: one worker would finish before another has started). Forked workers
+    inherit the patch."""
+    compute = WorkerSetup.loss_and_grad
+
+    def slowed(self, step, grads, params=None):
+        time.sleep(1e-3)
+        return compute(self, step, grads, params)
+
+    monkeypatch.setattr(WorkerSetup, "loss_and_grad", slowed)
+
+
+# --- ps-sync ---------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("model", ["softmax", "mlp"])
+def test_ps_sync_equals_sync_sgd_bitwise(model):
+    """Same gradients, summed in worker order, the same update: bitwise reference.sync_sgd,
+    on the server and on every worker (which hold the last pulled weights)."""
+    cfg = CONFIGS[model]
+    for n in range(1, 5):
+        grad_fn, w0 = oracle(cfg, n)  # first: forked workers inherit the loaded data set
+        results = run(ps_sync_worker, cfg, n)
+        want = sync_sgd(grad_fn, w0, n, STEPS, cfg.lr_at)
+        server, workers = results[0], results[1:]
+        for r, result in enumerate(results):
+            np.testing.assert_array_equal(
+                result.params, want.params, err_msg=f"{model}, {n} workers: rank {r} differs "
+                f"from reference.sync_sgd (max diff {np.abs(result.params - want.params).max()})"
+            )  # fmt: skip
+        # The server's loss per step is the workers' mean; each worker's losses are its own.
+        np.testing.assert_allclose(server.losses, want.losses, rtol=1e-6)
+        mean = [sum(w.losses[t] for w in workers) / n for t in range(STEPS)]  # worker order
+        assert mean == want.losses, f"{model}, {n} workers: worker losses != the oracle's"
+        assert len(server.step_end) == STEPS and server.extra["role"] == "server"
+        # Bytes: every push is n_params + 1 elements (gradient, loss), every pull n_params.
+        m = w0.nbytes
+        assert [w.bytes_sent for w in workers] == [STEPS * (HEADER_BYTES + m + 4)] * n
+        assert server.bytes_sent == n * STEPS * (HEADER_BYTES + m)
+        assert server.extra["bytes_received"] == n * STEPS * (HEADER_BYTES + m + 4)
+        names = {(e["name"], e["tid"]) for r in results for e in r.events}
+        assert names == {("compute", "compute"), ("push", "comm"), ("pull", "comm"),
+                         ("recv", "server"), ("server", "server")}  # fmt: skip
+
+
+# --- ps-async --------------------------------------------------------------------------------
+
+
+def staleness_identity(arrival_order):
+    """sum of staleness, counted another way: each update v adds one to the next update of
+    every OTHER worker that still has one to come (that update was computed before v)."""
+    total = 0
+    for v, worker in enumerate(arrival_order):
+        later = set(arrival_order[v + 1 :]) - {worker}
+        total += len(later)
+    return total
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_ps_async_equals_the_oracle_replayed_in_arrival_order(n, steady_workers):
+    cfg = CONFIGS["mlp" if n % 2 else "softmax"]
+    grad_fn, w0 = oracle(cfg, n)
+    results = run(ps_async_worker, cfg, n)
+    server, workers = results[0], results[1:]
+    order, staleness = server.extra["arrival_order"], server.extra["staleness"]
+    assert sorted(order) == sorted(list(range(n)) * STEPS), "every worker pushes STEPS times"
+    want = async_ps_sgd(grad_fn, w0, n, order, cfg.lr_at, record=True)
+    np.testing.assert_array_equal(
+        server.params, want.params,
+        err_msg=f"{n} workers: server weights != reference.async_ps_sgd in the recorded order",
+    )  # fmt: skip
+    assert staleness == want.staleness, f"{n} workers: staleness differs from the oracle's"
+    np.testing.assert_allclose(server.losses, want.losses, rtol=1e-6)
+    for i, worker in enumerate(workers):  # worker i holds the weights right after its last push
+        last = len(order) - 1 - order[::-1].index(i)
+        np.testing.assert_array_equal(
+            worker.params, want.history[last + 1], err_msg=f"worker {i}: not its last pull"
+        )
+    # The staleness histogram: exact by a second count; mean at most p - 1 (each update ages
+    # at most the p - 1 other workers' next gradients); zero for one worker.
+    assert sum(staleness) == staleness_identity(order)
+    assert 0 <= np.mean(staleness) <= n - 1
+    if n == 1:
+        assert staleness == [0] * STEPS
+    if n == 4:  # steady workers interleave: some gradients must be stale
+        assert max(staleness) > 0, f"no staleness in {order}"
+
+
+@pytest.mark.timeout(60)
+def test_ps_async_with_one_worker_is_sequential_sgd():
+    cfg = CONFIGS["mlp"]
+    grad_fn, w0 = oracle(cfg, 1)
+    server, worker = run(ps_async_worker, cfg, 1)
+    np.testing.assert_array_equal(server.params, sync_sgd(grad_fn, w0, 1, STEPS, cfg.lr).params)
+    np.testing.assert_array_equal(worker.params, server.params)
+    assert server.extra["staleness"] == [0] * STEPS
+    assert server.extra["arrival_order"] == [0] * STEPS
+
+
+# --- the server's one link, emulated ---------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_emulated_ps_sync_pays_the_server_link():
+    """Latency 0.5 ms, 10 MB/s per direction, 4 workers, M = 19 KB (the MLP of 4810 params).
+    The pulls leave one after another, so the iteration is t_c + 2 alpha + (p + 1) M / B
+    (~11 ms), within 20%: the server's pushes and pulls share one wire each way (p parallel
+    links would give ~5 ms; all pulls landing together, PAPER.md's 2 p M / B, ~17 ms)."""
+    cfg = TrainConfig.preset("tiny").replace(steps=15, model="mlp", hidden=(64,))
+    p, model = 4, LinkModel(latency=0.5e-3, bandwidth=10e6)
+    results = launch_local(p + 1, ps_sync_worker, (cfg,), start_method="fork", star=True,
+                           model=model, timeout=10, job_timeout=50)  # fmt: skip
+    n_params = results[0].params.size
+    push, pull = 4 * (n_params + 1) + HEADER_BYTES, 4 * n_params + HEADER_BYTES
+    t_c = np.median([e["dur"] for r in results for e in r.events if e["name"] == "compute"]) / 1e6
+    # p pulls out back to back, then the last worker computes and pushes: (p + 1) M / B.
+    predicted = t_c + 2 * model.latency + (p * pull + push) / model.bandwidth
+    measured = float(np.median(np.diff(results[0].step_end[2:])))
+    assert abs(measured - predicted) / predicted < 0.2, (
+        f"measured {measured * 1e3:.2f} ms per iteration, model {predicted * 1e3:.2f} ms"
+    )
+
+
+# --- failures --------------------------------------------------------------------------------
+
+
+def _fail_at(monkeypatch, worker, step, how):
+    """Make `worker` fail at `step` (in every forked rank's copy of WorkerSetup)."""
+    compute = WorkerSetup.loss_and_grad
+
+    def failing(self, t, grads, params=None):
+        if self.worker == worker and t == step:
+            if how == "exit":
+                os._exit(3)  # dies without a word: only its closed socket tells
+            if how == "hang":
+                time.sleep(30)  # stopped: the launcher stops it after the others have failed
+            raise RuntimeError(f"worker {worker} exploded at step {step}")
+        return compute(self, t, grads, params)
+
+    monkeypatch.setattr(WorkerSetup, "loss_and_grad", failing)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "method, how",
+    [(ps_sync_worker, "exit"), (ps_sync_worker, "hang"), (ps_async_worker, "raise"),
+     (ps_async_worker, "hang")],
+)  # fmt: skip
+def test_a_failing_worker_fails_the_server_with_its_name(monkeypatch, method, how):
+    """Worker 1 (rank 2) dies, raises, or hangs at step 3: the server's error names rank 2,
+    and every other worker is told why (an ABORT from the server), within the timeout."""
+    oracle(CONFIGS["softmax"], 3)  # load the data here: forked workers start with it (< 1 s)
+    _fail_at(monkeypatch, worker=1, step=3, how=how)
+    start = time.monotonic()
+    with pytest.raises(WorkerFailed) as failure:
+        run(method, CONFIGS["softmax"], 3, timeout=1.0)
+    assert time.monotonic() - start < 15
+    errors = failure.value.errors
+    assert "rank 2" in errors[0], errors[0]
+    if how == "hang":  # sync: the server's wait on rank 2 times out; async: rank 2's deadline
+        sync = method is ps_sync_worker
+        want = "no data from rank 2 for 1.0 s" if sync else "no push from worker 1 (rank 2)"
+    else:
+        want = "rank 2 closed the connection"
+    assert want in errors[0], errors[0]
+    for rank in (1, 3):  # the survivors learn who is at fault from the server
+        if rank in errors or method is ps_sync_worker:  # (async: may have finished first)
+            assert "parameter server (rank 0) stopped" in errors[rank], errors[rank]
+            assert "rank 2" in errors[rank], errors[rank]
+
+
+# --- the wire protocol, in one process -------------------------------------------------------
+
+
+def _tcp_pair(timeout=2.0):
+    """(server side, worker side) Links over one loopback TCP connection."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        a = socket.create_connection(listener.getsockname())
+        b, _ = listener.accept()
+    return Link(b, rank=0, peer=1, timeout=timeout), Link(a, rank=1, peer=0, timeout=timeout)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("fault", ["version", "length"])
+def test_a_push_out_of_step_is_refused_and_the_worker_told(fault):
+    """A push of the wrong version or length: the server raises CollectiveMismatch naming the
+    worker before reading a byte of payload, and the worker's pull gets the ABORT."""
+    server_link, worker_link = _tcp_pair()
+    params = np.zeros(10, np.float32)
+    server = ParameterServer({1: server_link}, params)
+    errors = []
+
+    def serve():
+        try:
+            server.run_sync(1, lambda version, grads: None)
+        except Exception as e:  # noqa: BLE001 - the test inspects it
+            errors.append(e)
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    client = PSClient(worker_link, 10 if fault == "version" else 11)
+    client.version = 5 if fault == "version" else 0
+    client.grads[:] = 1.0
+    client.push(0.5, "test push")
+    with pytest.raises(PeerAborted, match="worker 0 \\(rank 1\\)"):
+        client.pull(np.empty(client.n, np.float32), "test pull")
+    thread.join(timeout=5)
+    assert len(errors) == 1 and isinstance(errors[0], CollectiveMismatch), errors
+    assert "worker 0 (rank 1)" in str(errors[0])
+    server_link.close()
+    worker_link.close()
+
+
+@pytest.mark.timeout(60)
+def test_protocol_round_trip_in_one_process():
+    """One sync step by hand: the worker's push arrives, the server averages and applies,
+    the pull returns version 1 and the new weights."""
+    server_link, worker_link = _tcp_pair()
+    params = np.arange(4, dtype=np.float32)
+    server = ParameterServer({1: server_link}, params)
+
+    def apply(version, grads):
+        params[:] -= grads
+
+    thread = threading.Thread(target=server.run_sync, args=(1, apply))
+    thread.start()
+    client = PSClient(worker_link, 4)
+    client.grads[:] = [1, 1, 1, 1]
+    client.push(2.5, "test push")
+    got = np.empty(4, np.float32)
+    assert client.pull(got, "test pull", expect=1) == 1
+    thread.join(timeout=5)
+    np.testing.assert_array_equal(got, [-1, 0, 1, 2])
+    assert server.log.losses == [2.5]
+    server_link.close()
+    worker_link.close()
