@@ -161,18 +161,25 @@ def _worker_fn(algo: str):
         from pipesgd_ref.algorithms.pipe import pipe_worker
 
         return pipe_worker
-    raise ValueError(f"algo {algo!r} is not available yet in distributed runs")
+    from pipesgd_ref.algorithms.ps import ps_async_worker, ps_sync_worker
+
+    return {"ps-sync": ps_sync_worker, "ps-async": ps_async_worker}[algo]
+
+
+def is_ps(algo: str) -> bool:
+    """Parameter-server methods run one more process: rank 0 is the server."""
+    return algo.startswith("ps-")
 
 
 class _Progress:
     """Rank 0's progress bar (iterations, loss, samples/s) and per-epoch test accuracy."""
 
-    def __init__(self, cfg: TrainConfig, setup_steps: int, steps_per_epoch: int, model, data):
+    def __init__(self, cfg: TrainConfig, total: int, per_epoch: int, model, data):
         from tqdm.auto import tqdm
 
         self.cfg, self.model, self.data = cfg, model, data
-        self.steps, self.steps_per_epoch = setup_steps, steps_per_epoch
-        self.bar = tqdm(total=setup_steps, desc=cfg.algo, unit="step", disable=None, leave=False)
+        self.steps, self.steps_per_epoch = total, per_epoch  # in updates of rank 0
+        self.bar = tqdm(total=total, desc=cfg.algo, unit="step", disable=None, leave=False)
         self.start = time.perf_counter()
         self.log = logging.getLogger("pipesgd.train")
 
@@ -197,7 +204,10 @@ def _train_job(comm, cfg: TrainConfig, show_progress: bool) -> WorkerResult:
     progress = None
     if show_progress and comm.rank == 0:
         w = WorkerSetup.build(cfg, 0, cfg.world_size)
-        progress = _Progress(cfg, w.steps, w.sampler.steps_per_epoch, w.model, w.data)
+        # ps-async's server counts one update per push: p per step.
+        per_step = cfg.world_size if cfg.algo == "ps-async" else 1
+        progress = _Progress(cfg, w.steps * per_step, w.sampler.steps_per_epoch * per_step,
+                             w.model, w.data)  # fmt: skip
     try:
         return _worker_fn(cfg.algo)(comm, cfg, progress)
     finally:
@@ -212,11 +222,13 @@ def summarise(cfg: TrainConfig, results: list[WorkerResult], wall: float) -> dic
 
     setup = WorkerSetup.build(cfg, 0, cfg.world_size)
     events = [e for r in results for e in r.events]
-    steps = len(results[0].losses)
-    ends = np.array(results[0].step_end)
+    answer = results[0]  # rank 0: a ring rank, or the parameter server (its weights count)
+    workers = results[1:] if is_ps(cfg.algo) else results
+    steps = len(workers[0].losses)
+    ends = np.array(workers[0].step_end)
     skip = min(steps - 1, cfg.warmup_steps + cfg.width + 1)  # steady state only
     iter_times = np.diff(ends[skip:]) if steps - skip > 1 else np.diff(ends)
-    losses = np.mean([r.losses for r in results], axis=0)  # the oracle's "mean worker loss"
+    losses = np.mean([r.losses for r in workers], axis=0)  # the oracle's "mean worker loss"
     tail = losses[-max(1, steps // 20) :]
     start = min(e["ts"] for e in events) / 1e6 if events else ends[0]
     comm_names = ("allreduce", "push", "pull")
@@ -233,18 +245,27 @@ def summarise(cfg: TrainConfig, results: list[WorkerResult], wall: float) -> dic
         "comm_hidden_fraction": hidden_fraction(events, comm_names),
         "final_train_loss": float(np.mean(tail)),
         "test_accuracy": setup.model.accuracy(
-            results[0].params, setup.data.X_test, setup.data.y_test
+            answer.params, setup.data.X_test, setup.data.y_test
         ),  # fmt: skip
         "bytes_sent_per_rank": [r.bytes_sent for r in results],
         "params_identical_on_all_ranks": all(
-            np.array_equal(r.params, results[0].params) for r in results
+            np.array_equal(r.params, answer.params) for r in results
         ),
+        "staleness_histogram": _histogram(answer.extra.get("staleness")),
         "config": cfg.to_dict(),
         "loss_curve": [
             {"step": t, "wall_time_s": float(ends[t] - start), "loss": float(losses[t])}
             for t in range(steps)
         ],
     }
+
+
+def _histogram(values: list[int] | None) -> dict[str, int] | None:
+    """{staleness: count} of the applied gradients (ps-async), keys as strings for JSON."""
+    if values is None:
+        return None
+    counts = np.bincount(np.asarray(values, dtype=np.int64)) if values else np.zeros(0, int)
+    return {str(k): int(c) for k, c in enumerate(counts) if c}
 
 
 def run_training(cfg: TrainConfig, progress: bool = True, log: Callable[[str], None] = print):
@@ -260,7 +281,8 @@ def run_training(cfg: TrainConfig, progress: bool = True, log: Callable[[str], N
     log(f"{cfg.algo}: {cfg.world_size} workers, {cfg.dataset}, {cfg.model}{width}, "
         f"link: {model if model.enabled else 'not emulated'}")  # fmt: skip
     start = time.perf_counter()
-    results = launch_local(cfg.world_size, _train_job, (cfg, progress), model=model,
+    ranks = cfg.world_size + 1 if is_ps(cfg.algo) else cfg.world_size
+    results = launch_local(ranks, _train_job, (cfg, progress), model=model, star=is_ps(cfg.algo),
                            timeout=cfg.timeout, start_method="fork")  # fmt: skip
     wall = time.perf_counter() - start
     summary = summarise(cfg, results, wall)
