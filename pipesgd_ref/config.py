@@ -55,7 +55,9 @@ class TrainConfig:
     # --- reporting ---
     eval_every: int = 100  # steps between test-accuracy evaluations (0 = only at the end)
     target_accuracy: float = 0.95  # test accuracy whose first crossing is reported (time/steps)
-    out: str = ""  # folder for results (summary.json); empty = write nothing
+    out: str = ""  # folder for results (summary.json, trace.json, checkpoint.npz); "" = none
+    checkpoint_every: int = 0  # also checkpoint every N steps (0 = only at the end)
+    resume: str = ""  # folder of a checkpoint.npz to continue from (same run settings)
 
     def __post_init__(self):
         problems = []
@@ -75,6 +77,8 @@ class TrainConfig:
             problems.append(f"steps must be >= 1 (or set epochs > 0), got {self.steps}")
         if self.epochs < 0:
             problems.append(f"epochs must be >= 0, got {self.epochs}")
+        if self.checkpoint_every < 0:
+            problems.append(f"checkpoint_every must be >= 0, got {self.checkpoint_every}")
         if self.eval_every < 0:
             problems.append(f"eval_every must be >= 0, got {self.eval_every}")
         if not 0 <= self.target_accuracy <= 1:

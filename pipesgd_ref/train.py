@@ -254,7 +254,11 @@ def summarise(cfg: TrainConfig, results: list[WorkerResult], wall: float) -> dic
         "staleness_histogram": _histogram(answer.extra.get("staleness")),
         "config": cfg.to_dict(),
         "loss_curve": [
-            {"step": t, "wall_time_s": float(ends[t] - start), "loss": float(losses[t])}
+            {
+                "step": setup.start_step + t,
+                "wall_time_s": float(ends[t] - start),
+                "loss": float(losses[t]),
+            }
             for t in range(steps)
         ],
     }

@@ -130,3 +130,67 @@ def test_diverging_training_names_rank_and_step(capsys):
     assert rc == 2
     err = capsys.readouterr().err
     assert "diverged" in err and "at step" in err and "Traceback" not in err
+
+
+def _run_until_checkpoint_then_kill(out, argv, min_step):
+    """Start `pipesgd train` in its own process group; SIGKILL the whole job as soon as a
+    checkpoint at or past `min_step` exists (a crash in mid-run), and return its step."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "pipesgd_ref", "train", *argv],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)  # fmt: skip
+    deadline = time.monotonic() + 120
+    step = None
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            path = out / "checkpoint.npz"
+            if path.exists():
+                try:
+                    with np.load(path) as z:
+                        step = int(z["next_step"])
+                except (OSError, ValueError, KeyError):
+                    step = None  # only if the file were torn: the rename makes it whole
+                if step is not None and step >= min_step:
+                    break
+            time.sleep(0.01)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    return step
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("algo, width", [("sync", 1), ("pipe", 2), ("pipe", 3)])
+def test_resume_after_a_crash_equals_an_uninterrupted_run(algo, width, tmp_path):
+    common = ["--preset=tiny", f"--algo={algo}", f"--width={width}", "--world-size=3",
+              "--model=mlp", "--hidden=8", "--steps=1200", "--no-progress"]  # fmt: skip
+    assert main(["train", *common, f"--out={tmp_path / 'full'}"]) == 0
+    with np.load(tmp_path / "full" / "checkpoint.npz") as z:
+        want = z["params"].copy()
+    crashed = tmp_path / "crashed"
+    step = _run_until_checkpoint_then_kill(
+        crashed, [*common, f"--out={crashed}", "--checkpoint-every=50"], min_step=100
+    )
+    assert step is not None and 100 <= step < 1200, f"no mid-run checkpoint (got {step})"
+    resumed = tmp_path / "resumed"
+    assert main(["train", *common, f"--out={resumed}", f"--resume={crashed}"]) == 0
+    with np.load(resumed / "checkpoint.npz") as z:
+        got = z["params"]
+    np.testing.assert_array_equal(got, want, err_msg=f"resumed from step {step}")
+
+
+def test_resume_refuses_a_different_run(tmp_path):
+    assert main(["train", "--preset=tiny", "--algo=sync", "--steps=5", "--no-progress",
+                 f"--out={tmp_path}"]) == 0  # fmt: skip
+    rc = main(["train", "--preset=tiny", "--algo=sync", "--steps=5", "--no-progress",
+               "--lr=0.5", f"--resume={tmp_path}"])  # fmt: skip
+    assert rc == 2
+    with pytest.raises(Exception, match="different run"):
+        from pipesgd_ref.checkpoint import load
+
+        load(tmp_path, TrainConfig.preset("tiny").replace(algo="sync", steps=5, lr=0.5))

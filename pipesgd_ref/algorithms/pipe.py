@@ -29,6 +29,7 @@ import time
 
 import numpy as np
 
+from pipesgd_ref import checkpoint
 from pipesgd_ref.algorithms.worker import Timeline, WorkerResult, WorkerSetup
 from pipesgd_ref.comm.rendezvous import Communicator
 from pipesgd_ref.comm.ring import allreduce
@@ -84,19 +85,25 @@ def pipe_worker(comm: Communicator, cfg: TrainConfig, progress=None) -> WorkerRe
     # t + K; its gradient was applied at step t + K - 1 at the latest.
     buffers = [np.empty_like(w.params) for _ in range(K)]
     comm_thread = _CommThread(comm, timeline)
+    # Averaged gradients already back (from a checkpoint, or fetched early to write one).
+    ready: dict[int, np.ndarray] = dict(w.pending)
+
+    def averaged(step: int) -> np.ndarray:
+        return ready.pop(step) if step in ready else comm_thread.wait(step)
+
     losses, step_end = [], []
     try:
-        for t in range(w.steps):
+        for t in range(w.start_step, w.steps):
             buf = buffers[t % K]
             with timeline.span("compute", "compute", t):
                 loss = w.loss_and_grad(t, buf)  # g_t, on the current weights w_t
             comm_thread.start_allreduce(t, buf)  # AllReduce(g_t) starts now
             if t < warmup:  # warm-up: synchronous, the fresh gradient
-                avg = comm_thread.wait(t)
+                avg = averaged(t)
                 with timeline.span("update", "compute", t):
                     w.sgd_step(avg, t)
             elif t >= warmup + s:  # steady state: avg(g_{t-s}) ran during this compute
-                avg = comm_thread.wait(t - s)
+                avg = averaged(t - s)
                 with timeline.span("update", "compute", t):
                     w.sgd_step(avg, t)
             # else: fill, nothing has arrived yet
@@ -104,12 +111,23 @@ def pipe_worker(comm: Communicator, cfg: TrainConfig, progress=None) -> WorkerRe
             step_end.append(time.perf_counter())
             if progress is not None:
                 progress(t, w.params, loss)
+            if checkpoint.due(cfg, t):
+                # The gradients in flight are part of the state: wait for them now (they are
+                # applied later, from `ready`), so a resumed run applies the same ones.
+                in_flight = range(max(warmup, t + 1 - s), t + 1)
+                for t_grad in in_flight:
+                    if t_grad not in ready:
+                        ready[t_grad] = comm_thread.wait(t_grad)
+                if comm.rank == 0:
+                    w.save_checkpoint(t + 1, {t_grad: ready[t_grad] for t_grad in in_flight})
         # Drain: the gradients still in flight, oldest first, as the oracle applies them.
         first_pending = max(warmup, w.steps - s)
         for j, t_grad in enumerate(range(first_pending, w.steps)):
-            avg = comm_thread.wait(t_grad)
+            avg = averaged(t_grad)
             with timeline.span("update", "compute", w.steps + j):
                 w.sgd_step(avg, w.steps + j)
+        if comm.rank == 0 and cfg.out:
+            w.save_checkpoint(w.steps)  # after the drain: nothing in flight
     finally:
         comm_thread.stop()
     return WorkerResult(comm.rank, w.params, losses, step_end, timeline.events, comm.bytes_sent)

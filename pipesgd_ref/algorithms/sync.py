@@ -16,6 +16,7 @@ import time
 
 import numpy as np
 
+from pipesgd_ref import checkpoint
 from pipesgd_ref.algorithms.worker import Timeline, WorkerResult, WorkerSetup
 from pipesgd_ref.comm.rendezvous import Communicator
 from pipesgd_ref.comm.ring import allreduce
@@ -27,7 +28,7 @@ def sync_worker(comm: Communicator, cfg: TrainConfig, progress=None) -> WorkerRe
     timeline = Timeline(comm.rank)
     grads = np.empty_like(w.params)  # preallocated once: the hot loop allocates nothing
     losses, step_end = [], []
-    for t in range(w.steps):
+    for t in range(w.start_step, w.steps):
         with timeline.span("compute", "compute", t):
             loss = w.loss_and_grad(t, grads)
         with timeline.span("allreduce", "comm", t):
@@ -38,4 +39,8 @@ def sync_worker(comm: Communicator, cfg: TrainConfig, progress=None) -> WorkerRe
         step_end.append(time.perf_counter())
         if progress is not None:
             progress(t, w.params, loss)
+        if comm.rank == 0 and checkpoint.due(cfg, t):  # every replica is the same: one writes
+            w.save_checkpoint(t + 1)
+    if comm.rank == 0 and cfg.out:
+        w.save_checkpoint(w.steps)
     return WorkerResult(comm.rank, w.params, losses, step_end, timeline.events, comm.bytes_sent)

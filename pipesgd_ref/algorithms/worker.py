@@ -46,15 +46,27 @@ class WorkerSetup:
     model: MLP
     sampler: MinibatchSampler
     steps: int
-    params: np.ndarray  # w_0: identical on every rank (same seed)
+    params: np.ndarray  # w_0: identical on every rank (same seed), or the checkpoint's
+    start_step: int = 0  # 0, or the step a resumed run continues from
+    pending: dict = field(default_factory=dict)  # resumed pipe: averaged gradients in flight
 
     @classmethod
     def build(cls, cfg: TrainConfig, worker: int, n_workers: int) -> WorkerSetup:
         data = load_dataset(cfg.dataset)
         model = build_model(cfg.model, data.n_features, data.n_classes, cfg.hidden, cfg.backend)
         sampler = MinibatchSampler(data.n_train, n_workers, cfg.batch_size, cfg.seed)
-        return cls(cfg, worker, n_workers, data, model, sampler, steps_for(cfg, sampler),
-                   model.init_params(cfg.seed))  # fmt: skip
+        setup = cls(cfg, worker, n_workers, data, model, sampler, steps_for(cfg, sampler),
+                    model.init_params(cfg.seed))  # fmt: skip
+        if cfg.resume:
+            from pipesgd_ref import checkpoint
+
+            setup.params, setup.start_step, setup.pending = checkpoint.load(cfg.resume, cfg)
+        return setup
+
+    def save_checkpoint(self, next_step: int, pending: dict | None = None) -> None:
+        from pipesgd_ref import checkpoint
+
+        checkpoint.save(self.cfg.out, self.cfg, self.params, next_step, pending or {})
 
     def loss_and_grad(self, step: int, grads: np.ndarray, params: np.ndarray | None = None):
         """This worker's loss on its minibatch `step`, gradient written into `grads`."""
