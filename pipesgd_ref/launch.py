@@ -174,7 +174,7 @@ def launch_local(
     model: LinkModel | None = None,
     job_timeout: float | None = None,
     grace: float | None = None,
-    log_level: str = "INFO",
+    log_level: str | int | None = None,
     pin_cores: bool = True,
     star: bool = False,
 ) -> list[Any]:
@@ -203,6 +203,8 @@ def launch_local(
     port = master_port or free_port()
     spec = JobSpec(rank=0, world_size=world_size, master_port=port, token=new_token(),
                    timeout=timeout, model=model or LinkModel())  # fmt: skip
+    if log_level is None:  # the workers log at the level the parent's "pipesgd" logger has
+        log_level = logging.getLogger("pipesgd").getEffectiveLevel()
     logging_setup = WorkerLogging.start(start_method, log_level)
     results = ctx.Queue()
     procs = [
