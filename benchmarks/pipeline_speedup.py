@@ -1,6 +1,6 @@
 """Pipe-SGD against synchronous AllReduce SGD: iteration time over a sweep of emulated links.
 
-    python benchmarks/pipeline_speedup.py                 # 4 workers, MLP 256-2048-1024-10
+    python benchmarks/pipeline_speedup.py        # 4 workers, MLP 256-2048-1024-10, batch 512
     python benchmarks/pipeline_speedup.py --steps 30 --bandwidths 1Gbit,5Gbit
 
 For each bandwidth it trains both methods for a few steps (same seed, same data) on 4 local
@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--latency", default="100us")
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--world-size", type=int, default=4)
-    ap.add_argument("--batch-size", type=int, default=256)
+    ap.add_argument("--batch-size", type=int, default=512)
     ap.add_argument("--hidden", default="2048,1024")
     ap.add_argument("--json", dest="json_path", default=None)
     args = ap.parse_args(argv)

@@ -194,3 +194,14 @@ def test_resume_refuses_a_different_run(tmp_path):
         from pipesgd_ref.checkpoint import load
 
         load(tmp_path, TrainConfig.preset("tiny").replace(algo="sync", steps=5, lr=0.5))
+
+
+@pytest.mark.timeout(120)
+def test_divergence_keeps_the_last_good_checkpoint(tmp_path, capsys):
+    rc = main(["train", "--algo=pipe", "--steps=100", "--lr=50", "--no-progress",
+               "--checkpoint-every=5", f"--out={tmp_path}"])  # fmt: skip
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "diverged" in err and "at step" in err
+    with np.load(tmp_path / "checkpoint.npz") as z:  # whole, loadable, and finite
+        assert z["next_step"] > 0 and np.all(np.isfinite(z["params"]))

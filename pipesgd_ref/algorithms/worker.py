@@ -64,7 +64,16 @@ class WorkerSetup:
         return setup
 
     def save_checkpoint(self, next_step: int, pending: dict | None = None) -> None:
+        """Write the checkpoint after step next_step - 1, never over the last good one with
+        weights that are no longer finite."""
         from pipesgd_ref import checkpoint
+
+        if not np.all(np.isfinite(self.params)):
+            raise TrainingDiverged(
+                f"worker {self.worker}: the weights are no longer finite after step "
+                f"{next_step - 1}; the run diverged (the last good checkpoint is kept). Lower "
+                f"--lr (now {self.cfg.lr})"
+            )
 
         checkpoint.save(self.cfg.out, self.cfg, self.params, next_step, pending or {})
 
