@@ -24,17 +24,10 @@ from typing import Any
 import numpy as np
 
 from pipesgd_ref.algorithms.reference import delayed_sgd, model_grad_fn
-from pipesgd_ref.algorithms.worker import TrainingDiverged, WorkerResult
+from pipesgd_ref.algorithms.worker import TrainingDiverged, WorkerResult, steps_for
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.data import MinibatchSampler, load_dataset
 from pipesgd_ref.models import build_model
-
-
-def total_steps(cfg: TrainConfig, sampler: MinibatchSampler) -> int:
-    """cfg.steps, or cfg.epochs passes over each worker's shard when epochs > 0."""
-    if cfg.epochs > 0:
-        return max(1, math.ceil(cfg.epochs * sampler.steps_per_epoch))
-    return cfg.steps
 
 
 def run_reference(
@@ -47,7 +40,7 @@ def run_reference(
     data = load_dataset(cfg.dataset)
     model = build_model(cfg.model, data.n_features, data.n_classes, cfg.hidden, cfg.backend)
     sampler = MinibatchSampler(data.n_train, cfg.world_size, cfg.batch_size, cfg.seed)
-    steps = total_steps(cfg, sampler)
+    steps = steps_for(cfg, sampler)
     algo = "reference-sync" if cfg.width == 1 else f"reference-pipe(width={cfg.width})"
     label = label or algo
     log(

@@ -31,17 +31,12 @@ from pipesgd_ref.algorithms import reference
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.data import MinibatchSampler, load_dataset, shard_indices
 from pipesgd_ref.models import build_model
+from pipesgd_ref.plots import pyplot, save_figure
 
 SMALL = os.environ.get("PIPESGD_TUTORIAL_SMALL") == "1"  # CI: fewer steps, same lessons
 OUT = Path(__file__).resolve().parent / "out"  # figures go here (git-ignored)
 
-try:  # plots are optional: the lessons are in the printed numbers and the asserts
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only, no window
-    import matplotlib.pyplot as plt
-except ImportError:
-    plt = None
+plt = pyplot()  # None without matplotlib: the lessons are in the printed numbers and asserts
 
 # %% [markdown]
 # ## 0. The back-of-envelope, in code
@@ -243,17 +238,12 @@ print(f"staleness-one SGD: test accuracy {stale_acc:.3f} (sync: {sync_acc:.3f})"
 
 # %%
 if plt is not None:
-    OUT.mkdir(exist_ok=True)
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.plot(sync_run.losses, lw=0.8, label=f"sync SGD, p={p}")
     ax.plot(stale_run.losses, lw=0.8, alpha=0.7, label="staleness one")
     ax.set(xlabel="step", ylabel="mean worker loss", yscale="log", title="digits, MLP")
     ax.legend()
-    fig.tight_layout()
-    path = OUT / "01_sync_vs_stale_loss.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    print(f"figure: {path}")
+    save_figure(fig, OUT / "01_sync_vs_stale_loss.png")
 else:
     print("matplotlib is not installed: plots skipped")
 

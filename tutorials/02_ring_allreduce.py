@@ -44,17 +44,12 @@ from pipesgd_ref.comm.ring import (
 )
 from pipesgd_ref.comm.transport import HEADER
 from pipesgd_ref.launch import launch_local
+from pipesgd_ref.plots import pyplot, save_figure
 
 SMALL = os.environ.get("PIPESGD_TUTORIAL_SMALL") == "1"  # CI: fewer sizes, same lessons
 OUT = Path(__file__).resolve().parent / "out"  # figures go here (git-ignored)
 
-try:  # plots are optional: the lessons are in the printed numbers and the asserts
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only, no window
-    import matplotlib.pyplot as plt
-except ImportError:
-    plt = None
+plt = pyplot()  # None without matplotlib: the lessons are in the printed numbers and asserts
 
 # %% [markdown]
 # ## 0. The back-of-envelope, in code
@@ -413,7 +408,6 @@ print(f"latency term 2(p-1)*alpha = {format_seconds(2 * (P - 1) * link.latency)}
 
 # %%
 if plt is not None:
-    OUT.mkdir(exist_ok=True)
     fig, ax = plt.subplots(figsize=(6, 4))
     grid = np.geomspace(min(sizes), max(sizes), 100)
     ax.plot(grid, [ring_seconds(s, P, link.latency, link.bandwidth) for s in grid],
@@ -426,11 +420,7 @@ if plt is not None:
     ax.set(xscale="log", yscale="log", xlabel="gradient size M (bytes)", ylabel="time (s)")
     ax.set_title(f"AllReduce, p = {P}, emulated link 1 ms, 100 MB/s")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = OUT / "02_ring_cost.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    print(f"figure: {path}")
+    save_figure(fig, OUT / "02_ring_cost.png")
 else:
     print("matplotlib is not installed: plots skipped")
 

@@ -38,28 +38,18 @@ from pipesgd_ref.comm.netem import format_bandwidth, format_bytes, format_second
 from pipesgd_ref.comm.transport import HEADER_BYTES
 from pipesgd_ref.config import TrainConfig, link_model
 from pipesgd_ref.launch import launch_local
+from pipesgd_ref.plots import pyplot, save_figure
 from pipesgd_ref.trace import median_duration
 from pipesgd_ref.train import run_training
 
 SMALL = os.environ.get("PIPESGD_TUTORIAL_SMALL") == "1"  # CI: fewer steps, same lessons
 OUT = Path(__file__).resolve().parent / "out"  # figures go here (git-ignored)
 
-try:  # plots are optional: the lessons are in the printed numbers and the asserts
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only, no window
-    import matplotlib.pyplot as plt
-except ImportError:
-    plt = None
+plt = pyplot()  # None without matplotlib: the lessons are in the printed numbers and asserts
 
 
 def save(fig, name: str) -> None:
-    OUT.mkdir(exist_ok=True)
-    path = OUT / name
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    print(f"figure: {path}")
+    save_figure(fig, OUT / name)
 
 
 def quiet(*_) -> None:

@@ -38,19 +38,14 @@ from pipesgd_ref.comm.netem import format_bandwidth, format_bytes, format_second
 from pipesgd_ref.config import TrainConfig, link_model
 from pipesgd_ref.launch import launch_local
 from pipesgd_ref.models import build_model
+from pipesgd_ref.plots import pyplot, save_figure
 from pipesgd_ref.trace import median_duration
 from pipesgd_ref.train import run_training
 
 SMALL = os.environ.get("PIPESGD_TUTORIAL_SMALL") == "1"  # CI: a lighter run, same lessons
 OUT = Path(__file__).resolve().parent / "out"  # figures go here (git-ignored)
 
-try:  # plots are optional: the lessons are in the printed numbers and the asserts
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only, no window
-    import matplotlib.pyplot as plt
-except ImportError:
-    plt = None
+plt = pyplot()  # None without matplotlib: the lessons are in the printed numbers and asserts
 
 
 def quiet(*_) -> None:
@@ -311,7 +306,6 @@ for algo, (_, results) in runs.items():
         print(f"  {name:9s} {cells}")
 
 if plt is not None:
-    OUT.mkdir(exist_ok=True)
     fig, axes = plt.subplots(2, 1, figsize=(8, 3.6), sharex=True)
     colours = {"compute": "C0", "update": "C1", "allreduce": "C2"}
     for ax, (algo, rows) in zip(axes, timeline.items(), strict=True):
@@ -328,11 +322,7 @@ if plt is not None:
     axes[0].legend(fontsize=7, loc="upper left", ncol=3)
     axes[-1].set_xlabel(f"ms (rank 0, steps {window[0]}..{window[-1]}; g_t: computed at step t, "
                         f"then AllReduced)")  # fmt: skip
-    fig.tight_layout()
-    path = OUT / "05_timeline.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    print(f"figure: {path}")
+    save_figure(fig, OUT / "05_timeline.png")
 else:
     print("matplotlib is not installed: plots skipped")
 

@@ -29,26 +29,16 @@ from pipesgd_ref.algorithms import reference
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.data import MinibatchSampler, load_dataset
 from pipesgd_ref.models import build_model
+from pipesgd_ref.plots import pyplot, save_figure
 
 SMALL = os.environ.get("PIPESGD_TUTORIAL_SMALL") == "1"  # CI: fewer steps, same lessons
 OUT = Path(__file__).resolve().parent / "out"  # figures go here (git-ignored)
 
-try:  # plots are optional: the lessons are in the printed numbers and the asserts
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only, no window
-    import matplotlib.pyplot as plt
-except ImportError:
-    plt = None
+plt = pyplot()  # None without matplotlib: the lessons are in the printed numbers and asserts
 
 
 def save(fig, name: str) -> None:
-    OUT.mkdir(exist_ok=True)
-    path = OUT / name
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    print(f"figure: {path}")
+    save_figure(fig, OUT / name)
 
 
 def stability_bound(tau: int) -> float:
