@@ -41,6 +41,7 @@ class Row:
     busbw: float  # bytes/s
     predicted_s: float
     verified: bool
+    wire_bytes: int = 0  # what rank 0 sent for one AllReduce, headers included
     gloo_time_s: float | None = None
     gloo_busbw: float | None = None
 
@@ -59,13 +60,18 @@ def predict_ring(p: int, nbytes: int, alpha: float, bandwidth: float, gamma: flo
 # --- our ring, in worker processes ------------------------------------------------------------
 
 
-def _ring_job(comm, sizes: list[int], reps: int, warmup: int) -> dict:
+def _ring_job(comm, sizes: list[int], reps: int, warmup: int, codec_name: str = "none") -> dict:
+    from pipesgd_ref.codecs import get_codec
+
+    codec = get_codec(codec_name, "numba")
     out = {}
     for nbytes in sizes:
         n = nbytes // 4
         # Integer-valued data: the sum is exact, so it can be checked without tolerance.
         x = np.full(n, comm.rank + 1, np.float32)
-        allreduce(comm, x)
+        sent0 = comm.bytes_sent
+        allreduce(comm, x, codec=codec)
+        wire = comm.bytes_sent - sent0
         want = comm.world_size * (comm.world_size + 1) / 2
         verified = bool(np.all(x == want))
         # Back to back after one barrier, as nccl-tests does: a barrier before every call
@@ -74,10 +80,10 @@ def _ring_job(comm, sizes: list[int], reps: int, warmup: int) -> dict:
         barrier(comm)
         for i in range(warmup + reps):
             start = time.perf_counter()
-            allreduce(comm, x)
+            allreduce(comm, x, codec=codec)
             if i >= warmup:
                 times.append(time.perf_counter() - start)
-        out[nbytes] = (times, verified)
+        out[nbytes] = (times, verified, wire)
     return out
 
 
@@ -87,6 +93,11 @@ def _combine(per_rank: list[dict], nbytes: int) -> tuple[float, bool]:
         max(rank[nbytes][0][i] for rank in per_rank) for i in range(len(per_rank[0][nbytes][0]))
     ]
     return statistics.median(times), all(rank[nbytes][1] for rank in per_rank)
+
+
+def _wire(per_rank: list[dict], nbytes: int) -> int:
+    """Bytes rank 0 sent for one AllReduce of this size (payload and headers)."""
+    return per_rank[0][nbytes][2]
 
 
 # --- point to point: the wire's own limit ------------------------------------------------------
@@ -195,9 +206,10 @@ def bench_allreduce(
     json_path: str | None = None,
     timeout: float = 60.0,
     print_fn=print,
+    codec: str = "none",
 ) -> dict:
     model = model or LinkModel()
-    print_fn(f"ring AllReduce, {world_size} ranks on this machine (loopback TCP), "
+    print_fn(f"ring AllReduce, {world_size} ranks on this machine (loopback TCP), codec {codec}, "
              f"link: {model if model.enabled else 'not emulated'}")  # fmt: skip
     p2p_bw, p2p_alpha = measure_p2p()
     gamma = measure_gamma()
@@ -206,8 +218,8 @@ def bench_allreduce(
     alpha = model.latency if model.enabled else p2p_alpha
     bandwidth = model.bandwidth if model.bandwidth != float("inf") else p2p_bw
     # busbw is compared with the link: the emulated bandwidth, or the measured p2p stream.
-    per_rank = launch_local(world_size, _ring_job, (sizes, reps, warmup), start_method="fork",
-                            model=model, timeout=timeout)  # fmt: skip
+    per_rank = launch_local(world_size, _ring_job, (sizes, reps, warmup, codec),
+                            start_method="fork", model=model, timeout=timeout)  # fmt: skip
     gloo = None
     if with_gloo and gloo_available() and not model.enabled:
         gloo = launch_local(world_size, _gloo_job, (free_port(), sizes, reps, warmup),
@@ -217,20 +229,21 @@ def bench_allreduce(
         t, ok = _combine(per_rank, nbytes)
         algbw = nbytes / t
         row = Row(nbytes, t, algbw, algbw * bus_factor(world_size),
-                  predict_ring(world_size, nbytes, alpha, bandwidth, gamma), ok)  # fmt: skip
+                  predict_ring(world_size, nbytes, alpha, bandwidth, gamma), ok,
+                  _wire(per_rank, nbytes))  # fmt: skip
         if gloo is not None:
             gt, _ = _combine(gloo, nbytes)
             row.gloo_time_s, row.gloo_busbw = gt, nbytes / gt * bus_factor(world_size)
         rows.append(row)
     header = (f"{'size':>10} {'time ms':>9} {'algbw GB/s':>11} {'busbw GB/s':>11} "
-              f"{'of link':>7} {'model ms':>9} {'verified':>9}")  # fmt: skip
+              f"{'of link':>7} {'model ms':>9} {'verified':>9} {'sent MB':>8}")  # fmt: skip
     if gloo is not None:
         header += f" {'gloo ms':>8} {'gloo busbw':>11} {'ours/gloo':>10}"
     print_fn(header)
     for r in rows:
         line = (f"{format_bytes(r.size_bytes):>10} {r.time_s * 1e3:9.2f} {r.algbw / 1e9:11.3f} "
                 f"{r.busbw / 1e9:11.3f} {r.busbw / bandwidth:7.0%} {r.predicted_s * 1e3:9.2f} "
-                f"{'yes' if r.verified else 'NO':>9}")  # fmt: skip
+                f"{'yes' if r.verified else 'NO':>9} {r.wire_bytes / 1e6:8.2f}")  # fmt: skip
         if r.gloo_time_s is not None:
             line += (f" {r.gloo_time_s * 1e3:8.2f} {r.gloo_busbw / 1e9:11.3f} "
                      f"{r.busbw / r.gloo_busbw:10.2f}x")  # fmt: skip
@@ -242,6 +255,7 @@ def bench_allreduce(
         "p2p_latency_s": p2p_alpha,
         "gamma_s_per_byte": gamma,
         "gloo": gloo is not None,
+        "codec": codec,
         "rows": [asdict(r) for r in rows],
         "cpu_count": os.cpu_count(),
         "host": socket.gethostname(),

@@ -75,6 +75,7 @@ def _parser() -> argparse.ArgumentParser:
     ar.add_argument("--timeout", type=float, default=60.0, help="communication timeout, s")
     ar.add_argument("--json", dest="json_path", default=None, help="also write results here")
     ar.add_argument("--no-gloo", action="store_true", help="skip torch/gloo even if installed")
+    ar.add_argument("--codec", default="none", help="none, trunc16, bf16, q8: compress each hop")
     ar.add_argument("--log-level", default="WARNING", help="DEBUG, INFO, WARNING, ERROR")
     ar.add_argument(
         "--bind",
@@ -154,12 +155,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise ConfigError("need --world-size >= 1, --reps >= 1, --warmup >= 0 and some --sizes")
     if any(s % 4 for s in sizes):
         raise ConfigError(f"sizes must be whole float32 arrays (multiples of 4 bytes): {sizes}")
+    if args.codec not in ("none", "trunc16", "bf16", "q8"):
+        raise ConfigError(f"--codec must be none, trunc16, bf16 or q8, got {args.codec!r}")
     kwargs = dict(model=model, reps=args.reps, warmup=args.warmup, timeout=args.timeout,
                   json_path=args.json_path)  # fmt: skip
     if detect_env() is not None:  # one rank of a job started by torchrun, mpirun or srun
         bench_allreduce_joined(sizes, bind=args.bind, **kwargs)
     else:
-        bench_allreduce(args.world_size, sizes, with_gloo=not args.no_gloo, **kwargs)
+        bench_allreduce(args.world_size, sizes, with_gloo=not args.no_gloo, codec=args.codec,
+                        **kwargs)  # fmt: skip
     return 0
 
 

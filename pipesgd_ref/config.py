@@ -48,6 +48,9 @@ class TrainConfig:
     steps: int = 600  # gradient computations per worker (ignored when epochs > 0)
     epochs: float = 0.0  # if > 0, run this many passes over each worker's shard instead of steps
     seed: int = 0  # seeds the initial weights and every worker's minibatch order
+    # --- compression inside the AllReduce ---
+    codec: str = "none"  # none | trunc16 | bf16 | q8: how gradients travel the ring
+    error_feedback: bool = False  # add what the codec dropped to the next step's gradient
     # --- network ---
     latency: str = "0"  # emulated per-message latency per link, e.g. 50us, 1ms (0 = none)
     bandwidth: str = "inf"  # emulated bandwidth per link and direction, e.g. 1Gbit, 125MB
@@ -89,6 +92,8 @@ class TrainConfig:
             problems.append(f"backend must be numpy or numba, got {self.backend!r}")
         if self.model not in ("softmax", "mlp"):
             problems.append(f"model must be softmax or mlp, got {self.model!r}")
+        if self.codec not in ("none", "trunc16", "bf16", "q8"):
+            problems.append(f"codec must be none, trunc16, bf16 or q8, got {self.codec!r}")
         if self.algo not in ALGOS:
             problems.append(f"algo must be one of {', '.join(ALGOS)}, got {self.algo!r}")
         if not self.timeout > 0:

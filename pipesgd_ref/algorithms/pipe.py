@@ -41,9 +41,10 @@ _STOP = None  # tells the communication thread to finish
 class _CommThread:
     """AllReduces (step, buffer) pairs in the order they are handed over."""
 
-    def __init__(self, comm: Communicator, timeline: Timeline):
+    def __init__(self, comm: Communicator, timeline: Timeline, codec=None):
         self.comm = comm
         self.timeline = timeline
+        self.codec = codec
         self.todo: queue.SimpleQueue = queue.SimpleQueue()
         self.done: queue.SimpleQueue = queue.SimpleQueue()
         self.thread = threading.Thread(target=self._run, name=f"comm-{comm.rank}", daemon=True)
@@ -54,7 +55,7 @@ class _CommThread:
             step, buf = item
             try:
                 with self.timeline.span("allreduce", "comm", step):
-                    allreduce(self.comm, buf, "mean")
+                    allreduce(self.comm, buf, "mean", codec=self.codec)
             except BaseException as e:  # handed to the compute thread, which re-raises
                 self.done.put(e)
                 return
@@ -84,7 +85,8 @@ def pipe_worker(comm: Communicator, cfg: TrainConfig, progress=None) -> WorkerRe
     # K buffers: K-1 gradients in flight, one being computed. Buffer t % K is reused at step
     # t + K; its gradient was applied at step t + K - 1 at the latest.
     buffers = [np.empty_like(w.params) for _ in range(K)]
-    comm_thread = _CommThread(comm, timeline)
+    codec = w.codec()
+    comm_thread = _CommThread(comm, timeline, codec)
     # Averaged gradients already back (from a checkpoint, or fetched early to write one).
     ready: dict[int, np.ndarray] = dict(w.pending)
 
@@ -97,6 +99,7 @@ def pipe_worker(comm: Communicator, cfg: TrainConfig, progress=None) -> WorkerRe
             buf = buffers[t % K]
             with timeline.span("compute", "compute", t):
                 loss = w.loss_and_grad(t, buf)  # g_t, on the current weights w_t
+                w.feed_back(buf, codec)
             comm_thread.start_allreduce(t, buf)  # AllReduce(g_t) starts now
             if t < warmup:  # warm-up: synchronous, the fresh gradient
                 avg = averaged(t)

@@ -27,12 +27,15 @@ def sync_worker(comm: Communicator, cfg: TrainConfig, progress=None) -> WorkerRe
     w = WorkerSetup.build(cfg, comm.rank, comm.world_size)
     timeline = Timeline(comm.rank)
     grads = np.empty_like(w.params)  # preallocated once: the hot loop allocates nothing
+    codec = w.codec()
     losses, step_end = [], []
     for t in range(w.start_step, w.steps):
         with timeline.span("compute", "compute", t):
             loss = w.loss_and_grad(t, grads)
+            w.feed_back(grads, codec)
         with timeline.span("allreduce", "comm", t):
-            allreduce(comm, grads, "mean")  # the sync point: every rank waits for every rank
+            # the sync point: every rank waits for every rank
+            allreduce(comm, grads, "mean", codec=codec)
         with timeline.span("update", "compute", t):
             w.sgd_step(grads, t)
         losses.append(loss)

@@ -92,6 +92,28 @@ class WorkerSetup:
             )
         return loss
 
+    def codec(self):
+        """The codec gradients travel with (pipesgd_ref.codecs), on this run's backend."""
+        from pipesgd_ref.codecs import get_codec
+
+        return get_codec(self.cfg.codec, self.cfg.backend)
+
+    def feed_back(self, grads: np.ndarray, codec) -> None:
+        """Error feedback (--error-feedback): add last step's residual to `grads`, then keep as
+        the new residual what encoding `grads` drops. The residual is that of this worker's
+        whole gradient as one code (the ring re-encodes partial sums, which no worker owns):
+        the standard local form used with 1-bit SGD and PowerSGD."""
+        if not self.cfg.error_feedback or codec.name == "none":
+            return
+        if not hasattr(self, "_residual"):
+            self._residual = np.zeros_like(grads)
+            self._codes = np.empty(codec.wire_bytes(grads.size), np.uint8)
+            self._decoded = np.empty_like(grads)
+        grads += self._residual
+        codec.encode(grads, self._codes)
+        codec.decode(self._codes, self._decoded)
+        np.subtract(grads, self._decoded, out=self._residual)
+
     def sgd_step(self, grads: np.ndarray, step: int) -> None:
         self.model.backend.sgd_step(self.params, grads, self.cfg.lr_at(step))
 

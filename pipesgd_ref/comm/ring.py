@@ -118,12 +118,14 @@ def allreduce(
     op: str = "sum",
     out: np.ndarray | None = None,
     segment_bytes: int = SEGMENT_BYTES,
+    codec=None,
 ) -> np.ndarray:
     """Sum (or mean) `array` across all ranks: in place, or into `out` when given (then
     `array` is left as it was). Returns the reduced array.
 
     `array` must be a contiguous 1-D float32 or float64 array of the same length and dtype on
-    every rank (checked). Any length works, 0 and fewer than p included.
+    every rank (checked). Any length works, 0 and fewer than p included. With a `codec`
+    (pipesgd_ref.codecs) other than "none", every hop is compressed: see comm/compressed.py.
     """
     if op not in ("sum", "mean"):
         raise ValueError(f"allreduce op must be 'sum' or 'mean', got {op!r}")
@@ -135,7 +137,12 @@ def allreduce(
         np.copyto(out, array)
         array = out
     code = Op.ALLREDUCE_SUM if op == "sum" else Op.ALLREDUCE_MEAN
-    _aborting_on_error(comm, _ring_reduce, comm, array, code, segment_bytes)
+    if codec is not None and codec.name != "none":
+        from pipesgd_ref.comm.compressed import compressed_ring_reduce
+
+        _aborting_on_error(comm, compressed_ring_reduce, comm, array, code, codec, segment_bytes)
+    else:
+        _aborting_on_error(comm, _ring_reduce, comm, array, code, segment_bytes)
     return array
 
 
