@@ -13,6 +13,7 @@ import pytest
 from pipesgd_ref.algorithms.ps import ps_async_worker, ps_sync_worker
 from pipesgd_ref.algorithms.reference import async_ps_sgd, model_grad_fn, sync_sgd
 from pipesgd_ref.algorithms.worker import WorkerSetup
+from pipesgd_ref.codecs import get_codec
 from pipesgd_ref.comm.netem import LinkModel
 from pipesgd_ref.comm.ps import ParameterServer, PSClient
 from pipesgd_ref.comm.transport import HEADER_BYTES, CollectiveMismatch, Link, PeerAborted
@@ -140,6 +141,96 @@ def test_ps_async_with_one_worker_is_sequential_sgd():
     assert server.extra["arrival_order"] == [0] * STEPS
 
 
+# --- compressed pushes ------------------------------------------------------------------------
+
+
+def codec_oracle(cfg, n_workers):
+    """(grad_fn, w_0) of the oracles for compressed pushes: every worker's gradient is replaced
+    by decode(encode(g)), where g has that worker's residual added first with error feedback
+    (and the residual becomes g - decode(encode(g))), as WorkerSetup.feed_back does."""
+    grad_fn, w0 = oracle(cfg, n_workers)
+    codec = get_codec(cfg.codec, cfg.backend)
+    wire = np.empty(codec.wire_bytes(w0.size), np.uint8)
+    residual = [np.zeros_like(w0) for _ in range(n_workers)]  # calls come in each rank's order
+
+    def round_trip(params, rank, step):
+        loss, g = grad_fn(params, rank, step)
+        if cfg.error_feedback:
+            g += residual[rank]
+        codec.encode(g, wire)
+        decoded = np.empty_like(g)
+        codec.decode(wire, decoded)
+        if cfg.error_feedback:
+            np.subtract(g, decoded, out=residual[rank])
+        return loss, decoded
+
+    return round_trip, w0
+
+
+def push_bytes(cfg, n_params):
+    """One compressed push on the wire: header, codes, the loss as a float32."""
+    return HEADER_BYTES + get_codec(cfg.codec).wire_bytes(n_params) + 4
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "model, codec, error_feedback, backend",
+    [("softmax", "trunc16", False, "numpy"), ("mlp", "bf16", False, "numpy"),
+     ("mlp", "q8", False, "numpy"), ("softmax", "q8", True, "numpy"),
+     ("mlp", "q8", True, "numba")],
+)  # fmt: skip
+def test_compressed_ps_sync_equals_its_simulation_bitwise(model, codec, error_feedback, backend):
+    """Workers push codes; the server decode-adds them in worker order and averages: bitwise
+    reference.sync_sgd with every gradient round-tripped through the codec (after error
+    feedback), on the server and every worker. Pushes shrink to wire_bytes(n) + 4 bytes; the
+    pulls stay float32."""
+    cfg = CONFIGS[model].replace(codec=codec, error_feedback=error_feedback, backend=backend)
+    n = 3
+    grad_fn, w0 = codec_oracle(cfg, n)
+    results = run(ps_sync_worker, cfg, n)
+    want = sync_sgd(grad_fn, w0, n, STEPS, cfg.lr_at)
+    server, workers = results[0], results[1:]
+    for r, result in enumerate(results):
+        np.testing.assert_array_equal(
+            result.params, want.params, err_msg=f"{model}, {codec}: rank {r} differs from the "
+            f"simulation (max diff {np.abs(result.params - want.params).max()})"
+        )  # fmt: skip
+    plain = sync_sgd(oracle(cfg, n)[0], w0, n, STEPS, cfg.lr_at).params
+    assert not np.array_equal(server.params, plain), f"{codec} changed nothing"
+    np.testing.assert_allclose(server.losses, want.losses, rtol=1e-6)  # the loss is not encoded
+    push, pull = push_bytes(cfg, w0.size), HEADER_BYTES + w0.nbytes
+    assert push < HEADER_BYTES + w0.nbytes + 4
+    assert [w.bytes_sent for w in workers] == [STEPS * push] * n
+    assert server.extra["bytes_received"] == n * STEPS * push
+    assert server.bytes_sent == n * STEPS * pull
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("n, codec, error_feedback", [(2, "bf16", False), (3, "q8", True)])
+def test_compressed_ps_async_equals_its_simulation_in_arrival_order(
+    n, codec, error_feedback, steady_workers
+):
+    cfg = CONFIGS["mlp"].replace(codec=codec, error_feedback=error_feedback)
+    grad_fn, w0 = codec_oracle(cfg, n)
+    results = run(ps_async_worker, cfg, n)
+    server, workers = results[0], results[1:]
+    order = server.extra["arrival_order"]
+    want = async_ps_sgd(grad_fn, w0, n, order, cfg.lr_at, record=True)
+    np.testing.assert_array_equal(
+        server.params, want.params,
+        err_msg=f"{n} workers, {codec}: server weights != the simulation in the recorded order",
+    )  # fmt: skip
+    assert server.extra["staleness"] == want.staleness
+    np.testing.assert_allclose(server.losses, want.losses, rtol=1e-6)
+    for i, worker in enumerate(workers):
+        last = len(order) - 1 - order[::-1].index(i)
+        np.testing.assert_array_equal(worker.params, want.history[last + 1])
+    push = push_bytes(cfg, w0.size)
+    assert [w.bytes_sent for w in workers] == [STEPS * push] * n
+    assert server.extra["bytes_received"] == n * STEPS * push
+    assert server.bytes_sent == n * STEPS * (HEADER_BYTES + w0.nbytes)
+
+
 # --- the server's one link, emulated ---------------------------------------------------------
 
 
@@ -224,13 +315,15 @@ def _tcp_pair(timeout=2.0):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("fault", ["version", "length"])
+@pytest.mark.parametrize("fault", ["version", "length", "codec", "no codec"])
 def test_a_push_out_of_step_is_refused_and_the_worker_told(fault):
-    """A push of the wrong version or length: the server raises CollectiveMismatch naming the
-    worker before reading a byte of payload, and the worker's pull gets the ABORT."""
+    """A push of the wrong version, length or codec (bf16 and trunc16 codes have the same
+    size): the server raises CollectiveMismatch naming the worker before reading a byte of
+    payload, and the worker's pull gets the ABORT."""
     server_link, worker_link = _tcp_pair()
     params = np.zeros(10, np.float32)
-    server = ParameterServer({1: server_link}, params)
+    server_codec = {"codec": get_codec("bf16"), "no codec": get_codec("q8")}.get(fault)
+    server = ParameterServer({1: server_link}, params, codec=server_codec)
     errors = []
 
     def serve():
@@ -241,7 +334,8 @@ def test_a_push_out_of_step_is_refused_and_the_worker_told(fault):
 
     thread = threading.Thread(target=serve)
     thread.start()
-    client = PSClient(worker_link, 10 if fault == "version" else 11)
+    client_codec = get_codec("trunc16") if fault == "codec" else None
+    client = PSClient(worker_link, 11 if fault == "length" else 10, codec=client_codec)
     client.version = 5 if fault == "version" else 0
     client.grads[:] = 1.0
     client.push(0.5, "test push")
@@ -250,6 +344,8 @@ def test_a_push_out_of_step_is_refused_and_the_worker_told(fault):
     thread.join(timeout=5)
     assert len(errors) == 1 and isinstance(errors[0], CollectiveMismatch), errors
     assert "worker 0 (rank 1)" in str(errors[0])
+    if fault == "codec":
+        assert "codec trunc16" in str(errors[0]) and "codec bf16" in str(errors[0]), errors[0]
     server_link.close()
     worker_link.close()
 
@@ -275,5 +371,39 @@ def test_protocol_round_trip_in_one_process():
     thread.join(timeout=5)
     np.testing.assert_array_equal(got, [-1, 0, 1, 2])
     assert server.log.losses == [2.5]
+    server_link.close()
+    worker_link.close()
+
+
+@pytest.mark.timeout(60)
+def test_compressed_protocol_round_trip_in_one_process():
+    """One q8 sync step by hand: the push is [scale, 5 codes][loss] (4 + 5 + 4 bytes), the
+    loss arrives exactly as float32, the server applies decode(encode(g)), the pull is float32."""
+    server_link, worker_link = _tcp_pair()
+    codec = get_codec("q8")
+    params = np.arange(5, dtype=np.float32)
+    server = ParameterServer({1: server_link}, params, codec=codec)
+
+    def apply(version, grads):
+        params[:] -= grads
+
+    thread = threading.Thread(target=server.run_sync, args=(1, apply))
+    thread.start()
+    client = PSClient(worker_link, 5, codec=codec)
+    g = np.array([1.0, -2.0, 0.3, 1e-3, 4.0], np.float32)
+    client.grads[:] = g
+    client.push(0.1, "test push")
+    got = np.empty(5, np.float32)
+    assert client.pull(got, "test pull", expect=1) == 1
+    thread.join(timeout=5)
+    wire, decoded = np.empty(codec.wire_bytes(5), np.uint8), np.empty(5, np.float32)
+    codec.encode(g, wire)
+    codec.decode(wire, decoded)
+    assert not np.array_equal(decoded, g)  # q8 rounds 0.3 and 1e-3
+    np.testing.assert_array_equal(got, np.arange(5, dtype=np.float32) - decoded)
+    np.testing.assert_array_equal(params, got)
+    assert server.log.losses == [float(np.float32(0.1))]
+    assert worker_link.bytes_sent == HEADER_BYTES + (4 + 5) + 4
+    assert server_link.bytes_sent == HEADER_BYTES + 4 * 5
     server_link.close()
     worker_link.close()

@@ -27,6 +27,14 @@ comm/ps.py.
         Throughput min(p / (t_c + 2 alpha + 2 M / B), B / M) updates/s. Oracle: the recorded
         arrival order replayed by reference.async_ps_sgd gives the same weights and staleness.
 
+Compression (--codec trunc16 | bf16 | q8, --error-feedback): workers push encoded gradients,
+[codes: wire_bytes(n)][loss: float32] (comm/ps.py), after error feedback
+(WorkerSetup.feed_back, in the compute span; the encoding is in the push span). The server
+decodes each push (ps-sync: decode-adds into the sum in worker order; ps-async: decodes, then
+applies); the pulls stay float32. Oracles: as above with each worker's gradient replaced by
+decode(encode(g)) (plus each worker's residual, with error feedback), bitwise. The push bytes
+in WorkerResult.bytes_sent shrink to wire_bytes(n) + 4 (+ 48 header) per push.
+
 Results. Rank 0's WorkerResult is the answer: params = the server's final weights, losses and
 step_end one per applied update (the loss that came with the push: in ps-sync the mean over the
 workers, in worker order; in ps-async the pushing worker's), extra = {"role": "server",
@@ -80,7 +88,7 @@ def _serve(comm: Communicator, cfg: TrainConfig, method: str, progress) -> Worke
     n = n_workers_of(comm, method)
     setup = WorkerSetup.build(cfg, 0, n)  # the server never computes: w_0, the model, steps
     timeline = Timeline(comm.rank)
-    server = ParameterServer(comm.clients, setup.params, timeline)
+    server = ParameterServer(comm.clients, setup.params, timeline, codec=setup.codec())
     links = list(comm.clients.values())
     # Count this method's bytes only, not the rendezvous hellos already on these links.
     sent0, received0 = (sum(link.bytes_sent for link in links),
@@ -105,13 +113,15 @@ def _work(comm: Communicator, cfg: TrainConfig, method: str, progress) -> Worker
     worker = worker_of(comm.rank)
     w = WorkerSetup.build(cfg, worker, n)  # the same w_0 as the server's: same seed
     timeline = Timeline(comm.rank)
-    client = PSClient(comm.server, w.params.size, w.params.dtype)
+    codec = w.codec()
+    client = PSClient(comm.server, w.params.size, w.params.dtype, codec=codec)
     sent0 = comm.server.bytes_sent  # the rendezvous hello is not this method's traffic
     losses, step_end = [], []
     for t in range(w.steps):
         doing = f"{method} step {t} of worker {worker}"
         with timeline.span("compute", "compute", t):
             loss = w.loss_and_grad(t, client.grads)  # on the weights last pulled
+            w.feed_back(client.grads, codec)  # --error-feedback: before push encodes them
         with timeline.span("push", "comm", t):
             client.push(loss, doing)
         with timeline.span("pull", "comm", t):  # ps-sync: waits for the slowest worker too

@@ -10,10 +10,15 @@ Wire protocol: every message is one frame of transport.py (Kind.DATA, Op.NONE: a
 carries nothing else, so the direction says what a frame is).
 
     push   worker -> server   seq = version of the weights the gradient was computed on
-                              src = the worker's rank, dtype float32, total_len = n (params)
-                              payload: n + 1 elements, the gradient, then the worker's
-                              minibatch loss (so the server can report the loss of every
-                              update without a second message per push)
+                              src = the worker's rank, total_len = n (params),
+                              part = the codec's id (index in codecs.CODECS; 0 = none)
+                              codec none: dtype float32, payload n + 1 elements, the gradient,
+                              then the worker's minibatch loss (so the server can report the
+                              loss of every update without a second message per push)
+                              codec trunc16 / bf16 / q8: dtype uint8, payload
+                                  [codec.encode(gradient): codec.wire_bytes(n) bytes]
+                                  [loss: 4 bytes, float32, native (little-endian) order]
+                              the loss is never encoded: it travels exactly as with none
     pull   server -> worker   seq = version of the weights (= updates applied so far)
                               payload: the n weights, received straight into the worker's
                               parameter buffer
@@ -21,8 +26,17 @@ carries nothing else, so the direction says what a frame is).
                               died, hung, or sent a bad frame); every worker still waiting
                               raises PeerAborted naming the rank at fault
 
-Both sides check every header (kind, version, dtype, length) before reading its payload, so a
-worker that is out of step gets an error naming it, never wrong numbers.
+Both sides check every header (kind, version, dtype, length, codec) before reading its payload,
+so a worker that is out of step (or encodes with another codec) gets an error naming it, never
+wrong numbers.
+
+Compressed pushes (--codec, shared/PAPER.md section 3). Only the pushes are compressed; the pulls
+stay full-precision float32. A worker applies error feedback (--error-feedback, before encoding:
+WorkerSetup.feed_back), then encodes its whole gradient as one code. The server decodes every
+push: ps-sync decode-adds each into the float32 sum in worker order (codec.add_decoded_into,
+which is bitwise `sum += decode(codes)`), then divides by p; ps-async decodes into one buffer and
+applies it. The oracle is therefore the uncompressed one with every worker's gradient replaced
+by decode(encode(gradient)), bitwise.
 
 Schedules.
 
@@ -41,8 +55,10 @@ Schedules.
 
 Cost (alpha-beta, shared/PAPER.md section 3; M = 4n bytes, plus 48 header bytes a frame).
 The server's one link carries p * M in (pushes) and p * M out (pulls) per round, so it is the
-bottleneck as p grows. PAPER.md writes the sync round as two separate phases, all pushes in,
-then all pulls out:
+bottleneck as p grows. With a codec of ratio r a push is wire_bytes(n) + 4 ~ M / r bytes: in
+the formulas below each push's M becomes M / r (e.g. (p + 1) M / B reads p M / B + M / (r B)),
+the pulls' M stays 4n, and the server's t_u gains p decode passes. PAPER.md writes the sync
+round as two separate phases, all pushes in, then all pulls out:
 
     ps-sync (phases):     T_it = t_c + 2 alpha + 2 p M / B + p M gamma + t_u
 
@@ -163,11 +179,13 @@ class ParameterServer:
     """Rank 0's loop: receive pushes, update the weights, send pulls.
 
     `params` is the authoritative weight vector; `apply(version, grads)` updates it in place
-    (the algorithm's optimizer step). The server never allocates in its loop: one receive
-    buffer (n + 1 elements) and, for sync, one sum buffer.
+    (the algorithm's optimizer step). `codec` (pipesgd_ref.codecs, or None for none): how the
+    workers encode their pushes. The server never allocates in its loop: one receive buffer
+    (n + 1 elements, or the codes and the loss), for sync one sum buffer, and with a codec one
+    decode buffer.
     """
 
-    def __init__(self, clients: dict[int, Link], params: np.ndarray, timeline=None):
+    def __init__(self, clients: dict[int, Link], params: np.ndarray, timeline=None, codec=None):
         if not clients:
             raise CommError(
                 "rank 0: no worker links; a parameter server job needs world_size >= 2 and "
@@ -181,7 +199,13 @@ class ParameterServer:
         self.n = params.size
         self.dtype_code = CODE_OF_DTYPE[params.dtype]
         self.timeline = timeline or _NoTimeline()  # algorithms.worker.Timeline, or none
-        self.recv_buf = np.empty(self.n + 1, params.dtype)  # gradient, then the worker's loss
+        self.codec, self.codec_id = _codec_and_id(codec, params.dtype)
+        # recv_buf: one push, as it arrives; grads: the pushed gradient as float32 values (a
+        # view of recv_buf without a codec, a decode buffer with one); loss_buf: the loss.
+        self.recv_buf, self.grads, self.loss_buf, self.codes = _push_buffers(
+            self.n, params.dtype, self.codec
+        )
+        self.push_code = CODE_OF_DTYPE[self.recv_buf.dtype]
         self.nic = ServerNIC(self.links)
         self.log = ServerLog()
         self._sending_to: Link | None = None  # a failure mid-send leaves this link half-sent
@@ -197,12 +221,14 @@ class ParameterServer:
                 f"{Kind(frame.kind).name} frame",
                 origin=link.peer,
             )
-        if (frame.seq, frame.dtype, frame.total_len) != (version, self.dtype_code, self.n):
+        got = (frame.seq, frame.dtype, frame.total_len, frame.part)
+        if got != (version, self.push_code, self.n, self.codec_id):
             raise CollectiveMismatch(
                 f"rank 0: {_who(link.peer)} pushed a gradient of {frame.total_len} elements "
-                f"(dtype code {frame.dtype}) computed on version {frame.seq} during {doing}; "
-                f"the server expected {self.n} elements (code {self.dtype_code}) on version "
-                f"{version}: are both running the same model and method?",
+                f"(dtype code {frame.dtype}, codec {_codec_name(frame.part)}) computed on "
+                f"version {frame.seq} during {doing}; the server expected {self.n} elements "
+                f"(code {self.push_code}, codec {_codec_name(self.codec_id)}) on version "
+                f"{version}: are both running the same model, method and codec?",
                 origin=link.peer,
             )
         with self.timeline.span("recv", "server", version):
@@ -210,7 +236,7 @@ class ParameterServer:
             self.nic.arrive(frame)
         trace("%s | rank %d -> 0 | push of version %d | %d bytes", phase, link.peer, version,
               frame.nbytes)  # fmt: skip
-        return float(self.recv_buf[self.n])
+        return float(self.loss_buf[0])
 
     def _send_pull(self, link: Link, version: int, phase: str) -> None:
         doing = f"{phase} (the pull of worker {worker_of(link.peer)})"
@@ -226,17 +252,20 @@ class ParameterServer:
     def run_sync(self, steps: int, apply: Apply, on_update: OnUpdate | None = None) -> ServerLog:
         """ps-sync: every step, all p pushes, one averaged update, p pulls."""
         total = np.empty(self.n, self.params.dtype)  # preallocated: the loop allocates nothing
-        grads = self.recv_buf[: self.n]
         with self._aborting_on_error():
             for t in range(steps):
                 phase = f"ps-sync step {t}"
                 total.fill(0)
                 loss = 0.0
                 # The sum in worker order 0..p-1, as reference.average_gradient sums ranks:
-                # the same additions in the same order give bitwise the oracle's average.
+                # the same additions in the same order give bitwise the oracle's average
+                # (with a codec: of the decoded gradients; decode-add is `+= decode(codes)`).
                 for link in self.links:
                     loss += self._recv_push(link, t, phase)
-                    total += grads
+                    if self.codec is None:
+                        total += self.grads
+                    else:
+                        self.codec.add_decoded_into(self.codes, total)
                 total /= self.n_workers
                 loss /= self.n_workers
                 with self.timeline.span("server", "server", t):
@@ -273,7 +302,9 @@ class ParameterServer:
                     loss = self._recv_push(link, pulled[i], phase)
                     staleness = version - pulled[i]  # updates applied since i pulled
                     with self.timeline.span("server", "server", version):
-                        apply(version, self.recv_buf[: self.n])  # w <- w - lr_u * g, stale
+                        if self.codec is not None:
+                            self.codec.decode(self.codes, self.grads)
+                        apply(version, self.grads)  # w <- w - lr_u * g, stale
                         version += 1
                         self._send_pull(link, version, phase)
                     pulled[i] = version
@@ -344,25 +375,33 @@ class ParameterServer:
 class PSClient:
     """A worker's end of the star: push (gradient, loss) to the server, pull the weights.
 
-    Compute writes the gradient into `grads`, a view of the push buffer whose last element
-    carries the loss: the push goes out from that buffer with no copy.
+    Compute writes the gradient into `grads`. Without a codec, `grads` is a view of the push
+    buffer whose last element carries the loss: the push goes out from that buffer with no copy.
+    With a codec (pipesgd_ref.codecs, float32 only), push encodes `grads` into the push buffer,
+    [codes: wire_bytes(n)][loss: float32], and sends that; the pulls stay float32.
     """
 
-    def __init__(self, link: Link, n_params: int, dtype=np.float32):
+    def __init__(self, link: Link, n_params: int, dtype=np.float32, codec=None):
         self.link = link
         link.timeout += VERDICT_MARGIN_S  # see VERDICT_MARGIN_S
         self.rank = link.rank
         self.n = n_params
-        self.dtype_code = CODE_OF_DTYPE[np.dtype(dtype)]
-        self.push_buf = np.empty(n_params + 1, dtype)  # gradient, then the loss
-        self.grads = self.push_buf[:n_params]
+        self.dtype_code = CODE_OF_DTYPE[np.dtype(dtype)]  # of the pulled weights
+        self.codec, self.codec_id = _codec_and_id(codec, np.dtype(dtype))
+        self.push_buf, self.grads, self._loss, self.codes = _push_buffers(
+            n_params, np.dtype(dtype), self.codec
+        )
+        self.push_code = CODE_OF_DTYPE[self.push_buf.dtype]
         self.version = 0  # version of the weights this worker holds
 
     def push(self, loss: float, doing: str) -> None:
-        """Send `grads` (filled by compute) and `loss`, computed on version self.version."""
-        self.push_buf[self.n] = loss
-        frame = Frame(kind=Kind.DATA, op=Op.NONE, dtype=self.dtype_code, seq=self.version,
-                      src=self.rank, total_len=self.n)  # fmt: skip
+        """Send `grads` (filled by compute; encoded here if there is a codec) and `loss`,
+        computed on version self.version."""
+        if self.codec is not None:
+            self.codec.encode(self.grads, self.codes)
+        self._loss[0] = loss
+        frame = Frame(kind=Kind.DATA, op=Op.NONE, dtype=self.push_code, seq=self.version,
+                      src=self.rank, part=self.codec_id, total_len=self.n)  # fmt: skip
         self.link.send(frame, as_bytes(self.push_buf), doing)
 
     def pull(self, params: np.ndarray, doing: str, expect: int | None = None) -> int:
@@ -397,6 +436,38 @@ class PSClient:
         self.link.recv_payload_into(frame, as_bytes(params), doing)  # checks nbytes
         self.version = frame.seq
         return frame.seq
+
+
+def _codec_and_id(codec, dtype: np.dtype):
+    """(codec, id in the push header's `part`): (None, 0) for no codec or codec "none"."""
+    if codec is None or codec.name == "none":
+        return None, 0
+    from pipesgd_ref.codecs import CODECS  # here: only compressed pushes need the codecs
+
+    if dtype != np.float32:
+        raise ValueError(
+            f"codec {codec.name} encodes float32 gradients; the weights are {dtype} (use "
+            f"codec none, or float32 weights)"
+        )
+    return codec, CODECS.index(codec.name)
+
+
+def _codec_name(codec_id: int) -> str:
+    from pipesgd_ref.codecs import CODECS
+
+    return CODECS[codec_id] if 0 <= codec_id < len(CODECS) else f"id {codec_id}"
+
+
+def _push_buffers(n: int, dtype: np.dtype, codec):
+    """(wire buffer, gradient values, loss slot, codes) of one push; codes is None without a
+    codec (the gradient and the loss are then views of the wire buffer itself)."""
+    if codec is None:
+        wire = np.empty(n + 1, dtype)  # gradient, then the loss
+        return wire, wire[:n], wire[n:], None
+    codes_bytes = codec.wire_bytes(n)
+    wire = np.empty(codes_bytes + 4, np.uint8)  # codes, then the loss as a float32
+    # The loss slot may be unaligned (q8: 4 + n code bytes); NumPy reads and writes it anyway.
+    return wire, np.empty(n, np.float32), wire[codes_bytes:].view(np.float32), wire[:codes_bytes]
 
 
 class _NoTimeline:
