@@ -1,0 +1,658 @@
+# %% [markdown]
+# # 07 · Compression inside the AllReduce: fewer bytes per hop, and what they cost
+#
+# **A number to start with.** A 25 MB gradient (6.25 million float32), p = 4 workers, 1 Gbit/s
+# links (125 MB/s). The ring AllReduce sends 2(p−1)/p · M = 37.5 MB through every link: **300
+# ms** per iteration on the wire. Keep only the high 16 bits of each float32 and it is 18.75 MB,
+# **150 ms**; send 8-bit codes with one scale per chunk and it is about 9.4 MB, **75 ms**. Over
+# 10 000 iterations 8-bit codes save 37 minutes of pure transfer. That is Pipe-SGD's second
+# lever (PAPER.md section 3): the ratio r divides the bandwidth term of the ring,
+#
+#     T_ring = 2(p−1)·α + 2(p−1)/p · M/(r·B)   (+ the codec's passes over the data)
+#
+# but nothing is free. Compressed codes cannot be added, so every hop of the reduce-scatter
+# decodes, adds and re-encodes, and every re-encoding rounds once more: the error compounds
+# over the p−1 hops.
+#
+# You will:
+# 1. see what truncation (trunc16), rounding to bfloat16 (bf16) and 8-bit quantization (q8) do
+#    to a real gradient of the digits MLP;
+# 2. see why codes cannot be added in the ring, and hence decode-add-re-encode per hop;
+# 3. follow the error hop by hop and measure its growth with p against the documented bound,
+#    with `simulate_compressed_allreduce`;
+# 4. run the compressed ring over sockets in 4 processes: bitwise the simulation, and
+#    2(p−1)/p · M/r bytes per rank;
+# 5. time it on an emulated 1 Gbit/s link;
+# 6. train digits with Pipe-SGD under each codec, with and without error feedback.
+#
+# Run it with `python tutorials/07_compression.py` (set `PIPESGD_TUTORIAL_SMALL=1` for the
+# quick version CI runs).
+
+# %%
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from pipesgd_ref.algorithms.worker import WorkerSetup
+from pipesgd_ref.codecs import get_codec
+from pipesgd_ref.comm.compressed import simulate_compressed_allreduce
+from pipesgd_ref.comm.netem import LinkModel, format_bandwidth, format_bytes, format_seconds
+from pipesgd_ref.comm.ring import (
+    SEGMENT_BYTES,
+    all_gather_chunks,
+    allreduce,
+    barrier,
+    chunk_bounds,
+    reduce_scatter_chunks,
+    segments,
+)
+from pipesgd_ref.comm.transport import HEADER
+from pipesgd_ref.config import TrainConfig
+from pipesgd_ref.launch import launch_local
+from pipesgd_ref.plots import pyplot, save_figure
+from pipesgd_ref.train import run_training
+
+SMALL = os.environ.get("PIPESGD_TUTORIAL_SMALL") == "1"  # CI: smaller runs, same lessons
+OUT = Path(__file__).resolve().parent / "out"  # figures go here (git-ignored)
+
+plt = pyplot()  # None without matplotlib: the lessons are in the printed numbers and asserts
+
+
+def quiet(*_) -> None:
+    """A `log` for run_training that prints nothing (this tutorial prints its own tables)."""
+
+
+# %% [markdown]
+# ## 0. The back-of-envelope, in code
+#
+# `get_codec(name)` returns a codec object; its `ratio` is the nominal r of the timing model
+# (q8's 4-byte scale per chunk segment makes its true ratio a hair under 4). α = 100 µs is an
+# assumed LAN latency; the codec's own passes over the data are left out here and measured in
+# section 5.
+
+# %%
+P = 4
+
+
+def ring_seconds(n_bytes: float, p: int, alpha: float, bandwidth: float, r: float = 1) -> float:
+    """T_ring = 2(p-1)*alpha + 2(p-1)/p * M/(r B)  (PAPER.md section 3; gamma, codec left out)."""
+    return 2 * (p - 1) * alpha + 2 * (p - 1) / p * n_bytes / (r * bandwidth)
+
+
+M_open, B_1g, alpha_lan = 25e6, 1e9 / 8, 100e-6
+print(f"{format_bytes(M_open)} gradient, p = {P}, {format_bandwidth(B_1g)}, alpha 100 us:")
+print("   codec | ratio | bytes per link | T_ring    | saved per iteration | per 10k iterations")
+T_open = {}
+for name in ("none", "trunc16", "q8"):
+    r = get_codec(name).ratio
+    T_open[name] = ring_seconds(M_open, P, alpha_lan, B_1g, r)
+    saved = T_open["none"] - T_open[name]
+    print(f"{name:>8} | {r:5.1f} | {format_bytes(2 * (P - 1) / P * M_open / r):>14} | "
+          f"{format_seconds(T_open[name]):>9} | {format_seconds(saved) if saved else '-':>19} | "
+          f"{saved * 1e4 / 60:7.1f} min")  # fmt: skip
+
+# %% [markdown]
+# ## 1. What the codecs do to a real gradient
+#
+# The codecs of `pipesgd_ref/codecs.py`, for n float32 values:
+#
+# - **trunc16** keeps the high 16 bits of each float32 (sign, 8-bit exponent, 7 mantissa bits)
+#   and drops the rest: rounding *toward zero*, relative error in (−2^−7, 0] for normal numbers.
+# - **bf16** rounds to the nearest bfloat16 instead (the same 16 bits, ties to even): relative
+#   error within ±2^−8, and unbiased.
+# - **q8** sends one float32 scale = max|x|/127 per call (per chunk segment, in the ring) and
+#   one int8 code per value, rint(x/scale): absolute error within ±scale/2, the same for every
+#   value of the chunk, however small the value.
+#
+# `encode(values, codes)` and `decode(codes, values)` work on caller-owned buffers of
+# `wire_bytes(n)` bytes. Here is one real gradient: worker 0's first minibatch of the
+# `laptop` preset (digits, MLP 64-64-10), from `WorkerSetup`, exactly what a worker computes.
+
+# %%
+laptop = TrainConfig.preset("laptop")
+setup = WorkerSetup.build(laptop, 0, laptop.world_size)
+grad = np.empty_like(setup.params)
+setup.loss_and_grad(0, grad)
+print(f"{setup.model}: gradient of {grad.size} float32 ({format_bytes(4 * grad.size)}), "
+      f"max |g| = {np.abs(grad).max():.3g}, median |g| = {np.median(np.abs(grad)):.3g}, "
+      f"{int((grad == 0).sum())} exact zeros")  # fmt: skip
+
+
+def roundtrip(name: str, x: np.ndarray) -> np.ndarray:
+    """decode(encode(x)) with codec `name`: what the receiver of x's codes sees."""
+    codec = get_codec(name)
+    codes = np.empty(codec.wire_bytes(x.size), np.uint8)
+    codec.encode(x, codes)
+    out = np.empty_like(x)
+    codec.decode(codes, out)
+    return out
+
+
+normal = np.abs(grad) >= np.finfo(np.float32).tiny  # the relative bounds hold for normal numbers
+rel_err = {name: (roundtrip(name, grad)[normal] - grad[normal]) / grad[normal]
+           for name in ("trunc16", "bf16")}  # fmt: skip
+q8_codes = np.empty(get_codec("q8").wire_bytes(grad.size), np.uint8)
+get_codec("q8").encode(grad, q8_codes)  # one call over the whole gradient: one scale
+q8_scale = q8_codes[:4].view(np.float32)[0]  # the wire's first 4 bytes: max|g| / 127
+q8_err = roundtrip("q8", grad).astype(np.float64) - grad
+nonzero = grad != 0
+q8_zeroed = (roundtrip("q8", grad) == 0) & nonzero
+zeroed_share = q8_zeroed.sum() / nonzero.sum()
+print("   codec | relative error: min       max        mean       | documented bound")
+for name, bound in (("trunc16", "(-2^-7, 0]"), ("bf16", "[-2^-8, 2^-8]")):
+    e = rel_err[name]
+    print(f"{name:>8} | {e.min():+.3e} {e.max():+.3e} {e.mean():+.3e} | {bound} = "
+          f"{'(-7.8e-3, 0]' if name == 'trunc16' else '[-3.9e-3, 3.9e-3]'}")  # fmt: skip
+print(f"      q8 | absolute error / scale: min {q8_err.min() / q8_scale:+.3f}, max "
+      f"{q8_err.max() / q8_scale:+.3f}, mean {q8_err.mean() / q8_scale:+.4f} | bound [-1/2, 1/2] "
+      f"(scale = max|g| / 127 = {q8_scale:.3g})")  # fmt: skip
+print(f"      q8 | {zeroed_share:.1%} of the nonzero entries decode to 0 (|g| < scale/2); "
+      f"they hold {np.linalg.norm(grad[q8_zeroed]) / np.linalg.norm(grad):.1%} of the "
+      f"gradient's norm")  # fmt: skip
+q8_rel_norm = np.linalg.norm(q8_err) / np.linalg.norm(grad)
+t16_rel_norm = np.linalg.norm(rel_err["trunc16"] * grad[normal]) / np.linalg.norm(grad)
+print(f"relative error of the whole vector, |decoded - g| / |g|: trunc16 {t16_rel_norm:.1e}, "
+      f"q8 {q8_rel_norm:.1e}")  # fmt: skip
+
+if plt is not None:
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
+    bins = np.linspace(-(2.0**-7) * 1.1, 2.0**-8 * 1.6, 80)
+    for name, colour in (("trunc16", "C0"), ("bf16", "C1")):
+        axes[0].hist(rel_err[name], bins=bins, alpha=0.6, color=colour, label=name)
+    for x, ls in ((-(2.0**-7), "-"), (-(2.0**-8), "--"), (2.0**-8, "--")):
+        axes[0].axvline(x, color="k", ls=ls, lw=0.8)
+    axes[0].set(xlabel="relative error (decoded - g) / g", ylabel="entries",
+                title="16-bit codes: trunc16 (toward 0) vs bf16 (nearest)")  # fmt: skip
+    axes[0].legend(fontsize=8)
+    axes[1].hist(q8_err[nonzero] / q8_scale, bins=60, color="C2")  # exact zeros stay exact
+    for x in (-0.5, 0.5):
+        axes[1].axvline(x, color="k", ls="--", lw=0.8)
+    axes[1].set(xlabel="absolute error / scale  (scale = max|g| / 127)", ylabel="entries",
+                title=f"q8: {zeroed_share:.0%} of the nonzero entries decode to 0")  # fmt: skip
+    save_figure(fig, OUT / "07_codec_errors.png")
+else:
+    print("matplotlib is not installed: plots skipped")
+
+# %% [markdown]
+# trunc16's errors all lie on one side: every value shrinks toward zero (by about 0.3% of
+# itself on average, here), so truncation is **biased**. bf16's errors are half as large, of
+# either sign, and average out. q8's absolute error fills ±scale/2 evenly, whatever the size of
+# the value: a gradient's entries span orders of magnitude (the median is a twentieth of the
+# largest here), so with one scale for the whole vector the smallest entries round to zero
+# and the small ones keep one or two significant bits. Over the whole vector q8's error is
+# several times that of the 16-bit codecs (printed above); it leans on one scale per chunk to
+# keep the step small, and section 6 tries error feedback.
+#
+# ## 2. Why codes cannot be added
+#
+# A ring hop receives its left neighbour's partial sum and adds its own chunk. With plain
+# float32 it adds and forwards. With codes, could it add the codes and forward the sum, never
+# decoding? No, for three reasons, each shown below:
+#
+# 1. **Rounding does not commute with addition**: decode(encode(a)) + decode(encode(b)) is in
+#    general not decode(encode(a + b)), and it need not even be representable as a code, so
+#    it has to be encoded again before it can go on the wire.
+# 2. **trunc16 codes are bit patterns, not numbers**: adding two as integers adds exponents
+#    and mantissas as if they were one number. 1.0 is 0x3F80; 0x3F80 + 0x3F80 = 0x7F00, which
+#    decodes to 1.7·10^38.
+# 3. **q8 codes are in units of their own chunk's scale**: the codes of two chunks with
+#    different scales are in different units, and their int8 sum overflows silently besides.
+
+# %%
+rng = np.random.default_rng(0)
+a, b = (rng.standard_normal(100_000).astype(np.float32) for _ in range(2))
+for name in ("trunc16", "bf16", "q8"):
+    separate = roundtrip(name, a) + roundtrip(name, b)
+    together = roundtrip(name, a + b)
+    differ = float(np.mean(separate != together))
+    gap = np.abs(separate - together).max()
+    print(f"{name:>8}: decode(encode(a)) + decode(encode(b)) != decode(encode(a + b)) for "
+          f"{differ:.1%} of 100 000 N(0,1) pairs; max difference {gap:.2e}")  # fmt: skip
+
+t16 = get_codec("trunc16")
+one = np.ones(1, np.float32)
+one_codes = np.empty(t16.wire_bytes(1), np.uint8)
+t16.encode(one, one_codes)
+summed_bits = one_codes.view(np.uint16) + one_codes.view(np.uint16)  # the codes, added as ints
+bits_decoded = np.empty(1, np.float32)
+t16.decode(summed_bits.view(np.uint8), bits_decoded)
+print(f"trunc16: code(1.0) = 0x{int(one_codes.view(np.uint16)[0]):04X}; adding the codes as "
+      f"integers gives 0x{int(summed_bits[0]):04X}, which decodes to "
+      f"{bits_decoded[0]:.3g}")  # fmt: skip
+
+q8 = get_codec("q8")
+small = np.array([0.5, -1.0, 1.0], np.float32)  # scale 1/127
+large = np.array([50.0, 100.0, 90.0], np.float32)  # scale 100/127
+codes_small = np.empty(q8.wire_bytes(3), np.uint8)
+codes_large = np.empty(q8.wire_bytes(3), np.uint8)
+q8.encode(small, codes_small)
+q8.encode(large, codes_large)
+scale_small, scale_large = codes_small[:4].view(np.float32)[0], codes_large[:4].view(np.float32)[0]
+raw_sum = codes_small[4:].view(np.int8) + codes_large[4:].view(np.int8)  # int8: wraps at 127
+print(f"q8: codes {codes_small[4:].view(np.int8)} (scale {scale_small:.4f}) + codes "
+      f"{codes_large[4:].view(np.int8)} (scale {scale_large:.4f}) = int8 {raw_sum}")  # fmt: skip
+print(f"    decoded with either scale: {raw_sum * scale_small} or {raw_sum * scale_large}; "
+      f"the true sum is {small + large}")  # fmt: skip
+decode_add = small.copy()  # what a ring hop does: decode the arriving codes and add, in one pass
+q8.add_decoded_into(codes_large, decode_add)
+print(f"    decode-add (add_decoded_into): {decode_add}; re-encoded for the next hop: "
+      f"{roundtrip('q8', decode_add)}")  # fmt: skip
+
+# %% [markdown]
+# Hence the compressed ring of `pipesgd_ref/comm/compressed.py`: every reduce-scatter hop
+# decodes what arrives, adds it to its own chunk (`add_decoded_into` fuses the two), and
+# **encodes the partial sum again** for the next hop. The rank that completes a chunk encodes
+# it one last time and keeps the *decoded* codes itself, and the all-gather forwards those final
+# codes unchanged, so every rank decodes the same bytes: the results are still bitwise identical
+# on all ranks. The cost: (p−1) decode-add and (p−1) encode passes over M/p bytes, plus (p−1)
+# decodes in the all-gather.
+#
+# ## 3. The error, hop by hop, and its growth with p
+#
+# Take chunk 0 of a p-rank ring. Rank 0 encodes its term x_0 (the partial sum S_1 = x_0), rank
+# 1 decodes, adds x_1 and encodes S_2, ..., rank p−1 adds the last term and encodes S_p: p
+# encodings, each rounding the partial sum it encodes once. So the error of the result is at
+# most the sum of the per-encoding errors (compressed.py's docstring), per element:
+#
+#     trunc16:  |result − exact| ≤ 2^−7 · Σ_k |S_k|        bf16: 2^−8 · Σ_k |S_k|
+#     q8:       |result − exact| ≤ Σ_k max_chunk |S_k| / 254   (half a step per encoding)
+#
+# The bound is first order: each encoding rounds the *computed* partial sum, which already
+# carries the earlier errors (a factor at most (1 + 2^−7)^p ≤ 1.07 for p ≤ 8), and the float32
+# additions round too (2^−24 relative); we allow a factor 1.1, plus p·2^−126 for values below
+# float32's normal range. The data: the first-minibatch gradients of p digits workers.
+#
+# First, one chunk by hand with p = 8, hop by hop, using the codec exactly as a hop does; the
+# result must be bitwise what `simulate_compressed_allreduce` gives for chunk 0.
+
+# %%
+SLACK = 1.1
+TINY = float(np.finfo(np.float32).tiny)
+
+
+def worker_gradients(p: int) -> list[np.ndarray]:
+    """Each of p digits workers' gradient on its first minibatch (laptop preset, same w_0)."""
+    cfg = laptop.replace(world_size=p)
+    grads = []
+    for r in range(p):
+        w = WorkerSetup.build(cfg, r, p)
+        g = np.empty_like(w.params)
+        w.loss_and_grad(0, g)
+        grads.append(g)
+    return grads
+
+
+def decoded(codec, codes: np.ndarray, n: int) -> np.ndarray:
+    """decode(codes) into a fresh array of n float32."""
+    out = np.empty(n, np.float32)
+    codec.decode(codes, out)
+    return out
+
+
+def hop_by_hop(terms: list[np.ndarray], name: str) -> list[np.ndarray]:
+    """The decoded partial sums S_1..S_p of one chunk as the ring computes them: encode x_0;
+    each hop k decodes, adds x_k and re-encodes. Returns decode(codes) after every encoding."""
+    codec = get_codec(name)
+    codes = np.empty(codec.wire_bytes(terms[0].size), np.uint8)
+    codec.encode(terms[0], codes)
+    seen = [decoded(codec, codes, terms[0].size)]
+    for x in terms[1:]:
+        partial = x.copy()
+        codec.add_decoded_into(codes, partial)  # x_k + decode(partial sum so far)
+        codec.encode(partial, codes)
+        seen.append(decoded(codec, codes, x.size))
+    return seen
+
+
+def ring_bound(terms: list[np.ndarray], name: str) -> np.ndarray:
+    """The documented per-element bound for one chunk summed in the order of `terms`."""
+    partial_sums = np.cumsum(np.array(terms, np.float64), axis=0)  # S_1..S_p, exact enough
+    if name == "q8":  # half a step per encoding; the step is chunk-wide (one segment)
+        first_order = np.full(terms[0].size, np.abs(partial_sums).max(axis=1).sum() / 254)
+    else:
+        first_order = {"trunc16": 2.0**-7, "bf16": 2.0**-8}[name] * np.abs(partial_sums).sum(0)
+    return SLACK * first_order + len(terms) * TINY
+
+
+p_demo = 8
+grads8 = worker_gradients(p_demo)
+c0 = slice(*chunk_bounds(grads8[0].size, p_demo)[0])
+terms0 = [g[c0] for g in grads8]  # chunk 0 is summed x_0 + x_1 + ... + x_7 (tutorial 02)
+exact_partials = np.cumsum(np.array(terms0, np.float64), axis=0)
+hand_checks = []
+for name in ("trunc16", "q8"):
+    seen = hop_by_hop(terms0, name)
+    sim = simulate_compressed_allreduce(grads8, get_codec(name))
+    hand_checks.append((name, seen[-1].tobytes() == sim[0][c0].tobytes()))
+    print(f"{name}, chunk 0 of p = {p_demo} ({terms0[0].size} values): after encoding k, "
+          f"max |decoded S_k - S_k| vs the bound so far")  # fmt: skip
+    for k in range(p_demo):
+        err = np.abs(seen[k] - exact_partials[k]).max()
+        bound = ring_bound(terms0[: k + 1], name).max()
+        print(f"   k = {k + 1}: {err:.2e}  (bound {bound:.2e})")
+    print(f"   by hand == simulate_compressed_allreduce, chunk 0, bitwise: {hand_checks[-1][1]}")
+
+# %% [markdown]
+# Now the whole AllReduce for p = 2 … 8 with `simulate_compressed_allreduce(arrays, codec)`,
+# which plays the compressed ring in one process with the same segments, codes and order of
+# operations as the real one. Each chunk c is summed in ring order x_c + x_{c+1} + …, so the
+# bound is computed per chunk in that order. We compare with the exact sum (float64) and
+# report the error relative to max |Σ g|, so that codecs and p compare on one scale.
+
+# %%
+P_RANGE = range(2, 9)
+growth = {name: [] for name in ("trunc16", "bf16", "q8")}  # per p: (max, mean, bound) / max|sum|
+bound_ok = []  # (codec, p, worst error / bound)
+for p_ in P_RANGE:
+    grads = grads8 if p_ == p_demo else worker_gradients(p_)
+    exact = np.sum(np.array(grads, np.float64), axis=0)
+    bounds_p = chunk_bounds(exact.size, p_)
+    assert all(e - s <= SEGMENT_BYTES // 4 for s, e in bounds_p), "one q8 scale per chunk here"
+    for name in growth:
+        result = simulate_compressed_allreduce(grads, get_codec(name))
+        err = np.abs(result[0] - exact)
+        bound = np.empty_like(exact)
+        for c, (s, e) in enumerate(bounds_p):
+            bound[s:e] = ring_bound([grads[(c + j) % p_][s:e] for j in range(p_)], name)
+        top = np.abs(exact).max()
+        growth[name].append((err.max() / top, err.mean() / top, bound.max() / top))
+        bound_ok.append((name, p_, float((err / bound).max())))
+print("relative to max|sum|:      max error (bound)              mean error")
+for name, rows in growth.items():
+    for p_, (mx, mean, bnd) in zip(P_RANGE, rows, strict=True):
+        print(f"{name:>8}, p = {p_}: {mx:.2e} ({bnd:.2e})   {mean:.2e}")
+print(
+    "worst error / bound per codec, over every element and p: "
+    + ", ".join(f"{n} {max(w for m, _, w in bound_ok if m == n):.2f}" for n in growth)
+)
+mean_growth = {name: rows[-1][1] / rows[0][1] for name, rows in growth.items()}
+print(f"mean error, p = {P_RANGE[-1]} over p = {P_RANGE[0]} (p grows "
+      f"{P_RANGE[-1] // P_RANGE[0]}x): "
+      + ", ".join(f"{n} {g:.1f}x" for n, g in mean_growth.items()))  # fmt: skip
+
+if plt is not None:
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for (name, rows), colour in zip(growth.items(), ("C0", "C1", "C2"), strict=True):
+        mx, mean, bnd = zip(*rows, strict=True)
+        ax.plot(P_RANGE, mx, "o-", color=colour, label=f"{name}: max error")
+        ax.plot(P_RANGE, mean, "s:", color=colour, ms=4, label=f"{name}: mean error")
+        ax.plot(P_RANGE, bnd, "--", color=colour, lw=1, label=f"{name}: bound (max)")
+    ax.set(yscale="log", xlabel="workers p (p encodings per chunk)",
+           ylabel="|compressed ring - exact sum| / max|sum|")  # fmt: skip
+    ax.set_title("Error of the compressed ring AllReduce, digits gradients", fontsize=10)
+    lowest = min(v for rows in growth.values() for row in rows for v in row)
+    ax.set_ylim(lowest / 20, None)  # room for the legend below the curves
+    ax.legend(fontsize=7, ncol=3, loc="lower right")
+    save_figure(fig, OUT / "07_error_growth.png")
+
+# %% [markdown]
+# Every element stays under its bound, which grows with p: one more rounding per hop, of a
+# partial sum that itself grows. The bound is nearly tight for some element (the worst error
+# reaches 0.8 to 0.9 of its own bound, printed above), though the largest errors sit a factor
+# of 2 to 5 below the largest bounds for the 16-bit codecs (the plot). q8's curves lie closest
+# to their bound: its step is set by the chunk's largest partial sum and is the same for every
+# element, so a rounding error near the full half step is likely somewhere. The *mean* error
+# tells the two 16-bit codecs apart: truncation shrinks every magnitude, so its per-hop errors
+# add up with one sign and its mean error grows about in proportion to p, while bf16's
+# round-to-nearest errors have either sign, partly cancel, and grow more like √p (the line
+# printed just above). Scaled by
+# max|Σ g|, q8's mean error hardly moves with p: its absolute errors grow with the partial sums
+# they are a fixed fraction of.
+#
+# ## 4. The same over sockets: 4 processes
+#
+# `allreduce(comm, x, op, codec=codec)` (op "sum" or "mean") with any codec but "none" runs
+# the compressed ring. As in tutorial 02, `launch_local(p, job, args)` starts p processes
+# linked in a ring and returns each rank's result; each rank makes its data from (seed, rank)
+# so the parent can regenerate the inputs for the oracle. **Why `start_method="fork"`:** the
+# package's default, spawn, would re-import this script in every worker and re-run each cell
+# above; fork copies the running process and re-runs nothing. Nothing here touches a GPU, so
+# fork is safe (tutorial 02 says more).
+#
+# The oracle is `simulate_compressed_allreduce`: every rank must hold bitwise its result.
+# n is chosen so that a chunk spans more than one segment of `SEGMENT_BYTES` (each segment
+# is one codec call, so q8 sends a scale per segment).
+
+# %%
+
+
+def rank_gradient(seed: int, rank: int, n: int) -> np.ndarray:
+    """Rank `rank`'s test vector: N(0, 1) float32 from (seed, rank)."""
+    return np.random.default_rng([seed, rank]).standard_normal(n, np.float32)
+
+
+def compressed_job(comm, n: int, seed: int, names: tuple[str, ...]) -> dict:
+    """One rank: for each codec, allreduce (sum) its vector; return (result, bytes it sent)."""
+    out = {}
+    for name in names:
+        x = rank_gradient(seed, comm.rank, n)
+        sent_before = comm.bytes_sent
+        allreduce(comm, x, codec=get_codec(name))  # in place: x now holds the (compressed) sum
+        out[name] = (x, comm.bytes_sent - sent_before)
+    return out
+
+
+def expected_bytes_sent(rank: int, p: int, n: int, name: str) -> int:
+    """What rank `rank` puts on the wire: the 2(p-1) chunks it sends (the same schedule as the
+    uncompressed ring), each as segments of wire_bytes(len) bytes behind a frame header."""
+    codec, bounds = get_codec(name), chunk_bounds(n, p)
+    sent = [reduce_scatter_chunks(rank, s, p)[0] for s in range(p - 1)]
+    sent += [all_gather_chunks(rank, s, p)[0] for s in range(p - 1)]
+    return sum(codec.wire_bytes(e - s) + HEADER.size
+               for c in sent for s, e in segments(*bounds[c], SEGMENT_BYTES // 4))  # fmt: skip
+
+
+n_sock = 1_200_007 if SMALL else 2_400_007  # 4.8 / 9.6 MB: chunks of 1.2 / 2.3 segments
+seed = 7
+socket_codecs = ("none", "trunc16", "bf16", "q8")
+t0 = time.perf_counter()
+# fork, not the package's default spawn: see the paragraph above
+sock = launch_local(P, compressed_job, (n_sock, seed, socket_codecs), start_method="fork")
+print(f"launch_local({P}, compressed_job, ...): {time.perf_counter() - t0:.2f} s for "
+      f"{len(socket_codecs)} allreduces of {format_bytes(4 * n_sock)}")  # fmt: skip
+sock_inputs = [rank_gradient(seed, r, n_sock) for r in range(P)]
+M_sock = 4 * n_sock
+sock_checks = {}
+print("   codec | ranks identical | == simulation | bytes sent per rank (min..max) | "
+      "2(p-1)/p * M/r | = schedule's count")  # fmt: skip
+for name in socket_codecs:
+    got = [sock[r][name][0] for r in range(P)]
+    sent = [sock[r][name][1] for r in range(P)]
+    sim = simulate_compressed_allreduce(sock_inputs, get_codec(name))
+    identical = all(g.tobytes() == got[0].tobytes() for g in got)
+    equals_sim = all(g.tobytes() == s.tobytes() for g, s in zip(got, sim, strict=True))
+    model_bytes = 2 * (P - 1) / P * M_sock / get_codec(name).ratio
+    exact_count = [expected_bytes_sent(r, P, n_sock, name) for r in range(P)]
+    sock_checks[name] = (identical, equals_sim, sent, exact_count, model_bytes)
+    print(f"{name:>8} | {identical!s:>15} | {equals_sim!s:>13} | "
+          f"{min(sent):>14,}..{max(sent):<14,} | {model_bytes:>14,.0f} | "
+          f"{sent == exact_count}")  # fmt: skip
+
+# %% [markdown]
+# Every rank holds the same bytes, and they are the simulation's bytes: as for the plain ring,
+# the one-process simulation is an exact oracle for the distributed code. Each rank sends
+# 2(p−1)/p · M/r: half the bytes for the 16-bit codecs, a quarter for q8, plus a 48-byte header
+# per segment and q8's 4-byte scale per segment, which the "exact count" column adds up from
+# the ring schedule.
+#
+# ## 5. Time saved on a slow link
+#
+# Now on an emulated link, α = 100 µs and B = 1 Gbit/s (125 MB/s) per direction
+# (`LinkModel`, passed as `model=` to `launch_local`). The timing precautions are those of
+# tutorial 02: a warm-up call per codec, a barrier before each timed call, the average over
+# ranks per call and the median over repeats. The data is re-copied before each call, outside
+# the timed region (a sum in place would grow it).
+
+# %%
+
+
+def timing_job(comm, n: int, names: tuple[str, ...], repeats: int) -> dict[str, list[float]]:
+    """One rank: `repeats` timed compressed allreduces of n float32 per codec."""
+    x0 = rank_gradient(11, comm.rank, n)
+    x = np.empty_like(x0)
+    times = {}
+    for name in names:
+        codec = get_codec(name)
+        x[:] = x0
+        allreduce(comm, x, codec=codec)  # warm-up
+        times[name] = []
+        for _ in range(repeats):
+            x[:] = x0
+            barrier(comm)  # all ranks start together
+            start = time.perf_counter()
+            allreduce(comm, x, codec=codec)
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+link = LinkModel(latency=100e-6, bandwidth=125e6)
+n_time = 500_000 if SMALL else 1_000_000  # 2 MB / 4 MB of float32
+M_time = 4 * n_time
+timed_codecs = ("none", "trunc16", "q8")
+timings = {}  # "loopback" / "emulated" -> codec -> median seconds
+t0 = time.perf_counter()
+for where, model in (("loopback", None), ("emulated", link)):
+    per_rank = launch_local(P, timing_job, (n_time, timed_codecs, 3 if SMALL else 7),
+                            start_method="fork", model=model)  # fmt: skip
+    timings[where] = {name: float(np.median(np.mean([t[name] for t in per_rank], axis=0)))
+                      for name in timed_codecs}  # fmt: skip
+measured = timings["emulated"]
+print(f"allreduce of {format_bytes(M_time)}, p = {P}, on loopback and on an emulated link "
+      f"({link}), {os.cpu_count()} CPU cores: {time.perf_counter() - t0:.1f} s for both "
+      f"jobs")  # fmt: skip
+print("   codec |  loopback |  emulated | wire formula | formula + loopback | speed-up over none")
+for name in timed_codecs:
+    wire = ring_seconds(M_time, P, link.latency, link.bandwidth, get_codec(name).ratio)
+    print(f"{name:>8} | {format_seconds(timings['loopback'][name]):>9} | "
+          f"{format_seconds(measured[name]):>9} | {format_seconds(wire):>12} | "
+          f"{format_seconds(wire + timings['loopback'][name]):>18} | "
+          f"{measured['none'] / measured[name]:17.2f}x")  # fmt: skip
+
+# %% [markdown]
+# On the emulated link the wire time halves with the 16-bit codec and quarters with q8, and
+# the AllReduce gets faster by a good part of that, but not all. The loopback column says why:
+# with no bandwidth limit the compressed ring can be *slower* than the plain one. That is the
+# price of compression, the codec's passes on every hop (encode, decode-add, decode) on top of
+# the per-step software overhead of tutorial 02, with 4 ranks sharing this machine's cores.
+# On the emulated link the measurement typically lands between the wire formula and the
+# formula plus the loopback time: part of the codec's work overlaps transfers of other
+# segments and ranks, part sits on the critical path of each hop. Compression pays when the
+# wire time it saves, (1 − 1/r) · 2(p−1)/p · M/B, exceeds what the codec adds: on a slow
+# link, not on a fast one (exercise 2).
+#
+# ## 6. Accuracy: does training notice?
+#
+# `run_training(cfg)` runs Pipe-SGD (K = 2) on 4 worker processes; `cfg.codec` compresses
+# every hop of every AllReduce. `error_feedback=True` makes each worker add to its next
+# gradient what encoding its last one dropped (the residual of the worker's *whole* gradient
+# as one code: the ring re-encodes partial sums that no worker owns, so the feedback is local,
+# as with 1-bit SGD). We compare test accuracies on digits (360 test images: one image is
+# 0.28 percentage points).
+
+# %%
+train_steps = 150 if SMALL else 600
+variants = [("none", False), ("trunc16", False), ("q8", False), ("q8", True)]
+trained, final_params = {}, {}
+t0 = time.perf_counter()
+for name, feedback in variants:
+    cfg = laptop.replace(algo="pipe", codec=name, error_feedback=feedback, steps=train_steps)
+    summary, results = run_training(cfg, progress=False, log=quiet)
+    label = name + (" + error feedback" if feedback else "")
+    trained[label] = summary
+    final_params[label] = results[0].params
+print(f"digits, {laptop.model} {laptop.hidden}, p = {laptop.world_size}, pipe, {train_steps} "
+      f"steps each: {time.perf_counter() - t0:.1f} s")  # fmt: skip
+print("                codec | test accuracy | final train loss | max|w - w_none| / max|w_none| | "
+      "ranks identical")  # fmt: skip
+w_none = final_params["none"]
+for label, s in trained.items():
+    drift = np.abs(final_params[label] - w_none).max() / np.abs(w_none).max()
+    print(f"{label:>21} | {s['test_accuracy']:13.4f} | {s['final_train_loss']:16.4f} | "
+          f"{drift:29.1e} | {s['params_identical_on_all_ranks']}")  # fmt: skip
+
+# %% [markdown]
+# On this problem no codec costs accuracy: the gradient noise of a minibatch of 32 is far
+# larger than 2^−7 relative, or even than q8's half step. Compression error is one more source
+# of noise, and SGD tolerates noise that is small next to its own. Where it would start to
+# matter: larger p (section 3's error grows with every hop), harder problems trained to high
+# precision, and coarser codes (1-bit, top-k), which is where error feedback becomes
+# necessary rather than optional.
+#
+# ## 7. Check against the oracle
+
+# %%
+ACC_MARGIN = 0.02  # two percentage points, about 7 test images
+for name, p_, worst in bound_ok:
+    assert worst <= 1, (
+        f"{name}, p = {p_}: an element's error is {worst:.2f} x its documented bound "
+        f"(2^-7 / 2^-8 sum_k |S_k| for trunc16 / bf16, sum_k max|S_k| / 254 for q8, x {SLACK})"
+    )
+for name, ok in hand_checks:
+    assert ok, f"{name}: the hop-by-hop chunk 0 differs from simulate_compressed_allreduce"
+for name in ("trunc16", "bf16"):
+    lo, hi = (-(2.0**-7), 0.0) if name == "trunc16" else (-(2.0**-8), 2.0**-8)
+    e = rel_err[name]
+    assert lo < e.min() and e.max() <= hi, (
+        f"{name}: relative error of the digits gradient in [{e.min():.3e}, {e.max():.3e}], "
+        f"outside the documented ({lo:.3e}, {hi:.3e}]"
+    )
+assert np.abs(q8_err).max() <= q8_scale / 2, (
+    f"q8: max |error| {np.abs(q8_err).max():.3e} above scale/2 = {q8_scale / 2:.3e}"
+)
+assert bits_decoded[0] > 1e38, "adding trunc16 codes as integers should not give 2.0"
+for name, (identical, equals_sim, sent, exact_count, model_bytes) in sock_checks.items():
+    assert identical, f"{name}: the {P} ranks' results differ; the ring must give bitwise equal"
+    assert equals_sim, f"{name}: the socket ring differs from simulate_compressed_allreduce"
+    assert sent == exact_count, (
+        f"{name}: bytes sent per rank {sent}, expected {exact_count} from the schedule"
+    )
+    assert all(abs(s - model_bytes) / model_bytes < 0.01 for s in sent), (
+        f"{name}: bytes sent per rank {sent} should be within 1% of 2(p-1)/p * M/r = "
+        f"{model_bytes:.0f}"
+    )
+for name in ("trunc16", "q8"):
+    assert measured[name] < 0.9 * measured["none"], (
+        f"on a {format_bandwidth(link.bandwidth)} link {name} should be clearly faster than none: "
+        f"{format_seconds(measured[name])} vs {format_seconds(measured['none'])} for "
+        f"{format_bytes(M_time)}"
+    )
+acc_none = trained["none"]["test_accuracy"]
+for label, s in trained.items():
+    assert s["params_identical_on_all_ranks"], f"{label}: the ranks' final weights differ"
+    assert abs(s["test_accuracy"] - acc_none) <= ACC_MARGIN, (
+        f"{label}: test accuracy {s['test_accuracy']:.4f}, more than {ACC_MARGIN} from the "
+        f"uncompressed run's {acc_none:.4f}"
+    )
+print("all checks passed")
+
+# %% [markdown]
+# ## Summary
+#
+# - Compression divides the ring's bandwidth term by r: 2(p−1)/p · M/(r·B), r = 2 for the
+#   16-bit codecs (trunc16, bf16) and about 4 for q8 (int8 codes, one scale per segment).
+# - trunc16 rounds toward zero (relative error in (−2^−7, 0], biased), bf16 to nearest (±2^−8),
+#   q8 to a chunk-wide step of max|x|/127 (absolute error ≤ scale/2, small entries become 0).
+# - Codes cannot be added, so each reduce-scatter hop decodes, adds and re-encodes: p roundings
+#   per chunk, and an error bounded by the sum of one rounding per partial sum, growing with p.
+# - The real compressed ring over sockets is bitwise `simulate_compressed_allreduce` on every
+#   rank, and sends 2(p−1)/p · M/r bytes (plus headers and q8's scales).
+# - On an emulated 1 Gbit/s link it is faster, though by less than r: the codec's passes and
+#   the per-step overhead (the loopback column) eat part of the saving, and on a fast link
+#   all of it. On digits, Pipe-SGD with any codec reaches the uncompressed run's accuracy.
+#
+# ## Exercises
+#
+# 1. In section 3, replace trunc16 by bf16 in the hop-by-hop table. Why does truncation's
+#    error grow about linearly in the number of hops while rounding to nearest grows more
+#    slowly? Compute the mean *signed* error of each after p = 8.
+# 2. From section 5's numbers, estimate the link bandwidth above which q8 no longer saves time
+#    on this machine: where the wire time saved equals what the codec adds (read it off the
+#    loopback column). Repeat with `get_codec(name, "numba")` in `timing_job`.
+# 3. q8 with `stochastic=True` rounds up or down at random, unbiased. Rerun section 1 and
+#    section 3 with it: what happens to the zeroed entries, and to the mean error over p?
+# 4. Give q8 one scale per *layer* instead of per chunk segment (split the gradient with the
+#    model's parameter shapes). How many entries of the digits gradient still decode to zero?
+# 5. Raise `lr` in section 6 toward the stability edge that tutorial 06 found for staleness
+#    one. Does compression change where Pipe-SGD diverges? Does error feedback help q8 there?
