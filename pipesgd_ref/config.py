@@ -51,6 +51,7 @@ class TrainConfig:
     # --- compression inside the AllReduce ---
     codec: str = "none"  # none | trunc16 | bf16 | q8: how gradients travel the ring
     error_feedback: bool = False  # add what the codec dropped to the next step's gradient
+    codec_pull: str = "none"  # parameter server: codec of pulled weights (none = full precision)
     # --- network ---
     latency: str = "0"  # emulated per-message latency per link, e.g. 50us, 1ms (0 = none)
     bandwidth: str = "inf"  # emulated bandwidth per link and direction, e.g. 1Gbit, 125MB
@@ -94,6 +95,10 @@ class TrainConfig:
             problems.append(f"model must be softmax or mlp, got {self.model!r}")
         if self.codec not in ("none", "trunc16", "bf16", "q8"):
             problems.append(f"codec must be none, trunc16, bf16 or q8, got {self.codec!r}")
+        if self.codec_pull not in ("none", "trunc16", "bf16", "q8"):
+            problems.append(
+                f"codec_pull must be none, trunc16, bf16 or q8, got {self.codec_pull!r}"
+            )
         if self.algo not in ALGOS:
             problems.append(f"algo must be one of {', '.join(ALGOS)}, got {self.algo!r}")
         if not self.timeout > 0:

@@ -231,6 +231,7 @@ def summarise(cfg: TrainConfig, results: list[WorkerResult], wall: float) -> dic
         "width": cfg.width,
         "codec": cfg.codec,
         "error_feedback": cfg.error_feedback,
+        "codec_pull": cfg.codec_pull if is_ps(cfg.algo) else None,
         "steps": steps,
         "wall_time_s": wall,
         "iter_time_s": float(np.median(iter_times)) if len(iter_times) else None,

@@ -17,7 +17,7 @@ from pipesgd_ref.codecs import get_codec
 from pipesgd_ref.comm.netem import LinkModel
 from pipesgd_ref.comm.ps import ParameterServer, PSClient
 from pipesgd_ref.comm.transport import HEADER_BYTES, CollectiveMismatch, Link, PeerAborted
-from pipesgd_ref.config import TrainConfig
+from pipesgd_ref.config import ConfigError, TrainConfig
 from pipesgd_ref.launch import WorkerFailed, launch_local
 
 STEPS = 20
@@ -144,11 +144,12 @@ def test_ps_async_with_one_worker_is_sequential_sgd():
 # --- compressed pushes ------------------------------------------------------------------------
 
 
-def codec_oracle(cfg, n_workers):
+def codec_oracle(cfg, n_workers, base=None):
     """(grad_fn, w_0) of the oracles for compressed pushes: every worker's gradient is replaced
     by decode(encode(g)), where g has that worker's residual added first with error feedback
-    (and the residual becomes g - decode(encode(g))), as WorkerSetup.feed_back does."""
-    grad_fn, w0 = oracle(cfg, n_workers)
+    (and the residual becomes g - decode(encode(g))), as WorkerSetup.feed_back does. `base`:
+    the (grad_fn, w_0) to wrap (default: oracle(cfg, n_workers))."""
+    grad_fn, w0 = base or oracle(cfg, n_workers)
     codec = get_codec(cfg.codec, cfg.backend)
     wire = np.empty(codec.wire_bytes(w0.size), np.uint8)
     residual = [np.zeros_like(w0) for _ in range(n_workers)]  # calls come in each rank's order
@@ -229,6 +230,117 @@ def test_compressed_ps_async_equals_its_simulation_in_arrival_order(
     assert [w.bytes_sent for w in workers] == [STEPS * push] * n
     assert server.extra["bytes_received"] == n * STEPS * push
     assert server.bytes_sent == n * STEPS * (HEADER_BYTES + w0.nbytes)
+
+
+# --- compressed pulls ------------------------------------------------------------------------
+
+
+def round_trip(codec, x):
+    """decode(encode(x)): what a worker holds after pulling x with `codec`."""
+    wire = np.empty(codec.wire_bytes(x.size), np.uint8)
+    codec.encode(x, wire)
+    out = np.empty_like(x)
+    codec.decode(wire, out)
+    return out
+
+
+def pull_oracle(cfg, n_workers):
+    """(grad_fn, w_0) of the oracles for compressed pulls (--codec-pull): every gradient is
+    computed on decode(encode(w)) of the server's exact weights w, except each worker's first,
+    on the exact w_0 (built from the seed, never pulled); then the push is round-tripped as in
+    codec_oracle (a no-op with codec none). The oracles' updates use the exact weights, as the
+    server does."""
+    model_grad, w0 = oracle(cfg, n_workers)
+    codec = get_codec(cfg.codec_pull, cfg.backend)
+
+    def on_pulled(params, rank, step):
+        return model_grad(params if step == 0 else round_trip(codec, params), rank, step)
+
+    return codec_oracle(cfg, n_workers, base=(on_pulled, w0))
+
+
+def push_bytes_of(cfg, n_params):
+    """One push on the wire, compressed or not."""
+    if cfg.codec == "none":
+        return HEADER_BYTES + 4 * n_params + 4
+    return push_bytes(cfg, n_params)
+
+
+def pull_bytes(cfg, n_params):
+    """One compressed pull on the wire: header and codes (no loss travels back)."""
+    return HEADER_BYTES + get_codec(cfg.codec_pull).wire_bytes(n_params)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "model, codec_pull, codec, error_feedback",
+    [("softmax", "trunc16", "none", False), ("mlp", "q8", "none", False),
+     ("mlp", "q8", "bf16", False), ("softmax", "trunc16", "q8", True)],
+)  # fmt: skip
+def test_compressed_pulls_ps_sync_equal_their_simulation_bitwise(
+    model, codec_pull, codec, error_feedback
+):
+    """The server pulls decode-able codes of its whole weight vector; workers compute on the
+    decoded weights; the server keeps and updates its exact weights: bitwise reference.sync_sgd
+    with every gradient (after the first, on w_0) computed on decode(encode(w)). Each pull
+    shrinks to 48 + wire_bytes(n) bytes; every worker ends on decode(encode(answer))."""
+    cfg = CONFIGS[model].replace(codec_pull=codec_pull, codec=codec, error_feedback=error_feedback)
+    n = 3
+    grad_fn, w0 = pull_oracle(cfg, n)
+    results = run(ps_sync_worker, cfg, n)
+    want = sync_sgd(grad_fn, w0, n, STEPS, cfg.lr_at)
+    server, workers = results[0], results[1:]
+    np.testing.assert_array_equal(
+        server.params, want.params, err_msg=f"{model}, pull {codec_pull}, push {codec}: the "
+        f"server differs (max diff {np.abs(server.params - want.params).max()})"
+    )  # fmt: skip
+    pulled = round_trip(get_codec(codec_pull), want.params)
+    for r, worker in enumerate(workers, start=1):
+        np.testing.assert_array_equal(worker.params, pulled, err_msg=f"rank {r}: not its pull")
+    exact_pulls = sync_sgd(codec_oracle(cfg, n)[0], w0, n, STEPS, cfg.lr_at).params
+    assert not np.array_equal(server.params, exact_pulls), f"pull {codec_pull} changed nothing"
+    np.testing.assert_allclose(server.losses, want.losses, rtol=1e-6)
+    pull = pull_bytes(cfg, w0.size)
+    assert pull < HEADER_BYTES + w0.nbytes
+    assert server.bytes_sent == n * STEPS * pull
+    assert [w.bytes_sent for w in workers] == [STEPS * push_bytes_of(cfg, w0.size)] * n
+    assert server.extra["bytes_received"] == n * STEPS * push_bytes_of(cfg, w0.size)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "n, codec_pull, codec, error_feedback", [(2, "trunc16", "none", False), (3, "q8", "q8", True)]
+)
+def test_compressed_pulls_ps_async_equal_their_simulation_in_arrival_order(
+    n, codec_pull, codec, error_feedback, steady_workers
+):
+    """reference.async_ps_sgd in the recorded order, its pulled weights seen through the pull
+    codec (the grad_fn round-trips them), its updates on the exact weights."""
+    cfg = CONFIGS["mlp"].replace(codec_pull=codec_pull, codec=codec, error_feedback=error_feedback)
+    grad_fn, w0 = pull_oracle(cfg, n)
+    results = run(ps_async_worker, cfg, n)
+    server, workers = results[0], results[1:]
+    order = server.extra["arrival_order"]
+    want = async_ps_sgd(grad_fn, w0, n, order, cfg.lr_at, record=True)
+    np.testing.assert_array_equal(
+        server.params, want.params,
+        err_msg=f"{n} workers, pull {codec_pull}: server weights != the simulation",
+    )  # fmt: skip
+    assert server.extra["staleness"] == want.staleness
+    np.testing.assert_allclose(server.losses, want.losses, rtol=1e-6)
+    pull_codec = get_codec(codec_pull)
+    for i, worker in enumerate(workers):
+        last = len(order) - 1 - order[::-1].index(i)
+        np.testing.assert_array_equal(worker.params, round_trip(pull_codec, want.history[last + 1]))
+    assert server.bytes_sent == n * STEPS * pull_bytes(cfg, w0.size)
+    assert [w.bytes_sent for w in workers] == [STEPS * push_bytes_of(cfg, w0.size)] * n
+
+
+def test_codec_pull_is_validated():
+    assert TrainConfig().codec_pull == "none"
+    assert TrainConfig().replace(codec_pull="q8").codec_pull == "q8"
+    with pytest.raises(ConfigError, match="codec_pull must be none, trunc16, bf16 or q8"):
+        TrainConfig().replace(codec_pull="fp8")
 
 
 # --- the server's one link, emulated ---------------------------------------------------------
@@ -346,6 +458,62 @@ def test_a_push_out_of_step_is_refused_and_the_worker_told(fault):
     assert "worker 0 (rank 1)" in str(errors[0])
     if fault == "codec":
         assert "codec trunc16" in str(errors[0]) and "codec bf16" in str(errors[0]), errors[0]
+    server_link.close()
+    worker_link.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("server_pull, worker_pull", [("bf16", "trunc16"), ("q8", None),
+                                                      (None, "q8")])  # fmt: skip
+def test_a_pull_with_another_codec_is_refused_naming_the_server(server_pull, worker_pull):
+    """bf16 and trunc16 codes have the same size: only the codec id in `part` tells them apart.
+    The worker raises CollectiveMismatch naming the server before reading the payload."""
+    server_link, worker_link = _tcp_pair()
+    params = np.zeros(10, np.float32)
+    server = ParameterServer({1: server_link}, params,
+                             pull_codec=server_pull and get_codec(server_pull))  # fmt: skip
+    thread = threading.Thread(target=server.run_sync, args=(1, lambda version, grads: None))
+    thread.start()
+    client = PSClient(worker_link, 10, pull_codec=worker_pull and get_codec(worker_pull))
+    client.grads[:] = 1.0
+    client.push(0.5, "test push")
+    with pytest.raises(CollectiveMismatch, match="parameter server \\(rank 0\\)") as error:
+        client.pull(np.empty(10, np.float32), "test pull")
+    thread.join(timeout=5)
+    assert error.value.origin == 0
+    text = str(error.value)
+    assert f"pull codec {server_pull or 'none'}" in text and "this worker expected" in text
+    assert text.index(f"pull codec {worker_pull or 'none'}") > text.index("this worker expected")
+    server_link.close()
+    worker_link.close()
+
+
+@pytest.mark.timeout(60)
+def test_compressed_pull_round_trip_in_one_process():
+    """One q8-pull sync step by hand: the pull is [scale, 5 codes] (4 + 5 bytes, one scale for
+    the whole vector), the worker holds decode(encode(w_1)), the server keeps w_1 exactly."""
+    server_link, worker_link = _tcp_pair()
+    codec = get_codec("q8")
+    params = np.array([0.5, -1.0, 0.3, 1e-3, 2.0], np.float32)
+    exact = params - np.float32(0.25)  # w_1, computed here as apply does
+    server = ParameterServer({1: server_link}, params, pull_codec=codec)
+
+    def apply(version, grads):
+        params[:] -= grads
+
+    thread = threading.Thread(target=server.run_sync, args=(1, apply))
+    thread.start()
+    client = PSClient(worker_link, 5, pull_codec=codec)
+    client.grads[:] = 0.25
+    client.push(0.1, "test push")
+    got = np.empty(5, np.float32)
+    assert client.pull(got, "test pull", expect=1) == 1
+    thread.join(timeout=5)
+    np.testing.assert_array_equal(params, exact)  # the server's weights: never rounded
+    np.testing.assert_array_equal(got, round_trip(codec, exact))
+    assert not np.array_equal(got, exact)
+    assert server_link.bytes_sent == HEADER_BYTES + 4 + 5
+    assert worker_link.bytes_sent == HEADER_BYTES + 4 * 5 + 4  # the push stays float32
     server_link.close()
     worker_link.close()
 

@@ -31,15 +31,25 @@ Compression (--codec trunc16 | bf16 | q8, --error-feedback): workers push encode
 [codes: wire_bytes(n)][loss: float32] (comm/ps.py), after error feedback
 (WorkerSetup.feed_back, in the compute span; the encoding is in the push span). The server
 decodes each push (ps-sync: decode-adds into the sum in worker order; ps-async: decodes, then
-applies); the pulls stay float32. Oracles: as above with each worker's gradient replaced by
-decode(encode(g)) (plus each worker's residual, with error feedback), bitwise. The push bytes
-in WorkerResult.bytes_sent shrink to wire_bytes(n) + 4 (+ 48 header) per push.
+applies); the pulls stay float32 unless --codec-pull says otherwise. Oracles: as above with each
+worker's gradient replaced by decode(encode(g)) (plus each worker's residual, with error
+feedback), bitwise. The push bytes in WorkerResult.bytes_sent shrink to wire_bytes(n) + 4
+(+ 48 header) per push.
+
+Compressed pulls (--codec-pull trunc16 | bf16 | q8): the server encodes its whole weight vector
+as one code per version (q8: one scale for the whole vector) and pulls those codes; each worker
+decodes them into its parameters and computes its next gradient on decode(encode(w)). The
+server's own weights stay full precision and are updated exactly: they are the answer. Oracles:
+as above with every gradient after a worker's first (computed on the exact w_0) computed on
+decode(encode(w)) of the weights pulled, bitwise. The server's bytes shrink to
+wire_bytes(n) (+ 48 header) per pull.
 
 Results. Rank 0's WorkerResult is the answer: params = the server's final weights, losses and
 step_end one per applied update (the loss that came with the push: in ps-sync the mean over the
 workers, in worker order; in ps-async the pushing worker's), extra = {"role": "server",
 "staleness": [...], "arrival_order": [...]} (the last two for ps-async). A worker's result holds
-its last pulled weights (ps-sync: equal to the server's) and its own minibatch losses.
+its last pulled weights (ps-sync: equal to the server's; with --codec-pull, their decoded codes)
+and its own minibatch losses.
 
 `progress(u, params, loss)` is called on rank 0 after each applied update (ps-sync: `steps`
 updates; ps-async: p * steps) and on workers after each step, with their pulled weights.
@@ -84,11 +94,19 @@ def n_workers_of(comm: Communicator, method: str) -> int:
     return comm.world_size - 1
 
 
+def pull_codec(cfg: TrainConfig):
+    """The codec the weights are pulled back with (--codec-pull), on this run's backend."""
+    from pipesgd_ref.codecs import get_codec  # here, as WorkerSetup.codec: numba loads lazily
+
+    return get_codec(cfg.codec_pull, cfg.backend)
+
+
 def _serve(comm: Communicator, cfg: TrainConfig, method: str, progress) -> WorkerResult:
     n = n_workers_of(comm, method)
     setup = WorkerSetup.build(cfg, 0, n)  # the server never computes: w_0, the model, steps
     timeline = Timeline(comm.rank)
-    server = ParameterServer(comm.clients, setup.params, timeline, codec=setup.codec())
+    server = ParameterServer(comm.clients, setup.params, timeline, codec=setup.codec(),
+                             pull_codec=pull_codec(cfg))  # fmt: skip
     links = list(comm.clients.values())
     # Count this method's bytes only, not the rendezvous hellos already on these links.
     sent0, received0 = (sum(link.bytes_sent for link in links),
@@ -114,7 +132,8 @@ def _work(comm: Communicator, cfg: TrainConfig, method: str, progress) -> Worker
     w = WorkerSetup.build(cfg, worker, n)  # the same w_0 as the server's: same seed
     timeline = Timeline(comm.rank)
     codec = w.codec()
-    client = PSClient(comm.server, w.params.size, w.params.dtype, codec=codec)
+    client = PSClient(comm.server, w.params.size, w.params.dtype, codec=codec,
+                      pull_codec=pull_codec(cfg))  # fmt: skip
     sent0 = comm.server.bytes_sent  # the rendezvous hello is not this method's traffic
     losses, step_end = [], []
     for t in range(w.steps):

@@ -20,23 +20,42 @@ carries nothing else, so the direction says what a frame is).
                                   [loss: 4 bytes, float32, native (little-endian) order]
                               the loss is never encoded: it travels exactly as with none
     pull   server -> worker   seq = version of the weights (= updates applied so far)
-                              payload: the n weights, received straight into the worker's
+                              src = 0, total_len = n (params),
+                              part = the pull codec's id (index in codecs.CODECS; 0 = none)
+                              pull codec none: dtype of the weights, payload the n weights,
+                              received straight into the worker's parameter buffer
+                              pull codec trunc16 / bf16 / q8: dtype uint8, payload
+                                  [pull_codec.encode(weights): pull_codec.wire_bytes(n) bytes]
+                              received into a code buffer, then decoded into the worker's
                               parameter buffer
     abort  server -> worker   Kind.ABORT, JSON {origin, reason}: the server failed (a worker
                               died, hung, or sent a bad frame); every worker still waiting
                               raises PeerAborted naming the rank at fault
 
 Both sides check every header (kind, version, dtype, length, codec) before reading its payload,
-so a worker that is out of step (or encodes with another codec) gets an error naming it, never
-wrong numbers.
+so a worker that is out of step (or encodes with another codec) gets an error naming it, and a
+worker that expects another pull codec than the server sends gets one naming the server (rank
+0), never wrong numbers.
 
-Compressed pushes (--codec, shared/PAPER.md section 3). Only the pushes are compressed; the pulls
-stay full-precision float32. A worker applies error feedback (--error-feedback, before encoding:
-WorkerSetup.feed_back), then encodes its whole gradient as one code. The server decodes every
-push: ps-sync decode-adds each into the float32 sum in worker order (codec.add_decoded_into,
-which is bitwise `sum += decode(codes)`), then divides by p; ps-async decodes into one buffer and
-applies it. The oracle is therefore the uncompressed one with every worker's gradient replaced
-by decode(encode(gradient)), bitwise.
+Compressed pushes (--codec, shared/PAPER.md section 3). The pushes are compressed with --codec;
+the pulls stay full-precision unless --codec-pull says otherwise (below). A worker applies error
+feedback (--error-feedback, before encoding: WorkerSetup.feed_back), then encodes its whole
+gradient as one code. The server decodes every push: ps-sync decode-adds each into the float32
+sum in worker order (codec.add_decoded_into, which is bitwise `sum += decode(codes)`), then
+divides by p; ps-async decodes into one buffer and applies it. The oracle is therefore the
+uncompressed one with every worker's gradient replaced by decode(encode(gradient)), bitwise.
+
+Compressed pulls (--codec-pull, float32 weights only). The server encodes its whole weight
+vector as one code per pull message (q8: so ONE scale, max|w| / 127, for the whole vector; no
+per-layer or per-chunk scales), and each worker decodes it into its parameter buffer and computes
+its next gradient on decode(encode(w)). The encoding is computed once per version and shared by
+every pull of that version (ps-sync: once per step for the p pulls; the codecs here are
+deterministic, so that is the same bytes as one encode per message). The server keeps and
+updates its own full-precision weights: they are the answer, and every update is applied to
+them exactly (w <- w - lr * g), never to decoded weights. Workers start on the exact w_0 built
+from the seed (nothing is pulled before step 0), so the oracle is the one above with every
+gradient after a worker's first computed on decode(encode(w)) of the weights it pulled. A pull
+shrinks from 4n to wire_bytes(n) bytes (+ 48 header).
 
 Schedules.
 
@@ -57,8 +76,9 @@ Cost (alpha-beta, shared/PAPER.md section 3; M = 4n bytes, plus 48 header bytes 
 The server's one link carries p * M in (pushes) and p * M out (pulls) per round, so it is the
 bottleneck as p grows. With a codec of ratio r a push is wire_bytes(n) + 4 ~ M / r bytes: in
 the formulas below each push's M becomes M / r (e.g. (p + 1) M / B reads p M / B + M / (r B)),
-the pulls' M stays 4n, and the server's t_u gains p decode passes. PAPER.md writes the sync
-round as two separate phases, all pushes in, then all pulls out:
+the pulls' M stays 4n (with --codec-pull of ratio r', M / r' too), and the server's t_u gains p
+decode passes (plus one encode per version with --codec-pull; each worker one decode per pull).
+PAPER.md writes the sync round as two separate phases, all pushes in, then all pulls out:
 
     ps-sync (phases):     T_it = t_c + 2 alpha + 2 p M / B + p M gamma + t_u
 
@@ -114,6 +134,7 @@ from pipesgd_ref.logs import trace
 # server themselves (in ps-sync every worker's pull waits for the slowest worker's push).
 VERDICT_MARGIN_S = 2.0
 ABORT_LINGER_S = 0.25  # how long a failing server keeps its links open after telling workers
+_CODES = CODE_OF_DTYPE[np.dtype(np.uint8)]  # header dtype of codes (compressed pushes, pulls)
 
 Apply = Callable[[int, np.ndarray], None]  # apply(version, grads): update the weights in place
 OnUpdate = Callable[[int, np.ndarray, float], None]  # (version, weights after it, loss)
@@ -180,12 +201,20 @@ class ParameterServer:
 
     `params` is the authoritative weight vector; `apply(version, grads)` updates it in place
     (the algorithm's optimizer step). `codec` (pipesgd_ref.codecs, or None for none): how the
-    workers encode their pushes. The server never allocates in its loop: one receive buffer
-    (n + 1 elements, or the codes and the loss), for sync one sum buffer, and with a codec one
-    decode buffer.
+    workers encode their pushes. `pull_codec` (likewise): how the server encodes the weights it
+    pulls back (whole vector, one code; `params` stays full precision). The server never
+    allocates in its loop: one receive buffer (n + 1 elements, or the codes and the loss), for
+    sync one sum buffer, with a codec one decode buffer, and with a pull codec one code buffer.
     """
 
-    def __init__(self, clients: dict[int, Link], params: np.ndarray, timeline=None, codec=None):
+    def __init__(
+        self,
+        clients: dict[int, Link],
+        params: np.ndarray,
+        timeline=None,
+        codec=None,
+        pull_codec=None,
+    ):
         if not clients:
             raise CommError(
                 "rank 0: no worker links; a parameter server job needs world_size >= 2 and "
@@ -206,6 +235,11 @@ class ParameterServer:
             self.n, params.dtype, self.codec
         )
         self.push_code = CODE_OF_DTYPE[self.recv_buf.dtype]
+        # Pulls: the weights themselves, or (pull codec) their codes, encoded once per version.
+        self.pull_codec, self.pull_codec_id = _codec_and_id(pull_codec, params.dtype)
+        self.pull_codes = _pull_codes(self.n, self.pull_codec)
+        self.pull_code = self.dtype_code if self.pull_codes is None else _CODES
+        self._encoded_version: int | None = None  # the version now in pull_codes
         self.nic = ServerNIC(self.links)
         self.log = ServerLog()
         self._sending_to: Link | None = None  # a failure mid-send leaves this link half-sent
@@ -240,18 +274,25 @@ class ParameterServer:
 
     def _send_pull(self, link: Link, version: int, phase: str) -> None:
         doing = f"{phase} (the pull of worker {worker_of(link.peer)})"
-        frame = Frame(kind=Kind.DATA, op=Op.NONE, dtype=self.dtype_code, seq=version, src=0,
-                      total_len=self.n)  # fmt: skip
+        payload = self.params
+        if self.pull_codec is not None:
+            if self._encoded_version != version:  # one encode per version, whole vector
+                self.pull_codec.encode(self.params, self.pull_codes)
+                self._encoded_version = version
+            payload = self.pull_codes
+        frame = Frame(kind=Kind.DATA, op=Op.NONE, dtype=self.pull_code, seq=version, src=0,
+                      part=self.pull_codec_id, total_len=self.n)  # fmt: skip
         self._sending_to = link
-        link.send(frame, as_bytes(self.params), doing)
+        link.send(frame, as_bytes(payload), doing)
         self._sending_to = None
         trace("%s | rank 0 -> %d | pull of version %d | %d bytes", phase, link.peer, version,
-              self.params.nbytes)  # fmt: skip
+              payload.nbytes)  # fmt: skip
 
     # --- the two schedules ---------------------------------------------------------------
     def run_sync(self, steps: int, apply: Apply, on_update: OnUpdate | None = None) -> ServerLog:
         """ps-sync: every step, all p pushes, one averaged update, p pulls."""
         total = np.empty(self.n, self.params.dtype)  # preallocated: the loop allocates nothing
+        self._encoded_version = None  # a run starts with no codes (versions restart at 1)
         with self._aborting_on_error():
             for t in range(steps):
                 phase = f"ps-sync step {t}"
@@ -287,6 +328,7 @@ class ParameterServer:
         waiting_since = [time.monotonic()] * p  # when each worker got its weights
         version = 0
         selector = selectors.DefaultSelector()
+        self._encoded_version = None
         with self._aborting_on_error(), selector:
             for i, link in enumerate(self.links):
                 if left[i]:
@@ -378,10 +420,12 @@ class PSClient:
     Compute writes the gradient into `grads`. Without a codec, `grads` is a view of the push
     buffer whose last element carries the loss: the push goes out from that buffer with no copy.
     With a codec (pipesgd_ref.codecs, float32 only), push encodes `grads` into the push buffer,
-    [codes: wire_bytes(n)][loss: float32], and sends that; the pulls stay float32.
+    [codes: wire_bytes(n)][loss: float32], and sends that. Pulls are received straight into
+    the caller's parameter buffer; with a `pull_codec` (float32 only) into a code buffer,
+    then decoded into it (the worker then computes on decode(encode(w))).
     """
 
-    def __init__(self, link: Link, n_params: int, dtype=np.float32, codec=None):
+    def __init__(self, link: Link, n_params: int, dtype=np.float32, codec=None, pull_codec=None):
         self.link = link
         link.timeout += VERDICT_MARGIN_S  # see VERDICT_MARGIN_S
         self.rank = link.rank
@@ -392,6 +436,9 @@ class PSClient:
             n_params, np.dtype(dtype), self.codec
         )
         self.push_code = CODE_OF_DTYPE[self.push_buf.dtype]
+        self.pull_codec, self.pull_codec_id = _codec_and_id(pull_codec, np.dtype(dtype))
+        self.pull_codes = _pull_codes(n_params, self.pull_codec)
+        self.pull_code = self.dtype_code if self.pull_codes is None else _CODES
         self.version = 0  # version of the weights this worker holds
 
     def push(self, loss: float, doing: str) -> None:
@@ -425,28 +472,36 @@ class PSClient:
                 origin=0,
             )
         bad_version = frame.seq <= self.version or (expect is not None and frame.seq != expect)
-        if bad_version or (frame.dtype, frame.total_len) != (self.dtype_code, self.n):
+        got = (frame.dtype, frame.total_len, frame.part)
+        if bad_version or got != (self.pull_code, self.n, self.pull_codec_id):
             want = f"version {expect}" if expect is not None else f"a version > {self.version}"
             raise CollectiveMismatch(
-                f"rank {self.rank}: the server sent version {frame.seq} of {frame.total_len} "
-                f"elements (dtype code {frame.dtype}) during {doing}; this worker expected "
-                f"{want} of {self.n} (code {self.dtype_code})",
+                f"rank {self.rank}: the parameter server (rank 0) sent version {frame.seq} of "
+                f"{frame.total_len} elements (dtype code {frame.dtype}, pull codec "
+                f"{_codec_name(frame.part)}) during {doing}; this worker expected {want} of "
+                f"{self.n} (code {self.pull_code}, pull codec "
+                f"{_codec_name(self.pull_codec_id)}): are both running the same model, method "
+                f"and --codec-pull?",
                 origin=0,
             )
-        self.link.recv_payload_into(frame, as_bytes(params), doing)  # checks nbytes
+        if self.pull_codec is None:
+            self.link.recv_payload_into(frame, as_bytes(params), doing)  # checks nbytes
+        else:
+            self.link.recv_payload_into(frame, as_bytes(self.pull_codes), doing)
+            self.pull_codec.decode(self.pull_codes, params)
         self.version = frame.seq
         return frame.seq
 
 
 def _codec_and_id(codec, dtype: np.dtype):
-    """(codec, id in the push header's `part`): (None, 0) for no codec or codec "none"."""
+    """(codec, id in the header's `part`): (None, 0) for no codec or codec "none"."""
     if codec is None or codec.name == "none":
         return None, 0
-    from pipesgd_ref.codecs import CODECS  # here: only compressed pushes need the codecs
+    from pipesgd_ref.codecs import CODECS  # here: only compressed messages need the codecs
 
     if dtype != np.float32:
         raise ValueError(
-            f"codec {codec.name} encodes float32 gradients; the weights are {dtype} (use "
+            f"codec {codec.name} encodes float32 values; the weights are {dtype} (use "
             f"codec none, or float32 weights)"
         )
     return codec, CODECS.index(codec.name)
@@ -468,6 +523,11 @@ def _push_buffers(n: int, dtype: np.dtype, codec):
     wire = np.empty(codes_bytes + 4, np.uint8)  # codes, then the loss as a float32
     # The loss slot may be unaligned (q8: 4 + n code bytes); NumPy reads and writes it anyway.
     return wire, np.empty(n, np.float32), wire[codes_bytes:].view(np.float32), wire[:codes_bytes]
+
+
+def _pull_codes(n: int, codec):
+    """The code buffer of one compressed pull (wire_bytes(n) bytes), or None without a codec."""
+    return None if codec is None else np.empty(codec.wire_bytes(n), np.uint8)
 
 
 class _NoTimeline:
