@@ -160,12 +160,12 @@ def test_bad_arrays_are_refused():
 def _timed_allreduce_job(comm, n, reps):
     x = np.ones(n, np.float32)
     times = []
+    barrier(comm)
     for _ in range(reps):
-        barrier(comm)
         start = time.perf_counter()
         allreduce(comm, x)
         times.append(time.perf_counter() - start)
-    return float(np.median(times))
+    return times
 
 
 def test_emulated_ring_matches_the_alpha_beta_formula():
@@ -174,8 +174,11 @@ def test_emulated_ring_matches_the_alpha_beta_formula():
     p, n, model = 4, 1_000_000, LinkModel(latency=2e-3, bandwidth=100e6)
     M = 4 * n
     predicted = 2 * (p - 1) * model.latency + 2 * (p - 1) / p * M / model.bandwidth
-    times = launch_local(p, _timed_allreduce_job, (n, 5), start_method="fork", model=model)
-    measured = max(times)
+    per_rank = launch_local(p, _timed_allreduce_job, (n, 7), start_method="fork", model=model)
+    # The slowest rank of each repeat; then the fastest repeat: the emulated link's time, with
+    # as little as possible of this shared machine's scheduling noise (other processes can only
+    # make a repeat slower, never faster than the link allows).
+    measured = min(max(rank[i] for rank in per_rank) for i in range(7))
     assert abs(measured - predicted) / predicted < 0.15, (
         f"measured {measured * 1e3:.1f} ms, alpha-beta formula {predicted * 1e3:.1f} ms"
     )
