@@ -4,6 +4,8 @@ A checkpoint taken after step t holds the weights w_{t+1}, the next step t+1, an
 the averaged gradients still in flight (computed at steps t-s+1 .. t, not yet applied). Data
 order, learning rate and everything else are functions of (seed, rank, step), so nothing more
 is needed: a resumed sync or pipe run ends with the same weights as an uninterrupted one.
+The checkpoint written at the end of a run comes after the drain (nothing in flight): resuming
+it with a larger --steps continues training with a fresh pipeline fill.
 
 Written atomically: a temporary file in the same folder, then os.replace, so a crash (or a run
 that diverges) leaves the previous checkpoint whole.

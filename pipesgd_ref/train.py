@@ -275,6 +275,16 @@ def run_training(cfg: TrainConfig, progress: bool = True, log: Callable[[str], N
 
     data = load_dataset(cfg.dataset)  # bad data specs fail here, in one line, before any fork
     MinibatchSampler(data.n_train, cfg.world_size, cfg.batch_size, cfg.seed)
+    if cfg.resume:
+        from pipesgd_ref.algorithms.worker import WorkerSetup
+        from pipesgd_ref.config import ConfigError
+
+        setup = WorkerSetup.build(cfg, 0, cfg.world_size)  # loads and checks the checkpoint
+        if setup.start_step >= setup.steps:
+            raise ConfigError(
+                f"--resume {cfg.resume}: the checkpoint is already at step {setup.start_step} "
+                f"of {setup.steps}; nothing to do (raise --steps to train further)"
+            )
     model = link_model(cfg)
     width = f", width {cfg.width}" if cfg.algo == "pipe" else ""
     log(f"{cfg.algo}: {cfg.world_size} workers, {cfg.dataset}, {cfg.model}{width}, "

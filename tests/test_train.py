@@ -205,3 +205,17 @@ def test_divergence_keeps_the_last_good_checkpoint(tmp_path, capsys):
     assert "diverged" in err and "at step" in err
     with np.load(tmp_path / "checkpoint.npz") as z:  # whole, loadable, and finite
         assert z["next_step"] > 0 and np.all(np.isfinite(z["params"]))
+
+
+@pytest.mark.timeout(120)
+def test_resume_from_a_finished_run(tmp_path, capsys):
+    """A final checkpoint comes after the drain: resuming it at the same --steps has nothing
+    to do (exit 2, one line); with more steps the pipeline refills and training goes on."""
+    common = ["train", "--preset=tiny", "--algo=pipe", "--no-progress"]
+    assert main([*common, "--steps=30", f"--out={tmp_path / 'a'}"]) == 0
+    assert main([*common, "--steps=30", f"--resume={tmp_path / 'a'}"]) == 2
+    assert "already at step 30 of 30" in capsys.readouterr().err
+    assert main([*common, "--steps=50", f"--resume={tmp_path / 'a'}",
+                 f"--out={tmp_path / 'b'}"]) == 0  # fmt: skip
+    summary = json.loads((tmp_path / "b" / "summary.json").read_text())
+    assert summary["steps"] == 20 and summary["loss_curve"][0]["step"] == 30

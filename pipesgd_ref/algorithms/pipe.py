@@ -34,6 +34,7 @@ from pipesgd_ref.algorithms.worker import Timeline, WorkerResult, WorkerSetup
 from pipesgd_ref.comm.rendezvous import Communicator
 from pipesgd_ref.comm.ring import allreduce
 from pipesgd_ref.config import TrainConfig
+from pipesgd_ref.launch import JobError
 
 _STOP = None  # tells the communication thread to finish
 
@@ -66,7 +67,13 @@ class _CommThread:
 
     def wait(self, expected_step: int) -> np.ndarray:
         """Block until the AllReduce of `expected_step` is done; return its averaged buffer."""
-        item = self.done.get()  # the ring's own timeouts bound this wait
+        try:  # the ring's own timeouts bound this wait; the margin is a guard against bugs
+            item = self.done.get(timeout=2 * self.comm.timeout + 5)
+        except queue.Empty:
+            raise JobError(
+                f"rank {self.comm.rank}: the AllReduce of step {expected_step} never finished "
+                f"(nothing was handed to the communication thread for it)"
+            ) from None
         if isinstance(item, BaseException):
             raise item
         step, buf = item
@@ -105,7 +112,9 @@ def pipe_worker(comm: Communicator, cfg: TrainConfig, progress=None) -> WorkerRe
                 avg = averaged(t)
                 with timeline.span("update", "compute", t):
                     w.sgd_step(avg, t)
-            elif t >= warmup + s:  # steady state: avg(g_{t-s}) ran during this compute
+            elif t >= warmup + s and (t - s >= w.start_step or t - s in ready):
+                # steady state: avg(g_{t-s}) ran during this compute (after a resume from a
+                # final, drained checkpoint, g_{t-s} was already applied: the pipe refills)
                 avg = averaged(t - s)
                 with timeline.span("update", "compute", t):
                     w.sgd_step(avg, t)
@@ -125,7 +134,10 @@ def pipe_worker(comm: Communicator, cfg: TrainConfig, progress=None) -> WorkerRe
                     w.save_checkpoint(t + 1, {t_grad: ready[t_grad] for t_grad in in_flight})
         # Drain: the gradients still in flight, oldest first, as the oracle applies them.
         first_pending = max(warmup, w.steps - s)
-        for j, t_grad in enumerate(range(first_pending, w.steps)):
+        # Computed in this run, or restored from the checkpoint: a run resumed from a final
+        # checkpoint (everything already drained) has nothing left to apply.
+        in_flight = [t for t in range(first_pending, w.steps) if t >= w.start_step or t in ready]
+        for j, t_grad in enumerate(in_flight):
             avg = averaged(t_grad)
             with timeline.span("update", "compute", w.steps + j):
                 w.sgd_step(avg, w.steps + j)
