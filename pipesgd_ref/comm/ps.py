@@ -113,6 +113,7 @@ import numpy as np
 
 from pipesgd_ref.comm.netem import LinkEmulator, wait_until
 from pipesgd_ref.comm.transport import (
+    ABORT_LINGER_SECONDS,
     CODE_OF_DTYPE,
     HEADER_BYTES,
     POLL_SECONDS,
@@ -133,7 +134,6 @@ from pipesgd_ref.logs import trace
 # hangs, the server's verdict (an ABORT naming it) reaches the others before they give up on the
 # server themselves (in ps-sync every worker's pull waits for the slowest worker's push).
 VERDICT_MARGIN_S = 2.0
-ABORT_LINGER_S = 0.25  # how long a failing server keeps its links open after telling workers
 _CODES = CODE_OF_DTYPE[np.dtype(np.uint8)]  # header dtype of codes (compressed pushes, pulls)
 
 Apply = Callable[[int, np.ndarray], None]  # apply(version, grads): update the weights in place
@@ -394,24 +394,15 @@ class ParameterServer:
             raise
 
     def _abort_workers(self, error: BaseException) -> None:
-        origin = getattr(error, "origin", None)
-        payload = {"origin": 0 if origin is None else origin, "reason": str(error)}
         told = 0
         for link in self.links:
             if link is self._sending_to:
                 continue  # a frame is stuck half-sent: another header would garble the stream
-            old_timeout, link.timeout = link.timeout, 1.0  # best effort: the job is failing
-            try:
-                link.send_json(Kind.ABORT, payload, "abort")
-                told += 1
-            except CommError:
-                pass
-            finally:
-                link.timeout = old_timeout
+            told += link.send_abort(error, default_origin=0)
         if told:
             # Keep the sockets open a moment: closing one with unread pushes in it sends a
             # reset, which can reach a worker before (and instead of) the reason.
-            time.sleep(ABORT_LINGER_S)
+            time.sleep(ABORT_LINGER_SECONDS)
 
 
 class PSClient:
@@ -458,12 +449,10 @@ class PSClient:
         equal to `expect` when given (sync: exactly one update per step)."""
         frame = self.link.recv_header(doing)
         if frame.kind == Kind.ABORT:  # the server failed: pass on its story
-            news = self.link.recv_json(Kind.ABORT, doing, frame=frame)
-            origin = news.get("origin")
+            origin, reason = self.link.read_abort(frame, doing)
             raise PeerAborted(
-                f"rank {self.rank}: the parameter server (rank 0) stopped during {doing}: "
-                f"{news.get('reason', '?')}",
-                origin=origin if isinstance(origin, int) else None,
+                f"rank {self.rank}: the parameter server (rank 0) stopped during {doing}: {reason}",
+                origin=origin,
             )
         if frame.kind != Kind.DATA:
             raise ProtocolError(

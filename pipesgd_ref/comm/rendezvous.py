@@ -113,16 +113,7 @@ class Communicator:
         sender = right._sender
         if sender is not None and not sender.cancel(wait=1.0):
             return False  # a frame is stuck half-sent: another header would garble the stream
-        origin = getattr(error, "origin", None)
-        payload = {"origin": self.rank if origin is None else origin, "reason": str(error)}
-        old_timeout, right.timeout = right.timeout, 1.0
-        try:
-            right.send_json(Kind.ABORT, payload, "abort")
-            return True
-        except CommError:
-            return False
-        finally:
-            right.timeout = old_timeout
+        return right.send_abort(error, default_origin=self.rank)
 
     def close(self) -> None:
         for link in (self.left, self.right, self.server, *self.clients.values()):

@@ -32,12 +32,14 @@ collectives get an error naming both, never a hang or wrong numbers.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
 
 from pipesgd_ref.comm.rendezvous import Communicator
 from pipesgd_ref.comm.transport import (
+    ABORT_LINGER_SECONDS,
     CODE_OF_DTYPE,
     DTYPE_CODES,
     CollectiveMismatch,
@@ -50,7 +52,6 @@ from pipesgd_ref.comm.transport import (
 )
 from pipesgd_ref.logs import trace, trace_enabled
 
-ABORT_LINGER_SECONDS = 0.25
 SEGMENT_BYTES = 1 << 20  # 1 MiB: large enough to amortise a frame, small enough to pipeline
 
 
@@ -209,8 +210,7 @@ def _check_array(array: np.ndarray, dtypes: tuple) -> None:
 
 
 def _at(header: Frame, step: int, part: int) -> Frame:
-    return Frame(header.kind, header.op, header.dtype, header.seq, step, part, header.src,
-                 header.total_len)  # fmt: skip
+    return dataclasses.replace(header, step=step, part=part)
 
 
 def _recv_checked(comm, want: Frame, step: int, part: int, out: np.ndarray, doing, sender):
@@ -220,12 +220,11 @@ def _recv_checked(comm, want: Frame, step: int, part: int, out: np.ndarray, doin
     while got.kind == Kind.HEARTBEAT:  # the left neighbour is alive and waiting: keep waiting
         got = comm.left.recv_header(doing, stop)
     if got.kind == Kind.ABORT:  # a rank upstream failed: pass its story on
-        news = comm.left.recv_json(Kind.ABORT, doing, frame=got)
-        origin = news.get("origin")
+        origin, reason = comm.left.read_abort(got, doing)
         raise PeerAborted(
             f"rank {comm.rank}: rank {origin} failed, so {doing} cannot finish "
-            f"(news from rank {comm.left.peer}): {news.get('reason', '?')}",
-            origin=origin if isinstance(origin, int) else None,
+            f"(news from rank {comm.left.peer}): {reason}",
+            origin=origin,
         )
     if (got.kind, got.seq, got.op, got.dtype, got.total_len) != (
         want.kind, want.seq, want.op, want.dtype, want.total_len,

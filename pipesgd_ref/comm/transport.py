@@ -53,6 +53,9 @@ assert HEADER_BYTES == 48
 DEFAULT_MAX_FRAME_BYTES = 1 << 31  # 2 GiB: larger frames are refused before any allocation
 POLL_SECONDS = 0.2  # receive slice: how quickly a rank notices its own sender's failure
 INLINE_SEND_BYTES = 64 << 10  # frames up to this size skip the sending thread when it is idle
+# A rank that has sent ABORT keeps its sockets open this long: closing at once could make a
+# neighbour see a connection reset (with unread data) before, and instead of, the reason.
+ABORT_LINGER_SECONDS = 0.25
 
 
 class Kind(IntEnum):
@@ -341,6 +344,27 @@ class Link:
 
     def send_json(self, kind: Kind, payload: dict, doing: str) -> None:
         self.send(Frame(kind=kind), json.dumps(payload).encode(), doing)
+
+    def send_abort(self, error: BaseException, default_origin: int) -> bool:
+        """Tell the peer why the job is failing: an ABORT frame naming the rank at fault
+        (the error's `origin`, else `default_origin`). Best effort, within a second: the job
+        is failing anyway. True when it was sent."""
+        origin = getattr(error, "origin", None)
+        payload = {"origin": default_origin if origin is None else origin, "reason": str(error)}
+        old_timeout, self.timeout = self.timeout, 1.0
+        try:
+            self.send_json(Kind.ABORT, payload, "abort")
+            return True
+        except CommError:
+            return False
+        finally:
+            self.timeout = old_timeout
+
+    def read_abort(self, frame: Frame, doing: str) -> tuple[int | None, str]:
+        """(rank at fault, reason) from an ABORT frame whose header was just read."""
+        news = self.recv_json(Kind.ABORT, doing, frame=frame)
+        origin = news.get("origin")
+        return (origin if isinstance(origin, int) else None), str(news.get("reason", "?"))
 
     def start_sender(self) -> _Sender:
         """A background thread that sends queued frames in order, so a rank can send to one
