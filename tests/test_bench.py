@@ -39,6 +39,7 @@ def test_bench_emulated_link_prints_the_model(capsys):
         (["--bandwidth=3Mb"], "ambiguous"),
         (["--latency=-1ms"], "latency"),
         (["--world-size=0"], "--world-size >= 1"),
+        (["--codec=zip"], "--codec must be none, trunc16, bf16 or q8"),
     ],
 )
 def test_bench_bad_input(argv, message, capsys):

@@ -116,6 +116,10 @@ def test_digits_every_algorithm_reaches_95_percent_and_pipe_tracks_sync(tmp_path
         (["--model=resnet"], "model must be softmax or mlp"),
         (["--algo=gossip"], "algo must be one of"),
         (["--bandwidth=10Mb"], "ambiguous bandwidth"),
+        (["--codec=zip"], "codec must be none, trunc16, bf16 or q8"),
+        (["--codec-pull=zip"], "codec_pull must be none, trunc16, bf16 or q8"),
+        (["--checkpoint-every=-1"], "checkpoint_every must be >= 0"),
+        (["--resume=/nonexistent"], "no checkpoint.npz there"),
     ],
 )
 def test_train_bad_input_exits_2(argv, message, capsys):
