@@ -1,0 +1,490 @@
+"""How long one iteration takes: the analytic models of shared/PAPER.md section 3, calibrated.
+
+Every model below is the alpha-beta ("latency-bandwidth") model of a link, applied to the
+schedule each method runs. Symbols (DESIGN.md names): p = world_size workers; M = 4n gradient
+bytes (n float32 parameters); alpha = seconds per message; B = bandwidth, bytes/s per link and
+direction (full duplex); gamma = seconds per byte of reduction (dst += src); t_comp = forward and
+backward of one minibatch; t_u = one SGD update; r = compression ratio (wire bytes M/r); e, d =
+encode and decode seconds per float32 byte of the codec.
+
+Ring AllReduce (comm/ring.py). 2(p-1) steps; at each a rank sends one chunk of M/p bytes to its
+right neighbour while receiving one from its left (full duplex: the two overlap). A step costs
+alpha + M/(pB); the p-1 reduce-scatter steps also add the received chunk into the local one,
+(M/p) gamma each:
+
+    T_ar = 2(p-1) alpha + 2(p-1)/p * M/(rB) + (p-1)/p * M gamma  + codec        # PAPER.md (3)
+
+With a codec (comm/compressed.py) the wire carries M/r, and every reduce-scatter hop decodes,
+adds and re-encodes its chunk, each all-gather hop decodes the chunk it forwards, and the owner
+of a chunk encodes and decodes it once more: (p-1)/p M (d + e) + (p-1)/p M d + 1/p M (e + d),
+
+    codec = M (d + e) + (p-1)/p * M d.
+
+Synchronous AllReduce SGD (algorithms/sync.py): compute, then communicate, then update; nothing
+overlaps:
+
+    T_sync = t_comp + T_ar + t_u
+
+Pipe-SGD of width K (algorithms/pipe.py). Two resources per worker, the compute thread (needs
+t_comp + t_u per iteration) and the communication thread (needs T_ar). With K iterations in
+flight the steady-state cycle is bounded by each resource, and by the K-deep dependency chain
+(a gradient must be computed, reduced and applied before the iteration K later can start):
+
+    T_pipe(K) = max(t_comp + t_u, T_ar, (t_comp + t_u + T_ar) / K)
+
+Since max(a, b) >= (a + b)/2, K = 2 already reaches max(t_comp + t_u, T_ar): wider pipelines
+add staleness, never speed. The hidden share of communication is min(T_ar, t_comp + t_u) / T_ar.
+
+Parameter server, synchronous (algorithms/ps.py, comm/ps.py). The server's single link carries
+every push in and every pull out. It sends the p pulls one after another, so worker i has its
+weights (i+1) M/B after the update; the last worker computes and pushes while the earlier pushes
+already cross the (full-duplex) ingress wire; its push arrives M/(rB) later, and the server
+averages p gradients (p M gamma, plus p decodes with a codec) and updates:
+
+    T_ps-sync = t_comp + 2 alpha + p M/B + M/(rB) + p M gamma + t_u   (+ p M d with a codec)
+
+(PAPER.md writes 2pM/B: all pulls sent at once sharing the link; comm/ps.py explains why this
+server pays (p+1) M/B.)
+
+Parameter server, asynchronous. Each worker loops compute, push, pull on its own; the server
+applies each push on arrival. A worker's cycle is t_comp + 2 alpha + M/(rB) + M/B (+ t_u of the
+server); the server's links bound the rate at B/M pulls per second, so each worker's iteration
+(one of its own gradients applied) takes
+
+    T_ps-async = max(t_comp + 2 alpha + M/(rB) + M/B + t_u,  p M/B)
+
+One machine, many workers. On a single machine the p worker processes share C cores: when k of
+them compute at once each runs at min(1, C/k) of a core. Ring methods compute in lock step
+(k = p). In ps-sync the pulls arrive M/B apart, so about 1 + t_comp/(M/B) computations overlap;
+ps-async workers compute a t_comp/cycle share of the time. Both are fixed points, solved by
+iteration in `shared_compute`. Pipe-SGD on shared cores has a third bound besides compute and
+network: every byte a rank sends or receives costs CPU time too (copies and reductions), which
+the communication thread takes from the same cores: t_comp(p shared) + p (t_u + cpu_comm) / C,
+where cpu_comm = 2 * 2(p-1)/p * M/r * copy + (p-1)/p M gamma + codec.
+
+Calibration (`calibrate`): t_comp and t_u are timed on the actual model and batch size in this
+process; gamma, copy and the codecs' e and d are timed on gradient-sized arrays; alpha and B are
+the emulated link's settings plus the software cost of one hop, measured by a small AllReduce
+among p local processes (a ping-pong round the ring), and the bandwidth of a streaming test
+between two processes (which caps an emulated bandwidth set above what loopback can move).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass, field, replace
+
+import numpy as np
+
+ALGOS = ("ps-sync", "ps-async", "sync", "pipe")
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The figures every model reads, and where each came from."""
+
+    n_params: int  # n: float32 parameters (M = 4n gradient bytes)
+    t_comp: float  # s: forward + backward of one worker's minibatch, alone on a core
+    t_update: float  # s: one SGD step over the parameters
+    alpha: float  # s per message: link latency + software cost of one hop
+    bandwidth: float  # bytes/s per link and direction
+    gamma: float  # s per byte added (float32 dst += src)
+    copy: float = 0.0  # CPU s per byte sent or received through a local socket
+    cores: int = 1  # CPU cores the worker processes share (1e9: no sharing)
+    # t_comp when k = 1, 2, ... worker processes compute at once on this machine (measured;
+    # empty: t_comp * max(1, k / cores)). Sharing costs more than k / cores: caches and memory
+    # bandwidth are shared too.
+    t_comp_shared: tuple = ()
+    codecs: dict = field(default_factory=dict)  # name -> (ratio r, encode s/B, decode s/B)
+    source: dict = field(default_factory=dict)  # figure -> how it was obtained
+
+    @property
+    def grad_bytes(self) -> int:
+        return 4 * self.n_params
+
+    def codec(self, name: str) -> tuple[float, float, float]:
+        """(r, e, d) of a codec; none is (1, 0, 0)."""
+        if name == "none":
+            return 1.0, 0.0, 0.0
+        if name not in self.codecs:
+            raise ValueError(f"no calibration for codec {name!r}; have {sorted(self.codecs)}")
+        return tuple(self.codecs[name])
+
+    def with_network(self, alpha: float | None = None, bandwidth: float | None = None):
+        """The same machine on another network (for sweeps)."""
+        return replace(
+            self,
+            alpha=self.alpha if alpha is None else alpha,
+            bandwidth=self.bandwidth if bandwidth is None else bandwidth,
+        )
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Calibration:
+        return cls(**{**d, "codecs": {k: tuple(v) for k, v in d.get("codecs", {}).items()}})
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One method's predicted iteration time and its parts (seconds)."""
+
+    algo: str
+    codec: str
+    world_size: int
+    width: int
+    iter_time_s: float  # the cycle: time between two consecutive steps of one worker
+    compute_s: float  # t_comp (under core sharing) + t_u on the worker's critical path
+    comm_s: float  # communication time of one iteration (T_ar, or the PS round's share)
+    hidden_s: float  # communication that overlaps computation
+    bound: str  # which resource sets the cycle (compute, network, cpu, server, chain)
+
+    @property
+    def label(self) -> str:
+        return run_label(self.algo, self.codec)
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "label": self.label}
+
+
+def run_label(algo: str, codec: str = "none") -> str:
+    return algo if codec == "none" else f"{algo}+{codec}"
+
+
+# --- the formulas ---------------------------------------------------------------------------
+
+
+def ring_allreduce_time(
+    p: int,
+    nbytes: float,
+    alpha: float,
+    bandwidth: float,
+    gamma: float = 0.0,
+    ratio: float = 1.0,
+    encode: float = 0.0,
+    decode: float = 0.0,
+) -> float:
+    """T_ar of the module docstring: 2(p-1) alpha + 2(p-1)/p M/(rB) + (p-1)/p M gamma + codec."""
+    if p <= 1:
+        return 0.0
+    hops = 2 * (p - 1) * alpha
+    wire = 2 * (p - 1) / p * nbytes / (ratio * bandwidth)
+    reduce = (p - 1) / p * nbytes * gamma
+    codec = nbytes * (decode + encode) + (p - 1) / p * nbytes * decode if ratio != 1 else 0.0
+    return hops + wire + reduce + codec
+
+
+def compute_time(cal: Calibration, k: float) -> float:
+    """t_comp when k workers compute at once: measured (cal.t_comp_shared, interpolated
+    linearly between whole k), else t_comp * max(1, k / cores)."""
+    table = cal.t_comp_shared
+    if not table:
+        return cal.t_comp * max(1.0, k / cal.cores)
+    k = min(max(k, 1.0), float(len(table)))
+    lo = int(math.floor(k))
+    hi = min(lo + 1, len(table))
+    frac = k - lo
+    return table[lo - 1] * (1 - frac) + table[hi - 1] * frac
+
+
+def shared_compute(cal: Calibration, concurrency) -> float:
+    """t_comp when the workers share the cores and k (the number computing at once) depends on
+    t_comp itself: `concurrency(t)` gives k, solved by fixed-point iteration (it converges: k
+    grows with t, and t with k, both bounded)."""
+    t = cal.t_comp
+    for _ in range(50):
+        k = concurrency(t)
+        t_new = compute_time(cal, k)
+        if abs(t_new - t) < 1e-9:
+            break
+        t = 0.5 * (t + t_new)  # damped: the map can overshoot where k jumps
+    return t
+
+
+def predict(algo: str, world_size: int, cal: Calibration, codec: str = "none", width: int = 2):
+    """The predicted iteration time of `algo` on p = world_size workers (a Prediction)."""
+    p, M = world_size, cal.grad_bytes
+    a, B, g, C = cal.alpha, cal.bandwidth, cal.gamma, cal.cores
+    r, e, d = cal.codec(codec)
+    tu = cal.t_update
+    if algo in ("sync", "pipe"):
+        tc = compute_time(cal, p)  # lock step: all p compute at once
+        t_ar = ring_allreduce_time(p, M, a, B, g, r, e, d)
+        if algo == "sync" or width == 1:
+            return Prediction(algo, codec, p, 1, tc + t_ar + tu, tc + tu, t_ar, 0.0, "sum")
+        moved = 2 * 2 * (p - 1) / p * M / r  # bytes sent + received per AllReduce
+        cpu_comm = moved * cal.copy + (t_ar - 2 * (p - 1) * a - 2 * (p - 1) / p * M / (r * B))
+        bounds = {
+            "compute": tc + tu,
+            "network": t_ar,
+            "chain": (tc + tu + t_ar) / width,
+            "cpu": tc + p * (tu + cpu_comm) / C,  # all CPU work of p workers on C cores
+        }
+        bound = max(bounds, key=bounds.get)
+        it = bounds[bound]
+        return Prediction(algo, codec, p, width, it, tc + tu, t_ar, min(t_ar, tc + tu), bound)
+    if algo == "ps-sync":
+        pull = M / B
+        tc = shared_compute(cal, lambda t: min(p, 1 + t / max(pull, 1e-12)))
+        comm = 2 * a + p * M / B + M / (r * B)  # Eq. ps-sync: p pulls out, the last push in
+        server = p * M * (g + d) + tu
+        return Prediction(algo, codec, p, 1, tc + comm + server, tc, comm, 0.0, "server")
+    if algo == "ps-async":
+        comm = 2 * a + M / (r * B) + M / B
+
+        def busy(t: float) -> float:
+            return p * t / (t + comm + tu)  # workers computing at once, on average
+
+        tc = shared_compute(cal, busy)
+        cycle = tc + comm + tu + M * d
+        server = p * M / B  # the server's link: B/M pulls per second for p workers
+        it, bound = (cycle, "worker") if cycle >= server else (server, "server")
+        return Prediction(algo, codec, p, 1, it, tc, comm, 0.0, bound)
+    raise ValueError(f"unknown algo {algo!r}; choose one of {', '.join(ALGOS)}")
+
+
+# The runs of `pipesgd compare`, in its table's order: (algo, codec).
+COMPARE_RUNS = (
+    ("ps-sync", "none"),
+    ("ps-async", "none"),
+    ("sync", "none"),
+    ("pipe", "none"),
+    ("pipe", "trunc16"),
+    ("pipe", "q8"),
+)
+
+
+def predict_all(world_size: int, cal: Calibration, runs=COMPARE_RUNS, width: int = 2):
+    """Predictions for every (algo, codec) of `runs`, keyed by run_label."""
+    return {
+        run_label(algo, codec): predict(algo, world_size, cal, codec, width) for algo, codec in runs
+    }
+
+
+# --- calibration: measure the figures on this machine ------------------------------------------
+
+
+def _median_time(fn, reps: int, warmup: int = 2) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (taskset/cgroup-aware where the OS tells)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def time_compute(cfg, reps: int = 10) -> tuple[int, float, float]:
+    """(n_params, t_comp, t_update) of cfg's model and batch size, timed in this process."""
+    from pipesgd_ref.algorithms.worker import WorkerSetup
+
+    w = WorkerSetup.build(cfg.replace(resume=""), 0, cfg.world_size)
+    grads = np.empty_like(w.params)
+    step = iter(range(10**9))
+    with _one_blas_thread():  # as in a worker (launch.pin_to_core): one core, one BLAS thread
+        t_comp = _median_time(lambda: w.loss_and_grad(next(step), grads), reps)
+        params = w.params.copy()
+        t_update = _median_time(lambda: w.model.backend.sgd_step(params, grads, 1e-12), reps)
+    return w.model.n_params, t_comp, t_update
+
+
+def _one_blas_thread():
+    try:
+        from threadpoolctl import threadpool_limits
+
+        return threadpool_limits(1)
+    except ImportError:  # without threadpoolctl, BLAS decides (as in the workers)
+        from contextlib import nullcontext
+
+        return nullcontext()
+
+
+def _compute_job(comm, cfg, reps: int) -> float:
+    from pipesgd_ref.algorithms.worker import WorkerSetup
+    from pipesgd_ref.comm.ring import barrier
+
+    w = WorkerSetup.build(cfg.replace(resume=""), comm.rank, comm.world_size)
+    grads = np.empty_like(w.params)
+    w.loss_and_grad(0, grads)
+    barrier(comm)  # start together: all k compute at once
+    times = []
+    for step in range(1, reps + 1):
+        start = time.perf_counter()
+        w.loss_and_grad(step, grads)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def time_shared_compute(cfg, max_k: int, reps: int = 12) -> tuple[float, ...]:
+    """t_comp with k = 1..max_k worker processes computing at once, pinned as the workers are
+    (launch.pin_to_core): the median over ranks and steps, for each k."""
+    from pipesgd_ref.launch import launch_local
+
+    out = []
+    for k in range(1, max_k + 1):
+        per_rank = launch_local(k, _compute_job, (cfg, reps), start_method="fork")
+        out.append(statistics.median(per_rank))
+    return tuple(out)
+
+
+def time_codecs(n: int, backend: str = "numpy", names=("trunc16", "bf16", "q8"), reps: int = 5):
+    """{codec: (r, encode s/byte, decode-add s/byte)} on an n-element gradient."""
+    from pipesgd_ref.codecs import get_codec
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(n).astype(np.float32)
+    acc = np.zeros_like(x)
+    out = {}
+    for name in names:
+        codec = get_codec(name, backend)
+        codes = np.empty(codec.wire_bytes(n), np.uint8)
+        e = _median_time(lambda c=codec, b=codes: c.encode(x, b), reps) / (4 * n)
+        d = _median_time(lambda c=codec, b=codes: c.add_decoded_into(b, acc), reps) / (4 * n)
+        out[name] = (4 * n / codec.wire_bytes(n), e, d)
+    return out
+
+
+def time_gamma_and_copy(n: int, reps: int = 5) -> tuple[float, float]:
+    """(gamma, copy) in s per byte: dst += src, and a memory copy (a socket moves every byte
+    through at least one copy on each side)."""
+    a = np.ones(max(n, 1024), np.float32)
+    b = np.ones_like(a)
+    gamma = _median_time(lambda: np.add(a, b, out=a), reps) / a.nbytes
+    copy = _median_time(lambda: np.copyto(a, b), reps) / a.nbytes
+    return gamma, copy
+
+
+def _hop_job(comm, reps: int) -> float:
+    from pipesgd_ref.comm.ring import allreduce, barrier
+
+    x = np.ones(comm.world_size, np.float32)
+    barrier(comm)
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        allreduce(comm, x)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure_hop(world_size: int, reps: int = 50) -> float:
+    """Software cost of one ring hop among `world_size` local processes: a tiny AllReduce (a
+    ping-pong round the ring, 2(p-1) hops), unemulated, divided by its hop count."""
+    from pipesgd_ref.launch import launch_local
+
+    if world_size < 2:
+        return 0.0
+    per_rank = launch_local(world_size, _hop_job, (reps,), start_method="fork")
+    return max(per_rank) / (2 * (world_size - 1))
+
+
+def calibrate(cfg, network: dict | None = None, log=None) -> Calibration:
+    """Measure every figure of the models for cfg (model, batch size, world size, link).
+
+    `network` may carry already measured {"hop": s, "stream": bytes/s} (they depend only on
+    the machine and p, so a sweep measures them once)."""
+    from pipesgd_ref.bench import measure_p2p
+    from pipesgd_ref.config import link_model
+
+    n, t_comp, t_update = time_compute(cfg)
+    shared = time_shared_compute(cfg, cfg.world_size)
+    gamma, copy = time_gamma_and_copy(n)
+    codecs = time_codecs(n, cfg.backend)
+    net = dict(network or {})
+    if "hop" not in net:
+        net["hop"] = measure_hop(cfg.world_size)
+    if "stream" not in net:
+        net["stream"], _ = measure_p2p(nbytes=16 << 20, reps=4)
+    link = link_model(cfg)
+    cal = Calibration(
+        n_params=n,
+        t_comp=t_comp,
+        t_update=t_update,
+        alpha=link.latency + net["hop"],
+        bandwidth=min(link.bandwidth, net["stream"]),
+        gamma=gamma,
+        copy=copy,
+        cores=usable_cores(),
+        t_comp_shared=shared,
+        codecs=codecs,
+        source={
+            "t_comp": f"median of 10 timed loss_and_grad, batch {cfg.batch_size}, this process",
+            "t_update": "median of 10 timed sgd_step",
+            "alpha": f"emulated latency {link.latency:g} s + measured hop {net['hop']:.3g} s",
+            "bandwidth": (
+                f"min(emulated {link.bandwidth:.4g}, streamed {net['stream']:.4g}) bytes/s"
+            ),
+            "gamma": "np.add over the gradient",
+            "cores": "os.sched_getaffinity",
+            "t_comp_shared": f"median of {12} timed loss_and_grad in k pinned processes at once",
+        },
+    )
+    if log:
+        log(describe(cal))
+    return cal
+
+
+def describe(cal: Calibration) -> str:
+    """One paragraph of the calibrated figures, in the units people read."""
+    from pipesgd_ref.comm.netem import format_bandwidth, format_bytes, format_seconds
+
+    codecs = ", ".join(
+        f"{k}: r={r:.2f} e={e * 1e9:.2f} d={d * 1e9:.2f} ns/B"
+        for k, (r, e, d) in cal.codecs.items()
+    )
+    return (
+        f"n={cal.n_params} params (M={format_bytes(cal.grad_bytes)}), "
+        f"t_comp={format_seconds(cal.t_comp)}, t_u={format_seconds(cal.t_update)}, "
+        f"alpha={format_seconds(cal.alpha)}, B={format_bandwidth(cal.bandwidth)}, "
+        f"gamma={cal.gamma * 1e9:.3f} ns/B, copy={cal.copy * 1e9:.3f} ns/B, cores={cal.cores}, "
+        f"t_comp(k=1..)=[{', '.join(f'{t * 1e3:.2f}' for t in cal.t_comp_shared)}] ms"
+        + (f"; {codecs}" if codecs else "")
+    )
+
+
+def speedups(preds: dict, baseline: str = "ps-sync") -> dict:
+    """{label: baseline iteration time / label's}: how many times faster per iteration."""
+    base = preds[baseline].iter_time_s
+    return {k: base / v.iter_time_s for k, v in preds.items()}
+
+
+def sweep_values(spec: str) -> tuple[str, list[float]]:
+    """'bandwidth=100Mbit..100Gbit' -> ('bandwidth', [bytes/s ...], log-spaced, 13 points);
+    'world_size=2..64' -> ('world_size', [2, 3, 4, ..., 64] in powers of two and between)."""
+    from pipesgd_ref.comm.netem import parse_bandwidth, parse_latency
+
+    if "=" not in spec or ".." not in spec:
+        raise ValueError(
+            f"cannot read sweep {spec!r}: expected KEY=LOW..HIGH, e.g. bandwidth=100Mbit..100Gbit "
+            f"or world_size=2..64"
+        )
+    key, rng = spec.split("=", 1)
+    key = key.strip().replace("-", "_")
+    lo_text, hi_text = rng.split("..", 1)
+    if key == "world_size":
+        lo, hi = int(lo_text), int(hi_text)
+        if not 1 <= lo < hi:
+            raise ValueError(f"world_size sweep needs 1 <= LOW < HIGH, got {lo}..{hi}")
+        vals = sorted({lo, hi} | {2**k for k in range(1, 20) if lo < 2**k < hi}
+                      | {3 * 2**k for k in range(0, 20) if lo < 3 * 2**k < hi})  # fmt: skip
+        return key, [float(v) for v in vals]
+    parse = {"bandwidth": parse_bandwidth, "latency": parse_latency}.get(key)
+    if parse is None:
+        raise ValueError(f"cannot sweep {key!r}: choose bandwidth, latency or world_size")
+    lo, hi = parse(lo_text), parse(hi_text)
+    if not 0 < lo < hi < math.inf:
+        raise ValueError(f"{key} sweep needs 0 < LOW < HIGH, finite; got {lo_text}..{hi_text}")
+    return key, list(np.geomspace(lo, hi, 13))
