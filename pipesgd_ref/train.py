@@ -164,48 +164,69 @@ def is_ps(algo: str) -> bool:
     return algo.startswith("ps-")
 
 
-class _Progress:
-    """Rank 0's progress bar (iterations, loss, samples/s) and per-epoch test accuracy."""
+class _Recorder:
+    """Rank 0's view of a run, called after every update: a progress bar (iterations, loss,
+    samples/s; optional), a loss line per epoch, and a copy of the weights every
+    cfg.eval_every steps. The copies are evaluated on the test set only after training
+    (`eval_curve`): evaluating during the run would slow rank 0, and with it every rank, by
+    exactly the time it took, and distort the times it measures."""
 
-    def __init__(self, cfg: TrainConfig, total: int, per_epoch: int, model, data):
+    def __init__(self, cfg: TrainConfig, total: int, per_epoch: int, per_step: int, bar: bool,
+                 label: str | None = None):  # fmt: skip
         from tqdm.auto import tqdm
 
-        self.cfg, self.model, self.data = cfg, model, data
+        self.cfg = cfg
         self.steps, self.steps_per_epoch = total, per_epoch  # in updates of rank 0
-        self.bar = tqdm(total=total, desc=cfg.algo, unit="step", disable=None, leave=False)
+        self.per_step = per_step  # updates per step: p for ps-async's server, else 1
+        self.bar = tqdm(total=total, desc=label or cfg.algo, unit="step",
+                        disable=None if bar else True, leave=False)  # fmt: skip
         self.start = time.perf_counter()
         self.log = logging.getLogger("pipesgd.train")
+        self.snapshots: list[tuple[int, float, np.ndarray]] = []  # (step, perf_counter, params)
 
     def __call__(self, step: int, params: np.ndarray, loss: float) -> None:
+        now = time.perf_counter()
         done = step + 1
-        elapsed = time.perf_counter() - self.start
+        every = self.cfg.eval_every * self.per_step
+        if every and done % every == 0:
+            self.snapshots.append((done // self.per_step, now, params.copy()))
         self.bar.update(1)
-        rate = self.cfg.world_size * self.cfg.batch_size * done / max(elapsed, 1e-9)
-        self.bar.set_postfix(loss=f"{loss:.4f}", samples_s=f"{rate:.0f}")
+        rate = self.cfg.world_size * self.cfg.batch_size * done / max(now - self.start, 1e-9)
+        self.bar.set_postfix(loss=f"{loss:.4f}", samples_s=f"{rate / self.per_step:.0f}")
         if done % self.steps_per_epoch == 0 and done < self.steps:
-            acc = self.model.accuracy(params, self.data.X_test, self.data.y_test)
-            self.log.info("epoch %d (step %d): loss %.4f, test accuracy %.4f",
-                          done // self.steps_per_epoch, done, loss, acc)  # fmt: skip
+            self.log.info("epoch %d (step %d): loss %.4f", done // self.steps_per_epoch,
+                          done // self.per_step, loss)  # fmt: skip
+
+    def eval_curve(self, model, data) -> list[dict]:
+        """[{step, time (perf_counter s), test_accuracy}] of the snapshots, evaluated now."""
+        return [
+            {"step": step, "time": when, "test_accuracy": model.accuracy(params, data.X_test,
+                                                                         data.y_test)}
+            for step, when, params in self.snapshots
+        ]  # fmt: skip
 
     def close(self) -> None:
         self.bar.close()
 
 
-def _train_job(comm, cfg: TrainConfig, show_progress: bool) -> WorkerResult:
+def _train_job(comm, cfg: TrainConfig, show_progress: bool, label: str | None = None):
     from pipesgd_ref.algorithms.worker import WorkerSetup
 
-    progress = None
-    if show_progress and comm.rank == 0:
-        w = WorkerSetup.build(cfg, 0, cfg.world_size)
+    recorder = setup = None
+    if comm.rank == 0:
+        setup = WorkerSetup.build(cfg, 0, cfg.world_size)
         # ps-async's server counts one update per push: p per step.
         per_step = cfg.world_size if cfg.algo == "ps-async" else 1
-        progress = _Progress(cfg, w.steps * per_step, w.sampler.steps_per_epoch * per_step,
-                             w.model, w.data)  # fmt: skip
+        recorder = _Recorder(cfg, setup.steps * per_step, setup.sampler.steps_per_epoch * per_step,
+                             per_step, show_progress, label)  # fmt: skip
     try:
-        return _worker_fn(cfg.algo)(comm, cfg, progress)
+        result = _worker_fn(cfg.algo)(comm, cfg, recorder)
     finally:
-        if progress is not None:
-            progress.close()
+        if recorder is not None:
+            recorder.close()
+    if recorder is not None:  # after training: the evaluation costs the run nothing
+        result.extra["eval_curve"] = recorder.eval_curve(setup.model, setup.data)
+    return result
 
 
 def summarise(cfg: TrainConfig, results: list[WorkerResult], wall: float) -> dict[str, Any]:
@@ -225,6 +246,13 @@ def summarise(cfg: TrainConfig, results: list[WorkerResult], wall: float) -> dic
     tail = losses[-max(1, steps // 20) :]
     start = min(e["ts"] for e in events) / 1e6 if events else ends[0]
     comm_names = ("allreduce", "push", "pull")
+    test_accuracy = setup.model.accuracy(answer.params, setup.data.X_test, setup.data.y_test)
+    eval_curve = [
+        {"step": e["step"], "wall_time_s": float(e["time"] - start),
+         "test_accuracy": e["test_accuracy"]}
+        for e in answer.extra.get("eval_curve", [])
+    ]  # fmt: skip
+    reached = next((e for e in eval_curve if e["test_accuracy"] >= cfg.target_accuracy), None)
     return {
         "algo": cfg.algo,
         "world_size": cfg.world_size,
@@ -239,9 +267,11 @@ def summarise(cfg: TrainConfig, results: list[WorkerResult], wall: float) -> dic
         "t_comm_s": median_duration(events, comm_names),
         "comm_hidden_fraction": hidden_fraction(events, comm_names),
         "final_train_loss": float(np.mean(tail)),
-        "test_accuracy": setup.model.accuracy(
-            answer.params, setup.data.X_test, setup.data.y_test
-        ),  # fmt: skip
+        "test_accuracy": test_accuracy,
+        "target_accuracy": cfg.target_accuracy,
+        # the first evaluation (every cfg.eval_every steps) at or above the target
+        "steps_to_target": reached["step"] if reached else None,
+        "time_to_target_s": reached["wall_time_s"] if reached else None,
         "bytes_sent_per_rank": [r.bytes_sent for r in results],
         "params_identical_on_all_ranks": all(
             np.array_equal(r.params, answer.params) for r in results
@@ -256,6 +286,7 @@ def summarise(cfg: TrainConfig, results: list[WorkerResult], wall: float) -> dic
             }
             for t in range(steps)
         ],
+        "eval_curve": eval_curve,
     }
 
 
@@ -267,8 +298,14 @@ def _histogram(values: list[int] | None) -> dict[str, int] | None:
     return {str(k): int(c) for k, c in enumerate(counts) if c}
 
 
-def run_training(cfg: TrainConfig, progress: bool = True, log: Callable[[str], None] = print):
-    """Run cfg.algo on cfg.world_size local worker processes; return (summary, results)."""
+def run_training(
+    cfg: TrainConfig,
+    progress: bool = True,
+    log: Callable[[str], None] = print,
+    label: str | None = None,
+):
+    """Run cfg.algo on cfg.world_size local worker processes; return (summary, results).
+    `label` names the run on its progress bar (default: the algo)."""
     from pipesgd_ref.config import link_model
     from pipesgd_ref.launch import launch_local
     from pipesgd_ref.trace import chrome_trace
@@ -291,7 +328,8 @@ def run_training(cfg: TrainConfig, progress: bool = True, log: Callable[[str], N
         f"link: {model if model.enabled else 'not emulated'}")  # fmt: skip
     start = time.perf_counter()
     ranks = cfg.world_size + 1 if is_ps(cfg.algo) else cfg.world_size
-    results = launch_local(ranks, _train_job, (cfg, progress), model=model, star=is_ps(cfg.algo),
+    job_args = (cfg, progress, label)
+    results = launch_local(ranks, _train_job, job_args, model=model, star=is_ps(cfg.algo),
                            timeout=cfg.timeout, start_method="fork")  # fmt: skip
     wall = time.perf_counter() - start
     summary = summarise(cfg, results, wall)
@@ -300,6 +338,10 @@ def run_training(cfg: TrainConfig, progress: bool = True, log: Callable[[str], N
         f"{summary['iter_time_s'] * 1e3:.2f} ms, final train loss "
         f"{summary['final_train_loss']:.4f}, test accuracy {summary['test_accuracy']:.4f}"
     )
+    if summary["time_to_target_s"] is not None:
+        log(f"{cfg.algo}: test accuracy {cfg.target_accuracy:.2%} reached at step "
+            f"{summary['steps_to_target']}, {summary['time_to_target_s']:.2f} s into "
+            f"training")  # fmt: skip
     if cfg.out:
         out = Path(cfg.out)
         write_json(out / "summary.json", summary)
