@@ -4,15 +4,17 @@
     pipesgd train [config options]                            --algo in worker processes over TCP
     pipesgd reference [config options]                        one run of a one-process oracle
     pipesgd config [config options]                           print the resolved configuration
+    pipesgd predict [--world-size P] [--hidden ...] [--bandwidth B] [--sweep KEY=LO..HI]
+                                                              predicted iteration times
     pipesgd bench allreduce [--world-size P] [--sizes ...] [--latency L] [--bandwidth B]
                                                               ring AllReduce benchmark
 
 Config options, applied in order: --preset NAME (laptop, tiny), --config FILE (.toml/.json),
 then any --key=value (or --key value) naming a TrainConfig field, e.g. --lr=0.05 --hidden=128,64.
 
-`compare` currently runs the one-process reference of synchronous SGD (width 1) and of
-Pipe-SGD's staleness-one update (width 2) on the same problem and prints them side by side;
-the distributed runs, the baselines and the timing models join the table as they land.
+`compare` (pipesgd_ref/compare.py) trains ps-sync, ps-async, sync, pipe, pipe+trunc16 and
+pipe+q8 on the same problem (the `compare` preset) through one emulated network and prints
+measured against predicted iteration times and the wall-clock time to the target accuracy.
 
 Bad input (unknown key, wrong type, impossible value, missing data file) prints one line that
 says what is wrong and exits with status 2, never a traceback.
@@ -22,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from pipesgd_ref.comm.transport import CommError
 from pipesgd_ref.config import (
@@ -34,7 +35,7 @@ from pipesgd_ref.config import (
 )
 from pipesgd_ref.data import DataError
 from pipesgd_ref.launch import LaunchError
-from pipesgd_ref.train import TrainingDiverged, run_reference, run_training, write_json
+from pipesgd_ref.train import TrainingDiverged, run_reference, run_training
 
 EXIT_USAGE = 2
 
@@ -54,6 +55,7 @@ def _parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("compare", help="the paper's comparison in miniature (the main job)")
     common(c)
+    c.set_defaults(preset="compare")
     c.add_argument("--quick", action="store_true", help="a short run (CI, tutorials)")
     c.add_argument("--out", dest="out_dir", default="runs/compare", help="where to write results")
     t = sub.add_parser("train", help="train with --algo in worker processes over TCP")
@@ -63,6 +65,9 @@ def _parser() -> argparse.ArgumentParser:
     common(r)
     g = sub.add_parser("config", help="print the resolved configuration as JSON")
     common(g)
+    from pipesgd_ref.predict import add_parser as add_predict_parser
+
+    add_predict_parser(sub)
     b = sub.add_parser("bench", help="benchmarks of the communication layer")
     bsub = b.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
     ar = bsub.add_parser("allreduce", help="ring AllReduce time, algbw and busbw per size")
@@ -109,33 +114,13 @@ def resolve_config(args: argparse.Namespace, rest: list[str]) -> TrainConfig:
 
 
 def cmd_compare(args: argparse.Namespace, cfg: TrainConfig) -> int:
+    from pipesgd_ref.compare import quick_config, run_compare
+    from pipesgd_ref.logs import configure_parent_logging
+
+    configure_parent_logging("WARNING")
     if args.quick:
-        cfg = cfg.replace(steps=min(cfg.steps, 150), eval_every=50)
-    runs = {}
-    methods = [("sync", 1), ("pipe (staleness 1)", 2)]
-    for i, (name, width) in enumerate(methods, 1):
-        label = f"[{i}/{len(methods)}] {name}"
-        runs[name] = run_reference(
-            cfg.replace(width=width, out=""), not args.no_progress, label=label
-        )
-    print()
-    print(f"one-process reference, {cfg.world_size} workers, {cfg.dataset}, {cfg.model}:")
-    to_target = f"steps to {cfg.target_accuracy:.0%}"
-    header = (
-        f"{'method':<20} {'steps':>6} {'wall s':>8} {'train loss':>11} {'test acc':>9} "
-        f"{to_target:>14}"
-    )
-    print(header)
-    print("-" * len(header))
-    for name, s in runs.items():
-        to_target = s["steps_to_target"] if s["steps_to_target"] is not None else "not reached"
-        print(
-            f"{name:<20} {s['steps']:>6} {s['wall_time_s']:>8.2f} {s['final_train_loss']:>11.4f} "
-            f"{s['test_accuracy']:>9.4f} {to_target:>14}"
-        )
-    path = Path(args.out_dir) / "compare.json"
-    write_json(path, {"kind": "reference", "runs": runs, "config": cfg.to_dict()})
-    print(f"\nwrote {path}")
+        cfg = quick_config(cfg)
+    run_compare(cfg, out=args.out_dir, progress=not args.no_progress)
     return 0
 
 
@@ -170,10 +155,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args, rest = parser.parse_known_args(argv)
-    if args.command == "bench":
+    if args.command in ("bench", "predict"):
         if rest:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
         try:
+            if args.command == "predict":
+                from pipesgd_ref.predict import cmd_predict
+
+                return cmd_predict(args)
             return cmd_bench(args)
         except (ConfigError, LaunchError, CommError) as e:
             print(f"pipesgd: error: {e}", file=sys.stderr)

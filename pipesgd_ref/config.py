@@ -52,10 +52,18 @@ class TrainConfig:
     codec: str = "none"  # none | trunc16 | bf16 | q8: how gradients travel the ring
     error_feedback: bool = False  # add what the codec dropped to the next step's gradient
     codec_pull: str = "none"  # parameter server: codec of pulled weights (none = full precision)
+    # ps-sync: the server sends a version's p pulls one after another ("sequential": worker i
+    # has its weights after (i+1) M/B) or all at once sharing its link ("shared": all after
+    # p M/B, the conventional server that PAPER.md models)
+    ps_pulls: str = "sequential"
     # --- network ---
     latency: str = "0"  # emulated per-message latency per link, e.g. 50us, 1ms (0 = none)
     bandwidth: str = "inf"  # emulated bandwidth per link and direction, e.g. 1Gbit, 125MB
     timeout: float = 60.0  # seconds any wait on a peer may take before it is an error
+    # Workers sharing CPU cores: compute at the lowest CPU priority (Linux SCHED_IDLE), so a
+    # communication thread that wakes up runs at once instead of waiting for another worker's
+    # computation to yield the core (on a cluster the NIC does not wait for the GPU either).
+    comm_first: bool = True
     # --- reporting ---
     eval_every: int = 100  # steps between test-accuracy evaluations (0 = only at the end)
     target_accuracy: float = 0.95  # test accuracy whose first crossing is reported (time/steps)
@@ -99,6 +107,8 @@ class TrainConfig:
             problems.append(
                 f"codec_pull must be none, trunc16, bf16 or q8, got {self.codec_pull!r}"
             )
+        if self.ps_pulls not in ("sequential", "shared"):
+            problems.append(f"ps_pulls must be sequential or shared, got {self.ps_pulls!r}")
         if self.algo not in ALGOS:
             problems.append(f"algo must be one of {', '.join(ALGOS)}, got {self.algo!r}")
         if not self.timeout > 0:
@@ -148,6 +158,13 @@ PRESETS: dict[str, dict[str, Any]] = {
     # digits, 4 workers, a small MLP: seconds on a laptop, ~97% test accuracy
     "laptop": dict(dataset="digits", model="mlp", hidden=(64,), world_size=4, batch_size=32,
                    lr=0.1, steps=600, eval_every=100),
+    # `pipesgd compare`: digits on an MLP of 301k parameters (a 1.2 MB gradient), 4 workers,
+    # on an emulated network where a ring AllReduce of the gradient takes about as long as
+    # computing it on this kind of machine (2 cores shared by 4 workers): the paper's
+    # communication-heavy regime. A test-accuracy evaluation every step gives time to target.
+    "compare": dict(dataset="digits", model="mlp", hidden=(512, 512), world_size=4,
+                    batch_size=128, lr=0.1, steps=150, eval_every=1, target_accuracy=0.95,
+                    latency="50us", bandwidth="500Mbit"),
     # the smallest run that still learns: for CI, tutorials and smoke tests
     "tiny": dict(dataset="digits", model="softmax", hidden=(), world_size=2, batch_size=16,
                  lr=0.1, steps=60, eval_every=20, target_accuracy=0.8),

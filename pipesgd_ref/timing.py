@@ -23,7 +23,7 @@ of a chunk encodes and decodes it once more: (p-1)/p M (d + e) + (p-1)/p M d + 1
 Synchronous AllReduce SGD (algorithms/sync.py): compute, then communicate, then update; nothing
 overlaps:
 
-    T_sync = t_comp + T_ar + t_u
+    T_sync = t_comp + T_ar + t_u      (on shared cores: at least the cpu bound below, too)
 
 Pipe-SGD of width K (algorithms/pipe.py). Two resources per worker, the compute thread (needs
 t_comp + t_u per iteration) and the communication thread (needs T_ar). With K iterations in
@@ -44,7 +44,11 @@ averages p gradients (p M gamma, plus p decodes with a codec) and updates:
     T_ps-sync = t_comp + 2 alpha + p M/B + M/(rB) + p M gamma + t_u   (+ p M d with a codec)
 
 (PAPER.md writes 2pM/B: all pulls sent at once sharing the link; comm/ps.py explains why this
-server pays (p+1) M/B.)
+server pays (p+1) M/B.) With --ps-pulls=shared the server does send them at once: all workers
+have their weights after p M/B, compute together (k = p), and their p pushes queue on the
+ingress wire:
+
+    T_ps-sync(shared) = t_comp + 2 alpha + p M/B + p M/(rB) + p M gamma + t_u
 
 Parameter server, asynchronous. Each worker loops compute, push, pull on its own; the server
 applies each push on arrival. A worker's cycle is t_comp + 2 alpha + M/(rB) + M/B (+ t_u of the
@@ -60,7 +64,10 @@ ps-async workers compute a t_comp/cycle share of the time. Both are fixed points
 iteration in `shared_compute`. Pipe-SGD on shared cores has a third bound besides compute and
 network: every byte a rank sends or receives costs CPU time too (copies and reductions), which
 the communication thread takes from the same cores: t_comp(p shared) + p (t_u + cpu_comm) / C,
-where cpu_comm = 2 * 2(p-1)/p * M/r * copy + (p-1)/p M gamma + codec.
+where cpu_comm = 2 * 2(p-1)/p * M/r * copy + (p-1)/p M gamma + codec. No schedule beats that
+CPU work divided by the cores, so the cpu bound holds for synchronous SGD as well:
+T_sync = max(t_comp + T_ar + t_u, cpu bound) (its sum assumes every worker has its own core for
+its copies, reductions and update; on C < p cores they queue like the computations do).
 
 Calibration (`calibrate`): t_comp and t_u are timed on the actual model and batch size in this
 process; gamma, copy and the codecs' e and d are timed on gradient-sized arrays; alpha and B are
@@ -126,7 +133,15 @@ class Calibration:
 
     @classmethod
     def from_dict(cls, d: dict) -> Calibration:
-        return cls(**{**d, "codecs": {k: tuple(v) for k, v in d.get("codecs", {}).items()}})
+        # JSON has no tuples: turn the lists back, so that from_dict(to_dict(c)) == c after a
+        # round trip through a file, too.
+        return cls(
+            **{
+                **d,
+                "t_comp_shared": tuple(d.get("t_comp_shared", ())),
+                "codecs": {k: tuple(v) for k, v in d.get("codecs", {}).items()},
+            }
+        )
 
 
 @dataclass(frozen=True)
@@ -180,13 +195,18 @@ def ring_allreduce_time(
 
 def compute_time(cal: Calibration, k: float) -> float:
     """t_comp when k workers compute at once: measured (cal.t_comp_shared, interpolated
-    linearly between whole k), else t_comp * max(1, k / cores)."""
+    linearly between whole k), else t_comp * max(1, k / cores). Beyond the table (a sweep to
+    more workers than were measured) its last entry is scaled by the same core-sharing law:
+    t(k) = t(K) * max(1, k / cores) / max(1, K / cores), K = len(table)."""
     table = cal.t_comp_shared
     if not table:
         return cal.t_comp * max(1.0, k / cal.cores)
-    k = min(max(k, 1.0), float(len(table)))
+    n = len(table)
+    if k > n:  # unmeasured: k / cores of a core each, relative to the last measured point
+        return table[-1] * max(1.0, k / cal.cores) / max(1.0, n / cal.cores)
+    k = max(k, 1.0)
     lo = int(math.floor(k))
-    hi = min(lo + 1, len(table))
+    hi = min(lo + 1, n)
     frac = k - lo
     return table[lo - 1] * (1 - frac) + table[hi - 1] * frac
 
@@ -205,8 +225,16 @@ def shared_compute(cal: Calibration, concurrency) -> float:
     return t
 
 
-def predict(algo: str, world_size: int, cal: Calibration, codec: str = "none", width: int = 2):
-    """The predicted iteration time of `algo` on p = world_size workers (a Prediction)."""
+def predict(
+    algo: str,
+    world_size: int,
+    cal: Calibration,
+    codec: str = "none",
+    width: int = 2,
+    ps_pulls: str = "sequential",
+):
+    """The predicted iteration time of `algo` on p = world_size workers (a Prediction).
+    `ps_pulls`: how ps-sync's server sends its pulls (comm/ps.py): "sequential" or "shared"."""
     p, M = world_size, cal.grad_bytes
     a, B, g, C = cal.alpha, cal.bandwidth, cal.gamma, cal.cores
     r, e, d = cal.codec(codec)
@@ -214,19 +242,28 @@ def predict(algo: str, world_size: int, cal: Calibration, codec: str = "none", w
     if algo in ("sync", "pipe"):
         tc = compute_time(cal, p)  # lock step: all p compute at once
         t_ar = ring_allreduce_time(p, M, a, B, g, r, e, d)
-        if algo == "sync" or width == 1:
-            return Prediction(algo, codec, p, 1, tc + t_ar + tu, tc + tu, t_ar, 0.0, "sum")
         moved = 2 * 2 * (p - 1) / p * M / r  # bytes sent + received per AllReduce
         cpu_comm = moved * cal.copy + (t_ar - 2 * (p - 1) * a - 2 * (p - 1) / p * M / (r * B))
+        cpu = tc + p * (tu + cpu_comm) / C  # all CPU work of p workers on C cores
+        if algo == "sync" or width == 1:
+            # Nothing overlaps: the sum; but on shared cores the p updates and AllReduces
+            # queue for the cores too, and no schedule beats the cpu bound.
+            it, bound = (tc + t_ar + tu, "sum") if tc + t_ar + tu >= cpu else (cpu, "cpu")
+            return Prediction(algo, codec, p, 1, it, tc + tu, t_ar, 0.0, bound)
         bounds = {
             "compute": tc + tu,
             "network": t_ar,
             "chain": (tc + tu + t_ar) / width,
-            "cpu": tc + p * (tu + cpu_comm) / C,  # all CPU work of p workers on C cores
+            "cpu": cpu,
         }
         bound = max(bounds, key=bounds.get)
         it = bounds[bound]
         return Prediction(algo, codec, p, width, it, tc + tu, t_ar, min(t_ar, tc + tu), bound)
+    if algo == "ps-sync" and ps_pulls == "shared":
+        tc = compute_time(cal, p)  # every worker has its weights at once: all p compute
+        comm = 2 * a + p * M / B + p * M / (r * B)  # p pulls out together, then p pushes in
+        server = p * M * (g + d) + tu
+        return Prediction(algo, codec, p, 1, tc + comm + server, tc, comm, 0.0, "server")
     if algo == "ps-sync":
         pull = M / B
         tc = shared_compute(cal, lambda t: min(p, 1 + t / max(pull, 1e-12)))
@@ -258,10 +295,17 @@ COMPARE_RUNS = (
 )
 
 
-def predict_all(world_size: int, cal: Calibration, runs=COMPARE_RUNS, width: int = 2):
+def predict_all(
+    world_size: int,
+    cal: Calibration,
+    runs=COMPARE_RUNS,
+    width: int = 2,
+    ps_pulls: str = "sequential",
+):
     """Predictions for every (algo, codec) of `runs`, keyed by run_label."""
     return {
-        run_label(algo, codec): predict(algo, world_size, cal, codec, width) for algo, codec in runs
+        run_label(algo, codec): predict(algo, world_size, cal, codec, width, ps_pulls)
+        for algo, codec in runs
     }
 
 
@@ -449,8 +493,12 @@ def describe(cal: Calibration) -> str:
         f"n={cal.n_params} params (M={format_bytes(cal.grad_bytes)}), "
         f"t_comp={format_seconds(cal.t_comp)}, t_u={format_seconds(cal.t_update)}, "
         f"alpha={format_seconds(cal.alpha)}, B={format_bandwidth(cal.bandwidth)}, "
-        f"gamma={cal.gamma * 1e9:.3f} ns/B, copy={cal.copy * 1e9:.3f} ns/B, cores={cal.cores}, "
-        f"t_comp(k=1..)=[{', '.join(f'{t * 1e3:.2f}' for t in cal.t_comp_shared)}] ms"
+        f"gamma={cal.gamma * 1e9:.3f} ns/B, copy={cal.copy * 1e9:.3f} ns/B, cores={cal.cores}"
+        + (
+            f", t_comp(k=1..)=[{', '.join(f'{t * 1e3:.2f}' for t in cal.t_comp_shared)}] ms"
+            if cal.t_comp_shared
+            else ""
+        )
         + (f"; {codecs}" if codecs else "")
     )
 
@@ -475,7 +523,12 @@ def sweep_values(spec: str) -> tuple[str, list[float]]:
     key = key.strip().replace("-", "_")
     lo_text, hi_text = rng.split("..", 1)
     if key == "world_size":
-        lo, hi = int(lo_text), int(hi_text)
+        try:
+            lo, hi = int(lo_text), int(hi_text)
+        except ValueError:
+            raise ValueError(
+                f"cannot read sweep {spec!r}: world_size needs whole numbers, e.g. world_size=2..64"
+            ) from None
         if not 1 <= lo < hi:
             raise ValueError(f"world_size sweep needs 1 <= LOW < HIGH, got {lo}..{hi}")
         vals = sorted({lo, hi} | {2**k for k in range(1, 20) if lo < 2**k < hi}

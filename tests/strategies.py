@@ -56,3 +56,46 @@ def spd_matrices(draw, max_dim: int = 6, max_condition: float = 10.0):
     A = (A + A.T) / 2
     b = rng.normal(size=dim)
     return A, b, lam_max
+
+
+# --- timing models (tests/test_timing.py, tests/test_predict.py) ---------------------------------
+
+
+def log_uniform(lo: float, hi: float):
+    """Floats spread evenly over the decades between lo > 0 and hi (1e-6..1 reaches every scale
+    a timing model meets, which a uniform draw would not)."""
+    import math
+
+    return st.floats(math.log10(lo), math.log10(hi)).map(lambda x: 10.0**x)
+
+
+timing_world_sizes = st.integers(min_value=1, max_value=64)
+
+
+@st.composite
+def calibrations(draw, cores: int | None = None, copy: bool = True):
+    """A timing.Calibration from a laptop-sized model to a cluster-sized one: n 1..1e8 params,
+    t_comp 10 us..1 s, alpha 0..10 ms, B 1 Mbit/s..1 Tbit/s or unlimited, gamma and copy
+    0..1 ns/B, trunc16 (r = 2) and q8 (r = 4) with e, d 0..5 ns/B. cores: fixed (e.g. 10**6
+    for the textbook formulas, every worker on a core of its own), else drawn 1..64. copy=False:
+    no socket copy cost (the pure alpha-beta link)."""
+    from pipesgd_ref.timing import Calibration
+
+    def zero_or(s):  # zero is a case of its own: a free term must not break a formula
+        return st.one_of(st.just(0.0), s)
+
+    codec_cost = zero_or(log_uniform(1e-12, 5e-9))
+    return Calibration(
+        n_params=draw(st.integers(0, 8).map(lambda k: 10**k) | st.integers(1, 10**8)),
+        t_comp=draw(log_uniform(1e-5, 1.0)),
+        t_update=draw(zero_or(log_uniform(1e-7, 1e-2))),
+        alpha=draw(zero_or(log_uniform(1e-7, 1e-2))),
+        bandwidth=draw(st.one_of(log_uniform(1.25e5, 1.25e11), st.just(float("inf")))),
+        gamma=draw(zero_or(log_uniform(1e-13, 1e-9))),
+        copy=draw(zero_or(log_uniform(1e-13, 1e-9))) if copy else 0.0,
+        cores=cores if cores is not None else draw(st.integers(1, 64)),
+        codecs={
+            "trunc16": (2.0, draw(codec_cost), draw(codec_cost)),
+            "q8": (4.0, draw(codec_cost), draw(codec_cost)),
+        },
+    )

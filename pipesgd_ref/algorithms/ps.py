@@ -106,6 +106,7 @@ def _serve(comm: Communicator, cfg: TrainConfig, method: str, progress) -> Worke
     setup = WorkerSetup.build(cfg, 0, n)  # the server never computes: w_0, the model, steps
     timeline = Timeline(comm.rank)
     server = ParameterServer(comm.clients, setup.params, timeline, codec=setup.codec(),
+                             pulls=cfg.ps_pulls,
                              pull_codec=pull_codec(cfg))  # fmt: skip
     links = list(comm.clients.values())
     # Count this method's bytes only, not the rendezvous hellos already on these links.

@@ -88,6 +88,13 @@ and pushes while the other pulls are still going out, and the full-duplex link t
 in meanwhile: only the last worker's pull, compute and push are on the critical path:
 
     ps-sync (this code):  T_it = t_c + 2 alpha + (p + 1) M / B + p M gamma + t_u
+
+`pulls="shared"` (--ps-pulls=shared) sends the p pulls of a version all at once instead, as a
+server answering every worker's request at the same time over one NIC does (the conventional
+server, and PAPER.md's model): they share the link, so all arrive together after p M / B, all
+workers compute at once, and their p pushes queue on the ingress wire for p M / B more:
+
+    ps-sync (shared):     T_it = t_c + 2 alpha + 2 p M / B + p M gamma + t_u
     ps-async:             rate = min(p / (t_c + 2 alpha + 2 M / B),  B / M)   updates/s
 
 (measured under emulation: tests/test_ps.py. With full-duplex links the push of one update and
@@ -136,6 +143,8 @@ from pipesgd_ref.logs import trace
 VERDICT_MARGIN_S = 2.0
 _CODES = CODE_OF_DTYPE[np.dtype(np.uint8)]  # header dtype of codes (compressed pushes, pulls)
 
+# How ps-sync's server sends the p pulls of a version over its one link (module docstring).
+PULL_ORDERS = ("sequential", "shared")
 Apply = Callable[[int, np.ndarray], None]  # apply(version, grads): update the weights in place
 OnUpdate = Callable[[int, np.ndarray, float], None]  # (version, weights after it, loss)
 
@@ -178,10 +187,16 @@ class ServerNIC:
         self.enabled = bool(links) and self.model.enabled
         self.ingress_free = -math.inf
         self.n_links = len(links)
+        self.egress = LinkEmulator(self.model) if self.enabled else None
         if self.enabled:
-            egress = LinkEmulator(self.model)
             for link in links:
-                link.emulator = egress  # the pulls share the server's one outgoing wire
+                link.emulator = self.egress  # the pulls share the server's one outgoing wire
+
+    def book(self, nbytes: int) -> float:
+        """Book the outgoing wire for `nbytes` sent at once (several pulls sharing it); the
+        emulated arrival time of all of them (0.0 when not emulated). Equal messages sharing a
+        wire fairly all finish together, after the whole batch has crossed it."""
+        return self.egress.schedule(nbytes) if self.enabled else 0.0
 
     def arrive(self, frame: Frame) -> None:
         """Wait until `frame` (its payload already read) has crossed the ingress wire."""
@@ -214,7 +229,11 @@ class ParameterServer:
         timeline=None,
         codec=None,
         pull_codec=None,
+        pulls: str = "sequential",
     ):
+        if pulls not in PULL_ORDERS:
+            raise ValueError(f"pulls must be one of {', '.join(PULL_ORDERS)}, got {pulls!r}")
+        self.pulls = pulls
         if not clients:
             raise CommError(
                 "rank 0: no worker links; a parameter server job needs world_size >= 2 and "
@@ -272,7 +291,9 @@ class ParameterServer:
               frame.nbytes)  # fmt: skip
         return float(self.loss_buf[0])
 
-    def _send_pull(self, link: Link, version: int, phase: str) -> None:
+    def _send_pull(
+        self, link: Link, version: int, phase: str, deliver_at: float | None = None
+    ) -> None:
         doing = f"{phase} (the pull of worker {worker_of(link.peer)})"
         payload = self.params
         if self.pull_codec is not None:
@@ -283,7 +304,7 @@ class ParameterServer:
         frame = Frame(kind=Kind.DATA, op=Op.NONE, dtype=self.pull_code, seq=version, src=0,
                       part=self.pull_codec_id, total_len=self.n)  # fmt: skip
         self._sending_to = link
-        link.send(frame, as_bytes(payload), doing)
+        link.send(frame, as_bytes(payload), doing, deliver_at=deliver_at)
         self._sending_to = None
         trace("%s | rank 0 -> %d | pull of version %d | %d bytes", phase, link.peer, version,
               payload.nbytes)  # fmt: skip
@@ -311,8 +332,19 @@ class ParameterServer:
                 loss /= self.n_workers
                 with self.timeline.span("server", "server", t):
                     apply(t, total)  # w_{t+1} = w_t - lr_t * avg: the sync point of the job
-                    for link in self.links:  # p * M out over the server's one link
-                        self._send_pull(link, t + 1, phase)
+                    # p * M out over the server's one link: one after another, or all at
+                    # once sharing it (every pull then arrives when the last byte has left)
+                    at = None
+                    if self.pulls == "shared":
+                        nbytes = self.pull_codes.nbytes if self.pull_codes is not None else (
+                            self.params.nbytes)  # fmt: skip
+                        at = self.nic.book(self.n_workers * (nbytes + HEADER_BYTES))
+                        if at:  # send when the last one's own link time is left: a receiver
+                            # never waits longer than one message's time on any frame
+                            one = self.nic.model.message_time(nbytes + HEADER_BYTES)
+                            wait_until(at - one, max_wait=self.n_workers * one + 1.0)
+                    for link in self.links:
+                        self._send_pull(link, t + 1, phase, deliver_at=at)
                 self._record(None, 0, loss)
                 if on_update is not None:
                     on_update(t, self.params, loss)

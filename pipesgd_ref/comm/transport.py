@@ -307,9 +307,17 @@ class Link:
             raise ProtocolError(f"rank {self.rank}: bad JSON from rank {self.peer}: {e}") from None
 
     # --- sending --------------------------------------------------------------------------
-    def send(self, frame: Frame, payload: memoryview | bytes = b"", doing: str = "send") -> None:
-        """Send one frame now, from the calling thread (paced by the link emulator)."""
-        deliver_at = self.emulator.schedule(len(payload) + HEADER.size)
+    def send(
+        self,
+        frame: Frame,
+        payload: memoryview | bytes = b"",
+        doing: str = "send",
+        deliver_at: float | None = None,
+    ) -> None:
+        """Send one frame now, from the calling thread (paced by the link emulator, unless the
+        caller already booked the wire and passes the emulated arrival time `deliver_at`)."""
+        if deliver_at is None:
+            deliver_at = self.emulator.schedule(len(payload) + HEADER.size)
         header = dataclasses.replace(frame, nbytes=len(payload), deliver_at=deliver_at)
         self._send_all(header.pack(), memoryview(payload).cast("B"), doing)
         self.bytes_sent += HEADER.size + len(payload)

@@ -1,0 +1,278 @@
+"""How good are the timing models? Predicted against measured iteration time, over a grid.
+
+    python benchmarks/timing_model_accuracy.py            # the default grid (~6 min)
+    python benchmarks/timing_model_accuracy.py --quick    # p = 2, two networks, one model (~12 s)
+    python benchmarks/timing_model_accuracy.py --world-sizes 4 --networks 1Gbit,loopback \\
+        --steps 20 --json runs/timing_accuracy.json
+
+What it measures. For every point of the grid (world size p, network, model, method) it trains
+for a few steps with `run_training` (real worker processes over TCP, links emulated) and reads
+the measured steady-state iteration time (summary["iter_time_s"], the median after the warm-up
+steps); beside it, the iteration time `pipesgd_ref.timing.predict` gives from a calibration of
+the same (p, model, network), made just before with `timing.calibrate`. The error of a point is
+(predicted - measured) / measured: the table prints it signed (negative = the model is too
+optimistic), the summary takes its absolute value.
+
+The grid (defaults):
+    world size    2, 3, 4
+    network       100Mbit, 1Gbit, 10Gbit (emulated, latency 50us), loopback (not emulated)
+    model         MLPs on digits, hidden 256,256 (85 k parameters, 340 KB of gradient) and
+                  512,512 (300 k, 1.2 MB), batch 64 per worker
+    method        ps-sync, ps-async, sync, pipe, pipe+trunc16, pipe+q8 (timing.COMPARE_RUNS)
+    steps         16 per run (the first width + 1 are warm-up, left out of the median)
+
+The link figures that depend only on the machine are measured once: the loopback stream
+bandwidth once for the grid, the software cost of a ring hop once per world size; everything
+else (t_comp, shared compute, gamma, codecs) is calibrated per (p, model, network).
+
+Targets: median |error| <= 10% and worst |error| <= 25% over the grid. The script prints
+whether they are met, and always exits 0: it is a measurement, not a test.
+
+Run time: about 6 minutes for the default grid on a 2-core machine, estimated from measured
+points: the six runs of one (p, model, network) take 25 s at 100Mbit with p = 4 and the larger
+model (the parameter-server runs, at (p+1) M/B an iteration, are most of it) and 4-7 s
+elsewhere, mostly process start-up; a calibration takes about 3 s, and there are 24 of them.
+--quick takes about 12 s. On a machine shared with other jobs the errors grow: the models
+assume the cores are this benchmark's alone, and one burst of load during a calibration
+moves every prediction made from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from pipesgd_ref import timing
+from pipesgd_ref.bench import measure_p2p
+from pipesgd_ref.comm.netem import format_bytes
+from pipesgd_ref.config import TrainConfig
+from pipesgd_ref.train import run_training
+
+GRID_MINUTES = 6  # the docstring's estimate, printed at the start of a default run
+
+# Emulated links (the --latency, 50us by default, and this bandwidth per link and direction),
+# and "loopback": no emulation at all, the machine's own TCP.
+NETWORKS = ("100Mbit", "1Gbit", "10Gbit", "loopback")
+TARGET_MEDIAN = 0.10  # median |error| over the grid
+TARGET_WORST = 0.25  # worst |error| over the grid
+
+
+def network_link(name: str, latency: str) -> tuple[str, str]:
+    """(latency, bandwidth) config strings of a network: "loopback" is not emulated; any
+    other name is a bandwidth ("1Gbit", "300Mbit"), emulated with `latency`."""
+    return ("0", "inf") if name == "loopback" else (latency, name)
+
+
+def parse_models(text: str) -> list[tuple[int, ...]]:
+    """'256x256,512x512' -> [(256, 256), (512, 512)]: hidden widths of each MLP."""
+    return [tuple(int(h) for h in spec.split("x")) for spec in text.split(",") if spec]
+
+
+def model_name(hidden: tuple[int, ...]) -> str:
+    return "x".join(str(h) for h in hidden)
+
+
+def quiet(*_) -> None:
+    """A `log` that prints nothing: the table is this script's only output."""
+
+
+HEADER = (f"{'p':>2}  {'network':<9} {'model':<8} {'params':>7}  {'method':<13} {'meas ms':>8} "
+          f"{'pred ms':>8} {'error':>7}  bound")  # fmt: skip
+
+
+def format_row(row: dict) -> str:
+    head = (f"{row['world_size']:>2}  {row['network']:<9} {row['model']:<8} "
+            f"{row['n_params'] / 1e3:6.0f}k  {row['method']:<13}")  # fmt: skip
+    if row.get("failed"):
+        return f"{head} FAILED: {row['failed']}"
+    return (f"{head} {row['measured_s'] * 1e3:8.2f} {row['predicted_s'] * 1e3:8.2f} "
+            f"{row['error']:+7.1%}  {row['bound']}")  # fmt: skip
+
+
+def error_stats(rows: list[dict]) -> dict:
+    """Median and worst |error|, the median signed error (the bias), and the worst point."""
+    done = [r for r in rows if not r.get("failed")]
+    if not done:
+        return {"n": 0}
+    worst = max(done, key=lambda r: abs(r["error"]))
+    return {
+        "n": len(done),
+        "median_abs": statistics.median(abs(r["error"]) for r in done),
+        "worst_abs": abs(worst["error"]),
+        "median_signed": statistics.median(r["error"] for r in done),
+        "worst_point": f"p={worst['world_size']} {worst['network']} {worst['model']} "
+        f"{worst['method']}",
+    }
+
+
+def format_stats(name: str, s: dict) -> str:
+    if not s["n"]:
+        return f"{name:<13} no completed runs"
+    errors = f"median |error| {s['median_abs']:5.1%}, worst {s['worst_abs']:5.1%}"
+    where = f"(n={s['n']}; worst: {s['worst_point']})"
+    return f"{name:<13} {errors}, bias {s['median_signed']:+6.1%}  {where}"
+
+
+def measure_point(cfg: TrainConfig, cal: timing.Calibration, algo: str, codec: str) -> dict:
+    """Train cfg with (algo, codec); the measured and predicted iteration time of the run."""
+    pred = timing.predict(algo, cfg.world_size, cal, codec, cfg.width)
+    start = time.perf_counter()
+    summary, _ = run_training(cfg.replace(algo=algo, codec=codec), progress=False, log=quiet)
+    measured = summary["iter_time_s"]
+    return {
+        "measured_s": measured,
+        "predicted_s": pred.iter_time_s,
+        "error": (pred.iter_time_s - measured) / measured,
+        "bound": pred.bound,
+        "prediction": pred.to_dict(),
+        # the run's own medians, to tell a compute error from a communication one
+        "measured_t_comp_s": summary["t_comp_s"],
+        "measured_t_comm_s": summary["t_comm_s"],
+        "comm_hidden_fraction": summary["comm_hidden_fraction"],
+        "wall_time_s": time.perf_counter() - start,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="a tiny grid for smoke tests: p = 2, 1Gbit and loopback, one model",
+    )
+    ap.add_argument("--world-sizes", default="2,3,4", help="comma-separated, e.g. 2,4")
+    ap.add_argument(
+        "--networks",
+        default=",".join(NETWORKS),
+        help="comma-separated bandwidths (any, e.g. 300Mbit) or loopback (not emulated)",
+    )
+    ap.add_argument("--latency", default="50us", help="latency of every emulated link")
+    ap.add_argument("--models", default="256x256,512x512", help="MLP hidden widths, e.g. 128x64")
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=None, help="steps per run (default 16; quick 10)")
+    ap.add_argument("--verbose", action="store_true", help="print every calibration")
+    ap.add_argument("--json", dest="json_path", default=None, help="write every row here")
+    args = ap.parse_args(argv)
+    if args.quick:
+        world_sizes, networks, models = [2], ["1Gbit", "loopback"], [(256, 256)]
+    else:
+        world_sizes = [int(p) for p in args.world_sizes.split(",") if p]
+        networks = [n for n in args.networks.split(",") if n]
+        models = parse_models(args.models)
+    steps = args.steps or (10 if args.quick else 16)
+    base = TrainConfig(dataset="digits", model="mlp", batch_size=args.batch_size, steps=steps,
+                       lr=0.05, eval_every=0)  # fmt: skip
+    n_runs = len(world_sizes) * len(networks) * len(models) * len(timing.COMPARE_RUNS)
+    grid_keys = ("world_sizes", "networks", "latency", "models", "batch_size", "steps")
+    default_grid = not args.quick and all(getattr(args, k) == ap.get_default(k) for k in grid_keys)
+    estimate = f"; about {GRID_MINUTES} min on 2 cores" if default_grid else ""
+    print(f"timing models against measurement: {n_runs} runs of {steps} steps "
+          f"(p in {world_sizes}, networks {networks}, models "
+          f"{[model_name(m) for m in models]}, batch {args.batch_size}){estimate}",
+          flush=True)  # fmt: skip
+    start = time.perf_counter()
+    # The loopback stream depends on the machine only: measured once, as calibrate would.
+    stream, _ = measure_p2p(nbytes=16 << 20, reps=4)
+    print(f"loopback stream between two processes: {stream / 1e6:.0f} MB/s", flush=True)
+    print(HEADER, flush=True)
+    rows, calibrations = [], []
+    for p in world_sizes:
+        hop = timing.measure_hop(p)  # the hop's software cost depends on p, not the link
+        for hidden in models:
+            for net in networks:
+                latency, bandwidth = network_link(net, args.latency)
+                cfg = base.replace(world_size=p, hidden=hidden, latency=latency,
+                                   bandwidth=bandwidth)  # fmt: skip
+                cal = timing.calibrate(cfg, network={"hop": hop, "stream": stream})
+                calibrations.append({"world_size": p, "network": net, "model": model_name(hidden),
+                                     "calibration": cal.to_dict()})  # fmt: skip
+                if args.verbose:
+                    print(f"# p={p} {net} {model_name(hidden)}: {timing.describe(cal)}",
+                          flush=True)  # fmt: skip
+                for algo, codec in timing.COMPARE_RUNS:
+                    row = {"world_size": p, "network": net, "latency": latency,
+                           "bandwidth": bandwidth, "model": model_name(hidden),
+                           "n_params": cal.n_params, "method": timing.run_label(algo, codec),
+                           "algo": algo, "codec": codec, "steps": steps}  # fmt: skip
+                    try:
+                        row.update(measure_point(cfg, cal, algo, codec))
+                    except Exception as e:  # noqa: BLE001 - one failed run must not end the grid
+                        row["failed"] = " ".join(f"{type(e).__name__}: {e}".split())[:300]
+                    rows.append(row)
+                    print(format_row(row), flush=True)
+    wall = time.perf_counter() - start
+
+    overall = error_stats(rows)
+    by_network = {n: error_stats([r for r in rows if r["network"] == n]) for n in networks}
+    by_method = {
+        label: error_stats([r for r in rows if r["method"] == label])
+        for label in (timing.run_label(a, c) for a, c in timing.COMPARE_RUNS)
+    }
+    by_world = {p: error_stats([r for r in rows if r["world_size"] == p]) for p in world_sizes}
+    print()
+    print(f"{len(rows)} runs in {wall:.0f} s ({sum(1 for r in rows if r.get('failed'))} failed)")
+    if overall["n"]:
+        print(f"overall: median |error| {overall['median_abs']:.1%}, worst "
+              f"{overall['worst_abs']:.1%} ({overall['worst_point']}), bias "
+              f"{overall['median_signed']:+.1%} over {overall['n']} points")  # fmt: skip
+    else:
+        print("overall: no completed runs")
+    for title, groups in (("by network", by_network), ("by method", by_method),
+                          ("by world size", by_world)):  # fmt: skip
+        print(f"{title}:")
+        for name, s in groups.items():
+            print("  " + format_stats(f"p={name}" if title == "by world size" else str(name), s))
+    met_median = overall["n"] > 0 and overall["median_abs"] <= TARGET_MEDIAN
+    met_worst = overall["n"] > 0 and overall["worst_abs"] <= TARGET_WORST
+    verdict = "met" if met_median and met_worst else "NOT met"
+    print(f"targets (median |error| <= {TARGET_MEDIAN:.0%}: {'yes' if met_median else 'no'}; "
+          f"worst <= {TARGET_WORST:.0%}: {'yes' if met_worst else 'no'}): {verdict}")  # fmt: skip
+    print(
+        f"(bias: the median signed error; negative = the models predict faster iterations "
+        f"than measured. Gradient sizes: "
+        f"{', '.join(f'{model_name(m)} {format_bytes(grad_bytes(rows, m))}' for m in models)})"
+    )
+
+    if args.json_path:
+        out = Path(args.json_path)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        payload = {
+            "config": {
+                "world_sizes": world_sizes,
+                "networks": networks,
+                "models": [model_name(m) for m in models],
+                "steps": steps,
+                "batch_size": args.batch_size,
+                "stream_Bps": stream,
+            },  # fmt: skip
+            "rows": rows,
+            "summary": {
+                "overall": overall,
+                "by_network": by_network,
+                "by_method": by_method,
+                "by_world_size": {str(k): v for k, v in by_world.items()},
+                "targets": {
+                    "median_abs": TARGET_MEDIAN,
+                    "worst_abs": TARGET_WORST,
+                    "met": verdict == "met",
+                },
+            },  # fmt: skip
+            "calibrations": calibrations,
+            "wall_time_s": wall,
+        }
+        out.write_text(json.dumps(payload, indent=2) + "\n")
+        print(f"wrote {out}")
+    return 0
+
+
+def grad_bytes(rows: list[dict], hidden: tuple[int, ...]) -> int:
+    """M = 4n of a model, read off its rows."""
+    return next((4 * r["n_params"] for r in rows if r["model"] == model_name(hidden)), 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

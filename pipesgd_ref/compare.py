@@ -1,0 +1,344 @@
+"""`pipesgd compare`: the paper's comparison in miniature, measured and predicted side by side.
+
+The same problem (data, model, seed, batch size, learning rate, steps) is trained six ways on p
+local worker processes over TCP, through one emulated network:
+
+    ps-sync        parameter server, synchronous          (the conventional baseline)
+    ps-async       parameter server, asynchronous          (no barrier; stale by up to ~p-1)
+    sync           ring AllReduce, synchronous             (decentralized; compute then comm)
+    pipe           Pipe-SGD, width 2                       (comm of step t overlaps compute t+1)
+    pipe+trunc16   Pipe-SGD, 16-bit truncation in the ring (half the bytes)
+    pipe+q8        Pipe-SGD, 8-bit quantization in the ring (a quarter of the bytes)
+
+Before the runs, `timing.calibrate` measures this machine (t_comp, t_u, gamma, the codecs, the
+cost of a hop) and `timing.predict` gives each method's iteration time. Each run records its
+timeline (trace.json), its loss at every step, and a copy of the weights every `eval_every`
+steps, evaluated on the test set after training; the first evaluation at or above
+`target_accuracy` gives the wall-clock time to target.
+
+Output (in --out, default runs/compare): compare.json (calibration, predictions, every run's
+summary, the table, the checks), one folder per run (summary.json, trace.json), and with
+matplotlib: loss_vs_time.png, time_breakdown.png, timeline.png, predicted_vs_bandwidth.png.
+
+The default problem is the `compare` preset (config.py): an emulated network on which a ring
+AllReduce of the gradient takes about as long as the computation of one step on this machine's
+shared cores, the communication-heavy regime of the paper, where pipelining pays most.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pipesgd_ref import timing
+from pipesgd_ref.config import TrainConfig
+from pipesgd_ref.train import run_training, write_json
+
+# The paper's headline and the issue's bars: (faster run, slower run, minimum ratio of their
+# wall-clock times to the target accuracy).
+CHECKS = (
+    ("pipe+q8", "ps-sync", 5.4),
+    ("pipe+trunc16", "ps-sync", 5.4),
+    ("pipe", "sync", 1.7),
+)
+
+
+def quick_config(cfg: TrainConfig) -> TrainConfig:
+    """`--quick`: the same problem, a third of the steps (CI and tutorials: under a minute)."""
+    return cfg.replace(steps=max(10, cfg.steps // 3))
+
+
+def run_config(cfg: TrainConfig, algo: str, codec: str, out: Path | None) -> TrainConfig:
+    """The config of one run of the comparison: cfg with this algo and codec."""
+    return cfg.replace(
+        algo=algo,
+        codec=codec,
+        width=cfg.width if algo == "pipe" else 1,
+        codec_pull="none",
+        out=str(out / timing.run_label(algo, codec)) if out else "",
+    )
+
+
+def run_compare(
+    cfg: TrainConfig,
+    out: str | Path | None = "runs/compare",
+    progress: bool = True,
+    log: Callable[[str], None] = print,
+    runs=timing.COMPARE_RUNS,
+    calibration: timing.Calibration | None = None,
+) -> dict[str, Any]:
+    """Calibrate, predict, run every method, and report; returns what compare.json holds."""
+    out_dir = Path(out) if out else None
+    started = time.perf_counter()
+    log(f"compare: {len(runs)} runs of {cfg.world_size} workers, {cfg.dataset}, {cfg.model} "
+        f"{'-'.join(map(str, cfg.hidden)) if cfg.model == 'mlp' else ''}, batch "
+        f"{cfg.batch_size}, {cfg.steps} steps, link {timing_link(cfg)}")  # fmt: skip
+    log("calibrating the timing model on this machine ...")
+    cal = calibration or timing.calibrate(cfg)
+    log("  " + timing.describe(cal))
+    preds = timing.predict_all(cfg.world_size, cal, runs, width=cfg.width,
+                               ps_pulls=cfg.ps_pulls)  # fmt: skip
+
+    summaries: dict[str, dict] = {}
+    traces: dict[str, list[dict]] = {}
+    for i, (algo, codec) in enumerate(runs, 1):
+        label = timing.run_label(algo, codec)
+        run_cfg = run_config(cfg, algo, codec, out_dir)
+        tag = f"[{i}/{len(runs)}] {label}"
+        log(f"{tag}: predicted iteration {preds[label].iter_time_s * 1e3:.1f} ms")
+        summary, results = run_training(run_cfg, progress=progress, log=_quiet, label=tag)
+        summaries[label] = summary
+        traces[label] = [e for r in results for e in r.events]
+        reached = summary["time_to_target_s"]
+        got = f"reached in {reached:.2f} s" if reached is not None else "not reached"
+        log(f"{tag}: iteration {summary['iter_time_s'] * 1e3:.1f} ms, test accuracy "
+            f"{summary['test_accuracy']:.4f}, target {got}")  # fmt: skip
+
+    rows = table_rows(summaries, preds)
+    checks = check_targets(rows)
+    report = {
+        "kind": "compare",
+        "config": cfg.to_dict(),
+        "calibration": cal.to_dict(),
+        "predictions": {k: v.to_dict() for k, v in preds.items()},
+        "table": rows,
+        "checks": checks,
+        "runs": {k: _without_heavy(v) for k, v in summaries.items()},
+        "wall_time_s": time.perf_counter() - started,
+    }
+    log("")
+    log(format_table(rows, cfg))
+    log("")
+    for c in checks:
+        log(c["text"])
+    if out_dir is not None:
+        write_json(out_dir / "compare.json", report)
+        figures = plot_compare(report, summaries, traces, cal, cfg, out_dir)
+        extra = f" and {len(figures)} figures" if figures else " (no matplotlib: no figures)"
+        log(f"wrote {out_dir / 'compare.json'}{extra}")
+    log(f"compare: done in {report['wall_time_s']:.0f} s")
+    return report
+
+
+def _quiet(*_: Any) -> None:
+    pass
+
+
+def timing_link(cfg: TrainConfig) -> str:
+    from pipesgd_ref.config import link_model
+
+    model = link_model(cfg)
+    return str(model) if model.enabled else "loopback, not emulated"
+
+
+def _without_heavy(summary: dict) -> dict:
+    """A run's summary for compare.json: the loss curve thinned to at most 200 points."""
+    curve = summary["loss_curve"]
+    stride = max(1, len(curve) // 200)
+    return {**summary, "loss_curve": curve[::stride]}
+
+
+def table_rows(summaries: dict[str, dict], preds: dict) -> list[dict]:
+    """One row per run: measured and predicted iteration, error, speedups, time to target."""
+    base = summaries.get("ps-sync")
+    rows = []
+    for label, s in summaries.items():
+        pred = preds[label].iter_time_s
+        meas = s["iter_time_s"]
+        ttt = s["time_to_target_s"]
+        base_ttt = base["time_to_target_s"] if base else None
+        rows.append(
+            {
+                "run": label,
+                "iter_ms": meas * 1e3,
+                "predicted_ms": pred * 1e3,
+                "error": (pred - meas) / meas,
+                "iter_speedup": (base["iter_time_s"] / meas) if base else None,
+                "time_to_target_s": ttt,
+                "steps_to_target": s["steps_to_target"],
+                "speedup_to_target": (base_ttt / ttt) if base_ttt and ttt else None,
+                "test_accuracy": s["test_accuracy"],
+                "t_comp_ms": (s["t_comp_s"] or 0.0) * 1e3,
+                "comm_hidden_fraction": s["comm_hidden_fraction"],
+            }
+        )
+    return rows
+
+
+def format_table(rows: list[dict], cfg: TrainConfig) -> str:
+    target = f"to {cfg.target_accuracy:.0%} s"
+    head = (f"{'run':<13} {'iter ms':>8} {'predicted':>9} {'error':>6} {'x ps-sync':>9} "
+            f"{target:>9} {'steps':>5} {'x ps-sync':>9} {'test acc':>8}")  # fmt: skip
+    lines = [
+        f"{cfg.world_size} workers, {cfg.dataset}, link {timing_link(cfg)}; 'x ps-sync': "
+        f"speedup over ps-sync per iteration, then in time to {cfg.target_accuracy:.0%} test "
+        f"accuracy",
+        head,
+        "-" * len(head),
+    ]
+
+    def num(x, fmt):
+        return format(x, fmt) if x is not None else "-"
+
+    for r in rows:
+        lines.append(
+            f"{r['run']:<13} {r['iter_ms']:>8.1f} {r['predicted_ms']:>9.1f} "
+            f"{r['error']:>+6.0%} {num(r['iter_speedup'], '>8.2f')}x "
+            f"{num(r['time_to_target_s'], '>9.2f')} {num(r['steps_to_target'], '>5')} "
+            f"{num(r['speedup_to_target'], '>8.2f')}x {r['test_accuracy']:>8.4f}"
+        )
+    errors = [abs(r["error"]) for r in rows]
+    lines.append(
+        f"timing model: median |error| {sorted(errors)[len(errors) // 2]:.0%}, worst "
+        f"{max(errors):.0%}"
+    )
+    return "\n".join(lines)
+
+
+def check_targets(rows: list[dict]) -> list[dict]:
+    """The comparison's claims, each measured: every run reaches the target, and the wall-clock
+    ratios of CHECKS hold."""
+    by = {r["run"]: r for r in rows}
+    out = []
+    missed = [r["run"] for r in rows if r["time_to_target_s"] is None]
+    out.append(
+        {
+            "check": "every run reaches the target",
+            "ok": not missed,
+            "text": "every run reached the target accuracy"
+            if not missed
+            else f"did not reach the target accuracy: {', '.join(missed)}",
+        }
+    )
+    for fast, slow, bar in CHECKS:
+        if fast not in by or slow not in by:
+            continue
+        a, b = by[fast]["time_to_target_s"], by[slow]["time_to_target_s"]
+        ratio = b / a if a and b else None
+        ok = ratio is not None and ratio >= bar
+        text = (
+            f"{fast} reached the target {ratio:.2f}x sooner than {slow} (bar: {bar}x): "
+            f"{'met' if ok else 'NOT met'}"
+            if ratio is not None
+            else f"{fast} vs {slow}: a run did not reach the target"
+        )
+        out.append({"check": f"{fast} vs {slow}", "ratio": ratio, "bar": bar, "ok": ok,
+                    "text": text})  # fmt: skip
+    return out
+
+
+# --- figures -------------------------------------------------------------------------------
+
+COLORS = {
+    "ps-sync": "tab:red",
+    "ps-async": "tab:orange",
+    "sync": "tab:blue",
+    "pipe": "tab:green",
+    "pipe+trunc16": "tab:olive",
+    "pipe+q8": "tab:purple",
+}
+
+
+def plot_compare(report, summaries, traces, cal, cfg, out_dir: Path) -> list[Path]:
+    """The four figures of the comparison; [] without matplotlib."""
+    from pipesgd_ref.plots import pyplot, save_figure
+
+    plt = pyplot()
+    if plt is None:
+        return []
+    paths = []
+
+    # 1. loss and test accuracy against wall-clock time
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    for label, s in summaries.items():
+        c = COLORS.get(label)
+        ax1.plot([p["wall_time_s"] for p in s["loss_curve"]],
+                 [p["loss"] for p in s["loss_curve"]], label=label, color=c, lw=1)  # fmt: skip
+        ax2.plot([p["wall_time_s"] for p in s["eval_curve"]],
+                 [p["test_accuracy"] for p in s["eval_curve"]], label=label, color=c)  # fmt: skip
+    ax1.set(xlabel="wall-clock time (s)", ylabel="training loss (mean over workers)",
+            yscale="log", title="loss against wall-clock time")  # fmt: skip
+    ax2.axhline(cfg.target_accuracy, color="gray", ls="--", lw=1, label="target")
+    ax2.set(xlabel="wall-clock time (s)", ylabel="test accuracy",
+            title="test accuracy against wall-clock time", ylim=(0.5, 1.0))  # fmt: skip
+    ax1.legend(fontsize=8)
+    ax2.legend(fontsize=8)
+    paths.append(save_figure(fig, out_dir / "loss_vs_time.png"))
+
+    # 2. stacked compute / exposed communication per iteration, predicted marked
+    fig, ax = plt.subplots(figsize=(8, 4))
+    labels = list(summaries)
+    comp = [summaries[k]["t_comp_s"] * 1e3 for k in labels]
+    iters = [summaries[k]["iter_time_s"] * 1e3 for k in labels]
+    rest = [max(0.0, it - c) for it, c in zip(iters, comp, strict=True)]
+    ax.bar(labels, comp, label="compute (measured)", color="tab:blue")
+    ax.bar(labels, rest, bottom=comp, label="communication not hidden (measured)",
+           color="tab:orange")  # fmt: skip
+    pred = [report["predictions"][k]["iter_time_s"] * 1e3 for k in labels]
+    ax.scatter(labels, pred, marker="_", s=600, color="black", zorder=3,
+               label="predicted iteration")  # fmt: skip
+    ax.set(ylabel="time per iteration (ms)", title="where an iteration's time goes")
+    ax.legend(fontsize=8)
+    plt.setp(ax.get_xticklabels(), rotation=20)
+    paths.append(save_figure(fig, out_dir / "time_breakdown.png"))
+
+    # 3. timeline: a few steady-state iterations of sync against pipe
+    pair = [k for k in ("sync", "pipe") if k in traces]
+    if pair:
+        fig, axes = plt.subplots(len(pair), 1, figsize=(11, 2.2 * len(pair) + 0.6))
+        axes = [axes] if len(pair) == 1 else list(axes)
+        span = None
+        for ax, label in zip(axes, pair, strict=True):
+            span = _plot_timeline(ax, traces[label], label, span)
+        axes[-1].set_xlabel("time (ms)")
+        paths.append(save_figure(fig, out_dir / "timeline.png"))
+
+    # 4. predicted iteration time against bandwidth, the measured points on top
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    grid = _geomspace(10e6 / 8, 100e9 / 8, 40)
+    for label, pr in report["predictions"].items():
+        ys = [timing.predict(pr["algo"], cfg.world_size, cal.with_network(bandwidth=b),
+                             pr["codec"], pr["width"], cfg.ps_pulls).iter_time_s * 1e3
+              for b in grid]  # fmt: skip
+        ax.plot([b * 8 / 1e9 for b in grid], ys, color=COLORS.get(label), label=label)
+        ax.scatter([cal.bandwidth * 8 / 1e9], [summaries[label]["iter_time_s"] * 1e3],
+                   color=COLORS.get(label), edgecolor="black", zorder=3)  # fmt: skip
+    ax.set(xscale="log", yscale="log", xlabel="link bandwidth (Gbit/s)",
+           ylabel="iteration time (ms)",
+           title="predicted (lines) and measured (dots) iteration time")  # fmt: skip
+    ax.legend(fontsize=8)
+    paths.append(save_figure(fig, out_dir / "predicted_vs_bandwidth.png"))
+    return paths
+
+
+def _geomspace(lo: float, hi: float, n: int) -> list[float]:
+    return [lo * (hi / lo) ** (i / (n - 1)) for i in range(n)]
+
+
+def _plot_timeline(ax, events: list[dict], label: str, span):
+    """Spans of compute (blue), communication (orange) and update (green) per rank and thread
+    for about four iterations from the middle of the run."""
+    steps = sorted({e["args"]["step"] for e in events})
+    mid = steps[len(steps) // 2] if steps else 0
+    chosen = [e for e in events if mid <= e["args"]["step"] < mid + 4]
+    if not chosen:
+        return span
+    t0 = min(e["ts"] for e in chosen)
+    colors = {"compute": "tab:blue", "allreduce": "tab:orange", "update": "tab:green"}
+    rows = sorted({(e["pid"], e["tid"]) for e in chosen})
+    for y, (pid, tid) in enumerate(rows):
+        bars = [((e["ts"] - t0) / 1e3, e["dur"] / 1e3) for e in chosen
+                if e["pid"] == pid and e["tid"] == tid]  # fmt: skip
+        cols = [
+            colors.get(e["name"], "gray") for e in chosen if e["pid"] == pid and e["tid"] == tid
+        ]
+        ax.broken_barh(bars, (y - 0.4, 0.8), facecolors=cols)
+    ax.set_yticks(range(len(rows)), [f"rank {p} {t}" for p, t in rows], fontsize=7)
+    end = max((e["ts"] + e["dur"] - t0) / 1e3 for e in chosen)
+    span = max(span or 0.0, end)
+    ax.set_xlim(0, span)
+    ax.set_title(f"{label}: 4 iterations (compute blue, AllReduce orange, update green)",
+                 fontsize=9)  # fmt: skip
+    return span

@@ -1,0 +1,525 @@
+"""Timing models (pipesgd_ref/timing.py) against hand-computed values, and their properties.
+
+The hand-computed cases use one textbook calibration: M = 4e6 bytes (n = 1e6 float32), alpha =
+1 ms, B = 1e8 bytes/s (800 Mbit/s), t_comp = 50 ms, t_u = 2 ms, gamma = copy = 0, and cores
+so many (10**6) that no two workers ever share one: the formulas of shared/PAPER.md section 3
+then hold term by term, and each test writes the arithmetic out. Core sharing has tests of its
+own at the end. One smoke test calibrates on this machine (it launches two processes).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pipesgd_ref import timing
+from pipesgd_ref.timing import (
+    COMPARE_RUNS,
+    Calibration,
+    compute_time,
+    predict,
+    predict_all,
+    ring_allreduce_time,
+    shared_compute,
+    speedups,
+    sweep_values,
+)
+from strategies import calibrations, log_uniform, timing_world_sizes
+
+MANY = 10**6  # cores: every worker has its own, the textbook formulas
+
+M = 4e6  # bytes
+ALPHA = 1e-3  # s
+B = 1e8  # bytes/s
+T_COMP = 0.05  # s
+T_U = 0.002  # s
+
+
+def textbook(**changes) -> Calibration:
+    base = dict(
+        n_params=1_000_000,
+        t_comp=T_COMP,
+        t_update=T_U,
+        alpha=ALPHA,
+        bandwidth=B,
+        gamma=0.0,
+        copy=0.0,
+        cores=MANY,
+        codecs={"trunc16": (2.0, 1e-9, 2e-9), "q8": (4.0, 2e-9, 1e-9)},
+    )
+    return Calibration(**{**base, **changes})
+
+
+def close(got: float, want: float, what: str, rel: float = 1e-9) -> None:
+    assert got == pytest.approx(want, rel=rel, abs=1e-15), (
+        f"{what}: expected {want!r}, got {got!r} (difference {got - want:.3g})"
+    )
+
+
+# --- ring AllReduce ---------------------------------------------------------------------------
+
+
+def test_ring_allreduce_by_hand():
+    # p = 4: 2(p-1) = 6 hops of alpha, and 2(p-1)/p = 1.5 gradients over the wire:
+    # T_ar = 6 * 1e-3 + 1.5 * 4e6 / 1e8 = 0.006 + 0.06 = 0.066 s
+    close(ring_allreduce_time(4, M, ALPHA, B), 0.066, "T_ar(p=4)")
+    # + the reduction: (p-1)/p M gamma = 0.75 * 4e6 * 1e-10 = 3e-4 s
+    close(ring_allreduce_time(4, M, ALPHA, B, gamma=1e-10), 0.0663, "T_ar(p=4, gamma)")
+    # p = 2: 2 hops, one gradient: 0.002 + 1.0 * 0.04 = 0.042 s
+    close(ring_allreduce_time(2, M, ALPHA, B), 0.042, "T_ar(p=2)")
+
+
+def test_ring_allreduce_of_one_worker_is_free():
+    assert ring_allreduce_time(1, M, ALPHA, B, gamma=1e-9, ratio=2, encode=1, decode=1) == 0.0
+
+
+def test_ring_codec_cost_by_hand():
+    # r = 2, e = 1e-9, d = 2e-9 s/B, p = 4, no latency, no gamma:
+    # wire  = 2(p-1)/p * M/(rB) = 1.5 * 4e6 / 2e8 = 0.03 s
+    # codec = M (d + e) + (p-1)/p M d = 4e6 * 3e-9 + 0.75 * 4e6 * 2e-9 = 0.012 + 0.006 = 0.018 s
+    got = ring_allreduce_time(4, M, 0.0, B, ratio=2.0, encode=1e-9, decode=2e-9)
+    close(got, 0.03 + 0.018, "T_ar(p=4, r=2, e=1ns, d=2ns)")
+    # the codec term alone: infinitely fast link
+    close(ring_allreduce_time(4, M, 0.0, math.inf, 0.0, 2.0, 1e-9, 2e-9), 0.018, "codec term")
+
+
+def test_ring_without_a_codec_pays_no_codec_cost():
+    # ratio 1 is "none": e and d have nothing to encode
+    assert ring_allreduce_time(4, M, 0.0, B, 0.0, 1.0, 1e-9, 2e-9) == ring_allreduce_time(
+        4, M, 0.0, B
+    )
+
+
+# --- synchronous AllReduce and Pipe-SGD --------------------------------------------------------
+
+
+def test_sync_by_hand():
+    # T_sync = t_comp + T_ar + t_u = 0.05 + 0.066 + 0.002 = 0.118 s
+    pred = predict("sync", 4, textbook())
+    close(pred.iter_time_s, 0.118, "T_sync")
+    close(pred.compute_s, 0.052, "sync compute (t_comp + t_u)")
+    close(pred.comm_s, 0.066, "sync comm (T_ar)")
+    assert pred.hidden_s == 0.0 and pred.bound == "sum" and pred.width == 1
+
+
+def test_pipe_width_two_network_bound_by_hand():
+    # T_pipe(2) = max(t_comp + t_u, T_ar, (t_comp + t_u + T_ar) / 2)
+    #           = max(0.052, 0.066, 0.059) = 0.066 s: the network sets the cycle, and all of
+    #           compute (0.052 s of the 0.066 s AllReduce) hides under it
+    pred = predict("pipe", 4, textbook(), width=2)
+    close(pred.iter_time_s, 0.066, "T_pipe(2)")
+    close(pred.hidden_s, 0.052, "hidden communication (min(T_ar, t_comp + t_u))")
+    assert pred.bound == "network" and pred.width == 2
+
+
+def test_pipe_width_two_compute_bound_by_hand():
+    # t_comp = 0.1: max(0.102, 0.066, 0.084) = 0.102 s, the whole AllReduce hidden
+    pred = predict("pipe", 4, textbook(t_comp=0.1))
+    close(pred.iter_time_s, 0.102, "T_pipe(2), compute bound")
+    close(pred.hidden_s, 0.066, "hidden")
+    assert pred.bound == "compute"
+
+
+def test_pipe_width_one_is_sync():
+    # K = 1: nothing in flight beside the current step, the sum 0.118 s
+    one = predict("pipe", 4, textbook(), width=1)
+    sync = predict("sync", 4, textbook())
+    close(one.iter_time_s, 0.118, "T_pipe(1)")
+    assert (one.iter_time_s, one.bound, one.width) == (sync.iter_time_s, "sum", 1)
+
+
+def test_pipe_width_three_is_never_faster_than_two():
+    # (t_comp + t_u + T_ar) / 3 = 0.0393 is below max(0.052, 0.066): the same 0.066 s cycle
+    for cal in (textbook(), textbook(t_comp=0.1), textbook(bandwidth=1e10)):
+        two, three = predict("pipe", 4, cal, width=2), predict("pipe", 4, cal, width=3)
+        assert three.iter_time_s >= two.iter_time_s, (two, three)
+        close(three.iter_time_s, two.iter_time_s, "T_pipe(3) vs T_pipe(2)")
+
+
+def test_pipe_with_a_codec_by_hand():
+    # q8: r = 4, e = 2e-9, d = 1e-9; T_ar = 6 alpha + 1.5 * M / (4B) + M (e + d) + 0.75 M d
+    #      = 0.006 + 0.015 + 0.012 + 0.003 = 0.036 s < t_comp + t_u = 0.052: compute bound
+    pred = predict("pipe", 4, textbook(), codec="q8")
+    close(pred.comm_s, 0.036, "T_ar with q8")
+    close(pred.iter_time_s, 0.052, "T_pipe(2) with q8")
+    assert pred.bound == "compute" and pred.label == "pipe+q8"
+
+
+# --- parameter server ----------------------------------------------------------------------------
+
+
+def test_ps_sync_by_hand():
+    # T = t_comp + 2 alpha + (p + 1) M/B + p M gamma + t_u
+    #   = 0.05 + 0.002 + 5 * 0.04 + 0 + 0.002 = 0.254 s   (p = 4)
+    pred = predict("ps-sync", 4, textbook())
+    close(pred.iter_time_s, 0.254, "T_ps-sync")
+    close(pred.comm_s, 0.202, "ps-sync comm (2 alpha + (p + 1) M/B)")
+    close(pred.compute_s, T_COMP, "ps-sync compute")
+    assert pred.bound == "server"
+
+
+def test_ps_sync_with_gamma_and_a_codec_by_hand():
+    # trunc16 (r = 2, d = 2e-9), gamma = 1e-10: the pushes shrink, the pulls do not:
+    # comm   = 2 alpha + p M/B + M/(rB)      = 0.002 + 0.16 + 0.02 = 0.182
+    # server = p M (gamma + d) + t_u         = 1.6e7 * 2.1e-9 + 0.002 = 0.0336 + 0.002
+    # T      = 0.05 + 0.182 + 0.0356 = 0.2676 s
+    pred = predict("ps-sync", 4, textbook(gamma=1e-10), codec="trunc16")
+    close(pred.comm_s, 0.182, "ps-sync comm with trunc16")
+    close(pred.iter_time_s, 0.2676, "T_ps-sync with trunc16, gamma")
+
+
+def test_ps_sync_pays_one_more_gradient_per_worker():
+    # each worker adds one pull (M/B = 0.04) and one more sum (M gamma = 4e-4) at the server
+    cal = textbook(gamma=1e-10)
+    step = predict("ps-sync", 5, cal).iter_time_s - predict("ps-sync", 4, cal).iter_time_s
+    close(step, 0.04 + 4e-4, "T_ps-sync(5) - T_ps-sync(4)")
+
+
+def test_ps_async_worker_bound_by_hand():
+    # p = 2: a worker's cycle t_comp + 2 alpha + M/B (push) + M/B (pull) + t_u
+    #        = 0.05 + 0.002 + 0.08 + 0.002 = 0.134 s; the server's link: p M/B = 0.08 s
+    pred = predict("ps-async", 2, textbook())
+    close(pred.iter_time_s, 0.134, "T_ps-async, worker bound")
+    assert pred.bound == "worker"
+
+
+def test_ps_async_server_bound_by_hand():
+    # p = 4: the server must send p pulls of M: 4 * 0.04 = 0.16 s > the worker's 0.134 s
+    pred = predict("ps-async", 4, textbook())
+    close(pred.iter_time_s, 0.16, "T_ps-async, server bound")
+    assert pred.bound == "server"
+
+
+def test_ps_async_codec_by_hand():
+    # trunc16, p = 2: push M/(rB) = 0.02, + the server's decode M d = 4e6 * 2e-9 = 0.008:
+    # 0.05 + 0.002 + 0.02 + 0.04 + 0.002 + 0.008 = 0.122 s (the server link, 0.08 s, is not
+    # the bound)
+    pred = predict("ps-async", 2, textbook(), codec="trunc16")
+    close(pred.iter_time_s, 0.122, "T_ps-async with trunc16")
+
+
+# --- compute time on shared cores ----------------------------------------------------------------
+
+
+def test_compute_time_without_a_table_divides_the_cores():
+    cal = textbook(t_comp=0.01, cores=2)
+    # k workers on 2 cores: each gets min(1, 2/k) of a core
+    for k, want in ((1, 0.01), (2, 0.01), (3, 0.015), (4, 0.02), (0.5, 0.01)):
+        close(compute_time(cal, k), want, f"compute_time(k={k}) on 2 cores")
+
+
+def test_compute_time_interpolates_the_measured_table():
+    cal = textbook(t_comp=0.01, cores=2, t_comp_shared=(0.01, 0.012, 0.02, 0.03))
+    close(compute_time(cal, 1), 0.01, "k=1")
+    close(compute_time(cal, 2), 0.012, "k=2: measured, not 0.01 (caches are shared too)")
+    close(compute_time(cal, 2.5), 0.016, "k=2.5: halfway between 0.012 and 0.02")
+    close(compute_time(cal, 4), 0.03, "k=4: the last measured point")
+    close(compute_time(cal, 0.3), 0.01, "k<1 is one worker")
+
+
+def test_compute_time_extrapolates_past_the_table_by_the_core_law():
+    # measured up to K = 4 on 2 cores: 8 workers get half the core time 4 did
+    # t(8) = t(4) * max(1, 8/2) / max(1, 4/2) = 0.03 * 4 / 2 = 0.06 s
+    cal = textbook(t_comp=0.01, cores=2, t_comp_shared=(0.01, 0.012, 0.02, 0.03))
+    close(compute_time(cal, 8), 0.06, "k=8 past a table of 4")
+    close(compute_time(cal, 5), 0.0375, "k=5: 0.03 * 2.5 / 2")
+    # on more cores than k, nothing to extrapolate: the last entry stays
+    wide = textbook(t_comp=0.01, cores=16, t_comp_shared=(0.01, 0.011))
+    close(compute_time(wide, 8), 0.011, "k=8 on 16 cores")
+
+
+def test_shared_compute_finds_the_fixed_point():
+    # 1 core, k = 1 + t/0.04 computing at once (ps-sync's pulls 40 ms apart):
+    # t = 0.01 (1 + t / 0.04)  =>  t = 0.01 / (1 - 0.25) = 0.013333 s
+    cal = textbook(t_comp=0.01, cores=1)
+    t = shared_compute(cal, lambda t: min(4.0, 1 + t / 0.04))
+    # shared_compute stops when a step moves t by < 1e-9 s: a relative 1e-6 here
+    close(t, 0.01 / 0.75, "fixed point of t = t_comp (1 + t / pull)", rel=1e-6)
+    assert t == pytest.approx(compute_time(cal, 1 + t / 0.04), rel=1e-6), "not a fixed point"
+
+
+def test_shared_compute_is_t_comp_when_nobody_shares():
+    assert shared_compute(textbook(), lambda t: 4.0) == T_COMP  # 4 workers, 10**6 cores
+
+
+def test_sharing_slows_the_lock_step_methods():
+    # 4 workers on 2 cores, no table: t_comp(4) = 0.05 * 4/2 = 0.1 s
+    # sync: 0.1 + 0.066 + 0.002 = 0.168 s; pipe: max(0.102, 0.066, 0.084, cpu) with
+    # cpu = 0.1 + 4 * (0.002 + 0) / 2 = 0.104 s: the updates of four workers queue for two cores
+    cal = textbook(cores=2)
+    close(predict("sync", 4, cal).iter_time_s, 0.168, "T_sync on 2 cores")
+    pipe = predict("pipe", 4, cal)
+    close(pipe.iter_time_s, 0.104, "T_pipe on 2 cores")
+    assert pipe.bound == "cpu"
+
+
+def test_cpu_bound_counts_copies_and_reductions():
+    # copy = gamma = 1e-10, 2 cores: cpu_comm = 2 * 1.5 * 4e6 * 1e-10 + 0.75 * 4e6 * 1e-10
+    #      = 1.2e-3 + 3e-4 = 1.5e-3; cpu = 0.1 + 4 * (0.002 + 0.0015) / 2 = 0.107 s
+    pipe = predict("pipe", 4, textbook(cores=2, copy=1e-10, gamma=1e-10))
+    close(pipe.iter_time_s, 0.107, "T_pipe, cpu bound with copies")
+
+
+def test_sync_obeys_the_cpu_bound_too():
+    # One core, unlimited link: T_ar = 0.75 M gamma = 3e-4 s, but four workers also queue four
+    # updates and four AllReduces' copies on that core:
+    # cpu = t_comp(4) + 4 (t_u + cpu_comm) = 0.2 + 4 * (0.01 + 1.5e-3) = 0.246 s > the sum
+    # 0.2 + 3e-4 + 0.01, and pipelining cannot beat it either.
+    cal = textbook(cores=1, t_update=0.01, bandwidth=math.inf, alpha=0.0, gamma=1e-10, copy=1e-10)
+    sync, pipe = predict("sync", 4, cal), predict("pipe", 4, cal)
+    close(sync.iter_time_s, 0.246, "T_sync, cpu bound")
+    assert sync.bound == "cpu" and pipe.bound == "cpu"
+    assert pipe.iter_time_s <= sync.iter_time_s
+
+
+def test_ps_sync_on_one_core_shares_compute():
+    # 1 core, p = 4: pulls M/B = 0.04 s apart, so k = 1 + t/0.04 workers compute at once.
+    # t = 0.05 (1 + t/0.04) has no positive solution (each computation outlasts the gap between
+    # pulls), so all p overlap: k = 4, t = 0.05 * 4 = 0.2 s
+    pred = predict("ps-sync", 4, textbook(cores=1))
+    close(pred.compute_s, 0.2, "ps-sync compute on one core, k capped at p", rel=1e-6)
+
+
+def test_ps_async_on_one_core_shares_compute():
+    # busy k = p t / (t + comm + t_u), comm = 0.082, t_u = 0.002, 1 core, p = 4:
+    # t = 0.05 * 4t / (t + 0.084)  =>  t + 0.084 = 0.2  =>  t = 0.116 s (k = 2.32)
+    pred = predict("ps-async", 4, textbook(cores=1))
+    close(pred.compute_s, 0.116, "ps-async compute on one core", rel=1e-6)
+
+
+# --- predict_all, speedups, labels, errors -------------------------------------------------------
+
+
+def test_predict_all_labels_and_speedups():
+    preds = predict_all(4, textbook())
+    assert list(preds) == [timing.run_label(a, c) for a, c in COMPARE_RUNS]
+    assert list(preds) == ["ps-sync", "ps-async", "sync", "pipe", "pipe+trunc16", "pipe+q8"]
+    ups = speedups(preds)
+    assert ups["ps-sync"] == 1.0
+    close(ups["sync"], 0.254 / 0.118, "sync over ps-sync")
+    close(ups["pipe"], 0.254 / 0.066, "pipe over ps-sync")
+    close(speedups(preds, "sync")["pipe"], 0.118 / 0.066, "pipe over sync")
+    for label, pred in preds.items():
+        d = pred.to_dict()
+        assert d["label"] == label and d["iter_time_s"] == pred.iter_time_s
+
+
+@pytest.mark.parametrize(
+    "algo, changes, bound",
+    [
+        ("sync", {}, "sum"),
+        ("pipe", {}, "network"),
+        ("pipe", {"t_comp": 0.1}, "compute"),
+        ("pipe", {"cores": 2}, "cpu"),
+        ("ps-sync", {}, "server"),
+        ("ps-async", {}, "server"),
+        ("ps-async", {"bandwidth": 1e10}, "worker"),
+    ],
+)
+def test_bound_labels(algo, changes, bound):
+    pred = predict(algo, 4, textbook(**changes))
+    assert pred.bound == bound, f"{algo} with {changes}: expected {bound}, got {pred}"
+
+
+def test_unknown_algo_and_codec_are_errors():
+    with pytest.raises(ValueError, match="unknown algo 'allgather'.*ps-sync, ps-async, sync, pipe"):
+        predict("allgather", 4, textbook())
+    with pytest.raises(ValueError, match=r"no calibration for codec 'fp8'.*\['q8', 'trunc16'\]"):
+        predict("pipe", 4, textbook(), codec="fp8")
+    assert textbook().codec("none") == (1.0, 0.0, 0.0)
+
+
+def test_calibration_round_trip():
+    cal = textbook(t_comp_shared=(0.05, 0.06), source={"t_comp": "by hand"})
+    assert Calibration.from_dict(cal.to_dict()) == cal
+    # through a JSON file: lists come back, and must become tuples again
+    assert Calibration.from_dict(json.loads(json.dumps(cal.to_dict()))) == cal
+    assert cal.grad_bytes == 4_000_000
+    moved = cal.with_network(alpha=5e-5)
+    assert (moved.alpha, moved.bandwidth) == (5e-5, B)
+    assert cal.with_network(bandwidth=1e9).bandwidth == 1e9
+
+
+def test_describe_names_every_figure():
+    text = timing.describe(textbook(t_comp_shared=(0.05, 0.06)))
+    for part in ("n=1000000", "M=4.0 MB", "t_comp=50.00 ms", "alpha=1.00 ms", "cores=1000000"):
+        assert part in text, f"{part!r} missing from {text!r}"
+    assert "q8: r=4.00" in text and "[50.00, 60.00] ms" in text
+
+
+# --- sweeps --------------------------------------------------------------------------------------
+
+
+def test_sweep_bandwidth():
+    key, vals = sweep_values("bandwidth=100Mbit..100Gbit")
+    assert key == "bandwidth" and len(vals) == 13
+    close(vals[0], 12.5e6, "100 Mbit/s in bytes/s")
+    close(vals[-1], 12.5e9, "100 Gbit/s in bytes/s")
+    ratios = [b / a for a, b in zip(vals[:-1], vals[1:], strict=True)]
+    assert max(ratios) == pytest.approx(min(ratios)), "not log-spaced"
+
+
+def test_sweep_latency_and_dashes():
+    key, vals = sweep_values("latency=10us..10ms")
+    assert key == "latency" and len(vals) == 13
+    close(vals[0], 1e-5, "10 us")
+    close(vals[6], 1e-4 * math.sqrt(10), "the middle of three decades")
+    assert sweep_values("world-size=2..4")[0] == "world_size"
+
+
+def test_sweep_world_size():
+    key, vals = sweep_values("world_size=2..64")
+    assert key == "world_size"
+    assert vals == [2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64]
+    assert sweep_values("world_size=1..5")[1] == [1, 2, 3, 4, 5]
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("bandwidth", "expected KEY=LOW..HIGH, e.g. bandwidth=100Mbit..100Gbit"),
+        ("bandwidth=1Gbit", "expected KEY=LOW..HIGH"),
+        ("speed=1..2", "cannot sweep 'speed': choose bandwidth, latency or world_size"),
+        ("world_size=a..4", "world_size needs whole numbers, e.g. world_size=2..64"),
+        ("world_size=0..4", "1 <= LOW < HIGH, got 0..4"),
+        ("world_size=8..4", "1 <= LOW < HIGH, got 8..4"),
+        ("bandwidth=1Gbit..1Mbit", "0 < LOW < HIGH"),
+        ("bandwidth=1Gbit..unlimited", "finite"),
+        ("latency=0..1ms", "0 < LOW < HIGH"),
+        ("bandwidth=1Gb..10Gbit", "ambiguous bandwidth unit 'Gb'"),
+        ("latency=1ms..2parsecs", "unknown latency unit 'parsecs'"),
+    ],
+)
+def test_bad_sweeps_say_what_to_write(spec, message):
+    with pytest.raises(ValueError) as info:
+        sweep_values(spec)
+    assert message in str(info.value), f"{spec!r}: {info.value}"
+
+
+# --- properties ----------------------------------------------------------------------------------
+
+codec_names = st.sampled_from(["none", "trunc16", "q8"])
+
+
+@given(calibrations(cores=MANY), timing_world_sizes, codec_names)
+def test_pipe_never_slower_than_sync_on_own_cores(cal, p, codec):
+    pipe, sync = predict("pipe", p, cal, codec), predict("sync", p, cal, codec)
+    assert pipe.iter_time_s <= sync.iter_time_s * (1 + 1e-12), (pipe, sync)
+
+
+@given(calibrations(), timing_world_sizes, codec_names)
+def test_pipe_never_slower_than_sync_on_shared_cores(cal, p, codec):
+    # the cpu bound applies to both: sharing cores never makes pipelining a loss
+    pipe, sync = predict("pipe", p, cal, codec), predict("sync", p, cal, codec)
+    assert pipe.iter_time_s <= sync.iter_time_s * (1 + 1e-12), (pipe, sync)
+
+
+@given(calibrations(), timing_world_sizes, codec_names, st.integers(2, 8))
+def test_pipe_is_at_least_each_resource(cal, p, codec, width):
+    # no schedule beats the busier of the two threads: max(t_comp + t_u, T_ar)
+    pipe = predict("pipe", p, cal, codec, width)
+    assert pipe.iter_time_s >= max(pipe.compute_s, pipe.comm_s) * (1 - 1e-12), pipe
+    assert 0 <= pipe.hidden_s <= min(pipe.compute_s, pipe.comm_s)
+
+
+@given(calibrations(), timing_world_sizes, codec_names, st.integers(3, 8))
+def test_wider_pipelines_are_never_faster_than_two(cal, p, codec, width):
+    two, wide = predict("pipe", p, cal, codec, 2), predict("pipe", p, cal, codec, width)
+    assert wide.iter_time_s >= two.iter_time_s * (1 - 1e-12), (two, wide)
+
+
+@given(
+    st.integers(2, 64),
+    log_uniform(1, 1e9),
+    log_uniform(1, 1e9),
+    log_uniform(1e-7, 1e-2),
+    log_uniform(1e5, 1e11),
+)
+def test_ring_time_grows_with_bytes(p, m1, m2, alpha, bandwidth):
+    small, large = sorted((m1, m2))
+    assert ring_allreduce_time(p, small, alpha, bandwidth, 1e-10) <= ring_allreduce_time(
+        p, large, alpha, bandwidth, 1e-10
+    )
+
+
+@given(st.integers(2, 10**6), log_uniform(1, 1e9), log_uniform(1e5, 1e11))
+def test_ring_bytes_term_is_bandwidth_optimal(p, m, bandwidth):
+    # 2(p-1)/p M/B: at least one gradient over each link, never two, and within 1/p of two
+    wire = ring_allreduce_time(p, m, 0.0, bandwidth)
+    one = m / bandwidth
+    assert one * (1 - 1e-12) <= wire < 2 * one
+    assert wire == pytest.approx(2 * one * (1 - 1 / p), rel=1e-12)
+
+
+@given(calibrations(), st.integers(1, 63), codec_names)
+def test_ps_sync_grows_with_world_size(cal, p, codec):
+    assert predict("ps-sync", p + 1, cal, codec).iter_time_s >= predict(
+        "ps-sync", p, cal, codec
+    ).iter_time_s * (1 - 1e-12)
+
+
+@given(calibrations(), timing_world_sizes, codec_names)
+def test_ps_async_is_the_slower_of_worker_and_server(cal, p, codec):
+    pred = predict("ps-async", p, cal, codec)
+    server = p * cal.grad_bytes / cal.bandwidth
+    assert pred.iter_time_s >= server * (1 - 1e-12)
+    assert pred.iter_time_s >= pred.compute_s + pred.comm_s
+    if pred.bound == "server":
+        assert pred.iter_time_s == server
+    else:
+        assert pred.bound == "worker", pred
+
+
+@given(calibrations(cores=MANY), timing_world_sizes)
+def test_speedups_invert_the_iteration_times(cal, p):
+    preds = predict_all(p, cal)
+    for base in preds:
+        ups = speedups(preds, base)
+        assert ups[base] == 1.0
+        for label, up in ups.items():
+            assert up * preds[label].iter_time_s == pytest.approx(preds[base].iter_time_s)
+
+
+@given(calibrations())
+def test_calibration_round_trips_through_json(cal):
+    assert Calibration.from_dict(json.loads(json.dumps(cal.to_dict()))) == cal
+
+
+@given(
+    calibrations(),
+    st.lists(log_uniform(1e-5, 1.0), min_size=0, max_size=8),
+    st.floats(0.5, 128),
+    st.floats(0.5, 128),
+)
+def test_compute_time_never_falls_as_workers_are_added(cal, table, k1, k2):
+    # with no table, or a measured one (sorted: more workers never compute faster), inside it
+    # and past its end
+    cal = Calibration.from_dict({**cal.to_dict(), "t_comp_shared": sorted(table)})
+    lo, hi = sorted((k1, k2))
+    assert compute_time(cal, lo) <= compute_time(cal, hi) * (1 + 1e-12), (cal.t_comp_shared, lo, hi)
+
+
+# --- calibration on this machine -----------------------------------------------------------------
+
+
+def test_calibrate_smoke():
+    """Calibrate the tiny preset (2 workers: launches two processes, a few seconds)."""
+    from pipesgd_ref.config import TrainConfig
+
+    lines = []
+    cfg = TrainConfig.preset("tiny").replace(latency="50us", bandwidth="1Gbit")
+    cal = timing.calibrate(cfg, log=lines.append)
+    assert cal.n_params == 650  # softmax on digits: 64 features x 10 classes + 10 biases
+    assert cal.t_comp > 0 and cal.t_update > 0 and cal.gamma > 0
+    assert cal.alpha >= 50e-6, "alpha is the emulated latency plus the measured hop"
+    assert cal.bandwidth <= 125e6, "B is capped by the emulated 1 Gbit/s"
+    assert len(cal.t_comp_shared) == 2 and cal.cores >= 1
+    assert set(cal.codecs) == {"trunc16", "bf16", "q8"}
+    assert lines and "n=650 params" in lines[0]
+    preds = predict_all(2, cal)
+    assert all(p.iter_time_s > 0 for p in preds.values())
+    assert Calibration.from_dict(json.loads(json.dumps(cal.to_dict()))) == cal
