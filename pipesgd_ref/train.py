@@ -164,6 +164,9 @@ def is_ps(algo: str) -> bool:
     return algo.startswith("ps-")
 
 
+SNAPSHOT_BUDGET = 1 << 30  # bytes of weight copies rank 0 may keep for the evaluation
+
+
 class _Recorder:
     """Rank 0's view of a run, called after every update: a progress bar (iterations, loss,
     samples/s; optional), a loss line per epoch, and a copy of the weights every
@@ -172,7 +175,7 @@ class _Recorder:
     exactly the time it took, and distort the times it measures."""
 
     def __init__(self, cfg: TrainConfig, total: int, per_epoch: int, per_step: int, bar: bool,
-                 label: str | None = None):  # fmt: skip
+                 label: str | None = None, n_params: int = 0):  # fmt: skip
         from tqdm.auto import tqdm
 
         self.cfg = cfg
@@ -180,16 +183,35 @@ class _Recorder:
         self.per_step = per_step  # updates per step: p for ps-async's server, else 1
         self.bar = tqdm(total=total, desc=label or cfg.algo, unit="step",
                         disable=None if bar else True, leave=False)  # fmt: skip
-        self.start = time.perf_counter()
         self.log = logging.getLogger("pipesgd.train")
-        self.snapshots: list[tuple[int, float, np.ndarray]] = []  # (step, perf_counter, params)
+        self.every = cfg.eval_every * per_step  # updates between snapshots (0: none)
+        self.snapshots: list[tuple[int, float, int]] = []  # (step, perf_counter, row of store)
+        self.store = np.empty((0, 0), np.float32)
+        if self.every:
+            rows = total // self.every
+            if n_params * 4 * rows > SNAPSHOT_BUDGET:  # thin out rather than run out of memory
+                thin = math.ceil(n_params * 4 * rows / SNAPSHOT_BUDGET)
+                self.every *= thin
+                rows = total // self.every
+                self.log.warning(
+                    "keeping a copy of the weights every %d steps instead of every %d (memory "
+                    "budget %d MB): the time to target is that coarse",
+                    self.every // per_step, cfg.eval_every, SNAPSHOT_BUDGET >> 20,
+                )  # fmt: skip
+            # Allocated and touched now, before training: a copy during the run is then a
+            # plain memcpy, not page faults on fresh memory that would slow rank 0, and
+            # with it every rank that waits for it.
+            self.store = np.empty((rows, n_params), np.float32)
+            self.store.fill(0.0)  # np.zeros would only map the pages; fill touches them
+        self.start = time.perf_counter()
 
     def __call__(self, step: int, params: np.ndarray, loss: float) -> None:
         now = time.perf_counter()
         done = step + 1
-        every = self.cfg.eval_every * self.per_step
-        if every and done % every == 0:
-            self.snapshots.append((done // self.per_step, now, params.copy()))
+        if self.every and done % self.every == 0 and len(self.snapshots) < len(self.store):
+            row = len(self.snapshots)
+            self.store[row] = params
+            self.snapshots.append((done // self.per_step, now, row))
         self.bar.update(1)
         rate = self.cfg.world_size * self.cfg.batch_size * done / max(now - self.start, 1e-9)
         self.bar.set_postfix(loss=f"{loss:.4f}", samples_s=f"{rate / self.per_step:.0f}")
@@ -200,9 +222,9 @@ class _Recorder:
     def eval_curve(self, model, data) -> list[dict]:
         """[{step, time (perf_counter s), test_accuracy}] of the snapshots, evaluated now."""
         return [
-            {"step": step, "time": when, "test_accuracy": model.accuracy(params, data.X_test,
-                                                                         data.y_test)}
-            for step, when, params in self.snapshots
+            {"step": step, "time": when, "test_accuracy": model.accuracy(self.store[row],
+                                                                         data.X_test, data.y_test)}
+            for step, when, row in self.snapshots
         ]  # fmt: skip
 
     def close(self) -> None:
@@ -218,7 +240,7 @@ def _train_job(comm, cfg: TrainConfig, show_progress: bool, label: str | None = 
         # ps-async's server counts one update per push: p per step.
         per_step = cfg.world_size if cfg.algo == "ps-async" else 1
         recorder = _Recorder(cfg, setup.steps * per_step, setup.sampler.steps_per_epoch * per_step,
-                             per_step, show_progress, label)  # fmt: skip
+                             per_step, show_progress, label, setup.params.size)  # fmt: skip
     try:
         result = _worker_fn(cfg.algo)(comm, cfg, recorder)
     finally:

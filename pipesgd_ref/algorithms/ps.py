@@ -98,7 +98,7 @@ def pull_codec(cfg: TrainConfig):
     """The codec the weights are pulled back with (--codec-pull), on this run's backend."""
     from pipesgd_ref.codecs import get_codec  # here, as WorkerSetup.codec: numba loads lazily
 
-    return get_codec(cfg.codec_pull, cfg.backend)
+    return get_codec(cfg.codec_pull, cfg.codec_backend)
 
 
 def _serve(comm: Communicator, cfg: TrainConfig, method: str, progress) -> WorkerResult:

@@ -98,7 +98,7 @@ class WorkerSetup:
         """The codec gradients travel with (pipesgd_ref.codecs), on this run's backend."""
         from pipesgd_ref.codecs import get_codec
 
-        return get_codec(self.cfg.codec, self.cfg.backend)
+        return get_codec(self.cfg.codec, self.cfg.codec_backend)
 
     def feed_back(self, grads: np.ndarray, codec) -> None:
         """Error feedback (--error-feedback): add last step's residual to `grads`, then keep as
