@@ -9,8 +9,9 @@
     pipesgd bench allreduce [--world-size P] [--sizes ...] [--latency L] [--bandwidth B]
                                                               ring AllReduce benchmark
 
-Config options, applied in order: --preset NAME (laptop, tiny), --config FILE (.toml/.json),
-then any --key=value (or --key value) naming a TrainConfig field, e.g. --lr=0.05 --hidden=128,64.
+Config options, applied in order: --preset NAME (laptop, compare, tiny), --config FILE
+(.toml/.json), then any --key=value (or --key value) naming a TrainConfig field, e.g.
+--lr=0.05 --hidden=128,64.
 
 `compare` (pipesgd_ref/compare.py) trains ps-sync, ps-async, sync, pipe, pipe+trunc16 and
 pipe+q8 on the same problem (the `compare` preset) through one emulated network and prints
@@ -49,7 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def common(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--preset", default="laptop", help="starting config (laptop, tiny)")
+        sp.add_argument("--preset", default="laptop", help="laptop, compare or tiny")
         sp.add_argument("--config", help="a .toml or .json file of config keys")
         sp.add_argument("--no-progress", action="store_true", help="no progress bar")
 

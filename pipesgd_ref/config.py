@@ -50,14 +50,13 @@ class TrainConfig:
     seed: int = 0  # seeds the initial weights and every worker's minibatch order
     # --- compression inside the AllReduce ---
     codec: str = "none"  # none | trunc16 | bf16 | q8: how gradients travel the ring
-    # the codecs' kernels: numba (fast, bitwise equal to the reference) | numpy (the reference)
-    codec_backend: str = "numba"
+    codec_backend: str = "numba"  # codec kernels: numba (bitwise = numpy, faster) | numpy
     error_feedback: bool = False  # add what the codec dropped to the next step's gradient
     codec_pull: str = "none"  # parameter server: codec of pulled weights (none = full precision)
-    # ps-sync: the server sends a version's p pulls one after another ("sequential": worker i
-    # has its weights after (i+1) M/B) or all at once sharing its link ("shared": all after
-    # p M/B, the conventional server that PAPER.md models)
-    ps_pulls: str = "sequential"
+    # ps-sync's server sends a step's p pulls one after another (worker i has its weights after
+    # (i+1) M/B) or all at once sharing its link (all after p M/B: the conventional server,
+    # PAPER.md's model)
+    ps_pulls: str = "sequential"  # sequential | shared
     # --- network ---
     latency: str = "0"  # emulated per-message latency per link, e.g. 50us, 1ms (0 = none)
     bandwidth: str = "inf"  # emulated bandwidth per link and direction, e.g. 1Gbit, 125MB
@@ -65,7 +64,7 @@ class TrainConfig:
     # Workers sharing CPU cores: compute at the lowest CPU priority (Linux SCHED_IDLE), so a
     # communication thread that wakes up runs at once instead of waiting for another worker's
     # computation to yield the core (on a cluster the NIC does not wait for the GPU either).
-    comm_first: bool = True
+    comm_first: bool = True  # compute yields the cores to communication (SCHED_IDLE)
     # --- reporting ---
     eval_every: int = 100  # steps between test-accuracy evaluations (0 = only at the end)
     target_accuracy: float = 0.95  # test accuracy whose first crossing is reported (time/steps)

@@ -109,6 +109,11 @@ class Calibration:
     # empty: t_comp * max(1, k / cores)). Sharing costs more than k / cores: caches and memory
     # bandwidth are shared too.
     t_comp_shared: tuple = ()
+    # t_comp of p workers at once while each one's communication thread runs one ring AllReduce
+    # of the gradient per step, on the same link with this codec: what Pipe-SGD's compute
+    # thread gets (measured; codec name -> s). On shared cores the comm threads' wake-ups,
+    # copies and cache traffic slow the computation beyond the bytes' own CPU cost.
+    t_comp_busy: dict = field(default_factory=dict)
     codecs: dict = field(default_factory=dict)  # name -> (ratio r, encode s/B, decode s/B)
     source: dict = field(default_factory=dict)  # figure -> how it was obtained
 
@@ -143,6 +148,7 @@ class Calibration:
             **{
                 **d,
                 "t_comp_shared": tuple(d.get("t_comp_shared", ())),
+                "t_comp_busy": dict(d.get("t_comp_busy", {})),
                 "codecs": {k: tuple(v) for k, v in d.get("codecs", {}).items()},
             }
         )
@@ -250,6 +256,7 @@ def predict(
     if algo in ("sync", "pipe"):
         B = B_ring
         tc = compute_time(cal, p)  # lock step: all p compute at once
+        busy = cal.t_comp_busy.get(codec) if algo == "pipe" and width > 1 else None
         t_ar = ring_allreduce_time(p, M, a, B, g, r, e, d)
         moved = 2 * 2 * (p - 1) / p * M / r  # bytes sent + received per AllReduce
         cpu_comm = moved * cal.copy + (t_ar - 2 * (p - 1) * a - 2 * (p - 1) / p * M / (r * B))
@@ -265,6 +272,9 @@ def predict(
             "chain": (tc + tu + t_ar) / width,
             "cpu": cpu,
         }
+        if busy is not None:  # measured with the communication running: it holds the cpu
+            bounds["compute"] = busy + tu  # bound's extra CPU work, and more (wake-ups)
+            del bounds["cpu"]
         bound = max(bounds, key=bounds.get)
         it = bounds[bound]
         return Prediction(algo, codec, p, width, it, tc + tu, t_ar, min(t_ar, tc + tu), bound)
@@ -394,6 +404,64 @@ def time_shared_compute(cfg, max_k: int, reps: int = 12) -> tuple[float, ...]:
     return tuple(out)
 
 
+def _busy_compute_job(comm, cfg, reps: int) -> float:
+    """Pipe-SGD's schedule without the optimizer: step t hands a gradient-sized buffer to a
+    communication thread (one ring AllReduce, the run's codec and link) and computes the next
+    gradient meanwhile; the median compute time is what the pipe's compute thread gets."""
+    import queue
+    import threading
+
+    from pipesgd_ref.algorithms.worker import WorkerSetup
+    from pipesgd_ref.comm.ring import allreduce, barrier
+
+    w = WorkerSetup.build(cfg.replace(resume=""), comm.rank, comm.world_size)
+    grads = np.empty_like(w.params)
+    codec = w.codec()
+    w.loss_and_grad(0, grads)
+    traffic = np.ones_like(w.params)
+    todo: queue.SimpleQueue = queue.SimpleQueue()
+    done: queue.SimpleQueue = queue.SimpleQueue()
+
+    def communicate() -> None:  # one AllReduce per computed gradient, as in pipe.py
+        try:
+            for _ in range(reps):
+                todo.get()
+                allreduce(comm, traffic, "mean", codec=codec)
+                done.put(None)
+        except BaseException as e:  # handed to the main thread, which raises it
+            done.put(e)
+
+    barrier(comm)
+    thread = threading.Thread(target=communicate, daemon=True)
+    thread.start()
+    times = []
+    for step in range(1, reps + 1):
+        todo.put(step)  # the AllReduce of the previous gradient starts now
+        start = time.perf_counter()
+        w.loss_and_grad(step, grads)
+        times.append(time.perf_counter() - start)
+        got = done.get(timeout=2 * comm.timeout)  # width two: one AllReduce in flight
+        if isinstance(got, BaseException):
+            raise got
+    thread.join(timeout=comm.timeout)
+    return statistics.median(times)
+
+
+def time_busy_compute(cfg, codecs=("none",), reps: int = 8) -> dict:
+    """{codec: t_comp} of cfg.world_size pinned workers computing while their communication
+    threads run a ring AllReduce of the gradient per step, with that codec, on cfg's link."""
+    from pipesgd_ref.config import link_model
+    from pipesgd_ref.launch import launch_local
+
+    out = {}
+    for name in codecs:
+        run = cfg.replace(codec=name, resume="")
+        per_rank = launch_local(run.world_size, _busy_compute_job, (run, reps),
+                                model=link_model(run), start_method="fork")  # fmt: skip
+        out[name] = statistics.median(per_rank)
+    return out
+
+
 def time_codecs(n: int, backend: str = "numpy", names=("trunc16", "bf16", "q8"), reps: int = 5):
     """{codec: (r, encode s/byte, decode-add s/byte)} on an n-element gradient."""
     from pipesgd_ref.codecs import get_codec
@@ -445,16 +513,19 @@ def measure_hop(world_size: int, reps: int = 50) -> float:
     return max(per_rank) / (2 * (world_size - 1))
 
 
-def calibrate(cfg, network: dict | None = None, log=None) -> Calibration:
+def calibrate(cfg, network: dict | None = None, log=None, busy_codecs=()) -> Calibration:
     """Measure every figure of the models for cfg (model, batch size, world size, link).
 
     `network` may carry already measured {"hop": s, "stream": bytes/s} (they depend only on
-    the machine and p, so a sweep measures them once)."""
+    the machine and p, so a sweep measures them once). `busy_codecs`: the codecs to time
+    Pipe-SGD's computation under (t_comp_busy); none by default (then the pipe model uses the
+    shared-core t_comp and its cpu bound)."""
     from pipesgd_ref.bench import measure_p2p
     from pipesgd_ref.config import link_model
 
     n, t_comp, t_update = time_compute(cfg)
     shared = time_shared_compute(cfg, cfg.world_size)
+    busy = time_busy_compute(cfg, busy_codecs) if busy_codecs and cfg.world_size > 1 else {}
     gamma, copy = time_gamma_and_copy(n)
     codecs = time_codecs(n, cfg.codec_backend)
     net = dict(network or {})
@@ -476,6 +547,7 @@ def calibrate(cfg, network: dict | None = None, log=None) -> Calibration:
         copy=max(copy, 1.0 / net["stream"]),
         cores=usable_cores(),
         t_comp_shared=shared,
+        t_comp_busy=busy,
         codecs=codecs,
         source={
             "t_comp": f"median of 10 timed loss_and_grad, batch {cfg.batch_size}, this process",

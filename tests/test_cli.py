@@ -7,18 +7,46 @@ import sys
 import pytest
 
 from pipesgd_ref.cli import main
+from pipesgd_ref.config import TrainConfig
 
 
+@pytest.mark.timeout(180)
 def test_compare_quick_runs_and_writes_results(tmp_path, capsys):
-    rc = main(["compare", "--quick", "--no-progress", "--out", str(tmp_path), "--steps=60"])
+    """The main job end to end, made cheap: a 64-32-10 MLP, 2 workers, no emulated link.
+    It still calibrates this machine, runs all six methods, and writes compare.json."""
+    from pipesgd_ref.compare import quick_config
+    from pipesgd_ref.timing import COMPARE_RUNS, run_label
+
+    overrides = ["--hidden=32", "--batch-size=16", "--steps=24", "--world-size=2",
+                 "--bandwidth=inf", "--latency=0", "--target-accuracy=0.1"]  # fmt: skip
+    rc = main(["compare", "--quick", "--no-progress", "--out", str(tmp_path), *overrides])
     assert rc == 0
     out = capsys.readouterr().out
-    assert "sync" in out and "pipe (staleness 1)" in out
+    assert "calibrating the timing model" in out and "timing model: median |error|" in out
     result = json.loads((tmp_path / "compare.json").read_text())
-    for run in result["runs"].values():
-        assert 0.0 <= run["test_accuracy"] <= 1.0 and run["steps"] == 60
-        assert len(run["loss_curve"]) == 60
-    assert result["runs"]["sync"]["test_accuracy"] > 0.8, "60 sync steps on digits learn little"
+    labels = [run_label(algo, codec) for algo, codec in COMPARE_RUNS]
+    assert list(result["runs"]) == labels and [r["run"] for r in result["table"]] == labels
+    steps = quick_config(TrainConfig.preset("compare").replace(steps=24)).steps
+    assert result["config"]["steps"] == steps < 24, "--quick: fewer steps of the same problem"
+    assert result["config"]["hidden"] == [32] and result["config"]["world_size"] == 2
+    for label, run in result["runs"].items():
+        assert 0.0 <= run["test_accuracy"] <= 1.0 and run["steps"] == steps, label
+        assert len(run["loss_curve"]) == steps, label
+    for row in result["table"]:
+        assert row["predicted_ms"] > 0 and row["iter_ms"] > 0, row
+    assert result["checks"][0]["check"] == "every run reaches the target"
+
+
+def test_compare_bad_input_exits_2_with_one_line(tmp_path, capsys):
+    """Refused before anything is calibrated or run: one line, no traceback, no files."""
+    rc = main(["compare", "--quick", "--no-progress", "--out", str(tmp_path / "c"),
+               "--bandwidth=fast"])  # fmt: skip
+    assert rc == 2
+    captured = capsys.readouterr()
+    err = captured.err
+    assert err.startswith("pipesgd: error:") and "bandwidth" in err and "fast" in err, err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert "calibrating" not in captured.out and not (tmp_path / "c").exists()
 
 
 def test_reference_writes_summary(tmp_path):

@@ -30,7 +30,7 @@ def test_presets_build_valid_configs():
     for name in PRESETS:
         cfg = TrainConfig.preset(name)
         assert isinstance(cfg, TrainConfig)
-    with pytest.raises(ConfigError, match="choose one of: laptop, tiny"):
+    with pytest.raises(ConfigError, match="choose one of: laptop, compare, tiny"):
         TrainConfig.preset("supercomputer")
 
 
@@ -120,3 +120,53 @@ def test_config_is_frozen():
     with pytest.raises(AttributeError):
         cfg.lr = 1.0  # type: ignore[misc]
     assert cfg.staleness == 1 and cfg.lr_at(0) == cfg.lr
+
+
+# --- ps_pulls, comm_first, codec_backend; the compare preset --------------------------------
+
+
+def test_new_fields_default_and_override():
+    cfg = TrainConfig()
+    assert (cfg.ps_pulls, cfg.comm_first, cfg.codec_backend) == ("sequential", True, "numba")
+    cfg = apply_overrides(cfg, ["--ps-pulls=shared", "--comm-first=false",
+                                "--codec-backend=numpy"])  # fmt: skip
+    assert (cfg.ps_pulls, cfg.comm_first, cfg.codec_backend) == ("shared", False, "numpy")
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("--ps-pulls=parallel", "ps_pulls must be sequential or shared, got 'parallel'"),
+        ("--ps-pulls=", "ps_pulls must be sequential or shared, got ''"),
+        ("--comm-first=maybe", "config key 'comm_first' expects true or false, got 'maybe'"),
+        ("--codec-backend=cuda", "codec_backend must be numpy or numba, got 'cuda'"),
+    ],
+)
+def test_new_fields_reject_bad_values_naming_the_field(override, message):
+    with pytest.raises(ConfigError, match=message):
+        apply_overrides(TrainConfig(), [override])
+
+
+def test_new_fields_are_checked_in_files_too(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text('ps_pulls = "shared"\ncomm_first = false\ncodec_backend = "numpy"\n')
+    cfg = load_config_file(path)
+    assert (cfg.ps_pulls, cfg.comm_first, cfg.codec_backend) == ("shared", False, "numpy")
+    path.write_text("comm_first = 1\n")  # TOML has booleans: an integer is not one
+    with pytest.raises(ConfigError, match="'comm_first' expects true or false"):
+        load_config_file(path)
+
+
+def test_compare_preset_loads_and_is_the_documented_problem():
+    """config.py: digits on an MLP 64-1024-1024-10 (1.13M parameters, a 4.5 MB gradient),
+    4 workers x batch 352, an emulated 700 Mbit/s link, the conventional (shared-pull) server."""
+    from pipesgd_ref.models import build_model
+
+    cfg = TrainConfig.preset("compare")
+    assert (cfg.dataset, cfg.model, cfg.hidden) == ("digits", "mlp", (1024, 1024))
+    assert (cfg.world_size, cfg.batch_size, cfg.eval_every) == (4, 352, 2)
+    assert (cfg.latency, cfg.bandwidth, cfg.ps_pulls) == ("50us", "700Mbit", "shared")
+    assert 0 < cfg.target_accuracy < 1 and cfg.steps >= 10
+    n = build_model(cfg.model, 64, 10, cfg.hidden).n_params
+    assert n == 64 * 1024 + 1024 + 1024 * 1024 + 1024 + 1024 * 10 + 10 == 1_126_410
+    assert TrainConfig(**{**cfg.to_dict(), "hidden": tuple(cfg.hidden)}) == cfg

@@ -575,3 +575,64 @@ def test_compressed_protocol_round_trip_in_one_process():
     assert server_link.bytes_sent == HEADER_BYTES + 4 * 5
     server_link.close()
     worker_link.close()
+
+
+# --- ps-sync with shared pulls (--ps-pulls=shared) --------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_emulated_ps_sync_with_shared_pulls_pays_two_p_m_over_b():
+    """As test_emulated_ps_sync_pays_the_server_link, with the p pulls of a version sent at
+    once, sharing the server's wire: all arrive together after p M / B, all p workers compute
+    at once, and their p pushes queue on the ingress wire for p M / B more. The iteration is
+    t_c + 2 alpha + 2 p M / B (~18 ms here), within 20% (the sequential server's
+    (p + 1) M / B would give ~11 ms)."""
+    cfg = TrainConfig.preset("tiny").replace(steps=15, model="mlp", hidden=(64,),
+                                             ps_pulls="shared")  # fmt: skip
+    p, model = 4, LinkModel(latency=0.5e-3, bandwidth=10e6)
+    results = launch_local(p + 1, ps_sync_worker, (cfg,), start_method="fork", star=True,
+                           model=model, timeout=10, job_timeout=50)  # fmt: skip
+    n_params = results[0].params.size
+    push, pull = 4 * (n_params + 1) + HEADER_BYTES, 4 * n_params + HEADER_BYTES
+    t_c = np.median([e["dur"] for r in results for e in r.events if e["name"] == "compute"]) / 1e6
+    # p pulls out together, then p pushes in one after another: 2 p M / B.
+    predicted = t_c + 2 * model.latency + p * (pull + push) / model.bandwidth
+    sequential = t_c + 2 * model.latency + (p * pull + push) / model.bandwidth
+    measured = float(np.median(np.diff(results[0].step_end[2:])))
+    assert abs(measured - predicted) / predicted < 0.2, (
+        f"measured {measured * 1e3:.2f} ms per iteration, model t_c + 2 alpha + 2 p M / B "
+        f"{predicted * 1e3:.2f} ms (the sequential server's model: {sequential * 1e3:.2f} ms)"
+    )
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("codec, codec_pull", [("none", "none"), ("q8", "trunc16")])
+def test_shared_and_sequential_pulls_give_the_same_weights_bitwise(codec, codec_pull):
+    """How the pulls share the server's wire changes when bytes arrive, never which: the same
+    pushes are summed in worker order either way. Both equal each other bitwise on every rank,
+    and without codecs both equal reference.sync_sgd. Run over an emulated link, so that the
+    shared server books its wire for all p pulls (and their codes, with a pull codec)."""
+    n, link = 3, LinkModel(latency=0.1e-3, bandwidth=200e6)
+    base = CONFIGS["mlp"].replace(codec=codec, codec_pull=codec_pull)
+    grad_fn, w0 = oracle(base, n)  # first: forked workers inherit the loaded data set
+    got = {}
+    for pulls in ("sequential", "shared"):
+        got[pulls] = launch_local(n + 1, ps_sync_worker, (base.replace(ps_pulls=pulls),),
+                                  start_method="fork", star=True, model=link, timeout=10,
+                                  job_timeout=50)  # fmt: skip
+    for r, (seq, shared) in enumerate(zip(got["sequential"], got["shared"], strict=True)):
+        np.testing.assert_array_equal(
+            shared.params, seq.params, err_msg=f"{codec}/{codec_pull}, rank {r}: shared pulls "
+            f"changed the weights (max diff {np.abs(shared.params - seq.params).max()})"
+        )  # fmt: skip
+        assert shared.losses == seq.losses, f"rank {r}: shared pulls changed the losses"
+        assert shared.bytes_sent == seq.bytes_sent, f"rank {r}: shared pulls changed the bytes"
+    if codec == codec_pull == "none":
+        want = sync_sgd(grad_fn, w0, n, STEPS, base.lr_at)
+        np.testing.assert_array_equal(got["shared"][0].params, want.params)
+
+
+def test_ps_pulls_is_validated_by_the_server():
+    params = np.zeros(4, np.float32)
+    with pytest.raises(ValueError, match="pulls must be one of sequential, shared, got 'all'"):
+        ParameterServer({1: None}, params, pulls="all")

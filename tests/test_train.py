@@ -223,3 +223,102 @@ def test_resume_from_a_finished_run(tmp_path, capsys):
                  f"--out={tmp_path / 'b'}"]) == 0  # fmt: skip
     summary = json.loads((tmp_path / "b" / "summary.json").read_text())
     assert summary["steps"] == 20 and summary["loss_curve"][0]["step"] == 30
+
+
+# --- the evaluation curve and the time to target -----------------------------------------------
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("algo", ["sync", "ps-async"])
+def test_summary_has_eval_curve_and_time_to_target(algo, tmp_path):
+    """A copy of the weights every eval_every steps (ps-async: every eval_every * p updates of
+    the server), evaluated after training: eval_curve. The first point at or above the target
+    gives steps_to_target and time_to_target_s; the last point is the final weights."""
+    from pipesgd_ref.train import run_training
+
+    cfg = TrainConfig.preset("tiny").replace(algo=algo, steps=20, eval_every=5,
+                                             target_accuracy=0.5, out=str(tmp_path))  # fmt: skip
+    summary, _ = run_training(cfg, progress=False, log=lambda *_: None)
+    assert summary == json.loads((tmp_path / "summary.json").read_text())
+    curve = summary["eval_curve"]
+    assert [e["step"] for e in curve] == [5, 10, 15, 20], curve
+    times = [e["wall_time_s"] for e in curve]
+    assert 0 < times[0] and times == sorted(times) and times[-1] <= summary["wall_time_s"], times
+    assert all(0 <= e["test_accuracy"] <= 1 for e in curve)
+    assert curve[-1]["test_accuracy"] == summary["test_accuracy"], "the last copy is the answer"
+    first = next(e for e in curve if e["test_accuracy"] >= 0.5)  # 20 tiny steps reach 50%
+    assert summary["target_accuracy"] == 0.5
+    assert summary["steps_to_target"] == first["step"], (summary["steps_to_target"], curve)
+    assert summary["time_to_target_s"] == first["wall_time_s"]
+
+
+@pytest.mark.timeout(120)
+def test_an_unreachable_target_has_no_time_to_target():
+    from pipesgd_ref.train import run_training
+
+    cfg = TrainConfig.preset("tiny").replace(algo="sync", steps=10, eval_every=5,
+                                             target_accuracy=1.0)  # fmt: skip
+    summary, _ = run_training(cfg, progress=False, log=lambda *_: None)
+    assert [e["step"] for e in summary["eval_curve"]] == [5, 10]
+    assert summary["steps_to_target"] is None and summary["time_to_target_s"] is None
+    assert summary["target_accuracy"] == 1.0
+
+
+class _FirstWeight:
+    """A stand-in model whose 'accuracy' is the first weight: it says which copy was kept."""
+
+    def accuracy(self, params, X, y):
+        return float(params[0])
+
+
+@pytest.mark.parametrize("per_step", [1, 3])  # 3: ps-async's server, p updates per step
+def test_recorder_thins_snapshots_to_the_memory_budget(monkeypatch, caplog, per_step):
+    """12 steps, a copy every step, 10 parameters (40 bytes a copy), a budget of 3 copies
+    (120 bytes): every 4th step is kept instead, 3 copies, and a warning says so."""
+    from types import SimpleNamespace
+
+    import pipesgd_ref.train as train
+
+    monkeypatch.setattr(train, "SNAPSHOT_BUDGET", 3 * 40)
+    cfg = TrainConfig.preset("tiny").replace(eval_every=1, steps=12)
+    total = 12 * per_step
+    with caplog.at_level("WARNING", logger="pipesgd.train"):
+        rec = train._Recorder(cfg, total, total, per_step, False, n_params=10)
+    assert rec.store.shape == (3, 10), "preallocated for the copies kept, no more"
+    assert "every 4 steps instead of every 1" in caplog.text, caplog.text
+    for update in range(total):
+        rec(update, np.full(10, update, np.float32), loss=1.0)
+    rec.close()
+    curve = rec.eval_curve(_FirstWeight(), SimpleNamespace(X_test=None, y_test=None))
+    assert [e["step"] for e in curve] == [4, 8, 12]
+    # the weights after update u are kept when u + 1 is a multiple of 4 * per_step
+    assert [e["test_accuracy"] for e in curve] == [4 * per_step * k - 1 for k in (1, 2, 3)]
+    assert [e["time"] for e in curve] == sorted(e["time"] for e in curve)
+
+
+def test_recorder_within_budget_keeps_every_copy(monkeypatch):
+    import pipesgd_ref.train as train
+
+    monkeypatch.setattr(train, "SNAPSHOT_BUDGET", 12 * 40)
+    rec = train._Recorder(TrainConfig.preset("tiny").replace(eval_every=1), 12, 12, 1, False,
+                          n_params=10)  # fmt: skip
+    assert rec.store.shape == (12, 10) and rec.every == 1
+    rec.close()
+    rec = train._Recorder(TrainConfig.preset("tiny").replace(eval_every=0), 12, 12, 1, False,
+                          n_params=10)  # fmt: skip
+    assert rec.store.size == 0 and rec.every == 0, "eval_every 0: no copies at all"
+    rec.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_run_over_the_snapshot_budget_evaluates_fewer_steps(monkeypatch):
+    """The budget reaches the forked rank 0: a softmax of 650 parameters (2600 bytes a copy),
+    12 steps, a copy every step, room for 3: eval_curve at steps 4, 8, 12."""
+    import pipesgd_ref.train as train
+    from pipesgd_ref.models import build_model
+
+    assert build_model("softmax", 64, 10, ()).n_params == 650
+    monkeypatch.setattr(train, "SNAPSHOT_BUDGET", 3 * 2600)
+    cfg = TrainConfig.preset("tiny").replace(algo="sync", steps=12, eval_every=1)
+    summary, _ = train.run_training(cfg, progress=False, log=lambda *_: None)
+    assert [e["step"] for e in summary["eval_curve"]] == [4, 8, 12]

@@ -1,0 +1,330 @@
+"""`pipesgd compare` (compare.py): the table, the checks and the figures from hand-built
+summaries and predictions (no processes), and one end-to-end run on a tiny problem."""
+
+import json
+import math
+import time
+
+import pytest
+
+from pipesgd_ref import timing
+from pipesgd_ref.compare import (
+    CHECKS,
+    check_targets,
+    format_table,
+    plot_compare,
+    quick_config,
+    run_compare,
+    run_config,
+    table_rows,
+)
+from pipesgd_ref.config import TrainConfig
+from pipesgd_ref.timing import Calibration, Prediction
+
+LABELS = [timing.run_label(algo, codec) for algo, codec in timing.COMPARE_RUNS]
+CFG = TrainConfig.preset("compare")
+
+
+def summary(iter_ms: float, ttt_s: float | None, steps: int | None = None, acc: float = 0.97):
+    """The part of a run's summary.json that the table reads (times given in ms and s)."""
+    return {
+        "iter_time_s": iter_ms / 1e3,
+        "time_to_target_s": ttt_s,
+        "steps_to_target": steps if ttt_s is not None else None,
+        "test_accuracy": acc,
+        "t_comp_s": iter_ms / 2e3,
+        "comm_hidden_fraction": 0.5,
+    }
+
+
+def prediction(label: str, iter_ms: float) -> Prediction:
+    algo, _, codec = label.partition("+")
+    width = 2 if algo == "pipe" else 1
+    t = iter_ms / 1e3
+    return Prediction(algo, codec or "none", 4, width, t, t / 2, t / 2, 0.0, "network")
+
+
+# Six runs; ps-sync reaches the target in 10 s, and every other run in a known fraction of it.
+TTT = {"ps-sync": 10.0, "ps-async": 8.0, "sync": 3.4, "pipe": 2.0, "pipe+trunc16": 1.85,
+       "pipe+q8": 1.6}  # fmt: skip
+MEASURED_MS = {"ps-sync": 100.0, "ps-async": 50.0, "sync": 40.0, "pipe": 25.0,
+               "pipe+trunc16": 20.0, "pipe+q8": 18.0}  # fmt: skip
+PREDICTED_MS = {"ps-sync": 110.0, "ps-async": 45.0, "sync": 40.0, "pipe": 20.0,
+                "pipe+trunc16": 21.0, "pipe+q8": 9.0}  # fmt: skip
+
+
+def hand_built(ttt=None):
+    ttt = {**TTT, **(ttt or {})}
+    summaries = {k: summary(MEASURED_MS[k], ttt[k], steps=20) for k in LABELS}
+    preds = {k: prediction(k, PREDICTED_MS[k]) for k in LABELS}
+    return summaries, preds
+
+
+# --- table_rows --------------------------------------------------------------------------------
+
+
+def test_table_rows_one_per_run_in_order_with_measured_and_predicted():
+    summaries, preds = hand_built()
+    rows = table_rows(summaries, preds)
+    assert [r["run"] for r in rows] == LABELS
+    for r in rows:
+        k = r["run"]
+        assert r["iter_ms"] == pytest.approx(MEASURED_MS[k]), k
+        assert r["predicted_ms"] == pytest.approx(PREDICTED_MS[k]), k
+        assert r["t_comp_ms"] == pytest.approx(MEASURED_MS[k] / 2), k
+        assert r["steps_to_target"] == 20 and r["test_accuracy"] == 0.97
+
+
+def test_error_is_predicted_minus_measured_over_measured():
+    """Positive: the model is pessimistic (predicts slower than measured); negative: it
+    promises more than the run delivers."""
+    rows = {r["run"]: r for r in table_rows(*hand_built())}
+    assert rows["ps-sync"]["error"] == pytest.approx(+0.10)  # 110 predicted, 100 measured
+    assert rows["ps-async"]["error"] == pytest.approx(-0.10)  # 45 predicted, 50 measured
+    assert rows["sync"]["error"] == pytest.approx(0.0)
+    assert rows["pipe+q8"]["error"] == pytest.approx(-0.50)  # 9 predicted, 18 measured
+
+
+def test_speedups_are_relative_to_ps_sync():
+    rows = {r["run"]: r for r in table_rows(*hand_built())}
+    assert rows["ps-sync"]["iter_speedup"] == pytest.approx(1.0)
+    assert rows["ps-sync"]["speedup_to_target"] == pytest.approx(1.0)
+    for k in LABELS:
+        assert rows[k]["iter_speedup"] == pytest.approx(MEASURED_MS["ps-sync"] / MEASURED_MS[k])
+        assert rows[k]["speedup_to_target"] == pytest.approx(TTT["ps-sync"] / TTT[k]), k
+
+
+def test_a_run_that_never_reaches_the_target_has_no_speedup_to_target():
+    summaries, preds = hand_built({"pipe": None})
+    rows = {r["run"]: r for r in table_rows(summaries, preds)}
+    assert rows["pipe"]["time_to_target_s"] is None and rows["pipe"]["steps_to_target"] is None
+    assert rows["pipe"]["speedup_to_target"] is None
+    assert rows["pipe"]["iter_speedup"] == pytest.approx(4.0), "the iteration is still measured"
+    assert rows["sync"]["speedup_to_target"] == pytest.approx(10.0 / 3.4)
+
+
+def test_when_ps_sync_misses_the_target_no_run_has_a_speedup_to_target():
+    rows = table_rows(*hand_built({"ps-sync": None}))
+    assert all(r["speedup_to_target"] is None for r in rows), rows
+    assert all(r["iter_speedup"] is not None for r in rows)
+
+
+def test_without_ps_sync_there_is_no_baseline():
+    summaries, preds = hand_built()
+    del summaries["ps-sync"]
+    rows = table_rows(summaries, preds)
+    assert [r["run"] for r in rows] == LABELS[1:]
+    assert all(r["iter_speedup"] is None and r["speedup_to_target"] is None for r in rows)
+
+
+# --- check_targets -------------------------------------------------------------------------------
+
+
+def test_checks_are_wall_clock_ratios_against_their_bars():
+    """Each CHECK (fast, slow, bar) is time_to_target(slow) / time_to_target(fast) >= bar."""
+    checks = check_targets(table_rows(*hand_built()))
+    assert checks[0]["check"] == "every run reaches the target" and checks[0]["ok"]
+    by = {c["check"]: c for c in checks[1:]}
+    assert list(by) == [f"{fast} vs {slow}" for fast, slow, _ in CHECKS]
+    for fast, slow, bar in CHECKS:
+        c = by[f"{fast} vs {slow}"]
+        assert c["ratio"] == pytest.approx(TTT[slow] / TTT[fast]), c
+        assert c["bar"] == bar and c["ok"] == (TTT[slow] / TTT[fast] >= bar), c
+    # The numbers of TTT: q8 6.25x >= 5.4 (met), trunc16 5.41x (met), pipe 1.7x exactly (met)
+    assert by["pipe+q8 vs ps-sync"]["ok"] and "met" in by["pipe+q8 vs ps-sync"]["text"]
+    assert by["pipe vs sync"]["ok"], "a ratio exactly at the bar meets it"
+
+
+def test_a_ratio_below_its_bar_is_not_met():
+    checks = {c["check"]: c for c in check_targets(table_rows(*hand_built({"pipe": 2.5})))}
+    c = checks["pipe vs sync"]
+    assert c["ratio"] == pytest.approx(3.4 / 2.5) and not c["ok"]
+    assert "1.36x sooner" in c["text"] and "NOT met" in c["text"], c["text"]
+    assert checks["pipe+q8 vs ps-sync"]["ok"], "the other checks are unaffected"
+
+
+def test_a_missed_target_fails_its_checks_and_is_named():
+    checks = check_targets(table_rows(*hand_built({"pipe+q8": None, "sync": None})))
+    first = checks[0]
+    assert not first["ok"] and first["text"].endswith("sync, pipe+q8"), first["text"]
+    by = {c["check"]: c for c in checks[1:]}
+    for name in ("pipe+q8 vs ps-sync", "pipe vs sync"):
+        assert by[name]["ratio"] is None and not by[name]["ok"], by[name]
+        assert "did not reach the target" in by[name]["text"]
+    assert by["pipe+trunc16 vs ps-sync"]["ok"]
+
+
+def test_checks_of_runs_not_in_the_comparison_are_left_out():
+    summaries, preds = hand_built()
+    keep = ("ps-sync", "sync", "pipe")
+    rows = table_rows({k: summaries[k] for k in keep}, preds)
+    assert [c["check"] for c in check_targets(rows)] == [
+        "every run reaches the target",
+        "pipe vs sync",
+    ]
+
+
+# --- format_table --------------------------------------------------------------------------------
+
+
+def test_format_table_has_a_line_per_run_and_the_model_error():
+    rows = table_rows(*hand_built({"pipe": None}))
+    text = format_table(rows, CFG)
+    lines = text.splitlines()
+    assert "4 workers, digits" in lines[0] and "96% test accuracy" in lines[0], lines[0]
+    assert lines[1].split()[:3] == ["run", "iter", "ms"] and set(lines[2]) == {"-"}
+    body = lines[3:-1]
+    assert [line.split()[0] for line in body] == LABELS
+    ps_sync = body[0].split()
+    assert ps_sync[1:4] == ["100.0", "110.0", "+10%"], ps_sync
+    assert body[LABELS.index("ps-async")].split()[3] == "-10%"
+    assert "-" in body[LABELS.index("pipe")].split(), "a missed target shows as '-'"
+    # |errors|: 10, 10, 0, 20, 5, 50 %: the median (upper) 10%, the worst 50%
+    assert lines[-1] == "timing model: median |error| 10%, worst 50%", lines[-1]
+
+
+def test_format_table_columns_line_up_when_a_run_misses_the_target():
+    lines = format_table(table_rows(*hand_built({"pipe": None})), CFG).splitlines()
+    widths = {len(line) for line in lines[1:-1] if not set(line) == {"-"}}
+    assert len(widths) == 1, lines
+
+
+# --- run_config, quick_config ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("algo, codec", timing.COMPARE_RUNS)
+def test_run_config_sets_algo_codec_width_and_folder(tmp_path, algo, codec):
+    base = CFG.replace(width=3, codec_pull="q8")
+    cfg = run_config(base, algo, codec, tmp_path)
+    assert (cfg.algo, cfg.codec) == (algo, codec)
+    assert cfg.width == (3 if algo == "pipe" else 1), "only pipe keeps the pipeline width"
+    assert cfg.codec_pull == "none", "the comparison pulls full-precision weights"
+    assert cfg.out == str(tmp_path / timing.run_label(algo, codec))
+    # Everything else is the problem every run shares.
+    same = ("dataset", "hidden", "batch_size", "lr", "steps", "seed", "bandwidth", "ps_pulls")
+    assert all(getattr(cfg, f) == getattr(base, f) for f in same)
+    assert run_config(base, algo, codec, None).out == "", "no out folder: nothing written"
+
+
+def test_quick_config_runs_fewer_steps_of_the_same_problem():
+    quick = quick_config(CFG)
+    assert quick.steps == CFG.steps * 7 // 12 == 35
+    assert quick.replace(steps=CFG.steps) == CFG
+    assert quick_config(CFG.replace(steps=120)).steps == 70
+
+
+# --- figures -------------------------------------------------------------------------------------
+
+
+def calibration(n_params: int = 2410, bandwidth: float = 87.5e6) -> Calibration:
+    """A made-up calibration: enough for every model, nothing measured."""
+    return Calibration(
+        n_params=n_params, t_comp=1e-3, t_update=1e-5, alpha=1e-4, bandwidth=bandwidth,
+        gamma=1e-10, cores=2, codecs={"trunc16": (2.0, 1e-10, 1e-10), "q8": (4.0, 2e-10, 1e-10)},
+    )  # fmt: skip
+
+
+def synthetic_run(label: str, iter_ms: float, steps: int = 8) -> tuple[dict, list[dict]]:
+    """(summary, trace events) of a made-up run of 2 ranks: compute then communicate."""
+    it = iter_ms / 1e3
+    s = summary(iter_ms, 4 * it, steps=4)
+    s["loss_curve"] = [{"step": t, "wall_time_s": (t + 1) * it, "loss": 2.0 / (t + 1)}
+                       for t in range(steps)]  # fmt: skip
+    s["eval_curve"] = [{"step": t, "wall_time_s": t * it, "test_accuracy": 0.5 + 0.05 * t}
+                       for t in range(2, steps + 1, 2)]  # fmt: skip
+    comm = "push" if label.startswith("ps") else "allreduce"
+    events = [
+        {"name": name, "ph": "X", "pid": rank, "tid": tid, "ts": (t * it + start) * 1e6,
+         "dur": it / 2 * 1e6, "args": {"step": t}}
+        for rank in (0, 1) for t in range(steps)
+        for name, tid, start in (("compute", "compute", 0.0), (comm, "comm", it / 2))
+    ]  # fmt: skip
+    return s, events
+
+
+def test_plot_compare_writes_four_figures(tmp_path):
+    pytest.importorskip("matplotlib")
+    cal = calibration()
+    preds = timing.predict_all(4, cal, ps_pulls="shared")
+    summaries, traces = {}, {}
+    for k in LABELS:
+        summaries[k], traces[k] = synthetic_run(k, MEASURED_MS[k])
+    report = {"predictions": {k: v.to_dict() for k, v in preds.items()}}
+    paths = plot_compare(report, summaries, traces, cal, CFG, tmp_path)
+    names = ["loss_vs_time.png", "time_breakdown.png", "timeline.png", "predicted_vs_bandwidth.png"]
+    assert [p.name for p in paths] == names
+    for p in paths:
+        assert p.is_file() and p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", p
+
+
+def test_plot_compare_without_sync_or_pipe_has_no_timeline(tmp_path):
+    """An unemulated link (B = inf) has no measured point on the bandwidth axis either."""
+    pytest.importorskip("matplotlib")
+    cal = calibration(bandwidth=math.inf)
+    runs = (("ps-sync", "none"), ("ps-async", "none"))
+    preds = timing.predict_all(4, cal, runs)
+    summaries, traces = {}, {}
+    for k in preds:
+        summaries[k], traces[k] = synthetic_run(k, MEASURED_MS[k])
+    report = {"predictions": {k: v.to_dict() for k, v in preds.items()}}
+    paths = plot_compare(report, summaries, traces, cal, CFG, tmp_path)
+    assert [p.name for p in paths] == ["loss_vs_time.png", "time_breakdown.png",
+                                       "predicted_vs_bandwidth.png"]  # fmt: skip
+
+
+# --- one end-to-end run ------------------------------------------------------------------------
+
+TINY_RUNS = (("ps-sync", "none"), ("sync", "none"), ("pipe", "q8"))
+
+
+@pytest.mark.timeout(120)
+def test_run_compare_end_to_end_on_a_tiny_problem(tmp_path):
+    """Three runs of 2 workers, 6 steps, an MLP 64-32-10, no emulation, a made-up calibration
+    (no timing.calibrate): compare.json holds every run, the table, the checks, and the
+    calibration it was given; every run has its folder; with matplotlib, the figures."""
+    cfg = CFG.replace(hidden=(32,), batch_size=16, steps=6, eval_every=1, bandwidth="inf",
+                      latency="0", world_size=2, target_accuracy=0.1)  # fmt: skip
+    cal = calibration(bandwidth=math.inf)
+    lines: list[str] = []
+    start = time.perf_counter()
+    report = run_compare(cfg, out=tmp_path, progress=False, log=lines.append, runs=TINY_RUNS,
+                         calibration=cal)  # fmt: skip
+    elapsed = time.perf_counter() - start
+    assert elapsed < 60, f"three 6-step runs of 2 workers took {elapsed:.0f} s"
+
+    labels = ["ps-sync", "sync", "pipe+q8"]
+    saved = json.loads((tmp_path / "compare.json").read_text())
+    assert saved == json.loads(json.dumps(report)), "compare.json is what run_compare returns"
+    assert saved["kind"] == "compare" and saved["config"] == cfg.to_dict()
+    assert Calibration.from_dict(saved["calibration"]) == cal, "the given calibration is used"
+    assert list(saved["runs"]) == list(saved["predictions"]) == labels
+    assert [r["run"] for r in saved["table"]] == labels
+    for label, run in saved["runs"].items():
+        assert run["steps"] == 6 and len(run["loss_curve"]) == 6, label
+        assert [e["step"] for e in run["eval_curve"]] == [1, 2, 3, 4, 5, 6], label
+        assert run["time_to_target_s"] is not None, f"{label}: 10% accuracy is a coin toss"
+        assert (tmp_path / label / "summary.json").is_file(), label
+        assert (tmp_path / label / "trace.json").is_file(), label
+    assert saved["runs"]["pipe+q8"]["codec"] == "q8" and saved["runs"]["pipe+q8"]["width"] == 2
+    assert saved["runs"]["sync"]["width"] == 1
+    for row in saved["table"]:
+        assert row["predicted_ms"] > 0 and row["iter_ms"] > 0, row
+    assert saved["table"][0]["iter_speedup"] == pytest.approx(1.0)
+    # ps-sync and pipe+q8 are both here: their check is made (met or not: it is timing)
+    checks = [c["check"] for c in saved["checks"]]
+    assert checks == ["every run reaches the target", "pipe+q8 vs ps-sync"], checks
+    assert saved["checks"][0]["ok"], saved["checks"]
+    ratio = saved["checks"][1]["ratio"]
+    rows = {r["run"]: r for r in saved["table"]}
+    assert ratio == pytest.approx(rows["pipe+q8"]["speedup_to_target"]), "the same quotient"
+    # The log: the calibration, one line per run before and after, the table, the checks.
+    assert lines[1] == "  " + timing.describe(cal), "the calibration given, not measured"
+    assert not any("calibrating" in line for line in lines)
+    assert sum(line.startswith("[") for line in lines) == 2 * len(labels)
+    assert "\ntiming model: median |error|" in "\n".join(lines), "the table is logged"
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return
+    for name in ("loss_vs_time", "time_breakdown", "timeline", "predicted_vs_bandwidth"):
+        assert (tmp_path / f"{name}.png").is_file(), name
