@@ -16,10 +16,13 @@ optimistic), the summary takes its absolute value.
 The grid (defaults):
     world size    2, 3, 4
     network       100Mbit, 1Gbit, 10Gbit (emulated, latency 50us), loopback (not emulated)
-    model         MLPs on digits, hidden 256,256 (85 k parameters, 340 KB of gradient) and
-                  512,512 (300 k, 1.2 MB), batch 64 per worker
+    model         MLPs on digits, hidden 512,512 (301 k parameters, 1.2 MB of gradient) and
+                  1024,1024 (1.13 M, 4.5 MB, the `compare` model), batch 256 per worker:
+                  iterations of 10 ms to 2 s. Smaller models (--models 256x256 --batch-size 64)
+                  run iterations of a few ms, where per-step software costs the models leave
+                  out (Python, wake-ups on shared cores) are a large share: errors of 30-70%.
     method        ps-sync, ps-async, sync, pipe, pipe+trunc16, pipe+q8 (timing.COMPARE_RUNS)
-    steps         16 per run (the first width + 1 are warm-up, left out of the median)
+    steps         12 per run (the first width + 1 are warm-up, left out of the median)
 
 The link figures that depend only on the machine are measured once: the loopback stream
 bandwidth once for the grid, the software cost of a ring hop once per world size; everything
@@ -52,7 +55,7 @@ from pipesgd_ref.comm.netem import format_bytes
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.train import run_training
 
-GRID_MINUTES = 6  # the docstring's estimate, printed at the start of a default run
+GRID_MINUTES = 9  # the docstring's estimate, printed at the start of a default run
 
 # Emulated links (the --latency, 50us by default, and this bandwidth per link and direction),
 # and "loopback": no emulation at all, the machine's own TCP.
@@ -151,9 +154,9 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated bandwidths (any, e.g. 300Mbit) or loopback (not emulated)",
     )
     ap.add_argument("--latency", default="50us", help="latency of every emulated link")
-    ap.add_argument("--models", default="256x256,512x512", help="MLP hidden widths, e.g. 128x64")
-    ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--steps", type=int, default=None, help="steps per run (default 16; quick 10)")
+    ap.add_argument("--models", default="512x512,1024x1024", help="MLP hidden widths, e.g. 128x64")
+    ap.add_argument("--batch-size", type=int, default=256)
+    ap.add_argument("--steps", type=int, default=None, help="steps per run (default 12; quick 10)")
     ap.add_argument("--verbose", action="store_true", help="print every calibration")
     ap.add_argument("--json", dest="json_path", default=None, help="write every row here")
     args = ap.parse_args(argv)
@@ -163,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         world_sizes = [int(p) for p in args.world_sizes.split(",") if p]
         networks = [n for n in args.networks.split(",") if n]
         models = parse_models(args.models)
-    steps = args.steps or (10 if args.quick else 16)
+    steps = args.steps or (10 if args.quick else 12)
     base = TrainConfig(dataset="digits", model="mlp", batch_size=args.batch_size, steps=steps,
                        lr=0.05, eval_every=0)  # fmt: skip
     n_runs = len(world_sizes) * len(networks) * len(models) * len(timing.COMPARE_RUNS)
@@ -187,7 +190,9 @@ def main(argv: list[str] | None = None) -> int:
                 latency, bandwidth = network_link(net, args.latency)
                 cfg = base.replace(world_size=p, hidden=hidden, latency=latency,
                                    bandwidth=bandwidth)  # fmt: skip
-                cal = timing.calibrate(cfg, network={"hop": hop, "stream": stream})
+                # as `pipesgd compare` does: pipe's compute is timed next to its communication
+                cal = timing.calibrate(cfg, network={"hop": hop, "stream": stream},
+                                       busy_codecs=("none", "trunc16", "q8"))  # fmt: skip
                 calibrations.append({"world_size": p, "network": net, "model": model_name(hidden),
                                      "calibration": cal.to_dict()})  # fmt: skip
                 if args.verbose:

@@ -114,6 +114,10 @@ class Calibration:
     # thread gets (measured; codec name -> s). On shared cores the comm threads' wake-ups,
     # copies and cache traffic slow the computation beyond the bytes' own CPU cost.
     t_comp_busy: dict = field(default_factory=dict)
+    # alpha while the workers compute: a ring hop must wait for a core, a wake-up, the GIL
+    # (measured the same way, a ping-pong round the ring, next to the computations); what
+    # Pipe-SGD's AllReduces pay. None: not measured, alpha applies.
+    alpha_busy: float | None = None
     codecs: dict = field(default_factory=dict)  # name -> (ratio r, encode s/B, decode s/B)
     source: dict = field(default_factory=dict)  # figure -> how it was obtained
 
@@ -257,6 +261,8 @@ def predict(
         B = B_ring
         tc = compute_time(cal, p)  # lock step: all p compute at once
         busy = cal.t_comp_busy.get(codec) if algo == "pipe" and width > 1 else None
+        if algo == "pipe" and width > 1 and cal.alpha_busy is not None:
+            a = max(a, cal.alpha_busy)  # its AllReduces run while the workers compute
         t_ar = ring_allreduce_time(p, M, a, B, g, r, e, d)
         moved = 2 * 2 * (p - 1) / p * M / r  # bytes sent + received per AllReduce
         cpu_comm = moved * cal.copy + (t_ar - 2 * (p - 1) * a - 2 * (p - 1) / p * M / (r * B))
@@ -422,11 +428,20 @@ def _busy_compute_job(comm, cfg, reps: int) -> float:
     todo: queue.SimpleQueue = queue.SimpleQueue()
     done: queue.SimpleQueue = queue.SimpleQueue()
 
+    tiny = np.zeros(comm.world_size, np.float32)
+    hops: list[float] = []
+
     def communicate() -> None:  # one AllReduce per computed gradient, as in pipe.py
         try:
             for _ in range(reps):
                 todo.get()
                 allreduce(comm, traffic, "mean", codec=codec)
+                # ...then a ping-pong round the ring, twice: the first waits for the slowest
+                # rank, the second times 2(p-1) hops while the computations go on
+                allreduce(comm, tiny)
+                start = time.perf_counter()
+                allreduce(comm, tiny)
+                hops.append((time.perf_counter() - start) / (2 * (comm.world_size - 1)))
                 done.put(None)
         except BaseException as e:  # handed to the main thread, which raises it
             done.put(e)
@@ -444,22 +459,23 @@ def _busy_compute_job(comm, cfg, reps: int) -> float:
         if isinstance(got, BaseException):
             raise got
     thread.join(timeout=comm.timeout)
-    return statistics.median(times)
+    return statistics.median(times), statistics.median(hops)
 
 
-def time_busy_compute(cfg, codecs=("none",), reps: int = 8) -> dict:
+def time_busy_compute(cfg, codecs=("none",), reps: int = 12):
     """{codec: t_comp} of cfg.world_size pinned workers computing while their communication
     threads run a ring AllReduce of the gradient per step, with that codec, on cfg's link."""
     from pipesgd_ref.config import link_model
     from pipesgd_ref.launch import launch_local
 
-    out = {}
+    out, hops = {}, []
     for name in codecs:
         run = cfg.replace(codec=name, resume="")
         per_rank = launch_local(run.world_size, _busy_compute_job, (run, reps),
                                 model=link_model(run), start_method="fork")  # fmt: skip
-        out[name] = statistics.median(per_rank)
-    return out
+        out[name] = statistics.median(t for t, _ in per_rank)
+        hops += [h for _, h in per_rank]
+    return out, (statistics.median(hops) if hops else None)
 
 
 def time_codecs(n: int, backend: str = "numpy", names=("trunc16", "bf16", "q8"), reps: int = 5):
@@ -525,7 +541,9 @@ def calibrate(cfg, network: dict | None = None, log=None, busy_codecs=()) -> Cal
 
     n, t_comp, t_update = time_compute(cfg)
     shared = time_shared_compute(cfg, cfg.world_size)
-    busy = time_busy_compute(cfg, busy_codecs) if busy_codecs and cfg.world_size > 1 else {}
+    busy, hop_busy = {}, None
+    if busy_codecs and cfg.world_size > 1:
+        busy, hop_busy = time_busy_compute(cfg, busy_codecs)
     gamma, copy = time_gamma_and_copy(n)
     codecs = time_codecs(n, cfg.codec_backend)
     net = dict(network or {})
@@ -548,6 +566,7 @@ def calibrate(cfg, network: dict | None = None, log=None, busy_codecs=()) -> Cal
         cores=usable_cores(),
         t_comp_shared=shared,
         t_comp_busy=busy,
+        alpha_busy=hop_busy,  # measured on the emulated link: its latency is in it
         codecs=codecs,
         source={
             "t_comp": f"median of 10 timed loss_and_grad, batch {cfg.batch_size}, this process",
@@ -577,7 +596,9 @@ def describe(cal: Calibration) -> str:
     return (
         f"n={cal.n_params} params (M={format_bytes(cal.grad_bytes)}), "
         f"t_comp={format_seconds(cal.t_comp)}, t_u={format_seconds(cal.t_update)}, "
-        f"alpha={format_seconds(cal.alpha)}, B={format_bandwidth(cal.bandwidth)}, "
+        f"alpha={format_seconds(cal.alpha)}"
+        + (f" ({format_seconds(cal.alpha_busy)} computing)" if cal.alpha_busy else "")
+        + f", B={format_bandwidth(cal.bandwidth)}, "
         f"gamma={cal.gamma * 1e9:.3f} ns/B, copy={cal.copy * 1e9:.3f} ns/B, cores={cal.cores}"
         + (
             f", t_comp(k=1..)=[{', '.join(f'{t * 1e3:.2f}' for t in cal.t_comp_shared)}] ms"
