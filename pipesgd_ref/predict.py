@@ -100,6 +100,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     r = p.add_argument_group("what to predict and where to write it")
     r.add_argument("--codecs", default=_DEFAULT_CODECS, help="pipe runs with codecs, or none")
     r.add_argument("--width", type=int, default=2, help="pipeline width K of pipe (default 2)")
+    r.add_argument("--ps-pulls", default="sequential", choices=("sequential", "shared"),
+                   help="ps-sync's pulls: one after another, or all at once sharing the link "
+                   "(as pipesgd compare's baseline)")  # fmt: skip
     r.add_argument("--sweep", default=None, help="e.g. bandwidth=100Mbit..100Gbit")
     r.add_argument("--plot", default=None, help="write the sweep's figure here (.png, .pdf)")
     r.add_argument("--json", dest="json_path", default=None, help="write the predictions here")
@@ -123,6 +126,7 @@ class Scenario:
     stream_cap: float  # bytes/s this machine can move (inf: a cluster, no cap)
     cores_per_worker: int | None  # a cluster: cores = p * this; None: this machine's cores
     what: str  # the model, in words
+    ps_pulls: str = "sequential"  # ps-sync's server: pulls one after another, or shared
 
     def at(self, key: str | None = None, value: float | None = None) -> tuple[Calibration, int]:
         """(calibration, p) with `key` (bandwidth, latency, world_size) set to `value`."""
@@ -140,7 +144,7 @@ class Scenario:
     def predict(self, key: str | None = None, value: float | None = None) -> dict[str, Prediction]:
         """{label: Prediction} of every run, with `key` set to `value` (None: as calibrated)."""
         cal, p = self.at(key, value)
-        return timing.predict_all(p, cal, self.runs, self.width)
+        return timing.predict_all(p, cal, self.runs, self.width, self.ps_pulls)
 
 
 def _parse(parse: Callable, text, flag: str):
@@ -293,9 +297,8 @@ def scenario_from_args(args) -> Scenario:
         cal = replace(
             cal, t_update=t_update, source={**cal.source, "t_update": f"--t-update {args.t_update}"}
         )
-    return Scenario(
-        cal, args.world_size, runs, args.width, latency, hop, stream, cores_per_worker, what
-    )
+    return Scenario(cal, args.world_size, runs, args.width, latency, hop, stream,
+                    cores_per_worker, what, getattr(args, "ps_pulls", "sequential"))  # fmt: skip
 
 
 def _describe_model(cfg: TrainConfig, n: int) -> str:

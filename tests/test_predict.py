@@ -294,3 +294,16 @@ def test_every_flag_has_help():
     p = predict_cmd.add_parser(parser.add_subparsers())
     for action in p._actions:
         assert action.help, f"{action.option_strings} has no help"
+
+
+def test_ps_pulls_shared_predicts_the_conventional_server(capsys):
+    """--ps-pulls shared: all p pulls share the server's link, 2 p M / B a round instead of
+    (p + 1) M / B; only ps-sync changes."""
+    base = ["--world-size", "4", "--bandwidth", "1Gbit", "--latency", "0", *FAST]
+    sequential = table_rows(run(base, capsys))
+    shared = table_rows(run([*base, "--ps-pulls", "shared"], capsys))
+    ms = lambda cells: float(cells[1])  # noqa: E731 - "447.85 ms": the iteration time column
+    # 4 MB at 125 MB/s = 32 ms per message: (p + 1) = 5 of them against 2p = 8
+    assert ms(shared["ps-sync"]) - ms(sequential["ps-sync"]) == pytest.approx(3 * 32, abs=2)
+    for label in LABELS[1:]:  # (gamma and the codecs are timed anew by each call)
+        assert ms(shared[label]) == pytest.approx(ms(sequential[label]), rel=0.05), label
