@@ -115,13 +115,14 @@ def resolve_config(args: argparse.Namespace, rest: list[str]) -> TrainConfig:
 
 
 def cmd_compare(args: argparse.Namespace, cfg: TrainConfig) -> int:
-    from pipesgd_ref.compare import quick_config, run_compare
+    from pipesgd_ref.compare import QUICK_CALIBRATION_REPS, quick_config, run_compare
     from pipesgd_ref.logs import configure_parent_logging
 
     configure_parent_logging("WARNING")
+    reps = 12
     if args.quick:
-        cfg = quick_config(cfg)
-    run_compare(cfg, out=args.out_dir, progress=not args.no_progress)
+        cfg, reps = quick_config(cfg), QUICK_CALIBRATION_REPS
+    run_compare(cfg, out=args.out_dir, progress=not args.no_progress, calibration_reps=reps)
     return 0
 
 

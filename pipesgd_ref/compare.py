@@ -47,17 +47,20 @@ CHECKS = (
 )
 
 
+QUICK_CALIBRATION_REPS = 6  # timed steps per process in --quick's calibration (default 12)
+
+
 def quick_config(cfg: TrainConfig) -> TrainConfig:
-    """`--quick`: the same problem, fewer steps (CI and tutorials: about a minute); never
-    more steps than asked for."""
-    return cfg.replace(steps=min(cfg.steps, max(10, cfg.steps * 7 // 12)))
+    """`--quick`: the same problem, fewer steps (CI and tutorials: under a minute; the default
+    problem reaches its target at step 28-30 of 32); never more steps than asked for."""
+    return cfg.replace(steps=min(cfg.steps, max(10, cfg.steps * 8 // 15)))
 
 
-def calibrate_for(cfg: TrainConfig, runs=timing.COMPARE_RUNS) -> timing.Calibration:
+def calibrate_for(cfg: TrainConfig, runs=timing.COMPARE_RUNS, reps: int = 12) -> timing.Calibration:
     """The calibration compare uses: everything timing.calibrate measures, plus Pipe-SGD's
     compute next to its communication for every codec a pipe run of `runs` uses."""
     busy = tuple(sorted({codec for algo, codec in runs if algo == "pipe"}))
-    return timing.calibrate(cfg, busy_codecs=busy)
+    return timing.calibrate(cfg, busy_codecs=busy, reps=reps)
 
 
 def run_config(cfg: TrainConfig, algo: str, codec: str, out: Path | None) -> TrainConfig:
@@ -78,6 +81,7 @@ def run_compare(
     log: Callable[[str], None] = print,
     runs=timing.COMPARE_RUNS,
     calibration: timing.Calibration | None = None,
+    calibration_reps: int = 12,
 ) -> dict[str, Any]:
     """Calibrate, predict, run every method, and report; returns what compare.json holds."""
     out_dir = Path(out) if out else None
@@ -87,7 +91,7 @@ def run_compare(
         f"{cfg.batch_size}, {cfg.steps} steps, link {timing_link(cfg)}")  # fmt: skip
     if calibration is None:
         log("calibrating the timing model on this machine ...")
-    cal = calibration or calibrate_for(cfg, runs)
+    cal = calibration or calibrate_for(cfg, runs, calibration_reps)
     log("  " + timing.describe(cal))
     preds = timing.predict_all(cfg.world_size, cal, runs, width=cfg.width,
                                ps_pulls=cfg.ps_pulls)  # fmt: skip

@@ -529,21 +529,24 @@ def measure_hop(world_size: int, reps: int = 50) -> float:
     return max(per_rank) / (2 * (world_size - 1))
 
 
-def calibrate(cfg, network: dict | None = None, log=None, busy_codecs=()) -> Calibration:
+def calibrate(
+    cfg, network: dict | None = None, log=None, busy_codecs=(), reps: int = 12
+) -> Calibration:
     """Measure every figure of the models for cfg (model, batch size, world size, link).
 
     `network` may carry already measured {"hop": s, "stream": bytes/s} (they depend only on
     the machine and p, so a sweep measures them once). `busy_codecs`: the codecs to time
     Pipe-SGD's computation under (t_comp_busy); none by default (then the pipe model uses the
-    shared-core t_comp and its cpu bound)."""
+    shared-core t_comp and its cpu bound). `reps`: timed steps per process in the shared and
+    busy compute measurements (fewer: faster, noisier)."""
     from pipesgd_ref.bench import measure_p2p
     from pipesgd_ref.config import link_model
 
     n, t_comp, t_update = time_compute(cfg)
-    shared = time_shared_compute(cfg, cfg.world_size)
+    shared = time_shared_compute(cfg, cfg.world_size, reps)
     busy, hop_busy = {}, None
     if busy_codecs and cfg.world_size > 1:
-        busy, hop_busy = time_busy_compute(cfg, busy_codecs)
+        busy, hop_busy = time_busy_compute(cfg, busy_codecs, reps)
     gamma, copy = time_gamma_and_copy(n)
     codecs = time_codecs(n, cfg.codec_backend)
     net = dict(network or {})

@@ -208,9 +208,9 @@ def test_run_config_sets_algo_codec_width_and_folder(tmp_path, algo, codec):
 
 def test_quick_config_runs_fewer_steps_of_the_same_problem():
     quick = quick_config(CFG)
-    assert quick.steps == CFG.steps * 7 // 12 == 35
+    assert quick.steps == CFG.steps * 8 // 15 == 32
     assert quick.replace(steps=CFG.steps) == CFG
-    assert quick_config(CFG.replace(steps=120)).steps == 70
+    assert quick_config(CFG.replace(steps=120)).steps == 64
 
 
 # --- figures -------------------------------------------------------------------------------------
