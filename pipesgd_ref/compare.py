@@ -353,7 +353,8 @@ def _plot_timeline(ax, events: list[dict], label: str, span):
         cols = [
             colors.get(e["name"], "gray") for e in chosen if e["pid"] == pid and e["tid"] == tid
         ]
-        ax.broken_barh(bars, (y - 0.4, 0.8), facecolors=cols)
+        # white edges: back-to-back spans (a busy comm thread) stay apart
+        ax.broken_barh(bars, (y - 0.4, 0.8), facecolors=cols, edgecolor="white", linewidth=0.8)
     ax.set_yticks(range(len(rows)), [f"rank {p} {t}" for p, t in rows], fontsize=7)
     end = max((e["ts"] + e["dur"] - t0) / 1e3 for e in chosen)
     span = max(span or 0.0, end)
