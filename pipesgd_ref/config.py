@@ -110,8 +110,10 @@ class TrainConfig:
             problems.append(
                 f"codec_pull must be none, trunc16, bf16 or q8, got {self.codec_pull!r}"
             )
-        if self.ps_pulls not in ("sequential", "shared"):
-            problems.append(f"ps_pulls must be sequential or shared, got {self.ps_pulls!r}")
+        from pipesgd_ref.comm.ps import PULL_ORDERS  # the server's own list
+
+        if self.ps_pulls not in PULL_ORDERS:
+            problems.append(f"ps_pulls must be {' or '.join(PULL_ORDERS)}, got {self.ps_pulls!r}")
         if self.algo not in ALGOS:
             problems.append(f"algo must be one of {', '.join(ALGOS)}, got {self.algo!r}")
         if not self.timeout > 0:

@@ -192,11 +192,19 @@ class ServerNIC:
             for link in links:
                 link.emulator = self.egress  # the pulls share the server's one outgoing wire
 
-    def book(self, nbytes: int) -> float:
-        """Book the outgoing wire for `nbytes` sent at once (several pulls sharing it); the
-        emulated arrival time of all of them (0.0 when not emulated). Equal messages sharing a
-        wire fairly all finish together, after the whole batch has crossed it."""
-        return self.egress.schedule(nbytes) if self.enabled else 0.0
+    def book(self, n_messages: int, nbytes: int) -> float:
+        """Book the outgoing wire for `n_messages` payloads of `nbytes` sent at once, sharing
+        it: equal messages sharing a wire fairly all arrive together, when the last byte has
+        crossed. Returns that emulated arrival time (0.0 when not emulated), once only one
+        message's own link time is left, so that no receiver waits longer on a frame than one
+        message takes (its wait is capped at that, plus a margin)."""
+        if not self.enabled:
+            return 0.0
+        size = nbytes + HEADER_BYTES
+        arrive = self.egress.schedule(n_messages * size)
+        one = self.model.message_time(size)
+        wait_until(arrive - one, max_wait=n_messages * one + 1.0)
+        return arrive
 
     def arrive(self, frame: Frame) -> None:
         """Wait until `frame` (its payload already read) has crossed the ingress wire."""
@@ -291,16 +299,20 @@ class ParameterServer:
               frame.nbytes)  # fmt: skip
         return float(self.loss_buf[0])
 
+    def _pull_payload(self, version: int) -> np.ndarray:
+        """What a pull of `version` carries: the weights, or (pull codec) their codes."""
+        if self.pull_codec is None:
+            return self.params
+        if self._encoded_version != version:  # one encode per version, whole vector
+            self.pull_codec.encode(self.params, self.pull_codes)
+            self._encoded_version = version
+        return self.pull_codes
+
     def _send_pull(
         self, link: Link, version: int, phase: str, deliver_at: float | None = None
     ) -> None:
         doing = f"{phase} (the pull of worker {worker_of(link.peer)})"
-        payload = self.params
-        if self.pull_codec is not None:
-            if self._encoded_version != version:  # one encode per version, whole vector
-                self.pull_codec.encode(self.params, self.pull_codes)
-                self._encoded_version = version
-            payload = self.pull_codes
+        payload = self._pull_payload(version)
         frame = Frame(kind=Kind.DATA, op=Op.NONE, dtype=self.pull_code, seq=version, src=0,
                       part=self.pull_codec_id, total_len=self.n)  # fmt: skip
         self._sending_to = link
@@ -336,13 +348,8 @@ class ParameterServer:
                     # once sharing it (every pull then arrives when the last byte has left)
                     at = None
                     if self.pulls == "shared":
-                        nbytes = self.pull_codes.nbytes if self.pull_codes is not None else (
-                            self.params.nbytes)  # fmt: skip
-                        at = self.nic.book(self.n_workers * (nbytes + HEADER_BYTES))
-                        if at:  # send when the last one's own link time is left: a receiver
-                            # never waits longer than one message's time on any frame
-                            one = self.nic.model.message_time(nbytes + HEADER_BYTES)
-                            wait_until(at - one, max_wait=self.n_workers * one + 1.0)
+                        nbytes = self._pull_payload(t + 1).nbytes
+                        at = self.nic.book(self.n_workers, nbytes)
                     for link in self.links:
                         self._send_pull(link, t + 1, phase, deliver_at=at)
                 self._record(None, 0, loss)
