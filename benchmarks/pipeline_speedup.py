@@ -4,11 +4,12 @@
     python benchmarks/pipeline_speedup.py --steps 30 --bandwidths 1Gbit,5Gbit
 
 For each bandwidth it trains both methods for a few steps (same seed, same data) on 4 local
-worker processes whose links are emulated (latency 100 us, the given bandwidth), and prints the
-steady-state median iteration time of each, their ratio, pipe's comm_hidden_fraction, and the
-alpha-beta expectation: sync = t_comp + T_ring, pipe = max(t_comp, T_ring) (shared/PAPER.md
-section 3), with t_comp measured in the sync run and T_ring from the formula. Where T_ring is
-about t_comp, the pipe/sync ratio approaches its limit of 0.5.
+worker processes whose links are emulated (--latency, 100 us by default, and the given
+bandwidth), and prints the steady-state median iteration time of each, their ratio, pipe's
+comm_hidden_fraction, and the alpha-beta expectation: sync = t_comp + T_ring, pipe =
+max(t_comp, T_ring) (shared/PAPER.md section 3), with t_comp measured in the sync run and
+T_ring from the formula. Where T_ring is about t_comp, the pipe/sync ratio approaches its
+limit of 0.5.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ import json
 import sys
 from pathlib import Path
 
-from pipesgd_ref.comm.netem import parse_bandwidth
+from pipesgd_ref.comm.netem import parse_bandwidth, parse_latency
 from pipesgd_ref.config import TrainConfig
+from pipesgd_ref.timing import ring_allreduce_time
 from pipesgd_ref.train import run_training
 
 
@@ -52,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         p = base.world_size
         n_params = worker_results[0].params.size
         M = 4 * n_params
-        t_ring = 2 * (p - 1) * 100e-6 + 2 * (p - 1) / p * M / bandwidth
+        t_ring = ring_allreduce_time(p, M, parse_latency(args.latency), bandwidth)
         t_comp = results["sync"]["t_comp_s"]
         sync_ms, pipe_ms = (
             results["sync"]["iter_time_s"] * 1e3,

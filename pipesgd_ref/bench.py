@@ -31,6 +31,7 @@ import numpy as np
 from pipesgd_ref.comm.netem import LinkModel, format_bytes
 from pipesgd_ref.comm.ring import allreduce, barrier
 from pipesgd_ref.launch import free_port, join_from_env, launch_local
+from pipesgd_ref.timing import ring_allreduce_time
 
 
 @dataclass
@@ -48,13 +49,6 @@ class Row:
 
 def bus_factor(p: int) -> float:
     return 2 * (p - 1) / p if p > 1 else 1.0
-
-
-def predict_ring(p: int, nbytes: int, alpha: float, bandwidth: float, gamma: float) -> float:
-    """The alpha-beta ring AllReduce time (shared/PAPER.md section 3)."""
-    if p == 1:
-        return 0.0
-    return 2 * (p - 1) * alpha + 2 * (p - 1) / p * nbytes / bandwidth + (p - 1) / p * nbytes * gamma
 
 
 # --- our ring, in worker processes ------------------------------------------------------------
@@ -229,7 +223,7 @@ def bench_allreduce(
         t, ok = _combine(per_rank, nbytes)
         algbw = nbytes / t
         row = Row(nbytes, t, algbw, algbw * bus_factor(world_size),
-                  predict_ring(world_size, nbytes, alpha, bandwidth, gamma), ok,
+                  ring_allreduce_time(world_size, nbytes, alpha, bandwidth, gamma), ok,
                   _wire(per_rank, nbytes))  # fmt: skip
         if gloo is not None:
             gt, _ = _combine(gloo, nbytes)

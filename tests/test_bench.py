@@ -8,9 +8,10 @@ import sys
 
 import pytest
 
-from pipesgd_ref.bench import bus_factor, predict_ring
+from pipesgd_ref.bench import bus_factor
 from pipesgd_ref.cli import main
 from pipesgd_ref.launch import free_port
+from pipesgd_ref.timing import ring_allreduce_time
 
 
 def test_bench_allreduce_writes_verified_rows(tmp_path, capsys):
@@ -49,7 +50,7 @@ def test_bench_bad_input(argv, message, capsys):
 
 def test_model_helpers():
     assert bus_factor(4) == 1.5 and bus_factor(1) == 1.0
-    assert predict_ring(4, 4_000_000, 2e-3, 100e6, 0.0) == pytest.approx(0.012 + 0.06)
+    assert ring_allreduce_time(4, 4_000_000, 2e-3, 100e6, 0.0) == pytest.approx(0.012 + 0.06)
 
 
 @pytest.mark.timeout(120)
