@@ -119,10 +119,10 @@ def cmd_compare(args: argparse.Namespace, cfg: TrainConfig) -> int:
     from pipesgd_ref.logs import configure_parent_logging
 
     configure_parent_logging("WARNING")
-    reps = 12
+    more = {}
     if args.quick:
-        cfg, reps = quick_config(cfg), QUICK_CALIBRATION_REPS
-    run_compare(cfg, out=args.out_dir, progress=not args.no_progress, calibration_reps=reps)
+        cfg, more = quick_config(cfg), {"calibration_reps": QUICK_CALIBRATION_REPS}
+    run_compare(cfg, out=args.out_dir, progress=not args.no_progress, **more)
     return 0
 
 

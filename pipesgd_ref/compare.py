@@ -47,7 +47,7 @@ CHECKS = (
 )
 
 
-QUICK_CALIBRATION_REPS = 6  # timed steps per process in --quick's calibration (default 12)
+QUICK_CALIBRATION_REPS = 6  # timed steps per process in --quick's calibration
 
 
 def quick_config(cfg: TrainConfig) -> TrainConfig:
@@ -56,7 +56,9 @@ def quick_config(cfg: TrainConfig) -> TrainConfig:
     return cfg.replace(steps=min(cfg.steps, max(10, cfg.steps * 8 // 15)))
 
 
-def calibrate_for(cfg: TrainConfig, runs=timing.COMPARE_RUNS, reps: int = 12) -> timing.Calibration:
+def calibrate_for(
+    cfg: TrainConfig, runs=timing.COMPARE_RUNS, reps: int = timing.CALIBRATION_REPS
+) -> timing.Calibration:
     """The calibration compare uses: everything timing.calibrate measures, plus Pipe-SGD's
     compute next to its communication for every codec a pipe run of `runs` uses."""
     busy = tuple(sorted({codec for algo, codec in runs if algo == "pipe"}))
@@ -81,7 +83,7 @@ def run_compare(
     log: Callable[[str], None] = print,
     runs=timing.COMPARE_RUNS,
     calibration: timing.Calibration | None = None,
-    calibration_reps: int = 12,
+    calibration_reps: int = timing.CALIBRATION_REPS,
 ) -> dict[str, Any]:
     """Calibrate, predict, run every method, and report; returns what compare.json holds."""
     out_dir = Path(out) if out else None

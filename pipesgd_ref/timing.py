@@ -87,6 +87,7 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 
 ALGOS = ("ps-sync", "ps-async", "sync", "pipe")
+CALIBRATION_REPS = 12  # timed steps per process when timing compute shared by several workers
 
 
 @dataclass(frozen=True)
@@ -397,7 +398,7 @@ def _compute_job(comm, cfg, reps: int) -> float:
     return statistics.median(times)
 
 
-def time_shared_compute(cfg, max_k: int, reps: int = 12) -> tuple[float, ...]:
+def time_shared_compute(cfg, max_k: int, reps: int = CALIBRATION_REPS) -> tuple[float, ...]:
     """t_comp with k = 1..max_k worker processes computing at once, pinned as the workers are
     (launch.pin_to_core): the median over ranks and steps, for each k."""
     from pipesgd_ref.launch import launch_local
@@ -462,7 +463,7 @@ def _busy_compute_job(comm, cfg, reps: int) -> float:
     return statistics.median(times), statistics.median(hops)
 
 
-def time_busy_compute(cfg, codecs=("none",), reps: int = 12):
+def time_busy_compute(cfg, codecs=("none",), reps: int = CALIBRATION_REPS):
     """{codec: t_comp} of cfg.world_size pinned workers computing while their communication
     threads run a ring AllReduce of the gradient per step, with that codec, on cfg's link."""
     from pipesgd_ref.config import link_model
@@ -530,7 +531,7 @@ def measure_hop(world_size: int, reps: int = 50) -> float:
 
 
 def calibrate(
-    cfg, network: dict | None = None, log=None, busy_codecs=(), reps: int = 12
+    cfg, network: dict | None = None, log=None, busy_codecs=(), reps: int = CALIBRATION_REPS
 ) -> Calibration:
     """Measure every figure of the models for cfg (model, batch size, world size, link).
 
@@ -580,7 +581,7 @@ def calibrate(
             "copy": "1/loop_bandwidth per byte sent or received (each side of a stream is busy)",
             "gamma": "np.add over the gradient",
             "cores": "os.sched_getaffinity",
-            "t_comp_shared": f"median of {12} timed loss_and_grad in k pinned processes at once",
+            "t_comp_shared": f"median of {reps} timed loss_and_grad in k pinned processes at once",
         },
     )
     if log:
