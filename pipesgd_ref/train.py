@@ -50,7 +50,6 @@ def run_reference(
 
     loss_curve: list[dict] = []
     eval_curve: list[dict] = []
-    target: dict[str, float | int | None] = {"step": None, "time": None}
     bar = _progress_bar(steps, label, enabled=progress)
     samples_per_step = cfg.world_size * cfg.batch_size
     start = time.perf_counter()
@@ -59,8 +58,6 @@ def run_reference(
         acc = model.accuracy(params, data.X_test, data.y_test)
         elapsed = time.perf_counter() - start
         eval_curve.append({"step": step, "wall_time_s": elapsed, "test_accuracy": acc})
-        if target["step"] is None and acc >= cfg.target_accuracy:
-            target.update(step=step, time=elapsed)
         return acc
 
     def on_step(step: int, params: np.ndarray, loss: float) -> None:
@@ -108,9 +105,7 @@ def run_reference(
         "iter_time_s": wall / steps,
         "final_train_loss": float(np.mean(tail)),
         "test_accuracy": final_acc,
-        "target_accuracy": cfg.target_accuracy,
-        "steps_to_target": target["step"],
-        "time_to_target_s": target["time"],
+        **reaching_target(eval_curve, cfg.target_accuracy),
         "n_params": model.n_params,
         "loss_curve": loss_curve,
         "eval_curve": eval_curve,
@@ -123,6 +118,17 @@ def run_reference(
     if cfg.out:
         write_json(Path(cfg.out) / "summary.json", summary)
     return summary
+
+
+def reaching_target(eval_curve: list[dict], target: float) -> dict[str, Any]:
+    """target_accuracy, steps_to_target and time_to_target_s of a summary: the first
+    evaluation of `eval_curve` ({step, wall_time_s, test_accuracy}) at or above `target`."""
+    reached = next((e for e in eval_curve if e["test_accuracy"] >= target), None)
+    return {
+        "target_accuracy": target,
+        "steps_to_target": reached["step"] if reached else None,
+        "time_to_target_s": reached["wall_time_s"] if reached else None,
+    }
 
 
 def write_json(path: Path, payload: dict) -> None:
@@ -274,7 +280,6 @@ def summarise(cfg: TrainConfig, results: list[WorkerResult], wall: float) -> dic
          "test_accuracy": e["test_accuracy"]}
         for e in answer.extra.get("eval_curve", [])
     ]  # fmt: skip
-    reached = next((e for e in eval_curve if e["test_accuracy"] >= cfg.target_accuracy), None)
     return {
         "algo": cfg.algo,
         "world_size": cfg.world_size,
@@ -290,10 +295,7 @@ def summarise(cfg: TrainConfig, results: list[WorkerResult], wall: float) -> dic
         "comm_hidden_fraction": hidden_fraction(events, comm_names),
         "final_train_loss": float(np.mean(tail)),
         "test_accuracy": test_accuracy,
-        "target_accuracy": cfg.target_accuracy,
-        # the first evaluation (every cfg.eval_every steps) at or above the target
-        "steps_to_target": reached["step"] if reached else None,
-        "time_to_target_s": reached["wall_time_s"] if reached else None,
+        **reaching_target(eval_curve, cfg.target_accuracy),
         "bytes_sent_per_rank": [r.bytes_sent for r in results],
         "params_identical_on_all_ranks": all(
             np.array_equal(r.params, answer.params) for r in results
