@@ -347,23 +347,37 @@ def test_codec_pull_is_validated():
 
 
 @pytest.mark.timeout(60)
-def test_emulated_ps_sync_pays_the_server_link():
-    """Latency 0.5 ms, 10 MB/s per direction, 4 workers, M = 19 KB (the MLP of 4810 params).
-    The pulls leave one after another, so the iteration is t_c + 2 alpha + (p + 1) M / B
-    (~11 ms), within 20%: the server's pushes and pulls share one wire each way (p parallel
-    links would give ~5 ms; all pulls landing together, PAPER.md's 2 p M / B, ~17 ms)."""
-    cfg = TrainConfig.preset("tiny").replace(steps=15, model="mlp", hidden=(64,))
+@pytest.mark.parametrize("pulls", ["sequential", "shared"])
+def test_emulated_ps_sync_pays_the_server_link(pulls):
+    """Latency 0.5 ms, 10 MB/s per direction, 4 workers, M = 19 KB (the MLP of 4810 params);
+    the server's pushes and pulls share one wire each way (p parallel links would give ~5 ms).
+    sequential: the pulls leave one after another, so the iteration is
+        t_c + 2 alpha + (p + 1) M / B       (~11 ms), within 20%;
+    shared (--ps-pulls=shared): the p pulls of a version are sent at once, sharing the wire,
+    all arrive together after p M / B, all p workers compute at once, and their p pushes queue
+    on the ingress wire for p M / B more: PAPER.md's
+        t_c + 2 alpha + 2 p M / B           (~18 ms), within 20%."""
+    cfg = TrainConfig.preset("tiny").replace(steps=15, model="mlp", hidden=(64,),
+                                             ps_pulls=pulls)  # fmt: skip
     p, model = 4, LinkModel(latency=0.5e-3, bandwidth=10e6)
     results = launch_local(p + 1, ps_sync_worker, (cfg,), start_method="fork", star=True,
                            model=model, timeout=10, job_timeout=50)  # fmt: skip
     n_params = results[0].params.size
     push, pull = 4 * (n_params + 1) + HEADER_BYTES, 4 * n_params + HEADER_BYTES
     t_c = np.median([e["dur"] for r in results for e in r.events if e["name"] == "compute"]) / 1e6
-    # p pulls out back to back, then the last worker computes and pushes: (p + 1) M / B.
-    predicted = t_c + 2 * model.latency + (p * pull + push) / model.bandwidth
+    models = {
+        # p pulls out back to back, then the last worker computes and pushes: (p + 1) M / B.
+        "sequential": t_c + 2 * model.latency + (p * pull + push) / model.bandwidth,
+        # p pulls out together, then p pushes in one after another: 2 p M / B.
+        "shared": t_c + 2 * model.latency + p * (pull + push) / model.bandwidth,
+    }
+    predicted = models[pulls]
     measured = float(np.median(np.diff(results[0].step_end[2:])))
     assert abs(measured - predicted) / predicted < 0.2, (
-        f"measured {measured * 1e3:.2f} ms per iteration, model {predicted * 1e3:.2f} ms"
+        f"{pulls} pulls: measured {measured * 1e3:.2f} ms per iteration, model "
+        f"{predicted * 1e3:.2f} ms (the models: "
+        + ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in models.items())
+        + ")"
     )
 
 
@@ -578,31 +592,6 @@ def test_compressed_protocol_round_trip_in_one_process():
 
 
 # --- ps-sync with shared pulls (--ps-pulls=shared) --------------------------------------------
-
-
-@pytest.mark.timeout(60)
-def test_emulated_ps_sync_with_shared_pulls_pays_two_p_m_over_b():
-    """As test_emulated_ps_sync_pays_the_server_link, with the p pulls of a version sent at
-    once, sharing the server's wire: all arrive together after p M / B, all p workers compute
-    at once, and their p pushes queue on the ingress wire for p M / B more. The iteration is
-    t_c + 2 alpha + 2 p M / B (~18 ms here), within 20% (the sequential server's
-    (p + 1) M / B would give ~11 ms)."""
-    cfg = TrainConfig.preset("tiny").replace(steps=15, model="mlp", hidden=(64,),
-                                             ps_pulls="shared")  # fmt: skip
-    p, model = 4, LinkModel(latency=0.5e-3, bandwidth=10e6)
-    results = launch_local(p + 1, ps_sync_worker, (cfg,), start_method="fork", star=True,
-                           model=model, timeout=10, job_timeout=50)  # fmt: skip
-    n_params = results[0].params.size
-    push, pull = 4 * (n_params + 1) + HEADER_BYTES, 4 * n_params + HEADER_BYTES
-    t_c = np.median([e["dur"] for r in results for e in r.events if e["name"] == "compute"]) / 1e6
-    # p pulls out together, then p pushes in one after another: 2 p M / B.
-    predicted = t_c + 2 * model.latency + p * (pull + push) / model.bandwidth
-    sequential = t_c + 2 * model.latency + (p * pull + push) / model.bandwidth
-    measured = float(np.median(np.diff(results[0].step_end[2:])))
-    assert abs(measured - predicted) / predicted < 0.2, (
-        f"measured {measured * 1e3:.2f} ms per iteration, model t_c + 2 alpha + 2 p M / B "
-        f"{predicted * 1e3:.2f} ms (the sequential server's model: {sequential * 1e3:.2f} ms)"
-    )
 
 
 @pytest.mark.timeout(60)
