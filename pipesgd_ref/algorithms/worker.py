@@ -130,7 +130,7 @@ def compute_priority(low: bool):
     Why: p workers on fewer than p cores take turns, and a ring hop (or a parameter server's
     reply) that wakes up would wait up to a scheduler slice, about a millisecond, for some
     worker's computation to yield its core; a pipelined AllReduce pays that at every one of its
-    2(p-1) hops, measured here at 10-25% of an iteration. A SCHED_IDLE thread is preempted at
+    2(p-1) hops, measured here at 8-24% of an iteration. A SCHED_IDLE thread is preempted at
     once by any normal one, and such threads share the cores fairly among themselves, so the
     computations still take turns as before. Linux only; elsewhere, or where the OS refuses,
     nothing changes. An unprivileged thread may not return from SCHED_IDLE (RLIMIT_NICE): it
