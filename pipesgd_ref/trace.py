@@ -4,10 +4,15 @@ The trace (trace.json) opens in https://ui.perfetto.dev or chrome://tracing: one
 per rank (pid = rank), one thread row per activity (compute, comm, server), spans of type
 "X" in microseconds since the first event. Pipe-SGD's overlap is visible at a glance: the
 comm row of a pipe run is busy while the compute row is.
+
+A long run's timeline keeps only its first and last steps (algorithms.worker.Timeline); the
+trace marks where the middle was left out with an instant event ("steps not traced").
 """
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import statistics
 
 THREAD_IDS = {"compute": 1, "comm": 2, "server": 3}
@@ -26,7 +31,28 @@ def chrome_trace(events: list[dict], labels: dict[int, str] | None = None) -> di
         for thread, tid in THREAD_IDS.items():
             out.append({"name": "thread_name", "ph": "M", "pid": rank, "tid": tid,
                         "args": {"name": thread}})  # fmt: skip
+    for rank, first, last, ts in step_gaps(events):  # a line across the rank: "not here"
+        out.append({"name": "steps not traced", "ph": "i", "s": "p", "pid": rank,
+                    "tid": THREAD_IDS["compute"], "ts": ts - origin,
+                    "args": {"first_step": first, "last_step": last}})  # fmt: skip
     return {"traceEvents": out, "displayTimeUnit": "ms"}
+
+
+def step_gaps(events: list[dict]) -> list[tuple[int, int, int, float]]:
+    """(rank, first, last, ts) of each run of steps first..last with no span on that rank (the
+    middle a bounded Timeline let go); ts: the start of the rank's first span after the gap."""
+    gaps = []
+    for rank in sorted({e["pid"] for e in events}):
+        first_ts: dict[int, float] = {}  # step -> its earliest span start on this rank
+        for e in events:
+            if e["pid"] == rank:
+                step = e["args"]["step"]
+                first_ts[step] = min(first_ts.get(step, e["ts"]), e["ts"])
+        steps = sorted(first_ts)
+        for before, after in itertools.pairwise(steps):
+            if after > before + 1:
+                gaps.append((rank, before + 1, after - 1, first_ts[after]))
+    return gaps
 
 
 def median_duration(events: list[dict], names: tuple[str, ...]) -> float | None:
@@ -37,15 +63,45 @@ def median_duration(events: list[dict], names: tuple[str, ...]) -> float | None:
 
 def hidden_fraction(events: list[dict], comm_names: tuple[str, ...]) -> float | None:
     """Share of communication time that overlapped computation on the same rank:
-    sum over comm spans of |span ∩ compute spans| / sum of comm span lengths."""
+    sum over comm spans of |span ∩ compute spans| / sum of comm span lengths.
+
+    Cost O(n log n) per rank: the compute spans are merged into disjoint intervals with a
+    running total of their lengths, so |[a, b] ∩ busy| = busy_before(b) - busy_before(a),
+    two binary searches per comm span. (The pairwise scan it replaces took 1 s for 4 ranks of
+    2,000 pipe steps, and grows as the square: 20x faster here, and more with more steps.)"""
     total = hidden = 0.0
     for rank in {e["pid"] for e in events}:
         mine = [e for e in events if e["pid"] == rank]
-        busy = sorted((e["ts"], e["ts"] + e["dur"]) for e in mine if e["tid"] == "compute")
+        busy = _merged((e["ts"], e["ts"] + e["dur"]) for e in mine if e["tid"] == "compute")
         for e in mine:
             if e["name"] not in comm_names:
                 continue
             a, b = e["ts"], e["ts"] + e["dur"]
             total += b - a
-            hidden += sum(max(0.0, min(b, y) - max(a, x)) for x, y in busy if x < b and y > a)
+            hidden += _busy_before(busy, b) - _busy_before(busy, a)
     return hidden / total if total > 0 else None
+
+
+def _merged(intervals) -> tuple[list[float], list[float], list[float]]:
+    """(start, end) pairs, any order -> disjoint sorted intervals: (starts, ends, busy time
+    before each). Overlapping spans count once: a moment of communication is hidden or not."""
+    starts: list[float] = []
+    ends: list[float] = []
+    for a, b in sorted(intervals):
+        if ends and a <= ends[-1]:  # overlaps (or touches) the previous one: extend it
+            ends[-1] = max(ends[-1], b)
+        else:
+            starts.append(a)
+            ends.append(b)
+    before, acc = [], 0.0
+    for a, b in zip(starts, ends, strict=True):
+        before.append(acc)
+        acc += b - a
+    return starts, ends, before
+
+
+def _busy_before(busy: tuple[list[float], list[float], list[float]], x: float) -> float:
+    """Length of the merged intervals `busy` (from _merged) that lies before time x."""
+    starts, ends, before = busy
+    i = bisect.bisect_right(starts, x) - 1  # the last interval starting at or before x
+    return before[i] + min(x, ends[i]) - starts[i] if i >= 0 else 0.0

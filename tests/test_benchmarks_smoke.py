@@ -31,3 +31,23 @@ def test_timing_model_accuracy_quick(tmp_path):
             f"{r['network']} {r['method']}: measured {r['measured_s']} s, predicted "
             f"{r['predicted_s']} s; both must be positive"
         )
+
+
+def test_soak_short(tmp_path):
+    out = tmp_path / "soak.json"
+    cmd = [sys.executable, str(BENCHMARKS / "soak.py"), "--steps", "300", "--interval", "0.05",
+           "--json", out]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=90)
+    log = f"stdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-3000:]}"
+    assert done.returncode == 0, f"soak.py --steps 300 exited {done.returncode}\n{log}"
+    for check in ("memory", "descriptors", "throughput", "trace"):
+        assert re.search(rf"^(PASS|FAIL|n/a ) {check}: ", done.stdout, re.M), (
+            f"no 'PASS/FAIL {check}: ...' line in the output\n{log}"
+        )
+    report = json.loads(out.read_text())
+    names = [p["process"] for p in report["processes"]]
+    assert names == ["launcher", "worker 0", "worker 1", "worker 2", "worker 3"], (
+        f"expected the launcher and 4 workers to be sampled, got {names}\n{log}"
+    )
+    assert len(report["windows"]) == 10, f"expected 10 throughput windows\n{log}"
+    assert report["trace"]["loads"], f"trace.json of the run did not load\n{log}"
