@@ -61,6 +61,7 @@ class TrainConfig:
     latency: str = "0"  # emulated per-message latency per link, e.g. 50us, 1ms (0 = none)
     bandwidth: str = "inf"  # emulated bandwidth per link and direction, e.g. 1Gbit, 125MB
     timeout: float = 60.0  # seconds any wait on a peer may take before it is an error
+    master_port: int = 0  # local runs: the rendezvous store's port (0 = pick a free one)
     # Workers sharing CPU cores: compute at the lowest CPU priority (Linux SCHED_IDLE), so a
     # communication thread that wakes up runs at once instead of waiting for another worker's
     # computation to yield the core (on a cluster the NIC does not wait for the GPU either).
@@ -71,6 +72,11 @@ class TrainConfig:
     out: str = ""  # folder for results (summary.json, trace.json, checkpoint.npz); "" = none
     checkpoint_every: int = 0  # also checkpoint every N steps (0 = only at the end)
     resume: str = ""  # folder of a checkpoint.npz to continue from (same run settings)
+    # --- numerical faults ---
+    # A NaN or Inf in a worker's gradient stops the run naming the rank and step; with
+    # skip_nonfinite that gradient is left out of the step's average instead (a step where
+    # every worker's is bad makes no update) and counted in summary.json's nonfinite_skipped.
+    skip_nonfinite: bool = False  # leave NaN/Inf gradients out (and count them) instead of stopping
 
     def __post_init__(self):
         problems = []
@@ -116,6 +122,13 @@ class TrainConfig:
             problems.append(f"ps_pulls must be {' or '.join(PULL_ORDERS)}, got {self.ps_pulls!r}")
         if self.algo not in ALGOS:
             problems.append(f"algo must be one of {', '.join(ALGOS)}, got {self.algo!r}")
+        if self.resume and self.algo == "ps-async":
+            problems.append(
+                "ps-async runs cannot be resumed: their result depends on the order in which "
+                "pushes arrived, which a checkpoint cannot replay (sync, pipe and ps-sync can)"
+            )
+        if not 0 <= self.master_port <= 65535:
+            problems.append(f"master_port must be 0..65535 (0 = any free), got {self.master_port}")
         if not self.timeout > 0:
             problems.append(f"timeout must be > 0 seconds, got {self.timeout}")
         try:

@@ -444,7 +444,7 @@ def expected_bytes_sent(rank: int, p: int, n: int, name: str) -> int:
                for c in sent for s, e in segments(*bounds[c], SEGMENT_BYTES // 4))  # fmt: skip
 
 
-n_sock = 1_200_007 if SMALL else 2_400_007  # 4.8 / 9.6 MB: chunks of 1.2 / 2.3 segments
+n_sock = 2_400_007 if SMALL else 4_800_007  # 9.6 / 19.2 MB: chunks of 1.1 / 2.3 segments
 seed = 7
 socket_codecs = ("none", "trunc16", "bf16", "q8")
 t0 = time.perf_counter()

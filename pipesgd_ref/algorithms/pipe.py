@@ -29,8 +29,14 @@ import time
 
 import numpy as np
 
-from pipesgd_ref import checkpoint
-from pipesgd_ref.algorithms.worker import Timeline, WorkerResult, WorkerSetup
+from pipesgd_ref import checkpoint, faults
+from pipesgd_ref.algorithms.worker import (
+    Timeline,
+    WorkerResult,
+    WorkerSetup,
+    bad_ranks,
+    mean_of_good,
+)
 from pipesgd_ref.comm.rendezvous import Communicator
 from pipesgd_ref.comm.ring import allreduce
 from pipesgd_ref.config import TrainConfig
@@ -42,10 +48,12 @@ _STOP = None  # tells the communication thread to finish
 class _CommThread:
     """AllReduces (step, buffer) pairs in the order they are handed over."""
 
-    def __init__(self, comm: Communicator, timeline: Timeline, codec=None):
+    def __init__(self, comm: Communicator, timeline: Timeline, codec=None, skip=False):
         self.comm = comm
         self.timeline = timeline
         self.codec = codec
+        self.skip = skip  # --skip-nonfinite: agree on the ranks left out, before each AllReduce
+        self.skipped: list[tuple[int, list[int]]] = []  # (step, ranks left out)
         self.todo: queue.SimpleQueue = queue.SimpleQueue()
         self.done: queue.SimpleQueue = queue.SimpleQueue()
         self.thread = threading.Thread(target=self._run, name=f"comm-{comm.rank}", daemon=True)
@@ -53,17 +61,22 @@ class _CommThread:
 
     def _run(self) -> None:
         while (item := self.todo.get()) is not _STOP:
-            step, buf = item
+            step, buf, ok = item
             try:
                 with self.timeline.span("allreduce", "comm", step):
+                    bad = bad_ranks(self.comm, ok) if self.skip else []
                     allreduce(self.comm, buf, "mean", codec=self.codec)
+                    if bad:
+                        mean_of_good(buf, self.comm.world_size, len(bad))
+                        self.skipped.append((step, bad))
             except BaseException as e:  # handed to the compute thread, which re-raises
                 self.done.put(e)
                 return
             self.done.put((step, buf))
 
-    def start_allreduce(self, step: int, buf: np.ndarray) -> None:
-        self.todo.put((step, buf))
+    def start_allreduce(self, step: int, buf: np.ndarray, ok: bool = True) -> None:
+        """Hand over g_step; `ok` False: it was left out (zeros, --skip-nonfinite)."""
+        self.todo.put((step, buf, ok))
 
     def wait(self, expected_step: int) -> np.ndarray:
         """Block until the AllReduce of `expected_step` is done; return its averaged buffer."""
@@ -93,7 +106,7 @@ def pipe_worker(comm: Communicator, cfg: TrainConfig, progress=None) -> WorkerRe
     # t + K; its gradient was applied at step t + K - 1 at the latest.
     buffers = [np.empty_like(w.params) for _ in range(K)]
     codec = w.codec()
-    comm_thread = _CommThread(comm, timeline, codec)
+    comm_thread = _CommThread(comm, timeline, codec, cfg.skip_nonfinite)
     # Averaged gradients already back (from a checkpoint, or fetched early to write one).
     ready: dict[int, np.ndarray] = dict(w.pending)
 
@@ -106,8 +119,13 @@ def pipe_worker(comm: Communicator, cfg: TrainConfig, progress=None) -> WorkerRe
             buf = buffers[t % K]
             with timeline.span("compute", "compute", t):
                 loss = w.loss_and_grad(t, buf)  # g_t, on the current weights w_t
-                w.feed_back(buf, codec)
-            comm_thread.start_allreduce(t, buf)  # AllReduce(g_t) starts now
+                faults.at_step(comm.rank, t, buf)  # PIPESGD_FAULT (tests); nothing otherwise
+                ok = w.gradient_ok(buf, t, loss, comm.rank)  # or an error naming rank and step
+                if ok:
+                    w.feed_back(buf, codec)
+                else:
+                    buf.fill(0)  # left out: this rank adds nothing to the sum
+            comm_thread.start_allreduce(t, buf, ok)  # AllReduce(g_t) starts now
             if t < warmup:  # warm-up: synchronous, the fresh gradient
                 avg = averaged(t)
                 with timeline.span("update", "compute", t):
@@ -145,4 +163,5 @@ def pipe_worker(comm: Communicator, cfg: TrainConfig, progress=None) -> WorkerRe
             w.save_checkpoint(w.steps)  # after the drain: nothing in flight
     finally:
         comm_thread.stop()
-    return WorkerResult(comm.rank, w.params, losses, step_end, timeline.events, comm.bytes_sent)
+    return WorkerResult(comm.rank, w.params, losses, step_end, timeline.events, comm.bytes_sent,
+                        {"nonfinite_skipped": comm_thread.skipped})  # fmt: skip

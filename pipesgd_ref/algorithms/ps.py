@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import time
 
+from pipesgd_ref import checkpoint, faults
 from pipesgd_ref.algorithms.worker import Timeline, WorkerResult, WorkerSetup
 from pipesgd_ref.comm.ps import ParameterServer, PSClient, worker_of
 from pipesgd_ref.comm.rendezvous import Communicator
@@ -106,23 +107,33 @@ def _serve(comm: Communicator, cfg: TrainConfig, method: str, progress) -> Worke
     setup = WorkerSetup.build(cfg, 0, n)  # the server never computes: w_0, the model, steps
     timeline = Timeline(comm.rank)
     server = ParameterServer(comm.clients, setup.params, timeline, codec=setup.codec(),
-                             pulls=cfg.ps_pulls,
-                             pull_codec=pull_codec(cfg))  # fmt: skip
+                             pulls=cfg.ps_pulls, pull_codec=pull_codec(cfg),
+                             skip_nonfinite=cfg.skip_nonfinite)  # fmt: skip
     links = list(comm.clients.values())
     # Count this method's bytes only, not the rendezvous hellos already on these links.
     sent0, received0 = (sum(link.bytes_sent for link in links),
                         sum(link.bytes_received for link in links))  # fmt: skip
 
     def apply(version: int, grads) -> None:
+        faults.at_step(0, version)  # PIPESGD_FAULT (tests): the server fails at an update
         setup.sgd_step(grads, version)  # w -= lr_at(version) * grads, the model's backend
 
+    def on_update(t: int, params, loss: float) -> None:
+        if progress is not None:
+            progress(t, params, loss)
+        if method == "ps-sync" and checkpoint.due(cfg, t):
+            setup.save_checkpoint(t + 1)  # the server's weights after update t: w_{t+1}
+
     if method == "ps-sync":
-        log = server.run_sync(setup.steps, apply, progress)
+        log = server.run_sync(setup.steps, apply, on_update, start=setup.start_step)
+        if cfg.out:
+            setup.save_checkpoint(setup.steps)
         extra = {"role": "server"}
     else:
         log = server.run_async(setup.steps, apply, progress)
         extra = {"role": "server", "staleness": log.staleness, "arrival_order": log.arrival_order}
     extra["bytes_received"] = sum(link.bytes_received for link in links) - received0
+    extra["nonfinite_skipped"] = log.skipped
     return WorkerResult(comm.rank, setup.params, log.losses, log.update_end, timeline.events,
                         sum(link.bytes_sent for link in links) - sent0, extra)  # fmt: skip
 
@@ -135,17 +146,23 @@ def _work(comm: Communicator, cfg: TrainConfig, method: str, progress) -> Worker
     codec = w.codec()
     client = PSClient(comm.server, w.params.size, w.params.dtype, codec=codec,
                       pull_codec=pull_codec(cfg))  # fmt: skip
+    client.version = w.start_step  # a resumed ps-sync run: the checkpoint's weights, w_start
     sent0 = comm.server.bytes_sent  # the rendezvous hello is not this method's traffic
     losses, step_end = [], []
-    for t in range(w.steps):
+    for t in range(w.start_step, w.steps):
         doing = f"{method} step {t} of worker {worker}"
         with timeline.span("compute", "compute", t):
             loss = w.loss_and_grad(t, client.grads)  # on the weights last pulled
-            w.feed_back(client.grads, codec)  # --error-feedback: before push encodes them
+            faults.at_step(comm.rank, t, client.grads)  # PIPESGD_FAULT (tests)
+            # Bad values stop the job here, naming this rank (or, with --skip-nonfinite, are
+            # pushed anyway: the server leaves them out, and must know to divide right).
+            if w.gradient_ok(client.grads, t, loss, comm.rank):
+                w.feed_back(client.grads, codec)  # --error-feedback: before push encodes them
         with timeline.span("push", "comm", t):
             client.push(loss, doing)
         with timeline.span("pull", "comm", t):  # ps-sync: waits for the slowest worker too
-            client.pull(w.params, doing, expect=t + 1 if method == "ps-sync" else None)
+            client.pull(w.params, doing, expect=t + 1 if method == "ps-sync" else None,
+                        same_ok=cfg.skip_nonfinite)  # fmt: skip
         losses.append(loss)
         step_end.append(time.perf_counter())
         if progress is not None:

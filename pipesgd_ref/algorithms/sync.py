@@ -16,8 +16,14 @@ import time
 
 import numpy as np
 
-from pipesgd_ref import checkpoint
-from pipesgd_ref.algorithms.worker import Timeline, WorkerResult, WorkerSetup
+from pipesgd_ref import checkpoint, faults
+from pipesgd_ref.algorithms.worker import (
+    Timeline,
+    WorkerResult,
+    WorkerSetup,
+    bad_ranks,
+    mean_of_good,
+)
 from pipesgd_ref.comm.rendezvous import Communicator
 from pipesgd_ref.comm.ring import allreduce
 from pipesgd_ref.config import TrainConfig
@@ -29,13 +35,23 @@ def sync_worker(comm: Communicator, cfg: TrainConfig, progress=None) -> WorkerRe
     grads = np.empty_like(w.params)  # preallocated once: the hot loop allocates nothing
     codec = w.codec()
     losses, step_end = [], []
+    skipped = []  # --skip-nonfinite: (step, ranks left out)
     for t in range(w.start_step, w.steps):
         with timeline.span("compute", "compute", t):
             loss = w.loss_and_grad(t, grads)
-            w.feed_back(grads, codec)
+            faults.at_step(comm.rank, t, grads)  # PIPESGD_FAULT (tests); nothing otherwise
+            ok = w.gradient_ok(grads, t, loss, comm.rank)  # or an error naming rank and step
+            if ok:
+                w.feed_back(grads, codec)
+            else:
+                grads.fill(0)  # left out: this rank adds nothing to the sum
         with timeline.span("allreduce", "comm", t):
+            bad = bad_ranks(comm, ok) if cfg.skip_nonfinite else []
             # the sync point: every rank waits for every rank
             allreduce(comm, grads, "mean", codec=codec)
+            if bad:
+                mean_of_good(grads, comm.world_size, len(bad))
+                skipped.append((t, bad))
         with timeline.span("update", "compute", t):
             w.sgd_step(grads, t)
         losses.append(loss)
@@ -46,4 +62,5 @@ def sync_worker(comm: Communicator, cfg: TrainConfig, progress=None) -> WorkerRe
             w.save_checkpoint(t + 1)
     if comm.rank == 0 and cfg.out:
         w.save_checkpoint(w.steps)
-    return WorkerResult(comm.rank, w.params, losses, step_end, timeline.events, comm.bytes_sent)
+    return WorkerResult(comm.rank, w.params, losses, step_end, timeline.events, comm.bytes_sent,
+                        {"nonfinite_skipped": skipped})  # fmt: skip

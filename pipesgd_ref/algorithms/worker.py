@@ -13,6 +13,7 @@ A worker trains on its own shard: worker index `worker` (0..n_workers-1) draws m
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import threading
@@ -26,6 +27,8 @@ from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.data import Dataset, MinibatchSampler, load_dataset
 from pipesgd_ref.launch import JobError
 from pipesgd_ref.models import MLP, build_model
+
+log = logging.getLogger("pipesgd.worker")
 
 
 class TrainingDiverged(JobError):
@@ -86,13 +89,37 @@ class WorkerSetup:
         # as one clear error, so NumPy's overflow warnings would only be noise on the way.
         with np.errstate(over="ignore", invalid="ignore"), compute_priority(self.cfg.comm_first):
             loss = self.model.loss_and_grad(self.params if params is None else params, X, y, grads)
-        if not math.isfinite(loss):
+        if not math.isfinite(loss) and not self.cfg.skip_nonfinite:
             raise TrainingDiverged(
                 f"worker {self.worker}: the training loss is {loss} at step {step}; the run "
                 f"diverged. Lower --lr (now {self.cfg.lr}); with staleness the largest stable "
                 f"step size is smaller than for synchronous SGD"
             )
         return loss
+
+    def gradient_ok(self, grads: np.ndarray, step: int, loss: float, rank: int) -> bool:
+        """Whether this step's loss and gradient are finite. When they are not: an error naming
+        this rank and step, or, with --skip-nonfinite, False (the caller leaves the gradient
+        out of the step's average)."""
+        # One pass: a NaN or Inf anywhere makes the sum non-finite. A non-finite sum of finite
+        # values (an overflow) is told apart by the exact count, which only then is computed.
+        with np.errstate(over="ignore", invalid="ignore"):
+            if math.isfinite(loss) and math.isfinite(float(np.add.reduce(grads))):
+                return True
+        bad = int(grads.size - np.count_nonzero(np.isfinite(grads)))
+        if bad == 0 and math.isfinite(loss):
+            return True
+        if self.cfg.skip_nonfinite:
+            log.warning("rank %d: step %d: the gradient has %d NaN/Inf values (loss %s); "
+                        "left out of this step's average (--skip-nonfinite)", rank, step, bad,
+                        loss)  # fmt: skip
+            return False
+        raise TrainingDiverged(
+            f"rank {rank} (worker {self.worker}): the gradient of step {step} has {bad} NaN/Inf "
+            f"values of {grads.size} (loss {loss}); stopped before it reached the other ranks' "
+            f"weights. Look for bad input or an unstable model on this rank, lower --lr (now "
+            f"{self.cfg.lr}), or pass --skip-nonfinite to leave such gradients out and go on"
+        )
 
     def codec(self):
         """The codec gradients travel with (pipesgd_ref.codecs), on this run's backend."""
@@ -118,6 +145,27 @@ class WorkerSetup:
 
     def sgd_step(self, grads: np.ndarray, step: int) -> None:
         self.model.backend.sgd_step(self.params, grads, self.cfg.lr_at(step))
+
+
+def bad_ranks(comm, ok: bool) -> list[int]:
+    """--skip-nonfinite in the ring methods: the ranks whose gradient of this step is left out,
+    the same list on every rank (a small AllReduce of one flag per rank, in the communication
+    order of the gradients themselves)."""
+    from pipesgd_ref.comm.ring import allreduce
+
+    flags = np.zeros(comm.world_size, np.float64)
+    flags[comm.rank] = 0.0 if ok else 1.0
+    allreduce(comm, flags, "sum")
+    return [r for r in range(comm.world_size) if flags[r]]
+
+
+def mean_of_good(avg: np.ndarray, p: int, n_bad: int) -> None:
+    """Turn the mean over p ranks (the left-out ones sent zeros) into the mean over the others;
+    when every rank's was left out, zeros: the update then changes nothing."""
+    if n_bad == p:
+        avg.fill(0)
+    elif n_bad:
+        avg *= avg.dtype.type(p / (p - n_bad))
 
 
 _PRIORITY = {"toggle": hasattr(os, "SCHED_IDLE")}  # per process: can we switch back and forth?
@@ -156,11 +204,33 @@ def compute_priority(low: bool):
 
 
 class Timeline:
-    """Spans of work on one rank, as Chrome trace events (ph "X", microseconds)."""
+    """Spans of work on one rank, as Chrome trace events (ph "X", microseconds).
+
+    Bounded, so that a long run's memory stays flat: it keeps every span of the first
+    HEAD_STEPS steps (start-up, warm-up, fill) and of the last TAIL_STEPS steps recorded
+    (steady state, drain), by the step number a span carries, and counts in `dropped` the
+    spans of the middle it let go. A span costs a few hundred bytes and a step has three or
+    four, so 20,000 steps would otherwise grow each worker by tens of MB (and hidden_fraction's
+    work with it). A run of up to TAIL_STEPS steps keeps every span; the medians of
+    summary.json then come from at most HEAD_STEPS + TAIL_STEPS steps, mostly steady state.
+    """
+
+    HEAD_STEPS = 100
+    TAIL_STEPS = 2000
+    SPANS_PER_STEP = 16  # a guard: spans that all carry one step number stay bounded too
 
     def __init__(self, rank: int):
+        from collections import deque
+
         self.rank = rank
-        self.events: list[dict] = []  # appended from two threads: list.append is atomic
+        self.dropped = 0  # spans of the middle of the run that were let go
+        self.newest = -1  # the highest step number recorded past the head
+        # (name, thread, start s, end s, step): tuples while the run goes on, dicts at the end
+        self._head: list[tuple] = []
+        self._tail: deque[tuple] = deque()
+        # Two threads record (compute and comm) and the trim pops, so one lock; with it a
+        # span still records a little faster than the dict per span of before (measured).
+        self._lock = threading.Lock()
 
     @contextmanager
     def span(self, name: str, thread: str, step: int):
@@ -168,10 +238,33 @@ class Timeline:
         try:
             yield
         finally:
-            end = time.perf_counter()
-            self.events.append({"name": name, "ph": "X", "pid": self.rank, "tid": thread,
-                                "ts": start * 1e6, "dur": (end - start) * 1e6,
-                                "args": {"step": step}})  # fmt: skip
+            self._record((name, thread, start, time.perf_counter(), step))
+
+    def _record(self, span: tuple) -> None:
+        step = span[4]
+        with self._lock:
+            if step < self.HEAD_STEPS and len(self._head) < self.HEAD_STEPS * self.SPANS_PER_STEP:
+                self._head.append(span)
+                return
+            self.newest = max(self.newest, step)
+            tail = self._tail
+            tail.append(span)
+            # Oldest first: spans arrive in about step order (a comm span lags a step or two;
+            # one that lags by more than the tail is dropped at once).
+            while tail and (tail[0][4] <= self.newest - self.TAIL_STEPS
+                            or len(tail) > self.TAIL_STEPS * self.SPANS_PER_STEP):  # fmt: skip
+                tail.popleft()
+                self.dropped += 1
+
+    @property
+    def events(self) -> list[dict]:
+        """The kept spans as Chrome trace events: the head's, then the tail's, each in the
+        order they ended (built anew on each call: read it once, when the run is over)."""
+        with self._lock:
+            spans = [*self._head, *self._tail]
+        return [{"name": name, "ph": "X", "pid": self.rank, "tid": thread, "ts": start * 1e6,
+                 "dur": (end - start) * 1e6, "args": {"step": step}}
+                for name, thread, start, end, step in spans]  # fmt: skip
 
 
 @dataclass

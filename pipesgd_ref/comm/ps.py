@@ -109,6 +109,7 @@ LinkEmulator, and its pushes are re-timed on arrival through one ingress queue.
 
 from __future__ import annotations
 
+import logging
 import math
 import selectors
 import time
@@ -136,6 +137,8 @@ from pipesgd_ref.comm.transport import (
     as_bytes,
 )
 from pipesgd_ref.logs import trace
+
+log = logging.getLogger("pipesgd.ps")
 
 # A worker waits this much longer than the server does on any one worker, so that when a worker
 # hangs, the server's verdict (an ABORT naming it) reaches the others before they give up on the
@@ -166,6 +169,8 @@ class ServerLog:
     staleness: list[int] = field(default_factory=list)  # updates since that worker's pull
     losses: list[float] = field(default_factory=list)  # the loss that came with the push(es)
     update_end: list[float] = field(default_factory=list)  # perf_counter after the pull(s)
+    # --skip-nonfinite: (ps-sync step or ps-async update, [ranks]) of the pushes left out
+    skipped: list[tuple[int, list[int]]] = field(default_factory=list)
 
 
 class ServerNIC:
@@ -238,10 +243,13 @@ class ParameterServer:
         codec=None,
         pull_codec=None,
         pulls: str = "sequential",
+        skip_nonfinite: bool = False,
     ):
         if pulls not in PULL_ORDERS:
             raise ValueError(f"pulls must be one of {', '.join(PULL_ORDERS)}, got {pulls!r}")
         self.pulls = pulls
+        self.skip_nonfinite = skip_nonfinite  # leave out pushes with NaN/Inf (else: workers
+        # check their own gradient before pushing, and stop the job naming themselves)
         if not clients:
             raise CommError(
                 "rank 0: no worker links; a parameter server job needs world_size >= 2 and "
@@ -322,26 +330,39 @@ class ParameterServer:
               payload.nbytes)  # fmt: skip
 
     # --- the two schedules ---------------------------------------------------------------
-    def run_sync(self, steps: int, apply: Apply, on_update: OnUpdate | None = None) -> ServerLog:
-        """ps-sync: every step, all p pushes, one averaged update, p pulls."""
+    def run_sync(
+        self, steps: int, apply: Apply, on_update: OnUpdate | None = None, start: int = 0
+    ) -> ServerLog:
+        """ps-sync: every step, all p pushes, one averaged update, p pulls; steps start ..
+        steps - 1 (start > 0: a resumed run, whose weights are the checkpoint's w_start)."""
         total = np.empty(self.n, self.params.dtype)  # preallocated: the loop allocates nothing
         self._encoded_version = None  # a run starts with no codes (versions restart at 1)
         with self._aborting_on_error():
-            for t in range(steps):
+            for t in range(start, steps):
                 phase = f"ps-sync step {t}"
                 total.fill(0)
                 loss = 0.0
                 # The sum in worker order 0..p-1, as reference.average_gradient sums ranks:
                 # the same additions in the same order give bitwise the oracle's average
                 # (with a codec: of the decoded gradients; decode-add is `+= decode(codes)`).
+                bad = []
                 for link in self.links:
-                    loss += self._recv_push(link, t, phase)
+                    push_loss = self._recv_push(link, t, phase)
+                    if self.skip_nonfinite and not self._push_finite(push_loss):
+                        bad.append(link.peer)  # left out of the sum and of the mean
+                        continue
+                    loss += push_loss
                     if self.codec is None:
                         total += self.grads
+                    elif self.skip_nonfinite:  # decoded already, to be checked
+                        total += self.grads  # bitwise add_decoded_into
                     else:
                         self.codec.add_decoded_into(self.codes, total)
-                total /= self.n_workers
-                loss /= self.n_workers
+                good = self.n_workers - len(bad)  # all left out: total stays 0, no change
+                total /= max(good, 1)
+                loss = loss / good if good else math.nan
+                if bad:
+                    self._skip(t, bad)
                 with self.timeline.span("server", "server", t):
                     apply(t, total)  # w_{t+1} = w_t - lr_t * avg: the sync point of the job
                     # p * M out over the server's one link: one after another, or all at
@@ -372,7 +393,7 @@ class ParameterServer:
             for i, link in enumerate(self.links):
                 if left[i]:
                     selector.register(link.sock, selectors.EVENT_READ, i)
-            while version < p * pushes_per_worker:
+            while any(left):
                 # Wait on every worker's link at once: whichever push comes first is applied
                 # first (a link's bytes are read only by Link, so "readable" means a frame).
                 ready = selector.select(timeout=POLL_SECONDS)
@@ -381,9 +402,17 @@ class ParameterServer:
                     link = self.links[i]
                     phase = f"ps-async update {version}"
                     loss = self._recv_push(link, pulled[i], phase)
+                    if self.skip_nonfinite and not self._push_finite(loss):
+                        self._skip(version, [link.peer])  # no update: its weights go back
+                        self._send_pull(link, version, phase)
+                        pulled[i], waiting_since[i] = version, time.monotonic()
+                        left[i] -= 1
+                        if not left[i]:
+                            selector.unregister(link.sock)
+                        continue
                     staleness = version - pulled[i]  # updates applied since i pulled
                     with self.timeline.span("server", "server", version):
-                        if self.codec is not None:
+                        if self.codec is not None and not self.skip_nonfinite:
                             self.codec.decode(self.codes, self.grads)
                         apply(version, self.grads)  # w <- w - lr_u * g, stale
                         version += 1
@@ -398,6 +427,21 @@ class ParameterServer:
                         on_update(version - 1, self.params, loss)
                 self._check_silence(left, waiting_since, version)
         return self.log
+
+    def _push_finite(self, loss: float) -> bool:
+        """--skip-nonfinite: whether the push just received (and its loss) are finite; with a
+        codec the push is decoded into self.grads first (the check needs values)."""
+        if self.codec is not None:
+            self.codec.decode(self.codes, self.grads)
+        with np.errstate(over="ignore", invalid="ignore"):
+            if math.isfinite(loss) and math.isfinite(float(np.add.reduce(self.grads))):
+                return True
+        return math.isfinite(loss) and bool(np.all(np.isfinite(self.grads)))  # an overflow?
+
+    def _skip(self, when: int, ranks: list[int]) -> None:
+        self.log.skipped.append((when, ranks))
+        log.warning("rank 0: %s: NaN/Inf in the push of %s; left out (--skip-nonfinite)",
+                    when, ", ".join(_who(r) for r in ranks))  # fmt: skip
 
     def _record(self, worker: int | None, staleness: int, loss: float) -> None:
         if worker is not None:
@@ -481,11 +525,15 @@ class PSClient:
                       src=self.rank, part=self.codec_id, total_len=self.n)  # fmt: skip
         self.link.send(frame, as_bytes(self.push_buf), doing)
 
-    def pull(self, params: np.ndarray, doing: str, expect: int | None = None) -> int:
+    def pull(
+        self, params: np.ndarray, doing: str, expect: int | None = None, same_ok: bool = False
+    ) -> int:
         """Receive the server's weights into `params`; return (and remember) their version.
 
         The version must be newer than the one pushed (the server applied our gradient), and
-        equal to `expect` when given (sync: exactly one update per step)."""
+        equal to `expect` when given (sync: exactly one update per step). `same_ok`: the push
+        may have been left out (ps-async with --skip-nonfinite), so the same version may
+        come back."""
         frame = self.link.recv_header(doing)
         if frame.kind == Kind.ABORT:  # the server failed: pass on its story
             origin, reason = self.link.read_abort(frame, doing)
@@ -499,10 +547,12 @@ class PSClient:
                 f"{Kind(frame.kind).name} frame",
                 origin=0,
             )
-        bad_version = frame.seq <= self.version or (expect is not None and frame.seq != expect)
+        stale = frame.seq < self.version if same_ok else frame.seq <= self.version
+        bad_version = stale or (expect is not None and frame.seq != expect)
         got = (frame.dtype, frame.total_len, frame.part)
         if bad_version or got != (self.pull_code, self.n, self.pull_codec_id):
-            want = f"version {expect}" if expect is not None else f"a version > {self.version}"
+            newer = f"a version {'>=' if same_ok else '>'} {self.version}"
+            want = f"version {expect}" if expect is not None else newer
             raise CollectiveMismatch(
                 f"rank {self.rank}: the parameter server (rank 0) sent version {frame.seq} of "
                 f"{frame.total_len} elements (dtype code {frame.dtype}, pull codec "

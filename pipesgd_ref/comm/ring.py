@@ -52,7 +52,7 @@ from pipesgd_ref.comm.transport import (
 )
 from pipesgd_ref.logs import trace, trace_enabled
 
-SEGMENT_BYTES = 2 << 20  # 2 MiB: large enough to amortise a frame and a wake-up, small enough to pipeline
+SEGMENT_BYTES = 2 << 20  # 2 MiB: amortises a frame and a wake-up, small enough to pipeline
 
 
 # --- index math, written once (property-tested in tests/test_ring.py) -------------------------

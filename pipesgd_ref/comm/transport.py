@@ -43,6 +43,7 @@ from enum import IntEnum
 
 import numpy as np
 
+from pipesgd_ref import faults
 from pipesgd_ref.comm.netem import LinkEmulator, LinkModel, wait_until
 
 MAGIC = b"PSGD"
@@ -319,7 +320,10 @@ class Link:
         if deliver_at is None:
             deliver_at = self.emulator.schedule(len(payload) + HEADER.size)
         header = dataclasses.replace(frame, nbytes=len(payload), deliver_at=deliver_at)
-        self._send_all(header.pack(), memoryview(payload).cast("B"), doing)
+        body = memoryview(payload).cast("B")
+        if faults.ARMED and faults.sabotage(self, header.pack(), body):  # tests only
+            return
+        self._send_all(header.pack(), body, doing)
         self.bytes_sent += HEADER.size + len(payload)
 
     def _send_all(self, header: bytes, payload: memoryview, doing: str) -> None:

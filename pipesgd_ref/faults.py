@@ -1,0 +1,134 @@
+"""Fault injection: make one rank fail in a chosen way at a chosen step, to test what the others do.
+
+Driven by the environment, so a test can start an ordinary `pipesgd train` and break it from
+inside, deterministically (an outside `kill` would race the run):
+
+    PIPESGD_FAULT="ACTION@RANK:STEP[,ACTION@RANK:STEP ...]"
+
+Process faults, at `at_step` (after rank RANK computed its gradient of step STEP; for a
+parameter server, rank 0, when it applies update STEP):
+
+    kill        SIGKILL itself: a crash with no goodbye (the kernel closes its sockets)
+    stop        SIGSTOP itself: a hung process whose sockets stay open, silent
+    nan, inf    write NaN (or +Inf) into its gradient: a numerical fault
+
+Wire faults, armed at `at_step` and acted out by the transport on the next frame with a payload
+that this process sends (`sabotage`, called from transport.Link.send), whichever thread sends it:
+
+    garbage     48 random bytes instead of that frame, then carry on
+    truncate    the frame's header and half its payload, then silence: the sending thread
+                stays stuck (up to STUCK_SECONDS) with the socket open
+    close       the header and half the payload, then the socket reset and the process gone
+                (exit status 3): a crash in the middle of a frame
+
+Nothing here runs unless PIPESGD_FAULT is set; a malformed value is an error at once, so a test
+cannot silently inject nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import struct
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+ENV = "PIPESGD_FAULT"
+PROCESS_ACTIONS = ("kill", "stop", "nan", "inf")
+WIRE_ACTIONS = ("garbage", "truncate", "close")
+CLOSE_EXIT_STATUS = 3
+ANNOUNCE = "pipesgd fault injection:"
+
+
+@dataclass(frozen=True)
+class Fault:
+    action: str
+    rank: int
+    step: int
+
+
+def parse(spec: str) -> list[Fault]:
+    """The faults of a PIPESGD_FAULT value; ValueError naming what is wrong."""
+    faults = []
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        try:
+            action, where = item.split("@")
+            rank, step = (int(x) for x in where.split(":"))
+        except ValueError:
+            raise ValueError(f"{ENV}: {item!r} is not ACTION@RANK:STEP (e.g. kill@2:10)") from None
+        if action not in PROCESS_ACTIONS + WIRE_ACTIONS:
+            raise ValueError(
+                f"{ENV}: unknown action {action!r}; one of "
+                f"{', '.join(PROCESS_ACTIONS + WIRE_ACTIONS)}"
+            )
+        if rank < 0 or step < 0:
+            raise ValueError(f"{ENV}: rank and step must be >= 0 in {item!r}")
+        faults.append(Fault(action, rank, step))
+    return faults
+
+
+_PLAN: dict[str, list[Fault]] = {}
+
+
+def planned(environ=None) -> list[Fault]:
+    """This process's faults (parsed once; empty without PIPESGD_FAULT)."""
+    spec = (os.environ if environ is None else environ).get(ENV, "")
+    if spec not in _PLAN:
+        _PLAN[spec] = parse(spec)
+    return _PLAN[spec]
+
+
+def _due(rank: int, step: int, actions: tuple[str, ...]) -> list[str]:
+    return [f.action for f in planned() if (f.rank, f.step) == (rank, step)
+            and f.action in actions]  # fmt: skip
+
+
+def at_step(rank: int, step: int, grads: np.ndarray | None = None) -> None:
+    """Faults planned for (rank, step): called by every training loop each step (after the
+    gradient is computed). Process faults happen now; wire faults are armed."""
+    for action in _due(rank, step, PROCESS_ACTIONS):
+        announce(action, rank, step)
+        if action == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif action == "stop":
+            os.kill(os.getpid(), signal.SIGSTOP)
+        elif grads is not None and grads.size:
+            grads[grads.size // 2] = np.nan if action == "nan" else np.inf
+    for action in _due(rank, step, WIRE_ACTIONS):
+        announce(action, rank, step)
+        ARMED.append(action)
+
+
+def announce(action: str, rank: int, step: int) -> None:
+    """One line on this process's stderr, straight to the file descriptor (it may be the last
+    thing it does): what is injected, and when (time.time()), for the tests to time detection."""
+    os.write(2, f"{ANNOUNCE} {action} at rank {rank} step {step} time {time.time():.6f}\n".encode())
+
+
+ARMED: list[str] = []  # wire faults waiting for this process's next data frame
+STUCK_SECONDS = 600.0
+
+
+def sabotage(link, header: bytes, payload: memoryview) -> bool:
+    """Called by Link.send when ARMED: act out the first armed wire fault on this frame.
+    True when the frame must not be sent as usual."""
+    if not len(payload):  # heartbeats and empty frames: wait for one with data
+        return False
+    action = ARMED.pop(0)
+    if action == "garbage":
+        link.sock.sendall(os.urandom(len(header)))
+        return True
+    link.sock.sendall(header)
+    link.sock.sendall(payload[: max(1, len(payload) // 2)])
+    if action == "close":
+        # A reset, not a clean close: what the peers of a crashed process see.
+        link.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        link.sock.close()
+        os._exit(CLOSE_EXIT_STATUS)
+    deadline = time.monotonic() + STUCK_SECONDS  # truncate: a sender that never finishes
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+    return True

@@ -1,0 +1,151 @@
+"""Faults during training, for every method: what the surviving processes do, and how fast.
+
+Each case starts an ordinary `pipesgd train` (a real job: local worker processes over TCP) with
+PIPESGD_FAULT set (pipesgd_ref/faults.py), so that one rank fails in a chosen way at a chosen
+step, and checks that:
+- the job ends (every surviving process exits) within a stated bound after the fault;
+- the error names the failed rank, and says what to do;
+- no process of the job is left behind;
+- for the methods that checkpoint, the last checkpoint written before the fault is intact and
+  a resumed run from it ends with the same weights as a run that never failed.
+
+The detection times (fault injected -> launcher exits) are printed; `pytest -s` shows them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipesgd_ref import faults
+from pipesgd_ref.config import TrainConfig
+from pipesgd_ref.launch import WorkerFailed
+from pipesgd_ref.train import run_training
+
+TIMEOUT = 2.0  # --timeout of every job here: how long a silent peer is waited for
+STEPS = 24
+FAULT_STEP = 9  # after the checkpoint of step 7 (every 4 steps: 3, 7, ...)
+CHECKPOINT_EVERY = 4
+# After the fault: a crash is seen at once (a closed connection); a silent rank after TIMEOUT
+# on its neighbour, then the news goes round; the launcher gives survivors 2 x TIMEOUT to exit
+# on their own before it stops them. Plus a loaded machine's slack.
+BOUND_S = 3 * TIMEOUT + 4.0
+ALGOS = ("sync", "pipe", "ps-sync", "ps-async")
+RESUMABLE = ("sync", "pipe", "ps-sync")
+
+
+def session_processes() -> set[int]:
+    """Live processes of this test's session (the job's workers are forked into it)."""
+    sid, found = os.getsid(0), set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # exited meanwhile
+            continue
+        if fields[0] != "Z" and int(fields[3]) == sid:  # state, session id
+            found.add(int(entry.name))
+    return found
+
+
+def config(algo: str, folder: Path, **more) -> TrainConfig:
+    return TrainConfig.preset("laptop").replace(
+        algo=algo, steps=STEPS, timeout=TIMEOUT, out=str(folder),
+        checkpoint_every=CHECKPOINT_EVERY, eval_every=0, **more,
+    )  # fmt: skip
+
+
+def train(cfg: TrainConfig, fault: str | None, monkeypatch):
+    """Run the job with PIPESGD_FAULT = `fault`; (the launcher's error or None, end time)."""
+    if fault:
+        monkeypatch.setenv(faults.ENV, fault)
+    else:
+        monkeypatch.delenv(faults.ENV, raising=False)
+    error = None
+    try:
+        run_training(cfg, progress=False, log=lambda line: None)
+    except WorkerFailed as e:
+        error = str(e)
+    return error, time.time()
+
+
+def injected_at(stderr: str) -> float:
+    """When the fault was injected (the faulty process announces it on stderr)."""
+    match = re.search(re.escape(faults.ANNOUNCE) + r" \S+ at rank \d+ step \d+ time ([\d.]+)",
+                      stderr)  # fmt: skip
+    assert match, f"the fault was never injected:\n{stderr[-3000:]}"
+    return float(match.group(1))
+
+
+def final_weights(folder: Path) -> np.ndarray:
+    with np.load(folder / "checkpoint.npz") as z:
+        return z["params"].copy()
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """Each resumable method's final weights when nothing fails."""
+    weights = {}
+    with pytest.MonkeyPatch.context() as mp:
+        for algo in RESUMABLE:
+            folder = tmp_path_factory.mktemp(f"clean-{algo}")
+            error, _ = train(config(algo, folder), None, mp)
+            assert error is None, error
+            weights[algo] = final_weights(folder)
+    return weights
+
+
+# (fault action, rank it hits: "worker" or "server", the words every error must contain)
+CASES = [
+    ("kill", "worker", "closed the connection"),
+    ("stop", "worker", "alive"),
+    ("close", "worker", "closed the connection"),
+    ("garbage", "worker", "bad frame"),
+    ("truncate", "worker", "no data from rank"),
+    ("kill", "server", "closed the connection"),
+]
+
+
+def _params(algo: str):
+    for action, who, words in CASES:
+        if who == "server" and not algo.startswith("ps"):
+            continue
+        yield pytest.param(algo, action, who, words, id=f"{algo}-{action}-{who}")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("algo, action, who, words", [p for a in ALGOS for p in _params(a)])
+def test_fault_ends_the_job_in_time_naming_the_rank(
+    algo, action, who, words, tmp_path, uninterrupted, monkeypatch, capfd
+):
+    rank = 0 if who == "server" else 2  # ps: rank 0 is the server, rank 2 worker 1
+    before = session_processes()
+    error, end = train(config(algo, tmp_path), f"{action}@{rank}:{FAULT_STEP}", monkeypatch)
+    stderr = capfd.readouterr().err
+    assert error is not None, f"the job did not fail:\n{stderr[-3000:]}"
+    detection = end - injected_at(stderr + error)
+    with capfd.disabled():
+        print(f"\n{algo:9s} {action:8s} rank {rank}: the job ended {detection:.2f} s after "
+              f"the fault")  # fmt: skip
+    assert detection < BOUND_S, f"took {detection:.1f} s > {BOUND_S} s:\n{error}"
+    # The launcher's report: one line per failed rank, each naming the failed rank.
+    assert f"rank {rank}" in error and words in error, error
+    assert not session_processes() - before, "processes of the job were left behind"
+    # The last checkpoint before the fault is whole; resuming it (once per method, after a
+    # crash) ends where a run that never failed ends, bitwise.
+    if algo in RESUMABLE:
+        with np.load(tmp_path / "checkpoint.npz") as z:
+            next_step = int(z["next_step"])
+        assert next_step % CHECKPOINT_EVERY == 0 and 0 < next_step <= FAULT_STEP + 1
+        if action == "kill":
+            cfg = config(algo, tmp_path, resume=str(tmp_path))
+            error, _ = train(cfg, None, monkeypatch)
+            assert error is None, error
+            np.testing.assert_array_equal(final_weights(tmp_path), uninterrupted[algo])
