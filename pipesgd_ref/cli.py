@@ -1,7 +1,7 @@
 """The `pipesgd` command (also `python -m pipesgd_ref`).
 
     pipesgd compare [--quick] [--out DIR] [config options]   the main job (see below)
-    pipesgd train [config options]                            --algo in worker processes over TCP
+    pipesgd train [config options] [--bind IFACE]             --algo in worker processes over TCP
     pipesgd reference [config options]                        one run of a one-process oracle
     pipesgd config [config options]                           print the resolved configuration
     pipesgd predict [--world-size P] [--hidden ...] [--bandwidth B] [--sweep KEY=LO..HI]
@@ -16,6 +16,10 @@ Config options, applied in order: --preset NAME (laptop, compare, tiny), --confi
 `compare` (pipesgd_ref/compare.py) trains ps-sync, ps-async, sync, pipe, pipe+trunc16 and
 pipe+q8 on the same problem (the `compare` preset) through one emulated network and prints
 measured against predicted iteration times and the wall-clock time to the target accuracy.
+
+`train` starts cfg.world_size local workers, or, when the environment describes a job (torchrun's
+RANK/WORLD_SIZE, mpirun's or srun's variables, with MASTER_ADDR/MASTER_PORT; see launch.py),
+runs as that one rank of it: every rank runs the same command, rank 0 prints and writes --out.
 
 Bad input (unknown key, wrong type, impossible value, missing data file) prints one line that
 says what is wrong and exits with status 2, never a traceback.
@@ -35,10 +39,14 @@ from pipesgd_ref.config import (
     load_config_file,
 )
 from pipesgd_ref.data import DataError
-from pipesgd_ref.launch import LaunchError
-from pipesgd_ref.train import TrainingDiverged, run_reference, run_training
+from pipesgd_ref.launch import JobError, LaunchError, detect_env
+from pipesgd_ref.train import TrainingDiverged, run_reference, run_training, run_training_joined
 
 EXIT_USAGE = 2
+BIND_HELP = (
+    "interface for this rank's listeners when joining a job from the environment "
+    "(default: loopback for a loopback MASTER_ADDR, else all interfaces)"
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -59,9 +67,14 @@ def _parser() -> argparse.ArgumentParser:
     c.set_defaults(preset="compare")
     c.add_argument("--quick", action="store_true", help="a short run (CI, tutorials)")
     c.add_argument("--out", dest="out_dir", default="runs/compare", help="where to write results")
-    t = sub.add_parser("train", help="train with --algo in worker processes over TCP")
+    t = sub.add_parser(
+        "train",
+        help="train with --algo in worker processes over TCP (local, or one rank of a job "
+        "that torchrun, mpirun or srun started)",
+    )
     common(t)
     t.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
+    t.add_argument("--bind", default=None, help=BIND_HELP)
     r = sub.add_parser("reference", help="train with a one-process oracle")
     common(r)
     g = sub.add_parser("config", help="print the resolved configuration as JSON")
@@ -83,25 +96,29 @@ def _parser() -> argparse.ArgumentParser:
     ar.add_argument("--no-gloo", action="store_true", help="skip torch/gloo even if installed")
     ar.add_argument("--codec", default="none", help="none, trunc16, bf16, q8: compress each hop")
     ar.add_argument("--log-level", default="WARNING", help="DEBUG, INFO, WARNING, ERROR")
-    ar.add_argument(
-        "--bind",
-        default=None,
-        help="interface for this rank's listeners when joining a job from the environment "
-        "(default: loopback for a loopback MASTER_ADDR, else all interfaces)",
-    )
+    ar.add_argument("--bind", default=None, help=BIND_HELP)
     return p
 
 
 def _split_overrides(rest: list[str]) -> list[str]:
-    """Accept both --key=value and --key value; anything else is an error."""
+    """Accept --key=value and --key value, and a yes/no field alone (--skip-nonfinite) as
+    --key=true; anything else is an error."""
+    import dataclasses
+
+    bools = [f.name for f in dataclasses.fields(TrainConfig) if f.type in (bool, "bool")]
+    flags = {f"--{n}" for n in bools} | {f"--{n.replace('_', '-')}" for n in bools}
     out, i = [], 0
     while i < len(rest):
         arg = rest[i]
-        if arg.startswith("--") and "=" not in arg and i + 1 < len(rest):
-            if not rest[i + 1].startswith("--"):
-                out.append(f"{arg}={rest[i + 1]}")
-                i += 2
-                continue
+        value_follows = i + 1 < len(rest) and not rest[i + 1].startswith("--")
+        if arg.startswith("--") and "=" not in arg and value_follows and arg not in flags:
+            out.append(f"{arg}={rest[i + 1]}")
+            i += 2
+            continue
+        if arg in flags and not (value_follows and rest[i + 1].lower() in ("true", "false")):
+            arg += "=true"
+        elif arg in flags:  # --flag true / --flag false
+            arg, i = f"{arg}={rest[i + 1]}", i + 1
         out.append(arg)
         i += 1
     return out
@@ -183,10 +200,13 @@ def main(argv: list[str] | None = None) -> int:
             from pipesgd_ref.logs import configure_parent_logging
 
             configure_parent_logging(args.log_level)
-            run_training(cfg, progress=not args.no_progress)
+            if detect_env() is not None:  # one rank of a job started by torchrun, mpirun or srun
+                run_training_joined(cfg, progress=not args.no_progress, bind=args.bind)
+            else:
+                run_training(cfg, progress=not args.no_progress)
             return 0
         return cmd_compare(args, cfg)
-    except (ConfigError, DataError, TrainingDiverged, LaunchError, CommError) as e:
+    except (ConfigError, DataError, TrainingDiverged, JobError, LaunchError, CommError) as e:
         print(f"pipesgd: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

@@ -1,7 +1,9 @@
 """Run a training job from a TrainConfig and summarise it.
 
 `run_training` runs cfg.algo in worker processes over TCP (sync, pipe; the parameter server
-methods join as they land); `run_reference` runs the one-process oracle of the same config, the
+methods join as they land); `run_training_joined` runs it as one rank of a job that torchrun,
+mpirun or srun started on several hosts (`pipesgd train` picks it when the environment
+describes a job); `run_reference` runs the one-process oracle of the same config, the
 yardstick the distributed run is compared against.
 
 The summary (a dict, written as DIR/summary.json when `cfg.out` is set) holds: algo,
@@ -12,11 +14,14 @@ time_to_target_s (first evaluation at or above cfg.target_accuracy), loss_curve 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
 import os
+import statistics
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -170,6 +175,11 @@ def is_ps(algo: str) -> bool:
     return algo.startswith("ps-")
 
 
+def n_ranks(cfg: TrainConfig) -> int:
+    """Processes in a job of cfg: one per worker, plus the server for ps-sync and ps-async."""
+    return cfg.world_size + 1 if is_ps(cfg.algo) else cfg.world_size
+
+
 SNAPSHOT_BUDGET = 1 << 30  # bytes of weight copies rank 0 may keep for the evaluation
 
 
@@ -257,23 +267,72 @@ def _train_job(comm, cfg: TrainConfig, show_progress: bool, label: str | None = 
     return result
 
 
+COMM_SPANS = ("allreduce", "push", "pull")  # the timeline spans that are communication
+
+
 def summarise(cfg: TrainConfig, results: list[WorkerResult], wall: float) -> dict[str, Any]:
     """summary.json: what happened, measured."""
-    from pipesgd_ref.algorithms.worker import WorkerSetup
-    from pipesgd_ref.trace import hidden_fraction, median_duration
+    from pipesgd_ref.trace import hidden_fraction
 
-    setup = WorkerSetup.build(cfg, 0, cfg.world_size)
     events = [e for r in results for e in r.events]
     answer = results[0]  # rank 0: a ring rank, or the parameter server (its weights count)
     workers = results[1:] if is_ps(cfg.algo) else results
-    steps = len(workers[0].losses)
     ends = np.array(workers[0].step_end)
+    return _summary(
+        cfg,
+        wall,
+        answer,
+        worker_losses=np.array([r.losses for r in workers]),
+        ends=ends,
+        start=min(e["ts"] for e in events) / 1e6 if events else ends[0],
+        compute_s=_durations(events, ("compute",)),
+        comm_s=_durations(events, COMM_SPANS),
+        hidden=hidden_fraction(events, COMM_SPANS),
+        bytes_sent=[r.bytes_sent for r in results],
+        identical=all(np.array_equal(r.params, answer.params) for r in results),
+    )
+
+
+def _durations(events: list[dict], names: tuple[str, ...]) -> list[float]:
+    """Lengths in seconds of the spans called one of `names`."""
+    return [e["dur"] / 1e6 for e in events if e["name"] in names]
+
+
+def _median(values) -> float | None:
+    return float(statistics.median(values)) if len(values) else None
+
+
+def _summary(
+    cfg: TrainConfig,
+    wall: float,
+    answer: WorkerResult,
+    *,
+    worker_losses: np.ndarray,
+    ends: np.ndarray,
+    start: float,
+    compute_s,
+    comm_s,
+    hidden: float | None,
+    bytes_sent: list[int],
+    identical: bool,
+) -> dict[str, Any]:
+    """The summary from what it is made of, however that was collected (all WorkerResults in
+    one process, or gathered over the ring in a joined job): rank 0's result `answer`, every
+    worker's per-step losses (n_workers x steps), worker 0's step ends and the trace's start
+    (perf_counter s, rank 0's clock), the compute and communication span lengths (s) of every
+    rank, the share of communication hidden under computation, and per rank the bytes sent."""
+    from pipesgd_ref.algorithms.worker import WorkerSetup
+
+    setup = WorkerSetup.build(cfg, 0, cfg.world_size)
+    steps = worker_losses.shape[1]
     skip = min(steps - 1, cfg.warmup_steps + cfg.width + 1)  # steady state only
     iter_times = np.diff(ends[skip:]) if steps - skip > 1 else np.diff(ends)
-    losses = np.mean([r.losses for r in workers], axis=0)  # the oracle's "mean worker loss"
-    tail = losses[-max(1, steps // 20) :]
-    start = min(e["ts"] for e in events) / 1e6 if events else ends[0]
-    comm_names = ("allreduce", "push", "pull")
+    # the oracle's "mean worker loss" (a NaN loss left out by --skip-nonfinite is not averaged)
+    with warnings.catch_warnings():  # a step where every loss was NaN stays NaN, silently
+        warnings.simplefilter("ignore", RuntimeWarning)
+        losses = np.nanmean(worker_losses, axis=0)
+        tail = losses[-max(1, steps // 20) :]
+        final_loss = float(np.nanmean(tail))
     test_accuracy = setup.model.accuracy(answer.params, setup.data.X_test, setup.data.y_test)
     eval_curve = [
         {"step": e["step"], "wall_time_s": float(e["time"] - start),
@@ -290,17 +349,21 @@ def summarise(cfg: TrainConfig, results: list[WorkerResult], wall: float) -> dic
         "steps": steps,
         "wall_time_s": wall,
         "iter_time_s": float(np.median(iter_times)) if len(iter_times) else None,
-        "t_comp_s": median_duration(events, ("compute",)),
-        "t_comm_s": median_duration(events, comm_names),
-        "comm_hidden_fraction": hidden_fraction(events, comm_names),
-        "final_train_loss": float(np.mean(tail)),
+        "t_comp_s": _median(compute_s),
+        "t_comm_s": _median(comm_s),
+        "comm_hidden_fraction": hidden,
+        "final_train_loss": final_loss,
         "test_accuracy": test_accuracy,
         **reaching_target(eval_curve, cfg.target_accuracy),
-        "bytes_sent_per_rank": [r.bytes_sent for r in results],
-        "params_identical_on_all_ranks": all(
-            np.array_equal(r.params, answer.params) for r in results
-        ),
+        "bytes_sent_per_rank": bytes_sent,
+        "params_identical_on_all_ranks": identical,
         "staleness_histogram": _histogram(answer.extra.get("staleness")),
+        # --skip-nonfinite: each step (ps-async: update) where gradients were left out, and
+        # whose (ranks; in ps methods worker i is rank i + 1)
+        "nonfinite_skipped": [
+            {"step": int(t), "ranks": [int(r) for r in ranks]}
+            for t, ranks in answer.extra.get("nonfinite_skipped", [])
+        ],
         "config": cfg.to_dict(),
         "loss_curve": [
             {
@@ -322,6 +385,23 @@ def _histogram(values: list[int] | None) -> dict[str, int] | None:
     return {str(k): int(c) for k, c in enumerate(counts) if c}
 
 
+def _check_inputs(cfg: TrainConfig) -> None:
+    """The data and the checkpoint to resume from, checked in this process: a bad spec is one
+    line here rather than an error in every worker."""
+    data = load_dataset(cfg.dataset)
+    MinibatchSampler(data.n_train, cfg.world_size, cfg.batch_size, cfg.seed)
+    if cfg.resume:
+        from pipesgd_ref.algorithms.worker import WorkerSetup
+        from pipesgd_ref.config import ConfigError
+
+        setup = WorkerSetup.build(cfg, 0, cfg.world_size)  # loads and checks the checkpoint
+        if setup.start_step >= setup.steps:
+            raise ConfigError(
+                f"--resume {cfg.resume}: the checkpoint is already at step {setup.start_step} "
+                f"of {setup.steps}; nothing to do (raise --steps to train further)"
+            )
+
+
 def run_training(
     cfg: TrainConfig,
     progress: bool = True,
@@ -334,27 +414,17 @@ def run_training(
     from pipesgd_ref.launch import launch_local
     from pipesgd_ref.trace import chrome_trace
 
-    data = load_dataset(cfg.dataset)  # bad data specs fail here, in one line, before any fork
-    MinibatchSampler(data.n_train, cfg.world_size, cfg.batch_size, cfg.seed)
-    if cfg.resume:
-        from pipesgd_ref.algorithms.worker import WorkerSetup
-        from pipesgd_ref.config import ConfigError
-
-        setup = WorkerSetup.build(cfg, 0, cfg.world_size)  # loads and checks the checkpoint
-        if setup.start_step >= setup.steps:
-            raise ConfigError(
-                f"--resume {cfg.resume}: the checkpoint is already at step {setup.start_step} "
-                f"of {setup.steps}; nothing to do (raise --steps to train further)"
-            )
+    _check_inputs(cfg)  # bad data specs fail here, in one line, before any fork
     model = link_model(cfg)
     width = f", width {cfg.width}" if cfg.algo == "pipe" else ""
     log(f"{cfg.algo}: {cfg.world_size} workers, {cfg.dataset}, {cfg.model}{width}, "
         f"link: {model if model.enabled else 'not emulated'}")  # fmt: skip
     start = time.perf_counter()
-    ranks = cfg.world_size + 1 if is_ps(cfg.algo) else cfg.world_size
+    ranks = n_ranks(cfg)
     job_args = (cfg, progress, label)
     results = launch_local(ranks, _train_job, job_args, model=model, star=is_ps(cfg.algo),
-                           timeout=cfg.timeout, start_method="fork")  # fmt: skip
+                           timeout=cfg.timeout, start_method="fork",
+                           master_port=cfg.master_port or None)  # fmt: skip
     wall = time.perf_counter() - start
     summary = summarise(cfg, results, wall)
     log(
@@ -372,3 +442,183 @@ def run_training(
         write_json(out / "trace.json", chrome_trace([e for r in results for e in r.events]))
         log(f"wrote {out / 'summary.json'} and {out / 'trace.json'}")
     return summary, results
+
+
+# --- one rank of a job started by torchrun, mpirun or srun ---------------------------------
+
+
+def run_training_joined(
+    cfg: TrainConfig,
+    progress: bool = True,
+    log: Callable[[str], None] = print,
+    bind: str | None = None,
+):
+    """Run cfg.algo as the one rank of a multi-host job that the environment describes
+    (launch.detect_env: torchrun's, Open MPI's, MPICH's or SLURM's variables); every rank of
+    the job runs this with the same config. Returns (summary, this rank's WorkerResult); the
+    summary only on rank 0, None elsewhere.
+
+    Each rank runs the same per-rank job as a local worker (`_train_job`), so a joined run
+    ends with the same weights as `run_training` of the same config: bitwise for sync, pipe
+    and ps-sync. Rank 0 then writes --out: summary.json (same keys as a local run) from what it
+    gathers from every rank without pickle (`_gather_for_summary`: ring AllReduces of float64
+    arrays), trace.json of rank 0's spans only (the others' stay on their hosts), and, for
+    sync and pipe, checkpoint.npz as in a local run.
+
+    Times: each rank measures from the moment the job formed (after the rendezvous, which
+    every rank leaves within about a network round trip of the others), since the clocks of
+    different hosts cannot be compared; wall_time_s counts training only, not process start.
+    bind: the interface this rank's listeners use (default: loopback when MASTER_ADDR is
+    loopback, else all interfaces).
+    """
+    from pipesgd_ref.config import link_model
+    from pipesgd_ref.launch import ENV_CONVENTIONS, LaunchError, detect_env, join_from_env
+    from pipesgd_ref.trace import chrome_trace
+
+    job = detect_env()
+    if job is None:
+        raise LaunchError(
+            "no job in the environment: set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT, or "
+            "start this under mpirun or srun (or run `pipesgd train` alone for local workers)"
+        )
+    ranks = n_ranks(cfg)
+    if job.world_size != ranks:
+        size_var = next(size for _, size, source in ENV_CONVENTIONS if source == job.source)
+        servers = 1 if is_ps(cfg.algo) else 0
+        need = f"{cfg.world_size} workers" + (" + 1 server" if servers else "")
+        fix = (f"pass --world-size={job.world_size - servers}" if job.world_size > servers
+               else f"start at least {servers + 1} ranks")  # fmt: skip
+        raise LaunchError(
+            f"rank {job.rank}: the {job.source} job has {size_var}={job.world_size} ranks, but "
+            f"{cfg.algo} with --world-size={cfg.world_size} needs {ranks} ({need}); start "
+            f"{ranks} ranks, or {fix}"
+        )
+    _check_inputs(cfg)  # a bad data spec: one line on every rank, before any rank waits
+    model = link_model(cfg)
+    comm = join_from_env(timeout=cfg.timeout, bind=bind, model=model, star=is_ps(cfg.algo))
+    try:
+        t0 = time.perf_counter()  # "the job formed", on this rank's clock
+        _tag_log_lines(comm.rank)
+        if comm.rank == 0:
+            width = f", width {cfg.width}" if cfg.algo == "pipe" else ""
+            log(f"{cfg.algo}: {cfg.world_size} workers, {cfg.dataset}, {cfg.model}{width}, "
+                f"link: {model if model.enabled else 'not emulated'}; {ranks} ranks joined "
+                f"from {job.source} variables at {job.master_addr}:{job.master_port}")  # fmt: skip
+        result = _train_job(comm, cfg, progress)
+        wall = time.perf_counter() - t0
+        # Every rank takes part in the gather (they are collectives); only rank 0 reads it.
+        gathered = _gather_for_summary(comm, result, t0)
+    finally:
+        comm.close()
+    if comm.rank != 0:
+        return None, result
+    summary = _summary_of_gathered(cfg, wall, result, gathered, t0)
+    log(
+        f"{cfg.algo}: {summary['steps']} steps in {wall:.2f} s, iteration "
+        f"{summary['iter_time_s'] * 1e3:.2f} ms, final train loss "
+        f"{summary['final_train_loss']:.4f}, test accuracy {summary['test_accuracy']:.4f}"
+    )
+    if summary["time_to_target_s"] is not None:
+        log(f"{cfg.algo}: test accuracy {cfg.target_accuracy:.2%} reached at step "
+            f"{summary['steps_to_target']}, {summary['time_to_target_s']:.2f} s into "
+            f"training")  # fmt: skip
+    if not is_ps(cfg.algo) and not summary["params_identical_on_all_ranks"]:
+        # (A parameter server's workers keep the weights they last pulled: they may differ.)
+        logging.getLogger("pipesgd.train").warning(
+            "the final weights differ between the ranks, which %s never should: the AllReduce "
+            "hands every rank the same bytes; please report it with summary.json",
+            cfg.algo,
+        )
+    if cfg.out:
+        out = Path(cfg.out)
+        write_json(out / "summary.json", summary)
+        label = f"rank 0 of {ranks} (a joined job's trace holds rank 0's spans only)"
+        write_json(out / "trace.json", chrome_trace(result.events, labels={0: label}))
+        log(f"wrote {out / 'summary.json'} and {out / 'trace.json'} (rank 0's spans only)")
+    return summary, result
+
+
+def _tag_log_lines(rank: int) -> None:
+    """Tag this process's log lines "[rank r]" instead of "[main]", as a local worker's are."""
+    from pipesgd_ref.logs import LOGGER_NAME, _RankTag
+
+    for handler in logging.getLogger(LOGGER_NAME).handlers:
+        handler.addFilter(_RankTag(rank))
+
+
+def fingerprint(params: np.ndarray) -> float:
+    """48 bits of the SHA-256 of the weights' bytes, as a float64 (exact: below 2^53): two
+    ranks' weights are bitwise equal when their fingerprints are (up to a 2^-48 collision)."""
+    digest = hashlib.sha256(np.ascontiguousarray(params).tobytes()).digest()
+    return float(int.from_bytes(digest[:6], "big"))
+
+
+def allgather(comm, mine: np.ndarray) -> list[np.ndarray]:
+    """Every rank's 1-D float64 array (any length, possibly 0), on every rank, without
+    pickle: two ring AllReduces of zero-padded arrays. First the lengths (rank r writes its
+    length at index r, the others zeros), then the arrays laid end to end, each rank writing
+    only its own slice. x + 0 = x exactly in floating point (infinities too), so each sum is
+    the concatenation, bit for bit, whatever order the ring adds in."""
+    from pipesgd_ref.comm.ring import allreduce
+
+    p, r = comm.world_size, comm.rank
+    lengths = np.zeros(p)
+    lengths[r] = mine.size
+    allreduce(comm, lengths)
+    bounds = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    flat = np.zeros(int(bounds[-1]))
+    flat[bounds[r] : bounds[r + 1]] = mine
+    allreduce(comm, flat)
+    return [flat[bounds[i] : bounds[i + 1]] for i in range(p)]
+
+
+# The per-rank numbers of `_gather_for_summary`, in this order.
+_SCALARS = ("fingerprint", "bytes_sent", "hidden_s", "comm_s", "first_span")
+
+
+def _gather_for_summary(comm, result: WorkerResult, t0: float) -> dict[str, list[np.ndarray]]:
+    """What rank 0's summary needs from every rank, via `allgather` (float64 arrays, no
+    pickle): per rank the _SCALARS (the weights' fingerprint, bytes sent, the communication
+    time hidden under computation and its total, the first span's start), its per-step losses
+    and step ends, and the lengths of its compute and communication spans. Times are seconds
+    since this rank's t0; the whole gather is a few AllReduces of about 8 x steps bytes per
+    rank. Rank 0's own events stay whole (trace.json); the others' never leave their hosts."""
+    from pipesgd_ref.trace import hidden_fraction
+
+    events = result.events
+    comm_s = _durations(events, COMM_SPANS)
+    hidden = (hidden_fraction(events, COMM_SPANS) or 0.0) * sum(comm_s)
+    first = min(e["ts"] for e in events) / 1e6 - t0 if events else np.inf  # inf: no spans
+    scalars = [fingerprint(result.params), result.bytes_sent, hidden, sum(comm_s), first]
+    return {
+        "scalars": allgather(comm, np.array(scalars, np.float64)),
+        "losses": allgather(comm, np.asarray(result.losses, np.float64)),
+        "step_end": allgather(comm, np.asarray(result.step_end, np.float64) - t0),
+        "compute_s": allgather(comm, np.array(_durations(events, ("compute",)), np.float64)),
+        "comm_s": allgather(comm, np.array(comm_s, np.float64)),
+    }
+
+
+def _summary_of_gathered(
+    cfg: TrainConfig, wall: float, answer: WorkerResult, gathered: dict, t0: float
+) -> dict[str, Any]:
+    """Rank 0's summary of a joined job: `_summary` from rank 0's own result and what
+    `_gather_for_summary` brought from the others (times moved onto rank 0's clock)."""
+    scalars = [dict(zip(_SCALARS, row, strict=True)) for row in gathered["scalars"]]
+    workers = range(1, len(scalars)) if is_ps(cfg.algo) else range(len(scalars))
+    ends = gathered["step_end"][workers[0]] + t0
+    first = min(s["first_span"] for s in scalars)
+    comm_total = sum(s["comm_s"] for s in scalars)
+    return _summary(
+        cfg,
+        wall,
+        answer,
+        worker_losses=np.array([gathered["losses"][r] for r in workers]),
+        ends=ends,
+        start=t0 + first if math.isfinite(first) else ends[0],
+        compute_s=np.concatenate(gathered["compute_s"]),
+        comm_s=np.concatenate(gathered["comm_s"]),
+        hidden=sum(s["hidden_s"] for s in scalars) / comm_total if comm_total > 0 else None,
+        bytes_sent=[int(s["bytes_sent"]) for s in scalars],
+        identical=all(s["fingerprint"] == scalars[0]["fingerprint"] for s in scalars),
+    )
