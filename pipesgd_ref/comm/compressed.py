@@ -29,6 +29,7 @@ import numpy as np
 
 from pipesgd_ref.comm.rendezvous import Communicator
 from pipesgd_ref.comm.ring import (
+    SEGMENT_BYTES,
     _at,
     _recv_checked,
     all_gather_chunks,
@@ -97,7 +98,7 @@ def compressed_ring_reduce(
 
 
 def simulate_compressed_allreduce(
-    arrays: list[np.ndarray], codec, op: str = "sum", segment_bytes: int = 1 << 20
+    arrays: list[np.ndarray], codec, op: str = "sum", segment_bytes: int = SEGMENT_BYTES
 ) -> list[np.ndarray]:
     """The compressed ring by hand, in one process: the same segments, codes and order of
     operations as `compressed_ring_reduce`, so the results are bitwise the real ones."""
