@@ -47,6 +47,8 @@ loop); "numba" runs `njit(nogil=True, cache=True)` loops over the same bit opera
 equal to the reference for every codec (stochastic q8 included: both draw from the codec's own
 `np.random.Generator`, which Numba's compiled code advances exactly like NumPy). The compiled
 loops release the GIL, so a communication thread encodes while the compute thread runs.
+"cuda" (ops/cuda_codecs.py) runs the same definitions as CUDA kernels on device arrays, bitwise
+equal as well; it loads numba.cuda only when asked for.
 A stochastic codec owns its generator: use one codec object per thread.
 """
 
@@ -60,7 +62,7 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 CODECS = ("none", "trunc16", "bf16", "q8")
-BACKENDS = ("numpy", "numba")
+BACKENDS = ("numpy", "numba", "cuda")  # cuda: device arrays, ops/cuda_codecs.py
 
 # Per codec: (header bytes, bytes per value, nominal ratio r). wire_bytes(n) = header + per * n.
 _LAYOUT = {
@@ -391,10 +393,14 @@ class Codec:
         self.backend = backend
         self.stochastic = stochastic
         self._header, self._per_value, self.ratio = _LAYOUT[name]
-        encode, self._decode, self._add = _IMPLEMENTATIONS[(name, backend)]
+        encode, self._decode, self._add = self._functions()
         if stochastic:  # the codec owns its generator: one stream, reproducible from `seed`
             encode = partial(encode, rng=np.random.default_rng(seed))
         self._encode = encode
+
+    def _functions(self):
+        """(encode, decode, add_decoded_into) of this codec and backend (CudaCodec overrides)."""
+        return _IMPLEMENTATIONS[(self.name, self.backend)]
 
     def __repr__(self) -> str:
         extra = ", stochastic=True" if self.stochastic else ""
@@ -455,10 +461,11 @@ class Codec:
 
 
 def get_codec(name: str, backend: str = "numpy", stochastic: bool = False, seed: int = 0) -> Codec:
-    """The codec `name` (one of CODECS) on `backend` ("numpy", the reference, or "numba").
+    """The codec `name` (one of CODECS) on `backend`: "numpy" (the reference), "numba", or
+    "cuda" (a CudaCodec: its buffers are Numba CUDA device arrays; needs a GPU or the simulator).
 
     `stochastic=True` (q8 only) rounds each value up or down at random, unbiased, drawing from
-    a generator seeded with `seed`: same seed, same codes, on either backend.
+    a generator seeded with `seed`: same seed, same codes, on any backend.
     """
     if name not in CODECS:
         raise ValueError(f"unknown codec {name!r}; choose one of: {', '.join(CODECS)}")
@@ -469,4 +476,8 @@ def get_codec(name: str, backend: str = "numpy", stochastic: bool = False, seed:
             f"stochastic rounding is defined only for q8, not {name!r}; drop stochastic=True "
             f"or use get_codec('q8', stochastic=True)"
         )
+    if backend == "cuda":
+        from pipesgd_ref.ops.cuda_codecs import CudaCodec  # here: numba.cuda loads only if asked
+
+        return CudaCodec(name, stochastic=stochastic, seed=seed)
     return Codec(name, backend, stochastic=stochastic, seed=seed)

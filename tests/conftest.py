@@ -4,9 +4,16 @@
 reproducible; no deadline, because a shared 2-core machine has noisy timings. `dev` (default):
 random examples, also without deadlines (Numba compiles on the first call of each op).
 Choose another with HYPOTHESIS_PROFILE=name.
+
+CUDA: the kernels run in Numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1, set here before
+anything imports numba) unless PIPESGD_GPU_TESTS=1, which runs them on the real GPU, together
+with the tests marked `gpu` (large sizes); those are skipped elsewhere, saying why.
 """
 
 import os
+
+if os.environ.get("PIPESGD_GPU_TESTS") != "1":
+    os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
 
 from hypothesis import HealthCheck, settings
 

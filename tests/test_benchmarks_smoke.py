@@ -51,3 +51,36 @@ def test_soak_short(tmp_path):
     )
     assert len(report["windows"]) == 10, f"expected 10 throughput windows\n{log}"
     assert report["trace"]["loads"], f"trace.json of the run did not load\n{log}"
+
+
+def test_kernels_gpu_in_the_simulator(tmp_path):
+    """No GPU here: the script runs its checks in Numba's CUDA simulator at tiny sizes (the
+    session's conftest sets NUMBA_ENABLE_CUDASIM=1, which the subprocess inherits)."""
+    import os
+
+    out = tmp_path / "kernels.json"
+    cmd = [sys.executable, str(BENCHMARKS / "kernels_gpu.py"), "--n", "16", "--elements", "300",
+           "--reps", "1", "--json", out]  # fmt: skip
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1"}
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
+    log = f"stdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-3000:]}"
+    assert done.returncode == 0, f"kernels_gpu.py exited {done.returncode}\n{log}"
+    assert "simulator" in done.stdout and "FAIL" not in done.stdout, log
+    kernels = json.loads(out.read_text())["kernels"]
+    names = " ".join(k["kernel"] for k in kernels)
+    for kernel in ("dense_forward", "dense_backward", "add_into", "sgd_step", "q8 encode"):
+        assert kernel in names, f"{kernel} missing from {names}"
+    assert all(k["ok"] for k in kernels)
+
+
+def test_kernels_gpu_without_a_gpu_says_why():
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    cmd = [sys.executable, str(BENCHMARKS / "kernels_gpu.py"), "--n", "16"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    if "CUDA kernels on" in done.stdout:  # a machine with a GPU: nothing to check here
+        return
+    assert done.returncode == 0 and "nothing to time here: no usable CUDA GPU" in done.stdout, (
+        done.stdout + done.stderr
+    )

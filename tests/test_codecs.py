@@ -392,9 +392,9 @@ def test_get_codec_errors():
     ):
         get_codec("fp8")
     with pytest.raises(
-        ValueError, match="unknown codec backend 'cuda'; choose one of: numpy, numba"
+        ValueError, match="unknown codec backend 'tpu'; choose one of: numpy, numba, cuda"
     ):
-        get_codec("q8", "cuda")
+        get_codec("q8", "tpu")
     for name in ("none", "trunc16", "bf16"):
         with pytest.raises(ValueError, match="stochastic rounding is defined only for q8"):
             get_codec(name, stochastic=True)

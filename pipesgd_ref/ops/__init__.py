@@ -2,6 +2,9 @@
 
     numpy  -> the reference (ops/numpy_ops.py): the definition every other backend must match
     numba  -> Numba CPU, `njit(nogil=True)` (ops/numba_ops.py)
+    cuda   -> Numba CUDA kernels on device arrays (ops/cuda_ops.py): a GPU, or Numba's
+              simulator with NUMBA_ENABLE_CUDASIM=1; float32 matmuls; also provides
+              empty/zeros/to_device/to_host for the device buffers
 
 A backend is chosen once, by name (`--backend numpy|numba`), and handed to the model and the
 algorithms; code never branches on the backend after that. Every backend module provides the
@@ -27,6 +30,7 @@ OP_NAMES = (
 BACKENDS = {
     "numpy": "pipesgd_ref.ops.numpy_ops",
     "numba": "pipesgd_ref.ops.numba_ops",
+    "cuda": "pipesgd_ref.ops.cuda_ops",
 }
 
 

@@ -1,0 +1,514 @@
+"""The codecs as CUDA kernels: the third rung of codecs.py (NumPy reference -> Numba -> CUDA).
+
+`get_codec(name, "cuda")` returns a `CudaCodec`: the codec of codecs.py, with the same wire
+layout and the same `wire_bytes(n)`, whose encode / decode / add_decoded_into take Numba CUDA
+device arrays (values: 1-D float32; wire: 1-D uint8 of wire_bytes(n)) and run the kernels
+below. Every result is bitwise the NumPy reference's: the codes byte for byte (the q8 scale
+included), the decoded and the added values bit for bit (tests/test_cuda_codecs.py).
+
+    codec     encode                            decode / add_decoded_into
+    none      device-to-device copy             copy / _f32_add_kernel
+    trunc16   _trunc16_encode_kernel            _half16_decode_kernel / _half16_add_kernel
+    bf16      _bf16_encode_kernel               (the same two)
+    q8        _abs_max_bits_kernel (1 or 2x),   _q8_decode_kernel / _q8_add_kernel
+              then _q8_codes_kernel
+
+Cost per call: one pass over the n values, like the CPU rungs (q8 encode: the max-abs pass,
+a second tiny pass over at most _MAX_PARTIALS block maxima, then the codes pass). Launches are
+asynchronous on the default stream: a call returns at once, and a later kernel or copy on that
+stream (`copy_to_host`, which waits) sees the result. Stochastic q8 is the exception: it reads
+max|x| back (a sync) and uploads n uniforms, drawn on the host (see `CudaCodec._q8_encode`).
+
+How "bitwise" survives the trip to the GPU, and why each rule is needed:
+- Bit manipulation happens on uint32 / uint16 views of the same device memory (`.view` on the
+  host before launch), with the constants of codecs.py: the same integer operations.
+- No fused multiply-add. NVVM contracts `a + b * c` into one FMA (rounded once) by default;
+  NumPy rounds the product, then the sum. q8's decode-add multiplies with libdevice's
+  `fmul_rn`, which is never contracted (tests/test_cuda_codecs.py checks the PTX for `fma`).
+- NaN operands. With one NaN operand, NumPy's float add and multiply (x86-64, arm64) return
+  that NaN with its quiet bit set, payload and sign kept; the GPU returns the canonical NaN
+  0x7FFFFFFF. The add and q8 decode kernels return the NaN operand explicitly, so NaN payloads
+  match too. With two NaN operands NumPy returns one of them, which one depending on its SIMD
+  code path (compilers treat an add as commutative); the kernels keep dst's. NaNs made from
+  non-NaN operands (Inf - Inf, 0 * Inf: never from a wire this module wrote) carry a platform's
+  default bits, which differ even between NumPy builds (x86 0xFFC00000, arm64 0x7FC00000);
+  those are not emulated.
+- Exact rounding: float32 division is IEEE (`div.rn`: fastmath stays off), q8 rounds with
+  libdevice's `rintf` (ties to even, as np.rint), denormals are kept (no flush-to-zero).
+
+Kernels call libdevice directly and never a `cuda.jit(device=True)` helper: numba 0.68 compiles
+device functions for the current GPU, so a kernel that calls one cannot be compiled to PTX on a
+machine without a GPU (the compile check, tests/test_cuda_compile.py); the same holds for the
+builtins min and max. Numba's simulator has no libdevice: there `libdevice` below is a stand-in
+with the NumPy meaning of the four functions used.
+
+Wire alignment: the kernels read the wire through float32 / uint16 views, so a device wire must
+start at a 4-byte-aligned address (a fresh `cuda.device_array` is 256-aligned; slice framed
+buffers at multiples of 4). CudaCodec checks it.
+"""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+from numba import cuda, types
+
+from pipesgd_ref.codecs import (
+    _ABS,
+    _HALF,
+    _INF,
+    _LOW_ONES,
+    _ONE,
+    _Q8_LEVELS,
+    _Q8_MAX_SCALE,
+    _QUIET16,
+    Codec,
+    q8_scale,
+)
+from pipesgd_ref.ops.cuda_support import THREADS_PER_BLOCK, gpu_problem, launch_1d, simulated
+
+if simulated():
+    # The simulator runs kernels as Python on NumPy scalars and has no libdevice: these are the
+    # NumPy meanings of the libdevice functions the kernels call (bit casts, exact rounding).
+    libdevice = SimpleNamespace(
+        int_as_float=lambda bits: np.int32(bits).view(np.float32),
+        float_as_int=lambda x: np.float32(x).view(np.int32),
+        rintf=lambda x: np.rint(np.float32(x)),
+        fmul_rn=lambda a, b: np.float32(a) * np.float32(b),
+    )
+else:
+    from numba.cuda import libdevice
+
+_QUIET32 = np.uint32(0x0040_0000)  # float32's quiet-NaN bit (bit 22)
+_Q8_NAN = np.float32(np.nan)  # the scale of a chunk holding NaN or Inf: q8_scale's NaN, same bits
+_Q8_CLIP = 127.0  # codes -127..127, as _Q8_LEVELS
+
+# q8's max |x| pass 1 launches at most this many blocks (each grid-strides over its share), so
+# pass 2 reduces at most _MAX_PARTIALS block maxima in one block: 4 per thread at 256 threads.
+# 1024 blocks of 256 threads still fill an H100/H200 (132 SMs x 2048 resident threads).
+_MAX_PARTIALS = 1024
+
+# The simulator starts a Python thread per CUDA thread (about 0.1 to 1 ms each): there the grid
+# is at most 2 blocks of 32 threads, which keeps a test example fast and makes the grid-stride
+# loops wrap many times at test sizes. The kernels read the block size from cuda.blockDim.
+_SIM_THREADS = 32
+_SIM_BLOCKS = 2
+
+
+def _grid(n: int, max_blocks: int | None = None) -> tuple[int, int]:
+    """(blocks, threads) for a grid-stride kernel over n elements (cuda_support.launch_1d; in
+    the simulator, the small grid above); at most `max_blocks` blocks."""
+    if simulated():
+        blocks, threads = launch_1d(n, _SIM_THREADS)
+        blocks = min(blocks, _SIM_BLOCKS)
+    else:
+        blocks, threads = launch_1d(n)
+    return (blocks if max_blocks is None else min(blocks, max_blocks)), threads
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernels. Each one is a grid-stride loop: thread t of a grid of T threads handles the elements
+# t, t + T, t + 2T, ...; consecutive threads touch consecutive elements (coalesced accesses).
+
+
+@cuda.jit
+def _trunc16_encode_kernel(bits, out16):
+    """trunc16 encode (codecs.trunc16_encode), on the float32 bits as uint32:
+        for i in range(n):
+            h = bits[i] >> 16
+            if bits[i] & 0x7FFFFFFF > 0x7F800000: h |= 0x0040      # NaN stays a (quiet) NaN
+            out16[i] = h
+
+    Optimisations: grid-stride loop, coalesced 4-byte reads and 2-byte writes, integer ops only.
+    """
+    for i in range(cuda.grid(1), bits.size, cuda.gridsize(1)):
+        b = bits[i]
+        h = b >> _HALF
+        if (b & _ABS) > _INF:
+            h |= _QUIET16
+        out16[i] = h
+
+
+@cuda.jit
+def _bf16_encode_kernel(bits, out16):
+    """bf16 encode (codecs.bf16_encode): round to nearest, ties to even, on the bits:
+        for i in range(n):
+            b = bits[i]
+            if b & 0x7FFFFFFF > 0x7F800000: out16[i] = (b >> 16) | 0x0040       # NaN, quiet
+            else: out16[i] = (b + 0x7FFF + ((b >> 16) & 1)) >> 16           # carry = round up
+
+    Optimisations: as trunc16. The NaN test comes first, so the addition never wraps (numba
+    computes it in 64 bits anyway; the simulator in uint32).
+    """
+    for i in range(cuda.grid(1), bits.size, cuda.gridsize(1)):
+        b = bits[i]
+        if (b & _ABS) > _INF:
+            out16[i] = (b >> _HALF) | _QUIET16
+        else:
+            out16[i] = (b + _LOW_ONES + ((b >> _HALF) & _ONE)) >> _HALF
+
+
+@cuda.jit
+def _half16_decode_kernel(src16, out_bits):
+    """trunc16 / bf16 decode (codecs.half16_decode), into the bits of the float32 output:
+        for i in range(n): out_bits[i] = src16[i] << 16
+
+    Optimisations: grid-stride loop, coalesced, integer ops only.
+    """
+    for i in range(cuda.grid(1), src16.size, cuda.gridsize(1)):
+        out_bits[i] = np.uint32(src16[i]) << _HALF
+
+
+@cuda.jit
+def _half16_add_kernel(src16, dst):
+    """trunc16 / bf16 decode-add (codecs.half16_add_decoded_into):
+        for i in range(n): dst[i] += float32_from_bits(src16[i] << 16)
+
+    NaN operands as NumPy: a NaN dst[i] stays, quieted; else a NaN decoded value is the result
+    (quieted: a hand-made wire may hold a signaling NaN).
+    Optimisations: fused (the decoded values live in a register, never in memory: one read of
+    2 + 4 bytes and one write of 4 per element); the bit cast is free (a register move).
+    """
+    for i in range(cuda.grid(1), dst.size, cuda.gridsize(1)):
+        v = np.uint32(src16[i]) << _HALF  # the decoded value's bits
+        d = dst[i]
+        if d != d:  # NaN dst: NumPy returns the NaN operand, quieted (GPU: 0x7FFFFFFF)
+            dst[i] = libdevice.int_as_float(
+                np.int32(np.uint32(libdevice.float_as_int(d)) | _QUIET32)
+            )
+        elif (v & _ABS) > _INF:  # NaN decoded value: returned, quieted
+            dst[i] = libdevice.int_as_float(np.int32(v | _QUIET32))
+        else:
+            dst[i] = d + libdevice.int_as_float(np.int32(v))
+
+
+@cuda.jit
+def _f32_add_kernel(src, dst):
+    """none decode-add (codecs.none_add_decoded_into): for i in range(n): dst[i] += src[i].
+
+    NaN operands as NumPy (dst first, then src, quieted). Optimisations: grid-stride, coalesced.
+    """
+    for i in range(cuda.grid(1), dst.size, cuda.gridsize(1)):
+        d = dst[i]
+        s = src[i]
+        if d != d:
+            dst[i] = libdevice.int_as_float(
+                np.int32(np.uint32(libdevice.float_as_int(d)) | _QUIET32)
+            )
+        elif s != s:
+            dst[i] = libdevice.int_as_float(
+                np.int32(np.uint32(libdevice.float_as_int(s)) | _QUIET32)
+            )
+        else:
+            dst[i] = d + s
+
+
+@cuda.jit
+def _abs_max_bits_kernel(bits, block_max):
+    """q8's max |x|, as bits: block_max[b] = max(bits[i] & 0x7FFFFFFF for the i of block b).
+
+    As a loop over the whole grid (B = number of blocks, T = threads per block):
+        for b in range(B):
+            block_max[b] = max(bits[i] & 0x7FFFFFFF for i in range(n) if (i // T) % B == b)
+    Called twice: over the input (B <= _MAX_PARTIALS blocks), then over those B maxima with one
+    block (the max of the maxima); a single block writes the final max directly.
+    The sign cleared, non-negative floats sort like their bit patterns (NaN above Inf), so an
+    integer max is max|x| with NaN and Inf on top, as in the Numba rung; and an integer max
+    is exact in any order, so the result does not depend on the grid.
+
+    Optimisations: each thread first reduces its grid-stride share in a register (coalesced
+    reads, no synchronisation); the block then combines its threads' values in shared memory,
+    a tree of log2(T) halving steps, one cuda.syncthreads() per step. Candidate next steps:
+    warp shuffles for the last 32 values (the simulator has none), or atomics for pass 2.
+    """
+    shared = cuda.shared.array(THREADS_PER_BLOCK, types.uint32)  # one value per thread
+    tid = cuda.threadIdx.x
+    m = np.uint32(0)
+    for i in range(cuda.grid(1), bits.size, cuda.gridsize(1)):
+        a = bits[i] & _ABS
+        if a > m:  # not max(a, m): numba 0.68 cannot compile that without a GPU (see above)
+            m = a
+    shared[tid] = m
+    cuda.syncthreads()  # every thread's value is in shared memory before the tree reads it
+    stride = cuda.blockDim.x // 2  # blockDim.x is a power of two <= THREADS_PER_BLOCK
+    while stride > 0:
+        if tid < stride and shared[tid + stride] > shared[tid]:
+            shared[tid] = shared[tid + stride]
+        cuda.syncthreads()  # this level is complete before the next one reads it
+        stride //= 2
+    if tid == 0:
+        block_max[cuda.blockIdx.x] = shared[0]
+
+
+@cuda.jit
+def _q8_codes_kernel(x, amax, uniforms, header, codes):
+    """q8 codes (codecs.q8_encode), from amax[0] = the bits of max|x|; writes the scale too:
+        scale = q8_scale(float32_from_bits(amax[0]))   # NaN if Inf/NaN, else min(amax / 127, cap)
+        header[0] = scale
+        for i in range(n):
+            if not scale > 0:  codes[i] = 0
+            elif deterministic: codes[i] = clip(rint(x[i] / scale), -127, 127)
+            else:              codes[i] = clip(floor(float64(x[i] / scale) + uniforms[i]), ...)
+    Deterministic when `uniforms` is empty; stochastic when it holds n draws of U[0, 1).
+
+    The scale is q8_scale's formula, written again here because a kernel cannot call host code;
+    tests/test_cuda_codecs.py checks the two agree (zeros, denormals, float32 max, Inf, NaN).
+    Optimisations: the scale is computed on the device from the max (every thread computes it,
+    a broadcast read and one division), so deterministic encoding never waits for the host;
+    grid-stride loop, coalesced 4-byte reads and 1-byte writes; the branches on the scale are
+    the same for every thread (no divergence).
+    """
+    amax_bits = amax[0]
+    if amax_bits >= _INF:  # max|x| is Inf or NaN: the scale, and every decoded value, is NaN
+        scale = _Q8_NAN
+    else:
+        scale = (
+            libdevice.int_as_float(np.int32(amax_bits)) / _Q8_LEVELS
+        )  # Eq.: scale = max|x| / 127
+        if scale > _Q8_MAX_SCALE:  # so that 127 * scale stays finite
+            scale = _Q8_MAX_SCALE
+    if cuda.grid(1) == 0:
+        header[0] = scale
+    stochastic = uniforms.size > 0
+    for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+        if not scale > 0:  # all zero, or NaN seen: x / scale would make codes from garbage
+            codes[i] = 0
+            continue
+        if stochastic:  # floor(q + u), u ~ U[0, 1): unbiased, E[code] = q
+            q = math.floor(np.float64(x[i] / scale) + uniforms[i])
+        else:  # rint: to nearest, ties to even, as np.rint
+            q = libdevice.rintf(x[i] / scale)
+        if q > _Q8_CLIP:
+            q = _Q8_CLIP
+        elif q < -_Q8_CLIP:
+            q = -_Q8_CLIP
+        codes[i] = q
+
+
+@cuda.jit
+def _q8_decode_kernel(codes, header, out):
+    """q8 decode (codecs.q8_decode): for i in range(n): out[i] = float32(codes[i]) * header[0].
+
+    A NaN scale is every result, quieted (NumPy's NaN rule; the GPU's product would be the
+    canonical NaN). Optimisations: grid-stride loop, coalesced 1-byte reads and 4-byte writes;
+    the scale is one broadcast read per thread.
+    """
+    scale = header[0]
+    for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+        if scale != scale:
+            out[i] = libdevice.int_as_float(
+                np.int32(np.uint32(libdevice.float_as_int(scale)) | _QUIET32)
+            )
+        else:
+            out[i] = np.float32(codes[i]) * scale
+
+
+@cuda.jit
+def _q8_add_kernel(codes, header, dst):
+    """q8 decode-add (codecs.q8_add_decoded_into):
+        for i in range(n): dst[i] += float32(codes[i]) * header[0]   (the product rounded first)
+
+    NaN operands as NumPy: a NaN dst[i] stays, quieted; else a NaN scale is the result.
+    Optimisations: fused (the decoded value stays in a register); the product is libdevice's
+    fmul_rn, so the compiler cannot contract it with the add into an FMA (one rounding, not
+    NumPy's two); grid-stride loop, coalesced.
+    """
+    scale = header[0]
+    for i in range(cuda.grid(1), dst.size, cuda.gridsize(1)):
+        d = dst[i]
+        if d != d:
+            dst[i] = libdevice.int_as_float(
+                np.int32(np.uint32(libdevice.float_as_int(d)) | _QUIET32)
+            )
+        elif scale != scale:
+            dst[i] = libdevice.int_as_float(
+                np.int32(np.uint32(libdevice.float_as_int(scale)) | _QUIET32)
+            )
+        else:
+            dst[i] = d + libdevice.fmul_rn(np.float32(codes[i]), scale)
+
+
+# Every kernel with one example signature, for the compile check (tests/test_cuda_compile.py).
+KERNELS = [
+    (_trunc16_encode_kernel, "void(uint32[::1], uint16[::1])"),
+    (_bf16_encode_kernel, "void(uint32[::1], uint16[::1])"),
+    (_half16_decode_kernel, "void(uint16[::1], uint32[::1])"),
+    (_half16_add_kernel, "void(uint16[::1], float32[::1])"),
+    (_f32_add_kernel, "void(float32[::1], float32[::1])"),
+    (_abs_max_bits_kernel, "void(uint32[::1], uint32[::1])"),
+    (
+        _q8_codes_kernel,
+        "void(float32[::1], uint32[::1], float64[::1], float32[::1], int8[::1])",
+    ),
+    (_q8_decode_kernel, "void(int8[::1], float32[::1], float32[::1])"),
+    (_q8_add_kernel, "void(int8[::1], float32[::1], float32[::1])"),
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# The codec object: codecs.Codec with device buffers.
+
+
+def _is_device_array(a) -> bool:
+    """A Numba device array (real, or the simulator's stand-in; both set __cuda_ndarray__)."""
+    return bool(getattr(a, "__cuda_ndarray__", False))
+
+
+def _address(a) -> int:
+    try:
+        return a.__cuda_array_interface__["data"][0]
+    except AttributeError:  # the simulator's device arrays wrap NumPy arrays
+        return a.__array_interface__["data"][0]
+
+
+def _describe(a) -> str:
+    if _is_device_array(a):
+        layout = "C-contiguous" if a.is_c_contiguous() else "non-contiguous"
+        return f"a {layout} {a.dtype} device array of shape {tuple(a.shape)}"
+    if isinstance(a, np.ndarray):
+        return f"a host (NumPy) {a.dtype} array of shape {a.shape}"
+    return f"a {type(a).__name__}"
+
+
+class CudaCodec(Codec):
+    """One codec whose buffers live on the GPU; get one with `get_codec(name, "cuda")`.
+
+    As `codecs.Codec` (same attributes, wire layout and `wire_bytes`), but the buffers are
+    preallocated Numba device arrays: values 1-D C-contiguous float32, wire 1-D C-contiguous
+    uint8 of exactly wire_bytes(n) bytes at a 4-byte-aligned address. Wrong buffers (host
+    arrays included) raise ValueError. Calls are asynchronous on the default stream.
+    """
+
+    def __init__(self, name: str, stochastic: bool = False, seed: int = 0):
+        problem = gpu_problem()
+        if problem:  # now, not at the first launch deep inside the ring
+            raise RuntimeError(f"codec backend 'cuda' cannot run here: {problem}")
+        # q8's scratch: [max|x| bits, up to _MAX_PARTIALS block maxima]. Allocated once, on the
+        # first q8 encode, and reused: a device allocation costs more than a whole small encode.
+        self._scratch = None
+        self._no_uniforms = None
+        super().__init__(name, "cuda", stochastic=stochastic, seed=seed)
+
+    def _functions(self):
+        return {
+            "none": (self._none_encode, self._none_decode, self._none_add),
+            "trunc16": (self._trunc16_encode, self._half16_decode, self._half16_add),
+            "bf16": (self._bf16_encode, self._half16_decode, self._half16_add),
+            "q8": (self._q8_encode, self._q8_decode, self._q8_add),
+        }[self.name]
+
+    # --- host-side launchers: views on the host, then one grid-stride launch each -------------
+
+    @staticmethod
+    def _none_encode(src, out) -> None:
+        if src.size:
+            out.view(np.float32).copy_to_device(src)  # device to device: the bytes as they are
+
+    @staticmethod
+    def _none_decode(src, out) -> None:
+        if out.size:
+            out.copy_to_device(src.view(np.float32))
+
+    @staticmethod
+    def _none_add(src, dst) -> None:
+        if dst.size:
+            _f32_add_kernel[_grid(dst.size)](src.view(np.float32), dst)
+
+    @staticmethod
+    def _trunc16_encode(src, out) -> None:
+        if src.size:
+            _trunc16_encode_kernel[_grid(src.size)](src.view(np.uint32), out.view(np.uint16))
+
+    @staticmethod
+    def _bf16_encode(src, out) -> None:
+        if src.size:
+            _bf16_encode_kernel[_grid(src.size)](src.view(np.uint32), out.view(np.uint16))
+
+    @staticmethod
+    def _half16_decode(src, out) -> None:
+        if out.size:
+            _half16_decode_kernel[_grid(out.size)](src.view(np.uint16), out.view(np.uint32))
+
+    @staticmethod
+    def _half16_add(src, dst) -> None:
+        if dst.size:
+            _half16_add_kernel[_grid(dst.size)](src.view(np.uint16), dst)
+
+    def _q8_encode(self, src, out, rng: np.random.Generator | None = None) -> None:
+        n = src.size
+        if n == 0:  # the wire is the scale alone, that of an all-zero chunk (no zero-size launch)
+            out.copy_to_device(np.array([q8_scale(np.float32(0))], np.float32).view(np.uint8))
+            return
+        if self._scratch is None:
+            self._scratch = cuda.device_array(1 + _MAX_PARTIALS, np.uint32)
+            self._no_uniforms = cuda.device_array(0, np.float64)
+        amax = self._scratch[:1]
+        # Pass 1: one max per block; pass 2 (only when there are several): their max.
+        blocks, threads = _grid(n, _MAX_PARTIALS)
+        bits = src.view(np.uint32)
+        if blocks == 1:
+            _abs_max_bits_kernel[1, threads](bits, amax)
+        else:
+            partials = self._scratch[1 : 1 + blocks]
+            _abs_max_bits_kernel[blocks, threads](bits, partials)
+            _abs_max_bits_kernel[1, threads](partials, amax)
+        uniforms = self._no_uniforms
+        if rng is not None:
+            # Stochastic: the uniforms come from the codec's NumPy generator, the very stream the
+            # NumPy and Numba backends draw (bitwise the same codes, for 8 bytes per value over
+            # PCIe and one sync; a GPU generator, numba.cuda.random, would differ). The generator
+            # is drawn only when the scale is positive, as in the reference: read max|x| first.
+            scale = q8_scale(amax.copy_to_host().view(np.float32)[0])
+            if scale > 0:
+                uniforms = cuda.to_device(rng.random(n))
+        _q8_codes_kernel[_grid(n)](
+            src, amax, uniforms, out[:4].view(np.float32), out[4:].view(np.int8)
+        )
+
+    @staticmethod
+    def _q8_decode(src, out) -> None:
+        if out.size:
+            _q8_decode_kernel[_grid(out.size)](src[4:].view(np.int8), src[:4].view(np.float32), out)
+
+    @staticmethod
+    def _q8_add(src, dst) -> None:
+        if dst.size:
+            _q8_add_kernel[_grid(dst.size)](src[4:].view(np.int8), src[:4].view(np.float32), dst)
+
+    # --- buffer checks: device arrays, not host ones ------------------------------------------
+
+    def _check_values(self, op: str, role: str, a) -> None:
+        if not (
+            _is_device_array(a) and a.dtype == np.float32 and a.ndim == 1 and a.is_c_contiguous()
+        ):
+            raise ValueError(
+                f"{self.name} {op} (cuda): {role} must be a 1-D C-contiguous float32 device "
+                f"array, got {_describe(a)}; copy host values over with "
+                f"numba.cuda.to_device(x.reshape(-1)), or use the numpy or numba backend"
+            )
+
+    def _check_wire(self, op: str, role: str, a, n: int) -> None:
+        want = self.wire_bytes(n)
+        if not (
+            _is_device_array(a) and a.dtype == np.uint8 and a.ndim == 1 and a.is_c_contiguous()
+        ):
+            raise ValueError(
+                f"{self.name} {op} (cuda): {role} must be a 1-D C-contiguous uint8 device array "
+                f"of wire_bytes({n}) = {want} bytes, got {_describe(a)}; allocate "
+                f"numba.cuda.device_array(codec.wire_bytes({n}), np.uint8)"
+            )
+        if a.size != want:
+            raise ValueError(
+                f"{self.name} {op} (cuda): {role} has {a.size} bytes, but {n} float32 values "
+                f"take wire_bytes({n}) = {want} bytes; allocate numba.cuda.device_array("
+                f"codec.wire_bytes({n}), np.uint8), or slice the buffer to that length"
+            )
+        if _address(a) % 4:
+            raise ValueError(
+                f"{self.name} {op} (cuda): {role} starts at device address "
+                f"0x{_address(a):x}, not a multiple of 4; the kernels read the wire as float32 / "
+                f"uint16 words. Slice framed buffers at offsets that are multiples of 4 (a "
+                f"fresh numba.cuda.device_array is aligned)"
+            )

@@ -1,0 +1,439 @@
+"""CUDA versions of the named ops (Numba `cuda.jit`): same signatures and meaning as `numpy_ops`.
+
+The third rung of the ladder numpy_ops -> numba_ops -> cuda_ops. Every argument is a Numba
+CUDA device array (`to_device`, `empty`, `zeros` below make them); outputs are written into
+preallocated device arrays, as in every backend. Only `softmax_xent_grad` returns to the host,
+with one scalar (the loss). The labels `y` may be a device or a host int array (int64 from
+data.py, or int32); a host array is copied over (B integers).
+
+Optimisations, and why:
+- Tiled matrix multiply: each block computes a TILE x TILE tile of the output; the operands
+  are staged through shared memory one TILE x TILE tile at a time, so every element fetched
+  from global memory is used TILE times (arithmetic intensity up by TILE). `cuda.syncthreads()`
+  separates loading a tile from using it, and using it from overwriting it.
+- Coalescing: consecutive threads (threadIdx.x) touch consecutive addresses of a row-major
+  array. A transposed operand is read along its rows and transposed on the way into shared
+  memory, so X^T dY and dY W^T read global memory as fast as X W.
+- Fusion: the bias is added in the matmul's epilogue; softmax, loss and gradient are one
+  kernel per row (max, sum of exp, write) with block reductions in shared memory.
+- Grid-stride loops: the elementwise kernels launch a bounded grid (cuda_support.launch_1d)
+  and each thread walks n / (grid size) elements, so any length uses the same launch.
+- Deterministic reductions: column sums and the loss are shared-memory trees in a fixed order
+  (no atomics), so repeated runs give identical bits.
+
+dtype: the matrix kernels (dense_forward, dense_backward) stage tiles in float32 shared memory
+and accept float32 only, the training dtype; gradient checks in float64 use the numpy backend.
+The elementwise kernels take any float dtype.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import numpy as np
+from numba import cuda, float32
+
+from pipesgd_ref.ops.cuda_support import (
+    MAX_BLOCKS,
+    THREADS_PER_BLOCK,
+    TILE,
+    gpu_problem,
+    launch_1d,
+    launch_2d,
+)
+
+ROW_THREADS = 32  # softmax: one warp per row; a row has C classes (10 here), rarely more than 32
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernels
+
+
+@cuda.jit
+def _matmul_tiled(A, B, bias, C, trans_a, trans_b):
+    """C = op(A) @ op(B) (+ bias), op(M) = M^T when its flag is set, else M.
+
+    As a loop, with op(A) (M, K) and op(B) (K, N):
+        for i in M, j in N: C[i, j] = (bias[j] if len(bias) else 0) + sum_k op(A)[i, k] op(B)[k, j]
+    Used three ways: X @ W + b (forward), X^T @ dY (dW), dY @ W^T (dX); an empty `bias` means none.
+
+    Optimisations: one thread per output element, one block per TILE x TILE output tile; tiles
+    of op(A) and op(B) staged in shared memory (global reads cut by a factor TILE); coalesced
+    global reads even for a transposed operand (threadIdx.x walks the stored rows; the transpose
+    happens on the write into shared memory); zero padding at ragged edges, so no shape needs to
+    be a multiple of TILE. The flags are the same for the whole grid: the branches on them never
+    diverge within a warp, and one kernel serves all three products (one tile loop to read).
+    """
+    As = cuda.shared.array((TILE, TILE), float32)  # As[r, k] = op(A)[row0 + r, k0 + k]
+    Bs = cuda.shared.array((TILE, TILE), float32)  # Bs[k, c] = op(B)[k0 + k, col0 + c]
+    tx = cuda.threadIdx.x  # along columns of C: consecutive threads, consecutive addresses
+    ty = cuda.threadIdx.y
+    row0 = cuda.blockIdx.y * TILE
+    col0 = cuda.blockIdx.x * TILE
+    M, N = C.shape
+    K = A.shape[0] if trans_a else A.shape[1]
+    acc = float32(0.0)
+    for k0 in range(0, K, TILE):
+        # Load phase: each thread fetches one element of each operand tile (0 past the edge).
+        if trans_a:  # op(A)[r, k] = A[k, r]: read A[k0 + ty, row0 + tx] (coalesced), transpose
+            k, r = k0 + ty, row0 + tx
+            As[tx, ty] = A[k, r] if k < K and r < M else float32(0.0)
+        else:
+            r, k = row0 + ty, k0 + tx
+            As[ty, tx] = A[r, k] if r < M and k < K else float32(0.0)
+        if trans_b:  # op(B)[k, c] = B[c, k]: read B[col0 + ty, k0 + tx] (coalesced), transpose
+            c, k = col0 + ty, k0 + tx
+            Bs[tx, ty] = B[c, k] if c < N and k < K else float32(0.0)
+        else:
+            k, c = k0 + ty, col0 + tx
+            Bs[ty, tx] = B[k, c] if k < K and c < N else float32(0.0)
+        cuda.syncthreads()  # the whole tile is loaded before anyone reads it
+        for kk in range(TILE):  # zero padding makes the ragged last tile harmless
+            acc += As[ty, kk] * Bs[kk, tx]
+        cuda.syncthreads()  # everyone is done with this tile before the next load overwrites it
+    i, j = row0 + ty, col0 + tx
+    if i < M and j < N:  # the epilogue: guard the store, fuse the bias
+        if bias.shape[0] > 0:
+            acc += bias[j]
+        C[i, j] = acc
+
+
+@cuda.jit
+def _column_sum(dY, db):
+    """db[j] = sum_i dY[i, j] (the bias gradient).
+
+    As a loop: for j in n_out: db[j] = 0; for i in B: db[j] += dY[i, j].
+
+    Optimisations: a block owns TILE columns and has TILE x TILE threads; thread (ty, tx) sums
+    rows ty, ty + TILE, ... of column col0 + tx (a row of threads reads a contiguous run of a
+    row of dY: coalesced), then the TILE partial sums of each column are combined by a tree
+    reduction in shared memory (log2(TILE) steps, fixed order: deterministic).
+    """
+    partial = cuda.shared.array((TILE, TILE), float32)
+    tx = cuda.threadIdx.x
+    ty = cuda.threadIdx.y
+    j = cuda.blockIdx.x * TILE + tx
+    B, N = dY.shape
+    acc = float32(0.0)
+    if j < N:
+        for i in range(ty, B, TILE):
+            acc += dY[i, j]
+    partial[ty, tx] = acc
+    cuda.syncthreads()
+    half = TILE // 2  # TILE is a power of two: every step halves the rows still summing
+    while half > 0:
+        if ty < half:
+            partial[ty, tx] += partial[ty + half, tx]
+        cuda.syncthreads()  # this step's sums are written before the next step reads them
+        half //= 2
+    if ty == 0 and j < N:
+        db[j] = partial[0, tx]
+
+
+@cuda.jit(device=True)
+def _block_sum(buf, tid, n_threads):
+    """Tree sum of buf[0:n_threads] (n_threads a power of two) into buf[0], in shared memory."""
+    half = n_threads // 2
+    while half > 0:
+        if tid < half:
+            buf[tid] += buf[tid + half]
+        cuda.syncthreads()
+        half //= 2
+
+
+@cuda.jit(device=True)
+def _block_max(buf, tid, n_threads):
+    """Tree max of buf[0:n_threads] (n_threads a power of two) into buf[0], in shared memory."""
+    half = n_threads // 2
+    while half > 0:
+        # A comparison, not max(a, b): numba 0.68's CUDA target resolves max(float32, float32)
+        # to a generic overload that fails to compile (the simulator runs it without noticing).
+        if tid < half and buf[tid + half] > buf[tid]:
+            buf[tid] = buf[tid + half]
+        cuda.syncthreads()
+        half //= 2
+
+
+@cuda.jit
+def _softmax_xent_rows(logits, y, dlogits, row_loss):
+    """Per-row softmax cross-entropy and its gradient.
+
+    As a loop, for each row i (B rows, C classes), m = max_j logits[i, j]:
+        s            = sum_j exp(logits[i, j] - m)
+        row_loss[i]  = log(s) + m - logits[i, y[i]]
+        dlogits[i, j] = (exp(logits[i, j] - m) / s - [j == y[i]]) / B
+
+    Optimisations: one block of ROW_THREADS threads per row (rows grid-strided over blocks);
+    the threads stride across the row (coalesced) and combine max and sum by tree reductions in
+    shared memory; the gradient is written in the same kernel (fused: one row's logits are read
+    three times, from cache after the first, and no probabilities are stored).
+    """
+    buf = cuda.shared.array(ROW_THREADS, float32)
+    tid = cuda.threadIdx.x
+    B, C = logits.shape
+    inv_B = float32(1.0) / float32(B)
+    for i in range(cuda.blockIdx.x, B, cuda.gridDim.x):
+        m = logits[i, 0]  # a real entry (not -inf): the max keeps the logits' dtype
+        for j in range(tid, C, ROW_THREADS):
+            if logits[i, j] > m:  # not max(): see _block_max
+                m = logits[i, j]
+        buf[tid] = m
+        cuda.syncthreads()
+        _block_max(buf, tid, ROW_THREADS)
+        m = buf[0]
+        cuda.syncthreads()  # all have read the max before buf is reused for the sum
+        s = float32(0.0)
+        for j in range(tid, C, ROW_THREADS):
+            s += math.exp(logits[i, j] - m)
+        buf[tid] = s
+        cuda.syncthreads()
+        _block_sum(buf, tid, ROW_THREADS)
+        s = buf[0]
+        label = y[i]
+        for j in range(tid, C, ROW_THREADS):
+            p = math.exp(logits[i, j] - m) / s
+            dlogits[i, j] = (p - float32(1.0)) * inv_B if j == label else p * inv_B
+        if tid == 0:
+            row_loss[i] = math.log(s) + m - logits[i, label]
+        cuda.syncthreads()  # all have read buf[0] before the next row overwrites it
+
+
+@cuda.jit
+def _mean(x, out):
+    """out[0] = mean(x) (0 when x is empty); launched as ONE block.
+
+    As a loop: s = 0; for i in n: s += x[i]; out[0] = s / n.
+    Optimisations: THREADS_PER_BLOCK threads stride over x (coalesced), then one tree reduction
+    in shared memory; a fixed order, so the loss is bitwise reproducible.
+    """
+    buf = cuda.shared.array(THREADS_PER_BLOCK, float32)
+    tid = cuda.threadIdx.x
+    n = x.shape[0]
+    s = float32(0.0)
+    for i in range(tid, n, THREADS_PER_BLOCK):
+        s += x[i]
+    buf[tid] = s
+    cuda.syncthreads()
+    _block_sum(buf, tid, THREADS_PER_BLOCK)
+    if tid == 0:
+        out[0] = buf[0] / float32(n) if n > 0 else float32(0.0)
+
+
+@cuda.jit
+def _relu_forward(z, a):
+    """a[i] = max(z[i], 0) for i in range(n). Grid-stride loop, coalesced."""
+    for i in range(cuda.grid(1), z.shape[0], cuda.gridsize(1)):
+        # Two stores, not `z[i] if z[i] > 0 else 0`: that expression unifies float32 with an
+        # int and computes in float64 (visible in the PTX as .f64 instructions).
+        if z[i] > 0:
+            a[i] = z[i]
+        else:
+            a[i] = 0
+
+
+@cuda.jit
+def _relu_backward(z, da, dz):
+    """dz[i] = da[i] if z[i] > 0 else 0 for i in range(n). Grid-stride loop, coalesced."""
+    for i in range(cuda.grid(1), z.shape[0], cuda.gridsize(1)):
+        if z[i] > 0:  # two stores: no float64 detour (see _relu_forward)
+            dz[i] = da[i]
+        else:
+            dz[i] = 0
+
+
+@cuda.jit
+def _add_into(dst, src):
+    """dst[i] += src[i] for i in range(n). Grid-stride loop, coalesced."""
+    for i in range(cuda.grid(1), dst.shape[0], cuda.gridsize(1)):
+        dst[i] += src[i]
+
+
+@cuda.jit
+def _scale(x, alpha):
+    """x[i] *= alpha for i in range(n). Grid-stride loop, coalesced."""
+    for i in range(cuda.grid(1), x.shape[0], cuda.gridsize(1)):
+        x[i] *= alpha
+
+
+@cuda.jit
+def _sgd_step(params, grads, lr):
+    """params[i] -= lr * grads[i] for i in range(n). Grid-stride loop, coalesced."""
+    for i in range(cuda.grid(1), params.shape[0], cuda.gridsize(1)):
+        params[i] -= lr * grads[i]
+
+
+@cuda.jit
+def _fill(x, value):
+    """x[i] = value for i in range(n) (used by `zeros`). Grid-stride loop, coalesced."""
+    for i in range(cuda.grid(1), x.shape[0], cuda.gridsize(1)):
+        x[i] = value
+
+
+_M = "float32[:, ::1]"
+_V = "float32[::1]"
+# Every kernel with one example signature: tests/test_cuda_compile.py compiles each to PTX.
+KERNELS = [
+    (_matmul_tiled, f"({_M}, {_M}, {_V}, {_M}, boolean, boolean)"),
+    (_column_sum, f"({_M}, {_V})"),
+    (_softmax_xent_rows, f"({_M}, int64[::1], {_M}, {_V})"),
+    (_mean, f"({_V}, {_V})"),
+    (_relu_forward, f"({_V}, {_V})"),
+    (_relu_backward, f"({_V}, {_V}, {_V})"),
+    (_add_into, f"({_V}, {_V})"),
+    (_scale, f"({_V}, float32)"),
+    (_sgd_step, f"({_V}, {_V}, float32)"),
+    (_fill, f"({_V}, float32)"),
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# Launching, checking, scratch
+
+
+_checked = False
+
+
+def _launch(kernel, geometry, *args) -> None:
+    """kernel[grid, block](*args): the one place every op launches a kernel.
+
+    `geometry` is (grid, block) from cuda_support.launch_1d / launch_2d. The first launch checks
+    that kernels can run here at all and says what to do if not (instead of a driver error).
+    """
+    global _checked
+    if not _checked:
+        problem = gpu_problem()
+        if problem is not None:
+            raise RuntimeError(f"cuda backend: {problem}")
+        _checked = True
+    grid, block = geometry
+    kernel[grid, block](*args)
+
+
+def _flat(x):
+    """A 1-D view of a contiguous device array (the elementwise kernels index one axis)."""
+    if not x.is_c_contiguous():
+        raise ValueError(
+            f"cuda backend: expected a C-contiguous device array, got shape {x.shape} with "
+            f"strides {x.strides}; pass a view of the flat parameter buffer or a fresh array"
+        )
+    return x.reshape(x.size)
+
+
+def _require_float32(op: str, *arrays) -> None:
+    for a in arrays:
+        if a is not None and a.dtype != np.float32:
+            raise TypeError(
+                f"cuda backend: {op} stages tiles in float32 shared memory and takes float32 "
+                f"arrays only, got {a.dtype}; train in float32, or use the numpy backend for "
+                "float64 gradient checks"
+            )
+
+
+_scratch = threading.local()  # per thread: two threads' losses never share a buffer
+
+
+def _scratch_f32(name: str, n: int):
+    """A cached float32 device buffer of at least n elements, sliced to n.
+
+    Why: the training loop must not allocate on the hot path; the buffer grows only when a
+    larger batch arrives. Launches from one thread go to one stream, in order, so a buffer is
+    never reused before the kernel reading it has run.
+    """
+    buf = getattr(_scratch, name, None)
+    if buf is None or buf.shape[0] < n:
+        buf = cuda.device_array(max(n, 1), dtype=np.float32)
+        setattr(_scratch, name, buf)
+    return buf[:n]
+
+
+# ---------------------------------------------------------------------------------------------
+# Allocation: the model keeps its activations and parameters on the device through these
+
+
+def empty(shape, dtype=np.float32):
+    """An uninitialised device array (cuda.device_array)."""
+    return cuda.device_array(shape, dtype=np.dtype(dtype))
+
+
+def zeros(shape, dtype=np.float32):
+    """A device array of zeros, filled on the device (no host buffer, no transfer)."""
+    x = empty(shape, dtype)
+    if x.size:
+        flat = x.reshape(x.size)
+        _launch(_fill, launch_1d(x.size), flat, flat.dtype.type(0))
+    return x
+
+
+def to_device(host_array):
+    """A device copy of a host array (made C-contiguous first: kernels index row-major)."""
+    return cuda.to_device(np.ascontiguousarray(host_array))
+
+
+def to_host(dev_array, out: np.ndarray | None = None) -> np.ndarray:
+    """The device array copied to the host: into `out` when given (same shape and dtype)."""
+    if out is None:
+        return dev_array.copy_to_host()
+    return dev_array.copy_to_host(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# The ops (signatures as in numpy_ops)
+
+
+def dense_forward(X, W, b, Y) -> None:
+    """Y = X @ W + b: one tiled matmul with the bias fused in its epilogue."""
+    _require_float32("dense_forward", X, W, b, Y)
+    _launch(_matmul_tiled, launch_2d(*Y.shape), X, W, b, Y, False, False)
+
+
+def dense_backward(X, W, dY, dW, db, dX) -> None:
+    """dW = X^T dY, db = column sums of dY, dX = dY W^T (skipped when dX is None).
+
+    The two products reuse the forward kernel with a transpose flag: the tile loop, the
+    barriers and the edge guards are written (and reviewed) once.
+    """
+    _require_float32("dense_backward", X, W, dY, dW, db, dX)
+    no_bias = _scratch_f32("no_bias", 0)  # length 0: "no bias" to the kernel
+    _launch(_matmul_tiled, launch_2d(*dW.shape), X, dY, no_bias, dW, True, False)
+    # launch_2d(1, n_out): one row of blocks, TILE columns each; the threads' y axis walks B.
+    _launch(_column_sum, launch_2d(1, db.shape[0]), dY, db)
+    if dX is not None:
+        _launch(_matmul_tiled, launch_2d(*dX.shape), dY, W, no_bias, dX, False, True)
+
+
+def relu_forward(Z, A) -> None:
+    _launch(_relu_forward, launch_1d(Z.size), _flat(Z), _flat(A))
+
+
+def relu_backward(Z, dA, dZ) -> None:
+    _launch(_relu_backward, launch_1d(Z.size), _flat(Z), _flat(dA), _flat(dZ))
+
+
+def softmax_xent_grad(logits, y, dlogits) -> float:
+    """Mean softmax cross-entropy (returned: the only device -> host copy, one float) and
+    dlogits written on the device. Labels: a device or host int array (int64 or int32)."""
+    _require_float32("softmax_xent_grad", logits, dlogits)
+    B = logits.shape[0]
+    if B == 0:
+        return 0.0
+    if not hasattr(y, "copy_to_host"):  # a host array: B labels, a small copy
+        y = cuda.to_device(np.ascontiguousarray(y))
+    row_loss = _scratch_f32("row_loss", B)
+    loss = _scratch_f32("loss", 1)
+    _launch(_softmax_xent_rows, (min(B, MAX_BLOCKS), ROW_THREADS), logits, y, dlogits, row_loss)
+    _launch(_mean, (1, THREADS_PER_BLOCK), row_loss, loss)
+    return float(loss.copy_to_host()[0])
+
+
+def add_into(dst, src) -> None:
+    _launch(_add_into, launch_1d(dst.size), _flat(dst), _flat(src))
+
+
+def scale(x, alpha: float) -> None:
+    # The scalar is cast to x's dtype here so the kernel multiplies float32 by float32.
+    _launch(_scale, launch_1d(x.size), _flat(x), x.dtype.type(alpha))
+
+
+def sgd_step(params, grads, lr: float) -> None:
+    _launch(_sgd_step, launch_1d(params.size), _flat(params), _flat(grads), params.dtype.type(lr))

@@ -1,0 +1,263 @@
+"""Every CUDA op against its NumPy reference.
+
+Tiny sizes run in Numba's CUDA simulator (conftest.py sets NUMBA_ENABLE_CUDASIM=1): it checks
+indexing, edge guards and barriers, not speed, at about a millisecond per simulated thread, so
+shapes stay at one or two tiles and examples are few. The shapes are chosen to break kernels:
+1 x 1, sizes that are not multiples of TILE (16) or of the block size, an empty batch.
+With PIPESGD_GPU_TESTS=1 on a machine with a GPU the same tests run on it, and so do the tests
+marked `gpu`, at sizes where every block and tile is full and many are ragged.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from pipesgd_ref.ops import OP_NAMES, get_backend
+from pipesgd_ref.ops import cuda_ops as dev  # importing needs no GPU; launching does
+from pipesgd_ref.ops import numpy_ops as ref
+from pipesgd_ref.ops.cuda_ops import ROW_THREADS, _add_into, _softmax_xent_rows
+from pipesgd_ref.ops.cuda_support import gpu_problem, simulated
+from strategies import random_array, seeds
+
+_problem = gpu_problem()
+pytestmark = pytest.mark.skipif(_problem is not None, reason=f"CUDA kernels cannot run: {_problem}")
+
+FEW = settings(max_examples=4)  # each example launches kernels of hundreds of simulated threads
+
+# (batch, n_in, n_out): at most two tiles along any axis, ragged edges included.
+tiny_dense_shapes = st.tuples(
+    st.sampled_from([0, 1, 3, 17]), st.sampled_from([1, 3, 17]), st.sampled_from([1, 5, 17])
+)
+tiny_lengths = st.sampled_from([0, 1, 3, 257])  # 257: one more than a block of 256 threads
+RTOL, ATOL = 1e-5, 1e-5  # float32; the tiled sums run in another order than NumPy's BLAS
+
+
+def assert_close(got, want, what, rtol=RTOL, atol=ATOL):
+    diff = float(np.max(np.abs(got - want))) if got.size else 0.0
+    np.testing.assert_allclose(
+        got,
+        want,
+        rtol=rtol,
+        atol=atol,
+        err_msg=f"cuda {what} differs from the numpy reference (max |diff| {diff:.3g})",
+    )
+
+
+def nan_device(shape):
+    """A device array of NaN: an op that forgets to write part of its output fails the test."""
+    return dev.to_device(np.full(shape, np.nan, np.float32))
+
+
+def check_dense_forward(shape, seed, rtol=RTOL, atol=ATOL):
+    B, n_in, n_out = shape
+    X = random_array(seed, (B, n_in), np.float32)
+    W = random_array(seed + 1, (n_in, n_out), np.float32)
+    b = random_array(seed + 2, (n_out,), np.float32)
+    want = np.empty((B, n_out), np.float32)
+    ref.dense_forward(X, W, b, want)
+    Y = nan_device((B, n_out))
+    dev.dense_forward(dev.to_device(X), dev.to_device(W), dev.to_device(b), Y)
+    assert_close(dev.to_host(Y), want, f"dense_forward {shape}", rtol, atol)
+
+
+def check_dense_backward(shape, seed, with_dX, rtol=RTOL, atol=ATOL):
+    B, n_in, n_out = shape
+    X = random_array(seed, (B, n_in), np.float32)
+    W = random_array(seed + 1, (n_in, n_out), np.float32)
+    dY = random_array(seed + 2, (B, n_out), np.float32)
+    want = (np.empty_like(W), np.empty(n_out, np.float32), np.empty_like(X) if with_dX else None)
+    ref.dense_backward(X, W, dY, *want)
+    got = (nan_device(W.shape), nan_device(n_out), nan_device(X.shape) if with_dX else None)
+    dev.dense_backward(dev.to_device(X), dev.to_device(W), dev.to_device(dY), *got)
+    for name, g, w in zip(("dW", "db", "dX"), got, want, strict=True):
+        if w is not None:
+            assert_close(dev.to_host(g), w, f"dense_backward {name} {shape}", rtol, atol)
+
+
+def check_softmax(B, C, seed, label_dtype, labels_on_device, rtol=RTOL, atol=ATOL):
+    logits = random_array(seed, (B, C), np.float32, scale=3.0)
+    y = np.random.default_rng(seed).integers(0, C, size=B).astype(label_dtype)
+    want = np.empty_like(logits)
+    want_loss = ref.softmax_xent_grad(logits, y, want)
+    dlogits = nan_device((B, C))
+    y_arg = dev.to_device(y) if labels_on_device else y
+    loss = dev.softmax_xent_grad(dev.to_device(logits), y_arg, dlogits)
+    assert isinstance(loss, float), f"softmax_xent_grad returned {type(loss)}, not a float"
+    np.testing.assert_allclose(
+        loss, want_loss, rtol=rtol, err_msg=f"cuda softmax_xent_grad loss, B={B} C={C}"
+    )
+    assert_close(dev.to_host(dlogits), want, f"softmax_xent_grad dlogits B={B} C={C}", rtol, atol)
+
+
+def test_backend_is_registered():
+    backend = get_backend("cuda")
+    for name in OP_NAMES:
+        assert callable(getattr(backend, name)), f"cuda backend lacks {name}"
+
+
+@FEW
+@given(tiny_dense_shapes, seeds)
+@example((3, 17, 5), 0)  # X (3, 17) @ W (17, 5): ragged in every dimension
+@example((1, 1, 1), 1)
+@example((0, 3, 5), 2)  # an empty batch: nothing to write, nothing may crash
+def test_dense_forward(shape, seed):
+    check_dense_forward(shape, seed)
+
+
+@FEW
+@given(tiny_dense_shapes, seeds, st.booleans())
+@example((3, 17, 5), 0, True)
+@example((0, 3, 5), 1, True)  # an empty batch: dW and db are zeros
+@example((1, 1, 1), 2, False)
+def test_dense_backward(shape, seed, with_dX):
+    check_dense_backward(shape, seed, with_dX)
+
+
+@FEW
+@given(tiny_lengths, seeds)
+@example(0, 0)
+def test_relu(n, seed):
+    Z = random_array(seed, (n, 3), np.float32)
+    dA = random_array(seed + 1, (n, 3), np.float32)
+    want_A, want_dZ = np.empty_like(Z), np.empty_like(Z)
+    ref.relu_forward(Z, want_A)
+    ref.relu_backward(Z, dA, want_dZ)
+    A, dZ, Zd = nan_device(Z.shape), nan_device(Z.shape), dev.to_device(Z)
+    dev.relu_forward(Zd, A)
+    dev.relu_backward(Zd, dev.to_device(dA), dZ)
+    np.testing.assert_array_equal(dev.to_host(A), want_A, err_msg=f"cuda relu_forward n={n}")
+    np.testing.assert_array_equal(dev.to_host(dZ), want_dZ, err_msg=f"cuda relu_backward n={n}")
+
+
+@FEW
+@given(tiny_lengths, seeds, st.floats(-3, 3, width=32))
+@example(1, 0, 0.5)
+def test_add_into_scale_sgd_step(n, seed, alpha):
+    params = random_array(seed, n, np.float32)
+    grads = random_array(seed + 1, n, np.float32)
+    want = params.copy()
+    ref.add_into(want, grads)
+    ref.scale(want, alpha)
+    ref.sgd_step(want, grads, alpha)
+    p = dev.to_device(params)
+    g = dev.to_device(grads)
+    dev.add_into(p, g)
+    dev.scale(p, alpha)
+    dev.sgd_step(p, g, alpha)
+    # The same float32 operations per element; a GPU may fuse p - lr * g into one FMA (one
+    # rounding instead of two), so allow a few ulps.
+    assert_close(dev.to_host(p), want, f"add_into/scale/sgd_step n={n} alpha={alpha}", 1e-6, 1e-6)
+
+
+@FEW
+@given(
+    st.sampled_from([0, 1, 3, 5]),
+    st.sampled_from([2, 10, 33]),  # 33: more classes than the ROW_THREADS threads of a row
+    seeds,
+    st.sampled_from([np.int64, np.int32]),
+    st.booleans(),
+)
+@example(3, 10, 0, np.int64, True)  # what the MLP passes: int64 labels from data.py
+@example(0, 10, 0, np.int64, True)  # an empty batch: loss 0
+def test_softmax_xent_grad(B, C, seed, label_dtype, labels_on_device):
+    check_softmax(B, C, seed, label_dtype, labels_on_device)
+
+
+def test_grid_stride_loops_cover_more_elements_than_threads():
+    """A grid smaller than the data (as launch_1d's MAX_BLOCKS cap makes it for huge arrays):
+    every element must still be visited exactly once."""
+    dst, src = np.arange(100, dtype=np.float32), np.ones(100, np.float32)
+    d = dev.to_device(dst)
+    _add_into[2, 16](d, dev.to_device(src))  # 32 threads, 100 elements
+    np.testing.assert_array_equal(dev.to_host(d), dst + 1, err_msg="grid-stride add_into")
+
+    B, C = 5, 4  # 2 blocks for 5 rows: blocks take rows 0, 2, 4 and 1, 3
+    logits = random_array(7, (B, C), np.float32)
+    y = np.arange(B) % C
+    want = np.empty_like(logits)
+    ref.softmax_xent_grad(logits, y, want)
+    dlogits, row_loss = nan_device((B, C)), nan_device(B)
+    _softmax_xent_rows[2, ROW_THREADS](dev.to_device(logits), dev.to_device(y), dlogits, row_loss)
+    assert_close(dev.to_host(dlogits), want, "grid-stride softmax rows")
+
+
+def test_allocation_helpers():
+    z = dev.zeros((3, 5), np.float32)
+    assert z.shape == (3, 5) and z.dtype == np.float32
+    np.testing.assert_array_equal(dev.to_host(z), np.zeros((3, 5), np.float32))
+    assert dev.zeros((0, 4)).shape == (0, 4)
+    e = dev.empty((2, 7), np.int64)
+    assert e.shape == (2, 7) and e.dtype == np.int64
+    host = np.arange(12, dtype=np.float32).reshape(3, 4)
+    d = dev.to_device(host.T)  # non-contiguous in: copied to a C-contiguous device array
+    np.testing.assert_array_equal(dev.to_host(d), host.T)
+    out = np.empty((4, 3), np.float32)
+    assert dev.to_host(d, out=out) is out
+    np.testing.assert_array_equal(out, host.T)
+
+
+def test_float64_matmul_is_refused_with_a_way_out():
+    X = dev.to_device(np.ones((2, 3)))
+    W = dev.to_device(np.ones((3, 4)))
+    b, Y = dev.to_device(np.ones(4)), dev.empty((2, 4), np.float64)
+    with pytest.raises(TypeError, match="numpy backend"):
+        dev.dense_forward(X, W, b, Y)
+
+
+# ---------------------------------------------------------------------------------------------
+# Large sizes: a real GPU only
+
+
+def require_gpu():
+    if os.environ.get("PIPESGD_GPU_TESTS") != "1":
+        pytest.skip("large CUDA checks need a real GPU: run with PIPESGD_GPU_TESTS=1 on one")
+    if simulated():
+        pytest.skip("NUMBA_ENABLE_CUDASIM=1: the simulator is far too slow for large sizes")
+    problem = gpu_problem()
+    if problem is not None:
+        pytest.skip(problem)
+
+
+LARGE_RTOL, LARGE_ATOL = 1e-4, 1e-3  # sums of 1000+ float32 products, in another order
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(1024, 1024, 1024), (1000, 1023, 1025), (4096, 64, 10)])
+def test_dense_large(shape):
+    require_gpu()
+    check_dense_forward(shape, 0, LARGE_RTOL, LARGE_ATOL)
+    check_dense_backward(shape, 1, True, LARGE_RTOL, LARGE_ATOL)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B, C", [(4096, 10), (1000, 1000), (70000, 3)])  # 70000 > MAX_BLOCKS
+def test_softmax_large(B, C):
+    require_gpu()
+    check_softmax(B, C, 0, np.int64, True, LARGE_RTOL, LARGE_ATOL)
+
+
+@pytest.mark.gpu
+def test_elementwise_large():
+    require_gpu()
+    n = 20_000_000  # more than MAX_BLOCKS * THREADS_PER_BLOCK: the grid-stride loop is used
+    params, grads = random_array(0, n, np.float32), random_array(1, n, np.float32)
+    want = params.copy()
+    ref.add_into(want, grads)
+    ref.scale(want, 0.5)
+    ref.sgd_step(want, grads, 0.1)
+    p, g = dev.to_device(params), dev.to_device(grads)
+    dev.add_into(p, g)
+    dev.scale(p, 0.5)
+    dev.sgd_step(p, g, 0.1)
+    assert_close(dev.to_host(p), want, "add_into/scale/sgd_step n=2e7", 1e-6, 1e-6)
+    A, dZ = dev.empty(n), dev.empty(n)
+    dev.relu_forward(p, A)
+    dev.relu_backward(p, g, dZ)
+    host_p = dev.to_host(p)
+    np.testing.assert_array_equal(dev.to_host(A), np.maximum(host_p, 0), err_msg="relu_forward")
+    np.testing.assert_array_equal(dev.to_host(dZ), grads * (host_p > 0), err_msg="relu_backward")
