@@ -35,6 +35,10 @@ class TrainConfig:
     model: str = "mlp"  # softmax | mlp
     hidden: tuple[int, ...] = (64,)  # MLP hidden widths, e.g. --hidden=128,64 (ignored by softmax)
     backend: str = "numpy"  # ops backend: numpy (the reference) | numba (njit CPU kernels)
+    # Where training runs. cuda: params, grads and activations on a GPU, the model's ops on the
+    # cuda backend whatever --backend says (--backend then picks the host ops of evaluation);
+    # only ring chunks cross to the host. Rank r uses GPU r mod the visible GPUs.
+    device: str = "cpu"  # cpu | cuda (sync and pipe; a GPU, or NUMBA_ENABLE_CUDASIM=1)
     # --- method ---
     algo: str = "pipe"  # sync | pipe | ps-sync | ps-async (distributed runs: `pipesgd train`)
     # --- parallelism ---
@@ -106,6 +110,13 @@ class TrainConfig:
             problems.append(f"hidden widths must be >= 1, got {self.hidden}")
         if self.backend not in ("numpy", "numba"):
             problems.append(f"backend must be numpy or numba, got {self.backend!r}")
+        if self.device not in DEVICES:
+            problems.append(f"device must be {' or '.join(DEVICES)}, got {self.device!r}")
+        elif self.device == "cuda" and self.algo not in ("sync", "pipe"):
+            problems.append(
+                f"--device cuda trains with the ring methods (sync, pipe); {self.algo} runs on "
+                f"the CPU: pass --device cpu, or --algo sync or pipe"
+            )
         if self.model not in ("softmax", "mlp"):
             problems.append(f"model must be softmax or mlp, got {self.model!r}")
         if self.codec not in ("none", "trunc16", "bf16", "q8"):
@@ -162,6 +173,7 @@ class TrainConfig:
 
 
 ALGOS = ("sync", "pipe", "ps-sync", "ps-async")
+DEVICES = ("cpu", "cuda")
 
 
 def link_model(cfg: TrainConfig):

@@ -402,6 +402,22 @@ def _check_inputs(cfg: TrainConfig) -> None:
             )
 
 
+def _check_device(cfg: TrainConfig) -> None:
+    """--device cuda: stop here, in one line, when no GPU (or driver) can run the kernels.
+
+    Asks cuda_support.gpu_problem(), which in the simulator imports nothing and otherwise asks
+    the driver whether a GPU is there: that initialises the driver but creates no CUDA context
+    (a context is what a forked child must never inherit; the workers are spawned anyway)."""
+    if cfg.device != "cuda":
+        return
+    from pipesgd_ref.config import ConfigError
+    from pipesgd_ref.ops.cuda_support import gpu_problem
+
+    problem = gpu_problem()
+    if problem is not None:
+        raise ConfigError(f"--device cuda: {problem}")
+
+
 def run_training(
     cfg: TrainConfig,
     progress: bool = True,
@@ -415,6 +431,7 @@ def run_training(
     from pipesgd_ref.trace import chrome_trace
 
     _check_inputs(cfg)  # bad data specs fail here, in one line, before any fork
+    _check_device(cfg)
     model = link_model(cfg)
     width = f", width {cfg.width}" if cfg.algo == "pipe" else ""
     log(f"{cfg.algo}: {cfg.world_size} workers, {cfg.dataset}, {cfg.model}{width}, "
@@ -422,8 +439,12 @@ def run_training(
     start = time.perf_counter()
     ranks = n_ranks(cfg)
     job_args = (cfg, progress, label)
+    # fork: fast, and the workers share the parent's imports. --device cuda: spawn, because a
+    # CUDA context does not survive a fork; each worker is a fresh interpreter that makes its
+    # own (WorkerSetup.to_device), and this process never makes one.
+    start_method = "spawn" if cfg.device == "cuda" else "fork"
     results = launch_local(ranks, _train_job, job_args, model=model, star=is_ps(cfg.algo),
-                           timeout=cfg.timeout, start_method="fork",
+                           timeout=cfg.timeout, start_method=start_method,
                            master_port=cfg.master_port or None)  # fmt: skip
     wall = time.perf_counter() - start
     summary = summarise(cfg, results, wall)
@@ -494,6 +515,7 @@ def run_training_joined(
             f"{ranks} ranks, or {fix}"
         )
     _check_inputs(cfg)  # a bad data spec: one line on every rank, before any rank waits
+    _check_device(cfg)
     model = link_model(cfg)
     comm = join_from_env(timeout=cfg.timeout, bind=bind, model=model, star=is_ps(cfg.algo))
     try:

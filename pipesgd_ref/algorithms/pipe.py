@@ -19,6 +19,11 @@ identical), so the replicas stay identical, the final weights included. Iteratio
 steady state: max(t_comp + t_update, T_allreduce). The oracle is `reference.delayed_sgd`.
 
 NumPy, Numba (nogil) and socket calls release the GIL, so the two threads truly run at once.
+
+--device cuda: the K buffers and the weights live on the GPU (WorkerSetup.to_device); the
+communication thread makes the worker's GPU current in itself (CUDA contexts are per thread)
+and runs the device ring (comm/device_ring.py). Both threads issue work on the default stream,
+which orders a buffer's copies after the kernels that wrote it.
 """
 
 from __future__ import annotations
@@ -30,15 +35,8 @@ import time
 import numpy as np
 
 from pipesgd_ref import checkpoint, faults
-from pipesgd_ref.algorithms.worker import (
-    Timeline,
-    WorkerResult,
-    WorkerSetup,
-    bad_ranks,
-    mean_of_good,
-)
+from pipesgd_ref.algorithms.worker import Timeline, WorkerResult, WorkerSetup, bad_ranks
 from pipesgd_ref.comm.rendezvous import Communicator
-from pipesgd_ref.comm.ring import allreduce
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.launch import JobError
 
@@ -48,8 +46,10 @@ _STOP = None  # tells the communication thread to finish
 class _CommThread:
     """AllReduces (step, buffer) pairs in the order they are handed over."""
 
-    def __init__(self, comm: Communicator, timeline: Timeline, codec=None, skip=False):
+    def __init__(self, comm: Communicator, timeline: Timeline, setup: WorkerSetup, codec=None,
+                 skip=False):  # fmt: skip
         self.comm = comm
+        self.setup = setup  # where the buffers live: its allreduce and mean_of_good fit them
         self.timeline = timeline
         self.codec = codec
         self.skip = skip  # --skip-nonfinite: agree on the ranks left out, before each AllReduce
@@ -60,14 +60,18 @@ class _CommThread:
         self.thread.start()
 
     def _run(self) -> None:
+        with self.setup.device_scope():  # --device cuda: the worker's GPU, in this thread too
+            self._loop()
+
+    def _loop(self) -> None:
         while (item := self.todo.get()) is not _STOP:
             step, buf, ok = item
             try:
                 with self.timeline.span("allreduce", "comm", step):
                     bad = bad_ranks(self.comm, ok) if self.skip else []
-                    allreduce(self.comm, buf, "mean", codec=self.codec)
+                    self.setup.allreduce(self.comm, buf, self.codec)  # host or device ring
                     if bad:
-                        mean_of_good(buf, self.comm.world_size, len(bad))
+                        self.setup.mean_of_good(buf, self.comm.world_size, len(bad))
                         self.skipped.append((step, bad))
             except BaseException as e:  # handed to the compute thread, which re-raises
                 self.done.put(e)
@@ -78,7 +82,7 @@ class _CommThread:
         """Hand over g_step; `ok` False: it was left out (zeros, --skip-nonfinite)."""
         self.todo.put((step, buf, ok))
 
-    def wait(self, expected_step: int) -> np.ndarray:
+    def wait(self, expected_step: int):
         """Block until the AllReduce of `expected_step` is done; return its averaged buffer."""
         try:  # the ring's own timeouts bound this wait; the margin is a guard against bugs
             item = self.done.get(timeout=2 * self.comm.timeout + 5)
@@ -100,17 +104,18 @@ class _CommThread:
 
 def pipe_worker(comm: Communicator, cfg: TrainConfig, progress=None) -> WorkerResult:
     w = WorkerSetup.build(cfg, comm.rank, comm.world_size)
+    w.to_device(comm.rank)  # --device cuda: weights, buffers (and resumed gradients) on the GPU
     K, s, warmup = cfg.width, cfg.width - 1, cfg.warmup_steps
     timeline = Timeline(comm.rank)
     # K buffers: K-1 gradients in flight, one being computed. Buffer t % K is reused at step
     # t + K; its gradient was applied at step t + K - 1 at the latest.
-    buffers = [np.empty_like(w.params) for _ in range(K)]
+    buffers = [w.new_buffer() for _ in range(K)]
     codec = w.codec()
-    comm_thread = _CommThread(comm, timeline, codec, cfg.skip_nonfinite)
+    comm_thread = _CommThread(comm, timeline, w, codec, cfg.skip_nonfinite)
     # Averaged gradients already back (from a checkpoint, or fetched early to write one).
-    ready: dict[int, np.ndarray] = dict(w.pending)
+    ready: dict = dict(w.pending)
 
-    def averaged(step: int) -> np.ndarray:
+    def averaged(step: int):
         return ready.pop(step) if step in ready else comm_thread.wait(step)
 
     losses, step_end = [], []
@@ -124,7 +129,7 @@ def pipe_worker(comm: Communicator, cfg: TrainConfig, progress=None) -> WorkerRe
                 if ok:
                     w.feed_back(buf, codec)
                 else:
-                    buf.fill(0)  # left out: this rank adds nothing to the sum
+                    w.zero(buf)  # left out: this rank adds nothing to the sum
             comm_thread.start_allreduce(t, buf, ok)  # AllReduce(g_t) starts now
             if t < warmup:  # warm-up: synchronous, the fresh gradient
                 avg = averaged(t)
@@ -140,7 +145,7 @@ def pipe_worker(comm: Communicator, cfg: TrainConfig, progress=None) -> WorkerRe
             losses.append(loss)
             step_end.append(time.perf_counter())
             if progress is not None:
-                progress(t, w.params, loss)
+                progress(t, w.params_host(), loss)  # on the GPU: a copy, rank 0 only
             if checkpoint.due(cfg, t):
                 # The gradients in flight are part of the state: wait for them now (they are
                 # applied later, from `ready`), so a resumed run applies the same ones.
@@ -163,5 +168,5 @@ def pipe_worker(comm: Communicator, cfg: TrainConfig, progress=None) -> WorkerRe
             w.save_checkpoint(w.steps)  # after the drain: nothing in flight
     finally:
         comm_thread.stop()
-    return WorkerResult(comm.rank, w.params, losses, step_end, timeline.events, comm.bytes_sent,
-                        {"nonfinite_skipped": comm_thread.skipped})  # fmt: skip
+    return WorkerResult(comm.rank, w.host(w.params), losses, step_end, timeline.events,
+                        comm.bytes_sent, {"nonfinite_skipped": comm_thread.skipped})  # fmt: skip

@@ -8,31 +8,26 @@
 
 Iteration time t_comp + T_allreduce + t_update: compute and communication alternate, each
 idle while the other works. The oracle is `reference.sync_sgd` (equal to large-batch SGD).
+
+--device cuda: the same loop on GPU arrays (WorkerSetup.to_device); the AllReduce is the device
+ring (comm/device_ring.py), bitwise the host ring's on the same gradients.
 """
 
 from __future__ import annotations
 
 import time
 
-import numpy as np
-
 from pipesgd_ref import checkpoint, faults
-from pipesgd_ref.algorithms.worker import (
-    Timeline,
-    WorkerResult,
-    WorkerSetup,
-    bad_ranks,
-    mean_of_good,
-)
+from pipesgd_ref.algorithms.worker import Timeline, WorkerResult, WorkerSetup, bad_ranks
 from pipesgd_ref.comm.rendezvous import Communicator
-from pipesgd_ref.comm.ring import allreduce
 from pipesgd_ref.config import TrainConfig
 
 
 def sync_worker(comm: Communicator, cfg: TrainConfig, progress=None) -> WorkerResult:
     w = WorkerSetup.build(cfg, comm.rank, comm.world_size)
+    w.to_device(comm.rank)  # --device cuda: weights and buffers on this rank's GPU
     timeline = Timeline(comm.rank)
-    grads = np.empty_like(w.params)  # preallocated once: the hot loop allocates nothing
+    grads = w.new_buffer()  # preallocated once (beside the weights): the hot loop allocates nothing
     codec = w.codec()
     losses, step_end = [], []
     skipped = []  # --skip-nonfinite: (step, ranks left out)
@@ -44,23 +39,23 @@ def sync_worker(comm: Communicator, cfg: TrainConfig, progress=None) -> WorkerRe
             if ok:
                 w.feed_back(grads, codec)
             else:
-                grads.fill(0)  # left out: this rank adds nothing to the sum
+                w.zero(grads)  # left out: this rank adds nothing to the sum
         with timeline.span("allreduce", "comm", t):
             bad = bad_ranks(comm, ok) if cfg.skip_nonfinite else []
             # the sync point: every rank waits for every rank
-            allreduce(comm, grads, "mean", codec=codec)
+            w.allreduce(comm, grads, codec)  # the mean: host ring, or the device ring
             if bad:
-                mean_of_good(grads, comm.world_size, len(bad))
+                w.mean_of_good(grads, comm.world_size, len(bad))
                 skipped.append((t, bad))
         with timeline.span("update", "compute", t):
             w.sgd_step(grads, t)
         losses.append(loss)
         step_end.append(time.perf_counter())
         if progress is not None:
-            progress(t, w.params, loss)
+            progress(t, w.params_host(), loss)  # on the GPU: a copy, rank 0 only
         if comm.rank == 0 and checkpoint.due(cfg, t):  # every replica is the same: one writes
             w.save_checkpoint(t + 1)
     if comm.rank == 0 and cfg.out:
         w.save_checkpoint(w.steps)
-    return WorkerResult(comm.rank, w.params, losses, step_end, timeline.events, comm.bytes_sent,
-                        {"nonfinite_skipped": skipped})  # fmt: skip
+    return WorkerResult(comm.rank, w.host(w.params), losses, step_end, timeline.events,
+                        comm.bytes_sent, {"nonfinite_skipped": skipped})  # fmt: skip

@@ -9,10 +9,19 @@
 
 A worker trains on its own shard: worker index `worker` (0..n_workers-1) draws minibatch
 (worker, step) from the sampler, exactly as the one-process oracles do.
+
+--device cuda (`WorkerSetup.to_device`, sync and pipe): the weights, the gradient buffers and
+the activations live on GPU rank mod (visible GPUs); each minibatch goes over through reusable
+pinned host buffers; the update runs there; the ring stages only its chunks through the host
+(comm/device_ring.py). What leaves the worker (its result, checkpoints, the progress callback's
+weights) is copied back to the host. `build` itself never touches a GPU: the launcher builds
+a WorkerSetup too (to check a checkpoint, to evaluate), and must not.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import logging
 import math
 import os
@@ -27,6 +36,7 @@ from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.data import Dataset, MinibatchSampler, load_dataset
 from pipesgd_ref.launch import JobError
 from pipesgd_ref.models import MLP, build_model
+from pipesgd_ref.ops import OP_NAMES
 
 log = logging.getLogger("pipesgd.worker")
 
@@ -51,9 +61,11 @@ class WorkerSetup:
     model: MLP
     sampler: MinibatchSampler
     steps: int
-    params: np.ndarray  # w_0: identical on every rank (same seed), or the checkpoint's
+    params: np.ndarray  # w_0: identical on every rank (same seed), or the checkpoint's (on the
+    # GPU after to_device: a Numba device array)
     start_step: int = 0  # 0, or the step a resumed run continues from
     pending: dict = field(default_factory=dict)  # resumed pipe: averaged gradients in flight
+    gpu: int | None = None  # --device cuda: the GPU this worker computes on (to_device sets it)
 
     @classmethod
     def build(cls, cfg: TrainConfig, worker: int, n_workers: int) -> WorkerSetup:
@@ -68,23 +80,130 @@ class WorkerSetup:
             setup.params, setup.start_step, setup.pending = checkpoint.load(cfg.resume, cfg)
         return setup
 
+    # --- the device (--device cuda) ----------------------------------------------------------
+
+    @property
+    def on_device(self) -> bool:
+        return self.gpu is not None
+
+    def to_device(self, rank: int) -> None:
+        """--device cuda: take GPU r mod (GPUs visible, after CUDA_VISIBLE_DEVICES), r the rank
+        on this host where the launcher says it (LOCAL_RANK...), else the global rank; and put
+        the weights, the model's ops and buffers, and any resumed gradients on it. Nothing to
+        do on the CPU. The worker's first CUDA call: its process starts without a context."""
+        if self.cfg.device != "cuda":
+            return
+        from numba import cuda
+
+        from pipesgd_ref.ops import cuda_ops, get_backend
+        from pipesgd_ref.ops.cuda_support import simulated
+
+        self.gpu = _local_rank(rank) % len(cuda.gpus)
+        cuda.select_device(self.gpu)  # this thread; pipe's comm thread enters device_scope()
+        ops = get_backend("cuda")
+        if simulated():  # the simulator runs one kernel at a time, in any thread
+            ops = _one_kernel_at_a_time(ops)
+        cfg, data = self.cfg, self.data
+        self.model = build_model(cfg.model, data.n_features, data.n_classes, cfg.hidden, ops)
+        self.params = cuda_ops.to_device(self.params)
+        self.pending = {t: cuda_ops.to_device(g) for t, g in self.pending.items()}
+        # Allocated once: the minibatch goes host -> pinned -> device every step (DMA from
+        # page-locked memory, no hidden staging copy), the weights come back the same way.
+        B, n = cfg.batch_size, data.n_features
+        self._X_host = cuda.pinned_array((B, n), data.X_train.dtype)
+        self._y_host = cuda.pinned_array((B,), data.y_train.dtype)
+        self._X = cuda_ops.empty((B, n), data.X_train.dtype)
+        self._y = cuda_ops.empty((B,), data.y_train.dtype)
+        self._params_host = cuda.pinned_array(self.params.shape, self.params.dtype)
+        self._zeros = cuda_ops.zeros(self.params.shape, self.params.dtype)
+        self._device_sum = cuda.reduce(lambda a, b: a + b)  # Numba's tree reduction kernel
+        log.info("rank %d (worker %d): training on GPU %d of %d%s", rank, self.worker, self.gpu,
+                 len(cuda.gpus), " (Numba's CUDA simulator)" if simulated() else "")  # fmt: skip
+
+    def device_scope(self):
+        """Make this worker's GPU current in the calling thread (CUDA contexts are per thread):
+        a thread other than the one that ran to_device enters it before any device work."""
+        if not self.on_device:
+            return contextlib.nullcontext()
+        from numba import cuda
+
+        return cuda.gpus[self.gpu]
+
+    def new_buffer(self):
+        """An uninitialised array like the weights, where they live (a gradient buffer)."""
+        if self.on_device:
+            from pipesgd_ref.ops import cuda_ops
+
+            return cuda_ops.empty(self.params.shape, self.params.dtype)
+        return np.empty_like(self.params)
+
+    def zero(self, buf) -> None:
+        """buf = 0 (a gradient left out by --skip-nonfinite)."""
+        if self.on_device:
+            buf.copy_to_device(self._zeros)  # device to device; x * 0 would keep NaN
+        else:
+            buf.fill(0)
+
+    def host(self, array) -> np.ndarray:
+        """A host copy of a device array; a host array itself."""
+        return array.copy_to_host() if self.on_device else array
+
+    def params_host(self) -> np.ndarray:
+        """The weights on the host: the array itself on the CPU; on the GPU a copy into a
+        reusable pinned buffer, overwritten by the next call (copy it to keep it)."""
+        if not self.on_device:
+            return self.params
+        return self.params.copy_to_host(self._params_host)
+
+    def allreduce(self, comm, buf, codec) -> None:
+        """buf = the mean of every rank's buf: the host ring, or on the GPU the device ring
+        (only chunks cross to the host; a codec other than none runs on a host copy)."""
+        if self.on_device:
+            from pipesgd_ref.comm.device_ring import device_allreduce
+
+            device_allreduce(comm, buf, "mean", codec=codec, ops=self.model.backend)
+        else:
+            from pipesgd_ref.comm.ring import allreduce
+
+            allreduce(comm, buf, "mean", codec=codec)
+
+    def mean_of_good(self, avg, p: int, n_bad: int) -> None:
+        """`mean_of_good` where the buffer lives (the same multiplication, on the device)."""
+        if not self.on_device:
+            mean_of_good(avg, p, n_bad)
+        elif n_bad == p:
+            self.zero(avg)
+        elif n_bad:
+            self.model.backend.scale(avg, p / (p - n_bad))
+
+    # --- checkpoints, steps ------------------------------------------------------------------
+
     def save_checkpoint(self, next_step: int, pending: dict | None = None) -> None:
         """Write the checkpoint after step next_step - 1, never over the last good one with
         weights that are no longer finite."""
         from pipesgd_ref import checkpoint
 
-        if not np.all(np.isfinite(self.params)):
+        params = self.params_host()
+        if self.on_device and pending:
+            pending = {t: self.host(g) for t, g in pending.items()}
+        if not np.all(np.isfinite(params)):
             raise TrainingDiverged(
                 f"worker {self.worker}: the weights are no longer finite after step "
                 f"{next_step - 1}; the run diverged (the last good checkpoint is kept). Lower "
                 f"--lr (now {self.cfg.lr})"
             )
 
-        checkpoint.save(self.cfg.out, self.cfg, self.params, next_step, pending or {})
+        checkpoint.save(self.cfg.out, self.cfg, params, next_step, pending or {})
 
     def loss_and_grad(self, step: int, grads: np.ndarray, params: np.ndarray | None = None):
         """This worker's loss on its minibatch `step`, gradient written into `grads`."""
         X, y = self.sampler.batch(self.data, self.worker, step)
+        if self.on_device:  # through the pinned buffers (see to_device)
+            self._X_host[...] = X
+            self._y_host[...] = y
+            self._X.copy_to_device(self._X_host)
+            self._y.copy_to_device(self._y_host)
+            X, y = self._X, self._y
         # A diverging run overflows before its loss turns inf; the check below reports that
         # as one clear error, so NumPy's overflow warnings would only be noise on the way.
         with np.errstate(over="ignore", invalid="ignore"), compute_priority(self.cfg.comm_first):
@@ -104,8 +223,10 @@ class WorkerSetup:
         # One pass: a NaN or Inf anywhere makes the sum non-finite. A non-finite sum of finite
         # values (an overflow) is told apart by the exact count, which only then is computed.
         with np.errstate(over="ignore", invalid="ignore"):
-            if math.isfinite(loss) and math.isfinite(float(np.add.reduce(grads))):
+            if math.isfinite(loss) and math.isfinite(self._sum(grads)):
                 return True
+        if self.on_device:
+            grads = grads.copy_to_host()  # the rare case: count on the host
         bad = int(grads.size - np.count_nonzero(np.isfinite(grads)))
         if bad == 0 and math.isfinite(loss):
             return True
@@ -121,6 +242,12 @@ class WorkerSetup:
             f"{self.cfg.lr}), or pass --skip-nonfinite to leave such gradients out and go on"
         )
 
+    def _sum(self, grads) -> float:
+        """The sum of the gradient's entries: on the device one scalar comes back, not M."""
+        if self.on_device:
+            return float(self._device_sum(grads))
+        return float(np.add.reduce(grads))
+
     def codec(self):
         """The codec gradients travel with (pipesgd_ref.codecs), on this run's backend."""
         from pipesgd_ref.codecs import get_codec
@@ -134,6 +261,18 @@ class WorkerSetup:
         the standard local form used with 1-bit SGD and PowerSGD."""
         if not self.cfg.error_feedback or codec.name == "none":
             return
+        if self.on_device:  # the codecs run on the host (as the compressed ring does)
+            if not hasattr(self, "_grads_host"):
+                from numba import cuda
+
+                self._grads_host = cuda.pinned_array(grads.shape, grads.dtype)
+            grads.copy_to_host(self._grads_host)
+            self._feed_back_host(self._grads_host, codec)
+            grads.copy_to_device(self._grads_host)
+            return
+        self._feed_back_host(grads, codec)
+
+    def _feed_back_host(self, grads: np.ndarray, codec) -> None:
         if not hasattr(self, "_residual"):
             self._residual = np.zeros_like(grads)
             self._codes = np.empty(codec.wire_bytes(grads.size), np.uint8)
@@ -145,6 +284,38 @@ class WorkerSetup:
 
     def sgd_step(self, grads: np.ndarray, step: int) -> None:
         self.model.backend.sgd_step(self.params, grads, self.cfg.lr_at(step))
+
+
+def _one_kernel_at_a_time(backend):
+    """The backend with every op behind one lock: Numba's CUDA simulator runs one kernel at a
+    time per process (a second thread's launch fails), and Pipe-SGD's two threads both launch
+    kernels (compute; the ring's additions). A real GPU needs no lock."""
+    lock = threading.Lock()
+    locked = copy.copy(backend)
+
+    def guarded(fn):
+        def op(*args, **kwargs):
+            with lock:
+                return fn(*args, **kwargs)
+
+        return op
+
+    for name in OP_NAMES:
+        setattr(locked, name, guarded(getattr(backend, name)))
+    return locked
+
+
+# This process's rank among the job's ranks on its host, as each launcher says it (torchrun,
+# Open MPI, MPICH/Hydra, SLURM): hosts' GPUs are numbered from 0 on every host.
+LOCAL_RANK_VARS = ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID")
+
+
+def _local_rank(rank: int) -> int:
+    for name in LOCAL_RANK_VARS:
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return rank  # local workers (all on this host), or a launcher that does not say
 
 
 def bad_ranks(comm, ok: bool) -> list[int]:

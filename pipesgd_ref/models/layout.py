@@ -42,15 +42,24 @@ class ParamLayout:
         self.size = offset  # total number of parameters, n
 
     def views(self, flat: np.ndarray) -> dict[str, np.ndarray]:
-        """Views (not copies) of `flat` as the named tensors: writing a view writes `flat`."""
+        """Views (not copies) of `flat` as the named tensors: writing a view writes `flat`.
+        `flat` is a NumPy array or a Numba CUDA device array (whose slices and reshapes are
+        device views just the same)."""
         if flat.ndim != 1 or flat.shape[0] != self.size:
             raise ValueError(
                 f"expected a flat vector of {self.size} parameters, got shape {flat.shape}"
             )
-        if not flat.flags.c_contiguous:
+        # flags["C_CONTIGUOUS"]: NumPy's flags and a Numba device array's (a dict) both take it
+        if not flat.flags["C_CONTIGUOUS"]:
             raise ValueError("the flat parameter vector must be contiguous (views need it)")
         return {s.name: flat[s.offset : s.offset + s.size].reshape(s.shape) for s in self.slots}
 
     def __repr__(self) -> str:
         parts = ", ".join(f"{s.name}{list(s.shape)}" for s in self.slots)
         return f"ParamLayout({self.size} params: {parts})"
+
+
+def on_device(array) -> bool:
+    """Whether `array` is a Numba CUDA device array (a GPU's, or the simulator's): one that
+    has `copy_to_host` and is not a NumPy array. Host arrays (pinned ones included) are not."""
+    return not isinstance(array, np.ndarray) and hasattr(array, "copy_to_host")

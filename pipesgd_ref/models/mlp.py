@@ -8,16 +8,27 @@ a flat buffer of the same layout, which is exactly what the collective sends. Fo
 backward are written out layer by layer, with the shapes, so the backward pass can be checked
 line by line against the chain rule (tests/test_models.py checks it against finite differences).
 The arithmetic goes through the ops backend chosen once at construction (numpy or numba).
+
+On the GPU (backend "cuda", --device cuda) the same code runs on Numba device arrays: params,
+grads, X, y and every activation live on the device, allocated once through the backend's own
+`empty`. Evaluation (`logits`, `predict`, `accuracy`) is off the hot path: it copies the
+weights to the host and runs the NumPy ops there.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
 
 import numpy as np
 
-from pipesgd_ref.models.layout import ParamLayout
-from pipesgd_ref.ops import Backend, get_backend
+from pipesgd_ref.models.layout import ParamLayout, on_device
+from pipesgd_ref.ops import BACKENDS, Backend, get_backend
+
+
+def _backend_module(backend: Backend):
+    """The module behind a backend (its allocation helpers are not ops), or None."""
+    return importlib.import_module(BACKENDS[backend.name]) if backend.name in BACKENDS else None
 
 
 class MLP:
@@ -39,6 +50,12 @@ class MLP:
         self.n_classes = n_classes
         self.hidden = tuple(int(h) for h in hidden)
         self.backend = get_backend(backend) if isinstance(backend, str) else backend
+        module = _backend_module(self.backend)
+        # A device backend (its module moves arrays: `to_device`) allocates with its own
+        # `empty`; evaluation, on host copies of the weights, uses the NumPy reference ops.
+        self.on_gpu = hasattr(module, "to_device")
+        self._device_empty = getattr(module, "empty", None) if self.on_gpu else None
+        self.host_backend = get_backend("numpy") if self.on_gpu else self.backend
         self.widths = (n_features, *self.hidden, n_classes)  # layer l maps widths[l] -> widths[l+1]
         self.n_layers = len(self.widths) - 1
         shapes = []
@@ -46,7 +63,8 @@ class MLP:
             shapes.append((f"W{l}", (self.widths[l], self.widths[l + 1])))
             shapes.append((f"b{l}", (self.widths[l + 1],)))
         self.layout = ParamLayout(shapes)
-        self._buffers: dict[tuple[int, np.dtype], tuple[list, list]] = {}
+        self._buffers: dict[tuple, tuple[list, list]] = {}
+        self._grad_buffers: dict[tuple, tuple[list, list]] = {}
 
     @property
     def n_params(self) -> int:
@@ -62,23 +80,60 @@ class MLP:
             views[f"W{l}"][...] = rng.normal(0.0, np.sqrt(2.0 / fan_in), views[f"W{l}"].shape)
         return params
 
-    def _activations(self, batch: int, dtype) -> tuple[list, list]:
-        """Preallocated pre-activations Z[l] and activations A[l] for a batch size and dtype.
+    def _empty(self, shape: tuple[int, ...], dtype, device: bool):
+        """One buffer: on the device through the backend's allocator, else np.empty."""
+        return self._device_empty(shape, dtype) if device else np.empty(shape, dtype=dtype)
+
+    def _activations(self, batch: int, dtype, device: bool = False) -> tuple[list, list]:
+        """Preallocated pre-activations Z[l] and activations A[l] for a batch size and dtype
+        (on the device for device params).
 
         Reused across steps: the hot loop allocates nothing. A[0] is the input itself.
         """
-        key = (batch, np.dtype(dtype))
+        key = (batch, np.dtype(dtype), device)
         if key not in self._buffers:
-            Z = [np.empty((batch, w), dtype=dtype) for w in self.widths[1:]]
-            A = [None] + [np.empty((batch, w), dtype=dtype) for w in self.widths[1:-1]]
+            Z = [self._empty((batch, w), dtype, device) for w in self.widths[1:]]
+            A = [None] + [self._empty((batch, w), dtype, device) for w in self.widths[1:-1]]
             self._buffers[key] = (Z, A)
         return self._buffers[key]
 
-    def forward(self, params: np.ndarray, X: np.ndarray) -> tuple[list, list]:
-        """Run the layers; returns (Z, A): Z[l] (B, widths[l+1]) pre-activations, A[l] inputs."""
-        ops, v = self.backend, self.layout.views(params)
-        X = np.ascontiguousarray(X, dtype=params.dtype)
-        Z, A = self._activations(X.shape[0], params.dtype)
+    def _gradients(self, batch: int, dtype, device: bool) -> tuple[list, list]:
+        """Preallocated dL/dZ[l] (like Z[l]) and dL/dA[l] (like A[l], l >= 1; the input needs
+        no gradient): the backward pass writes each exactly once per step, so reusing them
+        across steps changes no number, and the hot loop allocates nothing."""
+        key = (batch, np.dtype(dtype), device)
+        if key not in self._grad_buffers:
+            dZ = [self._empty((batch, w), dtype, device) for w in self.widths[1:]]
+            dA = [None] + [self._empty((batch, w), dtype, device) for w in self.widths[1:-1]]
+            self._grad_buffers[key] = (dZ, dA)
+        return self._grad_buffers[key]
+
+    def _ops_for(self, params) -> Backend:
+        """The ops that work where `params` live: the model's backend; for host weights on a
+        device model (evaluation), the host ops."""
+        device = on_device(params)
+        if device and not self.on_gpu:
+            raise TypeError(
+                f"{self!r} runs the {self.backend.name} backend on host arrays, but was given "
+                f"device weights; build the model with backend='cuda' (--device cuda)"
+            )
+        return self.backend if device or not self.on_gpu else self.host_backend
+
+    def _to_device(self, array, dtype):
+        """A host input (X or y) copied to the device; a device one as it is."""
+        if on_device(array):
+            return array
+        return _backend_module(self.backend).to_device(np.ascontiguousarray(array, dtype=dtype))
+
+    def forward(self, params, X) -> tuple[list, list]:
+        """Run the layers; returns (Z, A): Z[l] (B, widths[l+1]) pre-activations, A[l] inputs.
+        Device params: X may be a device array or a host one (then copied over)."""
+        ops, v, device = self._ops_for(params), self.layout.views(params), on_device(params)
+        if device:
+            X = self._to_device(X, params.dtype)
+        else:
+            X = np.ascontiguousarray(X, dtype=params.dtype)
+        Z, A = self._activations(X.shape[0], params.dtype, device)
         A = [X] + A[1:]
         for l in range(self.n_layers):
             ops.dense_forward(A[l], v[f"W{l}"], v[f"b{l}"], Z[l])  # Z[l] = A[l] W_l + b_l
@@ -86,36 +141,41 @@ class MLP:
                 ops.relu_forward(Z[l], A[l + 1])  # A[l+1] = relu(Z[l])
         return Z, A
 
-    def loss_and_grad(
-        self, params: np.ndarray, X: np.ndarray, y: np.ndarray, grads: np.ndarray
-    ) -> float:
-        """Mean cross-entropy on (X, y); writes d loss / d params into the flat `grads`."""
-        ops, v = self.backend, self.layout.views(params)
+    def loss_and_grad(self, params, X, y, grads) -> float:
+        """Mean cross-entropy on (X, y); writes d loss / d params into the flat `grads`.
+        On the device: params and grads device arrays; X and y device arrays, or host ones
+        (copied over: the worker stages them through pinned buffers instead)."""
+        ops, v = self._ops_for(params), self.layout.views(params)
         g = self.layout.views(grads)
         Z, A = self.forward(params, X)
+        dZs, dAs = self._gradients(Z[0].shape[0], params.dtype, on_device(params))
         last = self.n_layers - 1
         # dZ starts as dL/dlogits (B, n_classes); the softmax and the loss are fused.
-        dZ = np.empty_like(Z[last])
+        dZ = dZs[last]
         loss = ops.softmax_xent_grad(Z[last], y, dZ)
         for l in range(last, -1, -1):
             # Z[l] = A[l] W_l + b_l  =>  dW_l = A[l]^T dZ, db_l = sum_rows dZ, dA[l] = dZ W_l^T
-            dA = np.empty_like(A[l]) if l > 0 else None  # the input needs no gradient
+            dA = dAs[l]  # None for l == 0: the input needs no gradient
             ops.dense_backward(A[l], v[f"W{l}"], dZ, g[f"W{l}"], g[f"b{l}"], dA)
             if l > 0:
                 # A[l] = relu(Z[l-1])  =>  dZ[l-1] = dA[l] * [Z[l-1] > 0]
-                dZ = np.empty_like(Z[l - 1])
+                dZ = dZs[l - 1]
                 ops.relu_backward(Z[l - 1], dA, dZ)
         return loss
 
-    def logits(self, params: np.ndarray, X: np.ndarray) -> np.ndarray:
+    def logits(self, params, X: np.ndarray) -> np.ndarray:
+        """(B, n_classes) logits, on the host (device weights are copied over first: evaluation
+        is off the hot path)."""
+        if on_device(params):
+            params = params.copy_to_host()
         Z, _ = self.forward(params, X)
         return Z[-1].copy()
 
-    def predict(self, params: np.ndarray, X: np.ndarray) -> np.ndarray:
+    def predict(self, params, X: np.ndarray) -> np.ndarray:
         """The most likely class of each row of X: (B,) int64."""
         return np.argmax(self.logits(params, X), axis=1)
 
-    def accuracy(self, params: np.ndarray, X: np.ndarray, y: np.ndarray) -> float:
+    def accuracy(self, params, X: np.ndarray, y: np.ndarray) -> float:
         """Fraction of rows of X whose predicted class equals y."""
         if len(y) == 0:
             return float("nan")

@@ -1,0 +1,231 @@
+"""Ring AllReduce of a GPU-resident array: only the chunks in flight cross to the host.
+
+The schedule, the frames and the order of additions are exactly those of comm/ring.py (the
+same `chunk_bounds`, `reduce_scatter_chunks`, `all_gather_chunks`, `segments`, headers and
+checks), so a device rank and a host rank can sit in one ring, and the result is bitwise the
+host ring's. What changes is where each segment is between the wire and the array:
+
+    reduce-scatter, per segment:  socket -> pinned slot -> device scratch (H2D)
+                                  add_into(array[s:e], scratch) on the device
+                                  array[s:e] -> the same pinned slot (D2H) -> socket (forwarded)
+    all-gather, per segment:      socket -> pinned slot -> array[s:e] (H2D) -> socket
+    step 0:                       array[s:e] -> pinned slot (D2H) -> socket
+
+Why pinned (page-locked) host buffers: the GPU copies them by DMA, directly and at full PCIe
+speed; pageable memory would first be staged through a driver buffer. Pinning is slow to set
+up, so the slots are allocated once per size and dtype (per thread) and reused by every call.
+
+Why a ring of slots, and how many: the sending thread sends a slot's bytes after `put` returns,
+so a slot is reused only once its frame is on the wire (`_wait_free`). With fewer slots than the
+segments of the first chunk, every rank could block at step 0 waiting for its own sender while
+no rank is receiving: a deadlock. One more slot than that (`n_slots` below) rules it out: after
+its first chunk a rank only forwards what it received, so the frames waiting on all the wires
+together number at most p x (segments of a chunk), fewer than every rank would need waiting at
+once. Extra memory per rank: (segments per chunk + 1) pinned segments and one device segment,
+O(M/p).
+
+The mean: the owner of a chunk divides it on the host, in the pinned slot, exactly as the host
+ring does (x / p, not x * (1/p): the same bits), copies it back to the device and forwards it.
+
+Cost per rank, beside the host ring's 2(p-1)/p * M bytes on the wire: over PCIe M bytes device
+to host and 2(p-1)/p * M host to device (plus M/p for the owner's mean), and (p-1)/p * M
+additions on the GPU. The copies are synchronous, on the default stream: each one waits for the
+kernels that wrote its part of the array.
+
+With a codec other than none, the compressed ring (comm/compressed.py) runs on a host copy of
+the whole array (one D2H and one H2D of M bytes per call; O(M) pinned memory): its codecs
+re-encode partial sums on the host.
+
+In Numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1) "device" arrays are host arrays in disguise
+and pinned arrays plain NumPy ones: the same code runs, the copies are memcpys.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+
+from pipesgd_ref.comm.rendezvous import Communicator
+from pipesgd_ref.comm.ring import (
+    SEGMENT_BYTES,
+    _aborting_on_error,
+    _at,
+    _recv_checked,
+    all_gather_chunks,
+    allreduce,
+    chunk_bounds,
+    reduce_scatter_chunks,
+    segments,
+)
+from pipesgd_ref.comm.transport import CODE_OF_DTYPE, Frame, Kind, Op, PeerTimeout, as_bytes
+from pipesgd_ref.logs import trace, trace_enabled
+
+_local = threading.local()  # per thread: pinned slots and device scratch, reused across calls
+
+
+def _pinned(shape: tuple[int, ...], dtype) -> np.ndarray:
+    """A page-locked host buffer of this shape and dtype, allocated once per thread."""
+    from numba import cuda
+
+    cache = _local.__dict__.setdefault("pinned", {})
+    key = (shape, np.dtype(dtype))
+    if key not in cache:
+        cache[key] = cuda.pinned_array(shape, dtype=np.dtype(dtype))
+    return cache[key]
+
+
+def _device_scratch(n: int, dtype):
+    """A device buffer of n elements, allocated once per thread, size and dtype."""
+    from numba import cuda
+
+    cache = _local.__dict__.setdefault("scratch", {})
+    key = (n, np.dtype(dtype))
+    if key not in cache:
+        cache[key] = cuda.device_array(n, dtype=np.dtype(dtype))
+    return cache[key]
+
+
+def device_allreduce(
+    comm: Communicator,
+    array,
+    op: str = "mean",
+    codec=None,
+    ops=None,
+    segment_bytes: int = SEGMENT_BYTES,
+):
+    """Sum (or mean) the device array `array` across all ranks, in place; returns it.
+
+    `array`: a contiguous 1-D float32 or float64 Numba device array, the same length and dtype
+    on every rank. `ops`: the backend whose `add_into` reduces on the device (default: the
+    "cuda" backend). `codec`: as in ring.allreduce (compressed: on a host copy, see above).
+    Every rank ends with bitwise the bytes the host ring (`ring.allreduce`) would give.
+    """
+    if op not in ("sum", "mean"):
+        raise ValueError(f"allreduce op must be 'sum' or 'mean', got {op!r}")
+    _check_device_array(array)
+    if codec is not None and codec.name != "none":
+        # O(M): the compressed ring's host copy (pinning 0 bytes is an error on some drivers)
+        host = _pinned((array.size,), array.dtype) if array.size else np.empty(0, array.dtype)
+        array.copy_to_host(host)
+        allreduce(comm, host, op, codec=codec, segment_bytes=segment_bytes)
+        array.copy_to_device(host)
+        return array
+    if ops is None:
+        from pipesgd_ref.ops import get_backend
+
+        ops = get_backend("cuda")
+    code = Op.ALLREDUCE_SUM if op == "sum" else Op.ALLREDUCE_MEAN
+    _aborting_on_error(comm, _device_ring_reduce, comm, array, code, ops, segment_bytes)
+    return array
+
+
+def _check_device_array(array) -> None:
+    if isinstance(array, np.ndarray) or not hasattr(array, "copy_to_host"):
+        raise ValueError(
+            "device_allreduce takes a Numba CUDA device array (host arrays: ring.allreduce)"
+        )
+    if len(array.shape) != 1 or not array.is_c_contiguous():
+        raise ValueError("collectives take a contiguous 1-D array (the flat buffer)")
+    if array.dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
+        raise ValueError(f"dtype {array.dtype} is not supported here; use float32 or float64")
+
+
+def _wait_free(sender, most_pending: int, timeout: float, rank: int, peer: int) -> None:
+    """Block until the sending thread has at most `most_pending` frames still to send.
+
+    Frames leave in the order they were queued, and the ones not yet sent are always the last
+    ones queued; so with at most n_slots - 1 pending, the frame queued n_slots frames ago, the
+    one that used the slot about to be reused, is on the wire and its slot is free."""
+    deadline = time.monotonic() + timeout
+    with sender._idle:
+        while sender.pending > most_pending and sender.error is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise PeerTimeout(
+                    f"rank {rank}: could not hand data to rank {peer} for {timeout:.1f} s; is "
+                    f"it alive? raise --timeout to wait longer",
+                    origin=peer,
+                )
+            sender._idle.wait(min(left, 0.1))
+    sender.check()
+
+
+def _device_ring_reduce(comm: Communicator, flat, op: Op, ops, segment_bytes: int) -> None:
+    p, rank = comm.world_size, comm.rank
+    seq = comm.next_seq()  # every rank numbers every collective, even alone
+    if p == 1:
+        return  # the sum of one array is itself; the mean divides by 1
+    dtype = np.dtype(flat.dtype)
+    bounds = chunk_bounds(flat.size, p)
+    per = max(1, segment_bytes // dtype.itemsize)
+    largest = max(b - a for a, b in bounds)
+    width = max(1, min(per, largest))  # elements per slot: one segment
+    # One more slot than the segments of a chunk: no deadlock at step 0 (module docstring).
+    n_slots = -(-largest // per) + 1
+    slots = _pinned((n_slots, width), dtype)
+    scratch = _device_scratch(width, dtype)
+    header = Frame(kind=Kind.DATA, op=op, dtype=CODE_OF_DTYPE[dtype], seq=seq, src=rank,
+                   total_len=flat.size)  # fmt: skip
+    sender = comm.right.start_sender()
+    name = "allreduce" if op in (Op.ALLREDUCE_SUM, Op.ALLREDUCE_MEAN) else "barrier"
+    tracing = trace_enabled()
+    queued = 0  # frames this call has handed to the sender: slot `queued % n_slots` is next
+
+    def next_slot(n: int) -> np.ndarray:
+        """The next slot, once free, as n elements."""
+        _wait_free(sender, n_slots - 1, comm.timeout, rank, comm.right.peer)
+        return slots[queued % n_slots, :n]
+
+    def forward(step: int, chunk: int, part: int, slot: np.ndarray) -> None:
+        """Queue `slot` (segment `part` of `chunk`) as frame (step, part) to the right."""
+        nonlocal queued
+        phase = "reduce-scatter" if step < p - 1 else "all-gather"
+        sender.put(_at(header, step, part), as_bytes(slot), f"{name} #{seq} {phase} (device)")
+        queued += 1
+        if tracing and part == 0:  # one line per chunk and step (PIPESGD_TRACE=1)
+            a, b = bounds[chunk]
+            trace("%s #%d step %d (%s, device) | rank %d -> %d | chunk %d | %d bytes", name,
+                  seq, step, phase, rank, comm.right.peer, chunk,
+                  (b - a) * dtype.itemsize)  # fmt: skip
+
+    # Reduce-scatter. Step 0 sends our own chunk, staged through the slots; every later chunk
+    # is forwarded segment by segment as soon as it has been reduced, as in the host ring.
+    first = reduce_scatter_chunks(rank, 0, p)[0]
+    for part, (s, e) in enumerate(segments(*bounds[first], per)):
+        slot = next_slot(e - s)
+        if e > s:
+            flat[s:e].copy_to_host(slot)  # D2H: the sync point after the kernels that wrote it
+        forward(0, first, part, slot)
+    for step in range(p - 1):
+        _, chunk = reduce_scatter_chunks(rank, step, p)
+        doing = f"{name} #{seq} step {step} (reduce-scatter, device)"
+        last = step == p - 2  # after this step, `chunk` is complete on this rank
+        for part, (s, e) in enumerate(segments(*bounds[chunk], per)):
+            slot = next_slot(e - s)
+            _recv_checked(comm, header, step, part, slot, doing, sender)
+            if e > s:
+                tmp = scratch[: e - s]
+                tmp.copy_to_device(slot)  # H2D: the running sum of the ranks before us
+                ops.add_into(flat[s:e], tmp)  # our term joins on the device: same bits as host
+                flat[s:e].copy_to_host(slot)  # D2H: what the next hop needs
+                if last and op == Op.ALLREDUCE_MEAN:
+                    # The owner divides once, on the host as the host ring does (same bits),
+                    # and everyone, itself included, keeps these bytes.
+                    slot /= dtype.type(p)
+                    flat[s:e].copy_to_device(slot)
+            forward(step + 1, chunk, part, slot)  # at once: the next hop needs it now
+    # All-gather: receive each complete chunk into a slot, copy it into place on the device,
+    # and forward the same slot unless the right neighbour already has the chunk.
+    for step in range(p - 1, 2 * p - 2):
+        _, chunk = all_gather_chunks(rank, step - (p - 1), p)
+        doing = f"{name} #{seq} step {step} (all-gather, device)"
+        for part, (s, e) in enumerate(segments(*bounds[chunk], per)):
+            slot = next_slot(e - s)
+            _recv_checked(comm, header, step, part, slot, doing, sender)
+            if e > s:
+                flat[s:e].copy_to_device(slot)  # H2D into place
+            if step < 2 * p - 3:
+                forward(step + 1, chunk, part, slot)
+    sender.flush(comm.timeout)  # the slots are free again when we return
