@@ -133,11 +133,6 @@ class TrainConfig:
             problems.append(f"ps_pulls must be {' or '.join(PULL_ORDERS)}, got {self.ps_pulls!r}")
         if self.algo not in ALGOS:
             problems.append(f"algo must be one of {', '.join(ALGOS)}, got {self.algo!r}")
-        if self.resume and self.algo == "ps-async":
-            problems.append(
-                "ps-async runs cannot be resumed: their result depends on the order in which "
-                "pushes arrived, which a checkpoint cannot replay (sync, pipe and ps-sync can)"
-            )
         if not 0 <= self.master_port <= 65535:
             problems.append(f"master_port must be 0..65535 (0 = any free), got {self.master_port}")
         if not self.timeout > 0:

@@ -418,6 +418,19 @@ def _check_device(cfg: TrainConfig) -> None:
         raise ConfigError(f"--device cuda: {problem}")
 
 
+def _log_outcome(cfg: TrainConfig, summary: dict, wall: float, log) -> None:
+    """The end-of-run lines: steps, time, iteration, loss, accuracy, and time to target."""
+    log(
+        f"{cfg.algo}: {summary['steps']} steps in {wall:.2f} s, iteration "
+        f"{summary['iter_time_s'] * 1e3:.2f} ms, final train loss "
+        f"{summary['final_train_loss']:.4f}, test accuracy {summary['test_accuracy']:.4f}"
+    )
+    if summary["time_to_target_s"] is not None:
+        log(f"{cfg.algo}: test accuracy {cfg.target_accuracy:.2%} reached at step "
+            f"{summary['steps_to_target']}, {summary['time_to_target_s']:.2f} s into "
+            f"training")  # fmt: skip
+
+
 def run_training(
     cfg: TrainConfig,
     progress: bool = True,
@@ -448,15 +461,7 @@ def run_training(
                            master_port=cfg.master_port or None)  # fmt: skip
     wall = time.perf_counter() - start
     summary = summarise(cfg, results, wall)
-    log(
-        f"{cfg.algo}: {summary['steps']} steps in {wall:.2f} s, iteration "
-        f"{summary['iter_time_s'] * 1e3:.2f} ms, final train loss "
-        f"{summary['final_train_loss']:.4f}, test accuracy {summary['test_accuracy']:.4f}"
-    )
-    if summary["time_to_target_s"] is not None:
-        log(f"{cfg.algo}: test accuracy {cfg.target_accuracy:.2%} reached at step "
-            f"{summary['steps_to_target']}, {summary['time_to_target_s']:.2f} s into "
-            f"training")  # fmt: skip
+    _log_outcome(cfg, summary, wall, log)
     if cfg.out:
         out = Path(cfg.out)
         write_json(out / "summary.json", summary)
@@ -535,15 +540,7 @@ def run_training_joined(
     if comm.rank != 0:
         return None, result
     summary = _summary_of_gathered(cfg, wall, result, gathered, t0)
-    log(
-        f"{cfg.algo}: {summary['steps']} steps in {wall:.2f} s, iteration "
-        f"{summary['iter_time_s'] * 1e3:.2f} ms, final train loss "
-        f"{summary['final_train_loss']:.4f}, test accuracy {summary['test_accuracy']:.4f}"
-    )
-    if summary["time_to_target_s"] is not None:
-        log(f"{cfg.algo}: test accuracy {cfg.target_accuracy:.2%} reached at step "
-            f"{summary['steps_to_target']}, {summary['time_to_target_s']:.2f} s into "
-            f"training")  # fmt: skip
+    _log_outcome(cfg, summary, wall, log)
     if not is_ps(cfg.algo) and not summary["params_identical_on_all_ranks"]:
         # (A parameter server's workers keep the weights they last pulled: they may differ.)
         logging.getLogger("pipesgd.train").warning(

@@ -34,7 +34,7 @@ import time
 
 import numpy as np
 
-from pipesgd_ref import checkpoint, faults
+from pipesgd_ref import checkpoint
 from pipesgd_ref.algorithms.worker import Timeline, WorkerResult, WorkerSetup, bad_ranks
 from pipesgd_ref.comm.rendezvous import Communicator
 from pipesgd_ref.config import TrainConfig
@@ -123,13 +123,7 @@ def pipe_worker(comm: Communicator, cfg: TrainConfig, progress=None) -> WorkerRe
         for t in range(w.start_step, w.steps):
             buf = buffers[t % K]
             with timeline.span("compute", "compute", t):
-                loss = w.loss_and_grad(t, buf)  # g_t, on the current weights w_t
-                faults.at_step(comm.rank, t, buf)  # PIPESGD_FAULT (tests); nothing otherwise
-                ok = w.gradient_ok(buf, t, loss, comm.rank)  # or an error naming rank and step
-                if ok:
-                    w.feed_back(buf, codec)
-                else:
-                    w.zero(buf)  # left out: this rank adds nothing to the sum
+                loss, ok = w.compute(t, buf, codec, comm.rank)  # g_t, on the current w_t
             comm_thread.start_allreduce(t, buf, ok)  # AllReduce(g_t) starts now
             if t < warmup:  # warm-up: synchronous, the fresh gradient
                 avg = averaged(t)

@@ -123,6 +123,10 @@ def _serve(comm: Communicator, cfg: TrainConfig, method: str, progress) -> Worke
             progress(t, params, loss)
         if method == "ps-sync" and checkpoint.due(cfg, t):
             setup.save_checkpoint(t + 1)  # the server's weights after update t: w_{t+1}
+        # ps-async: a "step" is a round of n updates; the checkpoint after round t holds the
+        # weights after (t + 1) n updates, whichever workers' they were
+        if method == "ps-async" and (t + 1) % n == 0 and checkpoint.due(cfg, (t + 1) // n - 1):
+            setup.save_checkpoint((t + 1) // n)
 
     if method == "ps-sync":
         log = server.run_sync(setup.steps, apply, on_update, start=setup.start_step)
@@ -130,7 +134,9 @@ def _serve(comm: Communicator, cfg: TrainConfig, method: str, progress) -> Worke
             setup.save_checkpoint(setup.steps)
         extra = {"role": "server"}
     else:
-        log = server.run_async(setup.steps, apply, progress)
+        log = server.run_async(setup.steps, apply, on_update, start=setup.start_step)
+        if cfg.out:
+            setup.save_checkpoint(setup.steps)
         extra = {"role": "server", "staleness": log.staleness, "arrival_order": log.arrival_order}
     extra["bytes_received"] = sum(link.bytes_received for link in links) - received0
     extra["nonfinite_skipped"] = log.skipped
@@ -146,7 +152,8 @@ def _work(comm: Communicator, cfg: TrainConfig, method: str, progress) -> Worker
     codec = w.codec()
     client = PSClient(comm.server, w.params.size, w.params.dtype, codec=codec,
                       pull_codec=pull_codec(cfg))  # fmt: skip
-    client.version = w.start_step  # a resumed ps-sync run: the checkpoint's weights, w_start
+    # A resumed run: the checkpoint's weights, version start (ps-async: start rounds of n)
+    client.version = w.start_step * (n if method == "ps-async" else 1)
     sent0 = comm.server.bytes_sent  # the rendezvous hello is not this method's traffic
     losses, step_end = [], []
     for t in range(w.start_step, w.steps):

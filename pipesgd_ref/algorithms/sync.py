@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 
-from pipesgd_ref import checkpoint, faults
+from pipesgd_ref import checkpoint
 from pipesgd_ref.algorithms.worker import Timeline, WorkerResult, WorkerSetup, bad_ranks
 from pipesgd_ref.comm.rendezvous import Communicator
 from pipesgd_ref.config import TrainConfig
@@ -33,13 +33,7 @@ def sync_worker(comm: Communicator, cfg: TrainConfig, progress=None) -> WorkerRe
     skipped = []  # --skip-nonfinite: (step, ranks left out)
     for t in range(w.start_step, w.steps):
         with timeline.span("compute", "compute", t):
-            loss = w.loss_and_grad(t, grads)
-            faults.at_step(comm.rank, t, grads)  # PIPESGD_FAULT (tests); nothing otherwise
-            ok = w.gradient_ok(grads, t, loss, comm.rank)  # or an error naming rank and step
-            if ok:
-                w.feed_back(grads, codec)
-            else:
-                w.zero(grads)  # left out: this rank adds nothing to the sum
+            loss, ok = w.compute(t, grads, codec, comm.rank)  # ok False: left out (zeros)
         with timeline.span("allreduce", "comm", t):
             bad = bad_ranks(comm, ok) if cfg.skip_nonfinite else []
             # the sync point: every rank waits for every rank

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pipesgd_ref import faults
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.data import Dataset, MinibatchSampler, load_dataset
 from pipesgd_ref.launch import JobError
@@ -215,6 +216,20 @@ class WorkerSetup:
                 f"step size is smaller than for synchronous SGD"
             )
         return loss
+
+    def compute(self, step: int, grads, codec, rank: int) -> tuple[float, bool]:
+        """One step's work before communication, as every ring method does it: the loss and
+        gradient (into `grads`), the fault planned for this (rank, step) if any (tests), the
+        finiteness check, then error feedback. Returns (loss, ok); not ok (--skip-nonfinite):
+        `grads` is zeroed, so this rank adds nothing to the step's sum."""
+        loss = self.loss_and_grad(step, grads)
+        faults.at_step(rank, step, grads)  # PIPESGD_FAULT; nothing otherwise
+        ok = self.gradient_ok(grads, step, loss, rank)  # or an error naming rank and step
+        if ok:
+            self.feed_back(grads, codec)
+        else:
+            self.zero(grads)
+        return loss, ok
 
     def gradient_ok(self, grads: np.ndarray, step: int, loss: float, rank: int) -> bool:
         """Whether this step's loss and gradient are finite. When they are not: an error naming

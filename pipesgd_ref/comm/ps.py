@@ -379,14 +379,20 @@ class ParameterServer:
         return self.log
 
     def run_async(
-        self, pushes_per_worker: int, apply: Apply, on_update: OnUpdate | None = None
+        self,
+        pushes_per_worker: int,
+        apply: Apply,
+        on_update: OnUpdate | None = None,
+        start: int = 0,
     ) -> ServerLog:
-        """ps-async: apply each push the moment it arrives; pull back to its worker only."""
+        """ps-async: apply each push the moment it arrives; pull back to its worker only.
+        start > 0: a resumed run, whose weights are a checkpoint's after start * p updates;
+        each worker then has pushes_per_worker - start pushes to go."""
         p = self.n_workers
-        left = [pushes_per_worker] * p  # pushes still to come from each worker
-        pulled = [0] * p  # version of the weights each worker holds (computes on)
+        left = [pushes_per_worker - start] * p  # pushes still to come from each worker
+        version = start * p  # updates applied so far
+        pulled = [version] * p  # version of the weights each worker holds (computes on)
         waiting_since = [time.monotonic()] * p  # when each worker got its weights
-        version = 0
         selector = selectors.DefaultSelector()
         self._encoded_version = None
         with self._aborting_on_error(), selector:

@@ -36,7 +36,7 @@ CHECKPOINT_EVERY = 3
 # on their own before it stops them. Plus a loaded machine's slack.
 BOUND_S = 3 * TIMEOUT + 4.0
 ALGOS = ("sync", "pipe", "ps-sync", "ps-async")
-RESUMABLE = ("sync", "pipe", "ps-sync")
+RESUMABLE = ("sync", "pipe", "ps-sync")  # bitwise: a resumed run ends as an uninterrupted one
 
 
 def session_processes() -> set[int]:
@@ -145,13 +145,21 @@ def test_fault_ends_the_job_in_time_naming_the_rank(
     assert words in report, report
     assert not session_processes() - before, "processes of the job were left behind"
     # The last checkpoint before the fault is whole; resuming it (once per method, after a
-    # crash) ends where a run that never failed ends, bitwise.
-    if algo in RESUMABLE:
-        with np.load(tmp_path / "checkpoint.npz") as z:
-            next_step = int(z["next_step"])
-        assert next_step % CHECKPOINT_EVERY == 0 and 0 < next_step <= FAULT_STEP + 1
-        if action == "kill":
-            cfg = config(algo, tmp_path, resume=str(tmp_path))
-            error, _ = train(cfg, None, monkeypatch)
-            assert error is None, error
+    # crash) ends where a run that never failed ends, bitwise (ps-async: it finishes the run,
+    # with each worker's remaining pushes; its arrival order, so its result, is its own).
+    if algo == "ps-async" and who == "server":
+        return  # killed at update 5: no round of checkpoint_every x 4 updates was complete
+    with np.load(tmp_path / "checkpoint.npz") as z:
+        next_step = int(z["next_step"])
+    assert next_step % CHECKPOINT_EVERY == 0 and 0 < next_step < STEPS
+    if algo in RESUMABLE:  # lock step: nothing after the fault's step was completed
+        assert next_step <= FAULT_STEP + 1
+    if action == "kill":
+        cfg = config(algo, tmp_path, resume=str(tmp_path))
+        error, _ = train(cfg, None, monkeypatch)
+        assert error is None, error
+        if algo in RESUMABLE:
             np.testing.assert_array_equal(final_weights(tmp_path), uninterrupted[algo])
+        else:
+            with np.load(tmp_path / "checkpoint.npz") as z:
+                assert int(z["next_step"]) == STEPS and np.all(np.isfinite(z["params"]))
