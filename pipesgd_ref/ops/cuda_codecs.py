@@ -82,6 +82,15 @@ else:
     from numba.cuda import libdevice
 
 _QUIET32 = np.uint32(0x0040_0000)  # float32's quiet-NaN bit (bit 22)
+
+
+@cuda.jit(device=True)
+def _quieted(x):
+    """A NaN x with its quiet bit set and its payload kept: the NaN NumPy returns for a NaN
+    operand of an addition (a GPU's own addition would return its canonical NaN instead)."""
+    return libdevice.int_as_float(np.int32(np.uint32(libdevice.float_as_int(x)) | _QUIET32))
+
+
 _Q8_NAN = np.float32(np.nan)  # the scale of a chunk holding NaN or Inf: q8_scale's NaN, same bits
 _Q8_CLIP = 127.0  # codes -127..127, as _Q8_LEVELS
 
@@ -175,9 +184,7 @@ def _half16_add_kernel(src16, dst):
         v = np.uint32(src16[i]) << _HALF  # the decoded value's bits
         d = dst[i]
         if d != d:  # NaN dst: NumPy returns the NaN operand, quieted (GPU: 0x7FFFFFFF)
-            dst[i] = libdevice.int_as_float(
-                np.int32(np.uint32(libdevice.float_as_int(d)) | _QUIET32)
-            )
+            dst[i] = _quieted(d)
         elif (v & _ABS) > _INF:  # NaN decoded value: returned, quieted
             dst[i] = libdevice.int_as_float(np.int32(v | _QUIET32))
         else:
@@ -194,13 +201,9 @@ def _f32_add_kernel(src, dst):
         d = dst[i]
         s = src[i]
         if d != d:
-            dst[i] = libdevice.int_as_float(
-                np.int32(np.uint32(libdevice.float_as_int(d)) | _QUIET32)
-            )
+            dst[i] = _quieted(d)
         elif s != s:
-            dst[i] = libdevice.int_as_float(
-                np.int32(np.uint32(libdevice.float_as_int(s)) | _QUIET32)
-            )
+            dst[i] = _quieted(s)
         else:
             dst[i] = d + s
 
@@ -298,9 +301,7 @@ def _q8_decode_kernel(codes, header, out):
     scale = header[0]
     for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
         if scale != scale:
-            out[i] = libdevice.int_as_float(
-                np.int32(np.uint32(libdevice.float_as_int(scale)) | _QUIET32)
-            )
+            out[i] = _quieted(scale)
         else:
             out[i] = np.float32(codes[i]) * scale
 
@@ -319,13 +320,9 @@ def _q8_add_kernel(codes, header, dst):
     for i in range(cuda.grid(1), dst.size, cuda.gridsize(1)):
         d = dst[i]
         if d != d:
-            dst[i] = libdevice.int_as_float(
-                np.int32(np.uint32(libdevice.float_as_int(d)) | _QUIET32)
-            )
+            dst[i] = _quieted(d)
         elif scale != scale:
-            dst[i] = libdevice.int_as_float(
-                np.int32(np.uint32(libdevice.float_as_int(scale)) | _QUIET32)
-            )
+            dst[i] = _quieted(scale)
         else:
             dst[i] = d + libdevice.fmul_rn(np.float32(codes[i]), scale)
 
