@@ -20,8 +20,8 @@ The job token comes from PIPESGD_JOB_TOKEN; every rank must have the same one.
 
 Failure handling: if a worker fails, the launcher reports every failed rank's error, headed by
 the rank they point to, gives the others `grace` seconds to notice on their own (no longer when
-all that is left is stopped or blamed by the others), then stops
-whatever is left: no orphan processes.
+all that is left is stopped or blamed by the others), then stops whatever is left: no orphan
+processes.
 """
 
 from __future__ import annotations
@@ -172,13 +172,19 @@ def pin_to_core(rank: int) -> int | None:
     cores = sorted(os.sched_getaffinity(0))
     core = cores[rank % len(cores)]
     os.sched_setaffinity(0, {core})
-    try:  # one core, one BLAS thread: more would only take turns on it
-        from threadpoolctl import threadpool_limits
-
-        threadpool_limits(1)
-    except ImportError:  # threadpoolctl comes with scikit-learn; without it, BLAS decides
-        pass
+    limit_blas_threads(1)  # one core, one BLAS thread: more would only take turns on it
     return core
+
+
+def limit_blas_threads(threads: int) -> bool:
+    """Cap this process's BLAS threads; False where threadpoolctl (which comes with
+    scikit-learn) is missing, and BLAS decides."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return False
+    threadpool_limits(threads)
+    return True
 
 
 def _worker_main(
@@ -359,22 +365,37 @@ def join_from_env(
     return init_process_group(spec, star=star)
 
 
-# Ranks on this host, as each launcher says it: torchrun, Open MPI, MPICH/Hydra, SLURM.
+# As each launcher says it (torchrun, Open MPI, MPICH/Hydra, SLURM): how many ranks of the job
+# run on this host, and this process's rank among them (GPUs are numbered from 0 on every host).
 LOCAL_SIZE_VARS = ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS",
                    "SLURM_NTASKS_PER_NODE")  # fmt: skip
+LOCAL_RANK_VARS = ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID")
+
+
+def _first_count(names: tuple[str, ...], least: int, environ) -> int | None:
+    """The first of the variables `names` that holds a whole number >= least (SLURM may write
+    "2(x3)": the part before the bracket), else None."""
+    env = os.environ if environ is None else environ
+    for name in names:
+        try:
+            n = int(env.get(name, "").split("(")[0])
+        except ValueError:
+            continue
+        if n >= least:
+            return n
+    return None
 
 
 def local_ranks(environ: Mapping[str, str] | None = None) -> int | None:
     """How many ranks of the job run on this host, where the launcher says (else None)."""
-    env = os.environ if environ is None else environ
-    for name in LOCAL_SIZE_VARS:
-        try:
-            n = int(env.get(name, "").split("(")[0])  # SLURM may write "2(x3)"
-        except ValueError:
-            continue
-        if n >= 1:
-            return n
-    return None
+    return _first_count(LOCAL_SIZE_VARS, 1, environ)
+
+
+def local_rank(rank: int, environ: Mapping[str, str] | None = None) -> int:
+    """This process's rank among the job's ranks on its host, where the launcher says; else
+    `rank` (local workers all run on this host)."""
+    found = _first_count(LOCAL_RANK_VARS, 0, environ)
+    return rank if found is None else found
 
 
 def share_cores(n_local: int | None) -> int | None:
@@ -386,10 +407,4 @@ def share_cores(n_local: int | None) -> int | None:
         return None
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     threads = max(1, (cores or 1) // n_local)
-    try:
-        from threadpoolctl import threadpool_limits
-
-        threadpool_limits(threads)
-    except ImportError:  # threadpoolctl comes with scikit-learn; without it, BLAS decides
-        return None
-    return threads
+    return threads if limit_blas_threads(threads) else None

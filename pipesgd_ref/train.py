@@ -418,6 +418,13 @@ def _check_device(cfg: TrainConfig) -> None:
         raise ConfigError(f"--device cuda: {problem}")
 
 
+def _describe(cfg: TrainConfig, model) -> str:
+    """The start-of-run line: method, workers, data, model, link."""
+    width = f", width {cfg.width}" if cfg.algo == "pipe" else ""
+    return (f"{cfg.algo}: {cfg.world_size} workers, {cfg.dataset}, {cfg.model}{width}, "
+            f"link: {model if model.enabled else 'not emulated'}")  # fmt: skip
+
+
 def _log_outcome(cfg: TrainConfig, summary: dict, wall: float, log) -> None:
     """The end-of-run lines: steps, time, iteration, loss, accuracy, and time to target."""
     log(
@@ -446,9 +453,7 @@ def run_training(
     _check_inputs(cfg)  # bad data specs fail here, in one line, before any fork
     _check_device(cfg)
     model = link_model(cfg)
-    width = f", width {cfg.width}" if cfg.algo == "pipe" else ""
-    log(f"{cfg.algo}: {cfg.world_size} workers, {cfg.dataset}, {cfg.model}{width}, "
-        f"link: {model if model.enabled else 'not emulated'}")  # fmt: skip
+    log(_describe(cfg, model))
     start = time.perf_counter()
     ranks = n_ranks(cfg)
     job_args = (cfg, progress, label)
@@ -527,10 +532,8 @@ def run_training_joined(
         t0 = time.perf_counter()  # "the job formed", on this rank's clock
         _tag_log_lines(comm.rank)
         if comm.rank == 0:
-            width = f", width {cfg.width}" if cfg.algo == "pipe" else ""
-            log(f"{cfg.algo}: {cfg.world_size} workers, {cfg.dataset}, {cfg.model}{width}, "
-                f"link: {model if model.enabled else 'not emulated'}; {ranks} ranks joined "
-                f"from {job.source} variables at {job.master_addr}:{job.master_port}")  # fmt: skip
+            log(f"{_describe(cfg, model)}; {ranks} ranks joined from {job.source} variables "
+                f"at {job.master_addr}:{job.master_port}")  # fmt: skip
         result = _train_job(comm, cfg, progress)
         wall = time.perf_counter() - t0
         # Every rank takes part in the gather (they are collectives); only rank 0 reads it.

@@ -529,3 +529,21 @@ def test_detect_env_job_token():
     # ...and another address or port is another job.
     assert detect_env(env | {"MASTER_PORT": "23457"}).token != default
     assert detect_env(env | {"MASTER_ADDR": "10.0.0.8"}).token != default
+
+
+@pytest.mark.parametrize(
+    "env, ranks, mine",
+    [
+        ({}, None, 5),  # no launcher says: local workers, the global rank
+        ({"LOCAL_WORLD_SIZE": "4", "LOCAL_RANK": "1"}, 4, 1),  # torchrun
+        ({"OMPI_COMM_WORLD_LOCAL_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "0"}, 2, 0),
+        ({"MPI_LOCALNRANKS": "8", "MPI_LOCALRANKID": "7"}, 8, 7),  # MPICH/Hydra
+        ({"SLURM_NTASKS_PER_NODE": "2(x3)", "SLURM_LOCALID": "1"}, 2, 1),  # SLURM's "2(x3)"
+        ({"LOCAL_WORLD_SIZE": "0", "LOCAL_RANK": "-1"}, None, 5),  # nonsense: not believed
+    ],
+)
+def test_local_ranks_and_local_rank_read_each_launcher(env, ranks, mine):
+    from pipesgd_ref.launch import local_rank, local_ranks
+
+    assert local_ranks(env) == ranks
+    assert local_rank(5, env) == mine

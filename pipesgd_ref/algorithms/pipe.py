@@ -35,7 +35,7 @@ import time
 import numpy as np
 
 from pipesgd_ref import checkpoint
-from pipesgd_ref.algorithms.worker import Timeline, WorkerResult, WorkerSetup, bad_ranks
+from pipesgd_ref.algorithms.worker import Timeline, WorkerResult, WorkerSetup
 from pipesgd_ref.comm.rendezvous import Communicator
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.launch import JobError
@@ -46,13 +46,11 @@ _STOP = None  # tells the communication thread to finish
 class _CommThread:
     """AllReduces (step, buffer) pairs in the order they are handed over."""
 
-    def __init__(self, comm: Communicator, timeline: Timeline, setup: WorkerSetup, codec=None,
-                 skip=False):  # fmt: skip
+    def __init__(self, comm: Communicator, timeline: Timeline, setup: WorkerSetup, codec=None):
         self.comm = comm
-        self.setup = setup  # where the buffers live: its allreduce and mean_of_good fit them
+        self.setup = setup  # where the buffers live: its `average` fits them
         self.timeline = timeline
         self.codec = codec
-        self.skip = skip  # --skip-nonfinite: agree on the ranks left out, before each AllReduce
         self.skipped: list[tuple[int, list[int]]] = []  # (step, ranks left out)
         self.todo: queue.SimpleQueue = queue.SimpleQueue()
         self.done: queue.SimpleQueue = queue.SimpleQueue()
@@ -68,10 +66,8 @@ class _CommThread:
             step, buf, ok = item
             try:
                 with self.timeline.span("allreduce", "comm", step):
-                    bad = bad_ranks(self.comm, ok) if self.skip else []
-                    self.setup.allreduce(self.comm, buf, self.codec)  # host or device ring
-                    if bad:
-                        self.setup.mean_of_good(buf, self.comm.world_size, len(bad))
+                    bad = self.setup.average(self.comm, buf, self.codec, ok)  # host or device
+                    if bad:  # --skip-nonfinite: their gradients were left out of the mean
                         self.skipped.append((step, bad))
             except BaseException as e:  # handed to the compute thread, which re-raises
                 self.done.put(e)
@@ -111,7 +107,7 @@ def pipe_worker(comm: Communicator, cfg: TrainConfig, progress=None) -> WorkerRe
     # t + K; its gradient was applied at step t + K - 1 at the latest.
     buffers = [w.new_buffer() for _ in range(K)]
     codec = w.codec()
-    comm_thread = _CommThread(comm, timeline, w, codec, cfg.skip_nonfinite)
+    comm_thread = _CommThread(comm, timeline, w, codec)
     # Averaged gradients already back (from a checkpoint, or fetched early to write one).
     ready: dict = dict(w.pending)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 
 from pipesgd_ref import checkpoint
-from pipesgd_ref.algorithms.worker import Timeline, WorkerResult, WorkerSetup, bad_ranks
+from pipesgd_ref.algorithms.worker import Timeline, WorkerResult, WorkerSetup
 from pipesgd_ref.comm.rendezvous import Communicator
 from pipesgd_ref.config import TrainConfig
 
@@ -35,11 +35,9 @@ def sync_worker(comm: Communicator, cfg: TrainConfig, progress=None) -> WorkerRe
         with timeline.span("compute", "compute", t):
             loss, ok = w.compute(t, grads, codec, comm.rank)  # ok False: left out (zeros)
         with timeline.span("allreduce", "comm", t):
-            bad = bad_ranks(comm, ok) if cfg.skip_nonfinite else []
-            # the sync point: every rank waits for every rank
-            w.allreduce(comm, grads, codec)  # the mean: host ring, or the device ring
-            if bad:
-                w.mean_of_good(grads, comm.world_size, len(bad))
+            # the sync point: every rank waits for every rank (host ring, or the device ring)
+            bad = w.average(comm, grads, codec, ok)
+            if bad:  # --skip-nonfinite: their gradients were left out of the mean
                 skipped.append((t, bad))
         with timeline.span("update", "compute", t):
             w.sgd_step(grads, t)

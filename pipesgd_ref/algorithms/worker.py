@@ -35,7 +35,7 @@ import numpy as np
 from pipesgd_ref import faults
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.data import Dataset, MinibatchSampler, load_dataset
-from pipesgd_ref.launch import JobError
+from pipesgd_ref.launch import JobError, local_rank
 from pipesgd_ref.models import MLP, build_model
 from pipesgd_ref.ops import OP_NAMES
 
@@ -99,7 +99,7 @@ class WorkerSetup:
         from pipesgd_ref.ops import cuda_ops, get_backend
         from pipesgd_ref.ops.cuda_support import simulated
 
-        self.gpu = _local_rank(rank) % len(cuda.gpus)
+        self.gpu = local_rank(rank) % len(cuda.gpus)
         cuda.select_device(self.gpu)  # this thread; pipe's comm thread enters device_scope()
         ops = get_backend("cuda")
         if simulated():  # the simulator runs one kernel at a time, in any thread
@@ -156,9 +156,14 @@ class WorkerSetup:
             return self.params
         return self.params.copy_to_host(self._params_host)
 
-    def allreduce(self, comm, buf, codec) -> None:
+    def average(self, comm, buf, codec, ok: bool = True) -> list[int]:
         """buf = the mean of every rank's buf: the host ring, or on the GPU the device ring
-        (only chunks cross to the host; a codec other than none runs on a host copy)."""
+        (only chunks cross to the host; a codec other than none runs on a host copy).
+
+        With --skip-nonfinite the ranks first agree on whose gradient was left out (`ok`
+        False here: buf holds zeros), and the mean is over the others. Returns those ranks,
+        the same list on every rank ([] when none)."""
+        bad = bad_ranks(comm, ok) if self.cfg.skip_nonfinite else []
         if self.on_device:
             from pipesgd_ref.comm.device_ring import device_allreduce
 
@@ -167,15 +172,20 @@ class WorkerSetup:
             from pipesgd_ref.comm.ring import allreduce
 
             allreduce(comm, buf, "mean", codec=codec)
+        if bad:
+            self.mean_of_good(buf, comm.world_size, len(bad))
+        return bad
 
     def mean_of_good(self, avg, p: int, n_bad: int) -> None:
-        """`mean_of_good` where the buffer lives (the same multiplication, on the device)."""
-        if not self.on_device:
-            mean_of_good(avg, p, n_bad)
-        elif n_bad == p:
+        """Turn the mean over p ranks (the left-out ones sent zeros) into the mean over the
+        others, where the buffer lives; when every rank's was left out, zeros: the update then
+        changes nothing."""
+        if n_bad == p:
             self.zero(avg)
-        elif n_bad:
+        elif n_bad and self.on_device:
             self.model.backend.scale(avg, p / (p - n_bad))
+        elif n_bad:
+            avg *= avg.dtype.type(p / (p - n_bad))
 
     # --- checkpoints, steps ------------------------------------------------------------------
 
@@ -320,19 +330,6 @@ def _one_kernel_at_a_time(backend):
     return locked
 
 
-# This process's rank among the job's ranks on its host, as each launcher says it (torchrun,
-# Open MPI, MPICH/Hydra, SLURM): hosts' GPUs are numbered from 0 on every host.
-LOCAL_RANK_VARS = ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID")
-
-
-def _local_rank(rank: int) -> int:
-    for name in LOCAL_RANK_VARS:
-        value = os.environ.get(name, "")
-        if value.isdigit():
-            return int(value)
-    return rank  # local workers (all on this host), or a launcher that does not say
-
-
 def bad_ranks(comm, ok: bool) -> list[int]:
     """--skip-nonfinite in the ring methods: the ranks whose gradient of this step is left out,
     the same list on every rank (a small AllReduce of one flag per rank, in the communication
@@ -343,15 +340,6 @@ def bad_ranks(comm, ok: bool) -> list[int]:
     flags[comm.rank] = 0.0 if ok else 1.0
     allreduce(comm, flags, "sum")
     return [r for r in range(comm.world_size) if flags[r]]
-
-
-def mean_of_good(avg: np.ndarray, p: int, n_bad: int) -> None:
-    """Turn the mean over p ranks (the left-out ones sent zeros) into the mean over the others;
-    when every rank's was left out, zeros: the update then changes nothing."""
-    if n_bad == p:
-        avg.fill(0)
-    elif n_bad:
-        avg *= avg.dtype.type(p / (p - n_bad))
 
 
 _PRIORITY = {"toggle": hasattr(os, "SCHED_IDLE")}  # per process: can we switch back and forth?

@@ -16,13 +16,13 @@ speed; pageable memory would first be staged through a driver buffer. Pinning is
 up, so the slots are allocated once per size and dtype (per thread) and reused by every call.
 
 Why a ring of slots, and how many: the sending thread sends a slot's bytes after `put` returns,
-so a slot is reused only once its frame is on the wire (`_wait_free`). With fewer slots than the
-segments of the first chunk, every rank could block at step 0 waiting for its own sender while
-no rank is receiving: a deadlock. One more slot than that (`n_slots` below) rules it out: after
-its first chunk a rank only forwards what it received, so the frames waiting on all the wires
-together number at most p x (segments of a chunk), fewer than every rank would need waiting at
-once. Extra memory per rank: (segments per chunk + 1) pinned segments and one device segment,
-O(M/p).
+so a slot is reused only once its frame is on the wire (`_Sender.wait_pending`). With fewer
+slots than the segments of the first chunk, every rank could block at step 0 waiting for its own
+sender while no rank is receiving: a deadlock. One more slot than that (`n_slots` below) rules
+it out: after its first chunk a rank only forwards what it received, so the frames waiting on
+all the wires together number at most p x (segments of a chunk), fewer than every rank would
+need waiting at once. Extra memory per rank: (segments per chunk + 1) pinned segments and one
+device segment, O(M/p).
 
 The mean: the owner of a chunk divides it on the host, in the pinned slot, exactly as the host
 ring does (x / p, not x * (1/p): the same bits), copies it back to the device and forwards it.
@@ -43,7 +43,6 @@ and pinned arrays plain NumPy ones: the same code runs, the copies are memcpys.
 from __future__ import annotations
 
 import threading
-import time
 
 import numpy as np
 
@@ -59,7 +58,7 @@ from pipesgd_ref.comm.ring import (
     reduce_scatter_chunks,
     segments,
 )
-from pipesgd_ref.comm.transport import CODE_OF_DTYPE, Frame, Kind, Op, PeerTimeout, as_bytes
+from pipesgd_ref.comm.transport import CODE_OF_DTYPE, Frame, Kind, Op, as_bytes
 from pipesgd_ref.logs import trace, trace_enabled
 
 _local = threading.local()  # per thread: pinned slots and device scratch, reused across calls
@@ -132,26 +131,6 @@ def _check_device_array(array) -> None:
         raise ValueError(f"dtype {array.dtype} is not supported here; use float32 or float64")
 
 
-def _wait_free(sender, most_pending: int, timeout: float, rank: int, peer: int) -> None:
-    """Block until the sending thread has at most `most_pending` frames still to send.
-
-    Frames leave in the order they were queued, and the ones not yet sent are always the last
-    ones queued; so with at most n_slots - 1 pending, the frame queued n_slots frames ago, the
-    one that used the slot about to be reused, is on the wire and its slot is free."""
-    deadline = time.monotonic() + timeout
-    with sender._idle:
-        while sender.pending > most_pending and sender.error is None:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise PeerTimeout(
-                    f"rank {rank}: could not hand data to rank {peer} for {timeout:.1f} s; is "
-                    f"it alive? raise --timeout to wait longer",
-                    origin=peer,
-                )
-            sender._idle.wait(min(left, 0.1))
-    sender.check()
-
-
 def _device_ring_reduce(comm: Communicator, flat, op: Op, ops, segment_bytes: int) -> None:
     p, rank = comm.world_size, comm.rank
     seq = comm.next_seq()  # every rank numbers every collective, even alone
@@ -174,8 +153,9 @@ def _device_ring_reduce(comm: Communicator, flat, op: Op, ops, segment_bytes: in
     queued = 0  # frames this call has handed to the sender: slot `queued % n_slots` is next
 
     def next_slot(n: int) -> np.ndarray:
-        """The next slot, once free, as n elements."""
-        _wait_free(sender, n_slots - 1, comm.timeout, rank, comm.right.peer)
+        """The next slot, once free, as n elements: with at most n_slots - 1 frames still
+        pending, the one queued n_slots frames ago (this slot's last use) is on the wire."""
+        sender.wait_pending(n_slots - 1, comm.timeout)
         return slots[queued % n_slots, :n]
 
     def forward(step: int, chunk: int, part: int, slot: np.ndarray) -> None:

@@ -408,29 +408,26 @@ class ParameterServer:
                     link = self.links[i]
                     phase = f"ps-async update {version}"
                     loss = self._recv_push(link, pulled[i], phase)
-                    if self.skip_nonfinite and not self._push_finite(loss):
-                        self._skip(version, [link.peer])  # no update: its weights go back
-                        self._send_pull(link, version, phase)
-                        pulled[i], waiting_since[i] = version, time.monotonic()
-                        left[i] -= 1
-                        if not left[i]:
-                            selector.unregister(link.sock)
-                        continue
                     staleness = version - pulled[i]  # updates applied since i pulled
+                    applied = not self.skip_nonfinite or self._push_finite(loss)
                     with self.timeline.span("server", "server", version):
-                        if self.codec is not None and not self.skip_nonfinite:
-                            self.codec.decode(self.codes, self.grads)
-                        apply(version, self.grads)  # w <- w - lr_u * g, stale
-                        version += 1
+                        if applied:
+                            if self.codec is not None and not self.skip_nonfinite:
+                                self.codec.decode(self.codes, self.grads)
+                            apply(version, self.grads)  # w <- w - lr_u * g, stale
+                            version += 1
+                        else:  # --skip-nonfinite: no update, its weights go back as they are
+                            self._skip(version, [link.peer])
                         self._send_pull(link, version, phase)
                     pulled[i] = version
                     waiting_since[i] = time.monotonic()
                     left[i] -= 1
                     if not left[i]:
                         selector.unregister(link.sock)
-                    self._record(i, staleness, loss)
-                    if on_update is not None:
-                        on_update(version - 1, self.params, loss)
+                    if applied:
+                        self._record(i, staleness, loss)
+                        if on_update is not None:
+                            on_update(version - 1, self.params, loss)
                 self._check_silence(left, waiting_since, version)
         return self.log
 

@@ -464,14 +464,21 @@ class _Sender:
 
     def flush(self, timeout: float) -> None:
         """Wait until every queued frame is on the wire (or raise the error that stopped it)."""
+        self.wait_pending(0, timeout)
+
+    def wait_pending(self, at_most: int, timeout: float) -> None:
+        """Wait until at most `at_most` queued frames are still to be sent (or raise the error
+        that stopped the sender). Frames leave in order, so the ones still pending are the
+        last ones queued: a caller reusing buffers round-robin knows which are free."""
         deadline = time.monotonic() + timeout
         with self._idle:
-            while self.pending and self.error is None:
+            while self.pending > at_most and self.error is None:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise PeerTimeout(
                         f"rank {self.link.rank}: could not hand data to rank {self.link.peer} "
-                        f"for {timeout:.1f} s; is it alive? raise --timeout to wait longer"
+                        f"for {timeout:.1f} s; is it alive? raise --timeout to wait longer",
+                        origin=self.link.peer,
                     )
                 self._idle.wait(min(left, POLL_SECONDS))
         self.check()

@@ -90,23 +90,23 @@ class MLP:
 
         Reused across steps: the hot loop allocates nothing. A[0] is the input itself.
         """
-        key = (batch, np.dtype(dtype), device)
-        if key not in self._buffers:
-            Z = [self._empty((batch, w), dtype, device) for w in self.widths[1:]]
-            A = [None] + [self._empty((batch, w), dtype, device) for w in self.widths[1:-1]]
-            self._buffers[key] = (Z, A)
-        return self._buffers[key]
+        return self._layer_buffers(self._buffers, batch, dtype, device)
 
     def _gradients(self, batch: int, dtype, device: bool) -> tuple[list, list]:
         """Preallocated dL/dZ[l] (like Z[l]) and dL/dA[l] (like A[l], l >= 1; the input needs
         no gradient): the backward pass writes each exactly once per step, so reusing them
         across steps changes no number, and the hot loop allocates nothing."""
+        return self._layer_buffers(self._grad_buffers, batch, dtype, device)
+
+    def _layer_buffers(self, cache: dict, batch: int, dtype, device: bool) -> tuple[list, list]:
+        """One (batch, width) array per layer output, and one per hidden layer output with
+        None for the input; made once per (batch, dtype, device) and kept in `cache`."""
         key = (batch, np.dtype(dtype), device)
-        if key not in self._grad_buffers:
-            dZ = [self._empty((batch, w), dtype, device) for w in self.widths[1:]]
-            dA = [None] + [self._empty((batch, w), dtype, device) for w in self.widths[1:-1]]
-            self._grad_buffers[key] = (dZ, dA)
-        return self._grad_buffers[key]
+        if key not in cache:
+            outs = [self._empty((batch, w), dtype, device) for w in self.widths[1:]]
+            hidden = [None] + [self._empty((batch, w), dtype, device) for w in self.widths[1:-1]]
+            cache[key] = (outs, hidden)
+        return cache[key]
 
     def _ops_for(self, params) -> Backend:
         """The ops that work where `params` live: the model's backend; for host weights on a
