@@ -120,6 +120,10 @@ def test_digits_every_algorithm_reaches_95_percent_and_pipe_tracks_sync(tmp_path
         (["--codec-pull=zip"], "codec_pull must be none, trunc16, bf16 or q8"),
         (["--checkpoint-every=-1"], "checkpoint_every must be >= 0"),
         (["--resume=/nonexistent"], "no checkpoint.npz there"),
+        (["--master-port=70000"], "master_port must be 0..65535"),
+        (["--device=tpu"], "device must be cpu or cuda"),
+        (["--device=cuda", "--algo=ps-sync"], "--device cuda trains with the ring methods"),
+        (["--skip-nonfinite=maybe"], "skip_nonfinite"),
     ],
 )
 def test_train_bad_input_exits_2(argv, message, capsys):
