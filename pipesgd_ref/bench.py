@@ -97,24 +97,28 @@ def _wire(per_rank: list[dict], nbytes: int) -> int:
 # --- point to point: the wire's own limit ------------------------------------------------------
 
 
-def _p2p_job(comm, nbytes: int, reps: int) -> tuple[float, float]:
-    """Rank 0 streams `nbytes` to rank 1 `reps` times (bandwidth); then 200 one-byte ping-pongs
-    (latency). Uses the ring links directly: right of 0 is 1, left of 0 is 1."""
+def _p2p_job(comm, nbytes: int, reps: int) -> dict:
+    """Rank 0 streams `nbytes` to rank 1 `reps` times, each rep timed on its own after a
+    barrier, with the CPU time the sending and the receiving thread spent on it (bandwidth and
+    the socket path's CPU cost per byte); then 200 one-byte ping-pongs (latency). Uses the ring
+    links directly: right of 0 is 1, left of 0 is 1."""
     buf = np.zeros(nbytes, np.uint8)
     small = np.zeros(1, np.uint8)
     from pipesgd_ref.comm.transport import Frame, Kind
 
     frame = Frame(kind=Kind.DATA)
-    barrier(comm)
-    start = time.perf_counter()
+    times, cpu = [], []
     for _ in range(reps):
+        barrier(comm)
+        cpu_start, start = time.thread_time(), time.perf_counter()
         if comm.rank == 0:
             comm.right.send(frame, memoryview(buf))
         else:
             got = comm.left.recv_header("p2p")
             comm.left.recv_payload_into(got, memoryview(buf), "p2p")
+        times.append(time.perf_counter() - start)
+        cpu.append(time.thread_time() - cpu_start)
     barrier(comm)
-    stream = time.perf_counter() - start
     pings = 200
     start = time.perf_counter()
     for _ in range(pings):
@@ -127,13 +131,27 @@ def _p2p_job(comm, nbytes: int, reps: int) -> tuple[float, float]:
             comm.left.recv_payload_into(got, memoryview(small), "ping")
             comm.right.send(frame, memoryview(small))
     rtt = (time.perf_counter() - start) / pings
-    return nbytes * reps / stream, rtt / 2
+    return {"times": times, "cpu": cpu, "one_way": rtt / 2}
 
 
-def measure_p2p(nbytes: int = 64 << 20, reps: int = 8) -> tuple[float, float]:
+def p2p_figures(nbytes: int = 16 << 20, reps: int = 8) -> dict:
+    """Two local processes over TCP: {"bandwidth": bytes/s of the fastest rep, as the receiver
+    saw it; "latency": one-way s; "cpu_send", "cpu_recv": CPU s per byte of the sending and the
+    receiving thread (median over reps: kernel copies and TCP, what every byte costs the cores
+    whatever the link)}."""
+    send, recv = launch_local(2, _p2p_job, (nbytes, reps), start_method="fork")
+    return {
+        "bandwidth": nbytes / min(recv["times"]),
+        "latency": send["one_way"],
+        "cpu_send": statistics.median(send["cpu"]) / nbytes,
+        "cpu_recv": statistics.median(recv["cpu"]) / nbytes,
+    }
+
+
+def measure_p2p(nbytes: int = 16 << 20, reps: int = 8) -> tuple[float, float]:
     """(bandwidth bytes/s, one-way latency s) between two local processes over TCP."""
-    results = launch_local(2, _p2p_job, (nbytes, reps), start_method="fork")
-    return results[0]
+    got = p2p_figures(nbytes, reps)
+    return got["bandwidth"], got["latency"]
 
 
 def measure_gamma(nbytes: int = 16 << 20, reps: int = 5) -> float:

@@ -349,10 +349,9 @@ def _calibrate_cluster(
 def _calibrate_here(cfg: TrainConfig, hop: float | None) -> tuple[Calibration, float]:
     """timing.calibrate for cfg's p processes on this machine; also returns the streamed
     bandwidth (it caps every emulated bandwidth of a sweep, as it caps the base one)."""
-    from pipesgd_ref.bench import measure_p2p
     from pipesgd_ref.data import DataError
 
-    network = {"stream": measure_p2p(nbytes=16 << 20, reps=4)[0]}
+    network = timing.network_figures()
     if hop is not None:  # given: skip measuring it
         network["hop"] = hop
     try:

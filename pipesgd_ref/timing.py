@@ -60,8 +60,11 @@ server); the server's links bound the rate at B/M pulls per second, so each work
 One machine, many workers. On a single machine the p worker processes share C cores: when k of
 them compute at once each runs at min(1, C/k) of a core. Ring methods compute in lock step
 (k = p). In ps-sync the pulls arrive M/B apart, so about 1 + t_comp/(M/B) computations overlap;
-ps-async workers compute a t_comp/cycle share of the time. Both are fixed points, solved by
-iteration in `shared_compute`. Pipe-SGD on shared cores has a third bound besides compute and
+ps-async workers compute a t_comp/cycle share f of the time, each on its own schedule; the
+timed worker (worker 0, pinned like all ranks to core rank mod C) shares its core with the m - 1
+other workers pinned there, so on average 1 + (m - 1) f computations share that core, whatever
+the load elsewhere: t_comp(ps-async) = t_comp(one per core) * (1 + (m - 1) f). Both are fixed
+points, solved by iteration. Pipe-SGD on shared cores has a third bound besides compute and
 network: every byte a rank sends or receives costs CPU time too (copies and reductions), which
 the communication thread takes from the same cores: t_comp(p shared) + p (t_u + cpu_comm) / C,
 where cpu_comm = 2 * 2(p-1)/p * M/r * copy + (p-1)/p M gamma + codec. No schedule beats that
@@ -240,6 +243,25 @@ def shared_compute(cal: Calibration, concurrency) -> float:
     return t
 
 
+def workers_on_timed_core(p: int, cores: int) -> int:
+    """Workers of a parameter-server job on the core of worker 0, whose steps are timed: rank 0
+    is the server and rank r the worker r - 1, pinned to core r mod cores (launch.pin_to_core).
+    1 where the cores are not shared."""
+    if cores >= p + 1:
+        return 1
+    return sum(1 for rank in range(1, p + 1) if rank % cores == 1 % cores)
+
+
+def _fixed_point(fn, t: float) -> float:
+    """t = fn(t) by damped iteration (fn grows with t, boundedly: it converges)."""
+    for _ in range(100):
+        t_new = fn(t)
+        if abs(t_new - t) < 1e-9:
+            return t_new
+        t = 0.5 * (t + t_new)
+    return t
+
+
 def predict(
     algo: str,
     world_size: int,
@@ -298,11 +320,17 @@ def predict(
         return Prediction(algo, codec, p, 1, tc + comm + server, tc, comm, 0.0, "server")
     if algo == "ps-async":
         comm = 2 * a + M / (r * B) + M / B
+        m = workers_on_timed_core(p, C)
 
-        def busy(t: float) -> float:
-            return p * t / (t + comm + tu)  # workers computing at once, on average
+        def own_core(t: float) -> float:
+            # Each worker computes a share f of its cycle, on its own schedule. The timed worker
+            # (worker 0) shares its core with m - 1 others: on average 1 + (m - 1) f computing
+            # there, each at that fraction of the core; a core to itself runs at the speed of
+            # one process per core while the others' p f computations load the rest.
+            f = t / (t + comm + tu)
+            return compute_time(cal, min(max(1.0, p * f), C)) * (1 + (m - 1) * f)
 
-        tc = shared_compute(cal, busy)
+        tc = _fixed_point(own_core, cal.t_comp)
         cycle = tc + comm + tu + M * d
         server = p * M / B  # the server's link: B/M pulls per second for p workers
         it, bound = (cycle, "worker") if cycle >= server else (server, "server")
@@ -398,20 +426,29 @@ def _compute_job(comm, cfg, reps: int) -> float:
     return statistics.median(times)
 
 
-def time_shared_compute(cfg, max_k: int, reps: int = CALIBRATION_REPS) -> tuple[float, ...]:
+CALIBRATION_TRIES = 2  # each busy or shared compute figure: the best of this many launches
+
+
+def time_shared_compute(
+    cfg, max_k: int, reps: int = CALIBRATION_REPS, tries: int = CALIBRATION_TRIES
+) -> tuple[float, ...]:
     """t_comp with k = 1..max_k worker processes computing at once, pinned as the workers are
-    (launch.pin_to_core): the median over ranks and steps, for each k."""
+    (launch.pin_to_core): the median over ranks and steps, for each k; the best of `tries`
+    launches (other load on the machine only ever slows a launch down, and the measured runs
+    the models are checked against are best-of-N too)."""
     from pipesgd_ref.launch import launch_local
 
     out: list[float] = []
     for k in range(1, max_k + 1):
-        per_rank = launch_local(k, _compute_job, (cfg, reps), start_method="fork")
+        best = min(statistics.median(launch_local(k, _compute_job, (cfg, reps),
+                                                  start_method="fork"))
+                   for _ in range(max(1, tries)))  # fmt: skip
         # More workers never compute faster: a noisy sample below the last one is noise.
-        out.append(max([statistics.median(per_rank), *out[-1:]]))
+        out.append(max([best, *out[-1:]]))
     return tuple(out)
 
 
-def _busy_compute_job(comm, cfg, reps: int) -> float:
+def _busy_compute_job(comm, cfg, reps: int, hop_bytes: int = 4) -> float:
     """Pipe-SGD's schedule without the optimizer: step t hands a gradient-sized buffer to a
     communication thread (one ring AllReduce, the run's codec and link) and computes the next
     gradient meanwhile; the median compute time is what the pipe's compute thread gets."""
@@ -429,20 +466,32 @@ def _busy_compute_job(comm, cfg, reps: int) -> float:
     todo: queue.SimpleQueue = queue.SimpleQueue()
     done: queue.SimpleQueue = queue.SimpleQueue()
 
-    tiny = np.zeros(comm.world_size, np.float32)
+    from pipesgd_ref.config import link_model
+
+    tiny = np.zeros(comm.world_size * hop_bytes // 4, np.float32)
+    serialize = hop_bytes / link_model(cfg).bandwidth  # the emulated wire's share of a hop
     hops: list[float] = []
+
+    # The last HOP_STEPS steps also time a ping-pong round the ring; their extra traffic
+    # would slow the computation, so their compute times are left out.
+    hop_steps = min(HOP_STEPS, reps)
 
     def communicate() -> None:  # one AllReduce per computed gradient, as in pipe.py
         try:
-            for _ in range(reps):
+            for step in range(reps):
                 todo.get()
                 allreduce(comm, traffic, "mean", codec=codec)
+                if step < reps - hop_steps:
+                    done.put(None)
+                    continue
                 # ...then a ping-pong round the ring, twice: the first waits for the slowest
-                # rank, the second times 2(p-1) hops while the computations go on
+                # rank, the second times 2(p-1) hops while the computations go on (latency
+                # and software; its bytes' serialization is taken out)
                 allreduce(comm, tiny)
                 start = time.perf_counter()
                 allreduce(comm, tiny)
-                hops.append((time.perf_counter() - start) / (2 * (comm.world_size - 1)))
+                hop = (time.perf_counter() - start) / (2 * (comm.world_size - 1))
+                hops.append(max(0.0, hop - serialize))
                 done.put(None)
         except BaseException as e:  # handed to the main thread, which raises it
             done.put(e)
@@ -460,22 +509,31 @@ def _busy_compute_job(comm, cfg, reps: int) -> float:
         if isinstance(got, BaseException):
             raise got
     thread.join(timeout=comm.timeout)
-    return statistics.median(times), statistics.median(hops)
+    return statistics.median(times[: reps - hop_steps] or times), statistics.median(hops)
 
 
-def time_busy_compute(cfg, codecs=("none",), reps: int = CALIBRATION_REPS):
-    """{codec: t_comp} of cfg.world_size pinned workers computing while their communication
-    threads run a ring AllReduce of the gradient per step, with that codec, on cfg's link."""
+def time_busy_compute(
+    cfg, codecs=("none",), reps: int = CALIBRATION_REPS, hop_bytes: int = 4,
+    tries: int = CALIBRATION_TRIES,
+):  # fmt: skip
+    """({codec: t_comp}, alpha) of cfg.world_size pinned workers computing while their
+    communication threads run a ring AllReduce of the gradient per step, with that codec, on
+    cfg's link, and a ping-pong round the ring of `hop_bytes` per hop (alpha: its latency and
+    software per hop). Each codec's figures: the best of `tries` launches."""
     from pipesgd_ref.config import link_model
     from pipesgd_ref.launch import launch_local
 
     out, hops = {}, []
     for name in codecs:
         run = cfg.replace(codec=name, resume="")
-        per_rank = launch_local(run.world_size, _busy_compute_job, (run, reps),
-                                model=link_model(run), start_method="fork")  # fmt: skip
-        out[name] = statistics.median(t for t, _ in per_rank)
-        hops += [h for _, h in per_rank]
+        launches = []
+        for _ in range(max(1, tries)):
+            per_rank = launch_local(run.world_size, _busy_compute_job, (run, reps, hop_bytes),
+                                    model=link_model(run), start_method="fork")  # fmt: skip
+            launches.append((statistics.median(t for t, _ in per_rank),
+                             statistics.median(h for _, h in per_rank)))  # fmt: skip
+        out[name] = min(t for t, _ in launches)
+        hops.append(min(h for _, h in launches))
     return out, (statistics.median(hops) if hops else None)
 
 
@@ -506,10 +564,10 @@ def time_gamma_and_copy(n: int, reps: int = 5) -> tuple[float, float]:
     return gamma, copy
 
 
-def _hop_job(comm, reps: int) -> float:
+def _hop_job(comm, n: int, reps: int) -> float:
     from pipesgd_ref.comm.ring import allreduce, barrier
 
-    x = np.ones(comm.world_size, np.float32)
+    x = np.ones(n, np.float32)
     barrier(comm)
     times = []
     for _ in range(reps):
@@ -519,15 +577,48 @@ def _hop_job(comm, reps: int) -> float:
     return statistics.median(times)
 
 
-def measure_hop(world_size: int, reps: int = 50) -> float:
-    """Software cost of one ring hop among `world_size` local processes: a tiny AllReduce (a
-    ping-pong round the ring, 2(p-1) hops), unemulated, divided by its hop count."""
+HOP_STEPS = 3  # steps of the busy compute measurement that also time a ring hop
+HOP_BYTES = 256 << 10  # per-hop message of the hop measurement on an emulated link (at most)
+
+
+def hop_message_bytes(cal_bytes: int, world_size: int, emulated: bool) -> int:
+    """Bytes per hop of the message `measure_hop` sends: on an emulated link a gradient chunk
+    (M/p, at most HOP_BYTES), large enough that the receiver sleeps until the emulated arrival
+    and must be woken, as in a real step; unemulated, one float (the wire term is modelled on
+    its own there, from the stream)."""
+    if not emulated or world_size < 2:
+        return 4
+    return int(max(4, min(HOP_BYTES, cal_bytes // world_size)) // 4 * 4)
+
+
+def measure_hop(world_size: int, model=None, hop_bytes: int = 4, reps: int | None = None) -> float:
+    """Software cost of one ring hop among `world_size` local processes: a ring AllReduce of
+    `hop_bytes` per hop (a ping-pong round the ring, 2(p-1) hops) on the link `model` (None:
+    not emulated), less the link's own latency + bytes/B, divided by its hop count. What is
+    left is what the alpha-beta model calls software: waking the receiver (from the socket, or
+    from the sleep until an emulated arrival), frames, the sending thread, Python."""
     from pipesgd_ref.launch import launch_local
 
     if world_size < 2:
         return 0.0
-    per_rank = launch_local(world_size, _hop_job, (reps,), start_method="fork")
-    return max(per_rank) / (2 * (world_size - 1))
+    hops = 2 * (world_size - 1)
+    latency, bandwidth = (model.latency, model.bandwidth) if model is not None else (0.0, math.inf)
+    wire = latency + hop_bytes / bandwidth
+    if reps is None:  # about a second of emulated wire time, 5..50 reps
+        reps = int(min(50, max(5, 1.0 / max(hops * wire, 1e-9))))
+    n = world_size * hop_bytes // 4
+    per_rank = launch_local(world_size, _hop_job, (n, reps), start_method="fork", model=model)
+    return max(0.0, max(per_rank) / hops - wire)
+
+
+def network_figures(nbytes: int = 16 << 20, reps: int = 6) -> dict:
+    """{"stream": bytes/s, "copy": CPU s per byte}: what two local processes stream over
+    loopback TCP (the fastest rep), and the CPU time each byte costs a side (the mean of the
+    sender's and the receiver's, the median over reps). Machine figures: measure once."""
+    from pipesgd_ref.bench import p2p_figures
+
+    got = p2p_figures(nbytes, reps)
+    return {"stream": got["bandwidth"], "copy": (got["cpu_send"] + got["cpu_recv"]) / 2}
 
 
 def calibrate(
@@ -535,27 +626,28 @@ def calibrate(
 ) -> Calibration:
     """Measure every figure of the models for cfg (model, batch size, world size, link).
 
-    `network` may carry already measured {"hop": s, "stream": bytes/s} (they depend only on
-    the machine and p, so a sweep measures them once). `busy_codecs`: the codecs to time
-    Pipe-SGD's computation under (t_comp_busy); none by default (then the pipe model uses the
-    shared-core t_comp and its cpu bound). `reps`: timed steps per process in the shared and
-    busy compute measurements (fewer: faster, noisier)."""
-    from pipesgd_ref.bench import measure_p2p
+    `network` may carry already measured {"hop": s, "stream": bytes/s, "copy": s/byte}
+    (`network_figures`: the stream and copy depend only on the machine, so a grid or sweep
+    measures them once; "hop" is measured on cfg's link unless given). `busy_codecs`: the
+    codecs to time Pipe-SGD's computation under (t_comp_busy); none by default (then the pipe
+    model uses the shared-core t_comp and its cpu bound). `reps`: timed steps per process in
+    the shared and busy compute measurements (fewer: faster, noisier)."""
     from pipesgd_ref.config import link_model
 
+    link = link_model(cfg)
     n, t_comp, t_update = time_compute(cfg)
+    hop_bytes = hop_message_bytes(4 * n, cfg.world_size, link.enabled)
     shared = time_shared_compute(cfg, cfg.world_size, reps)
     busy, hop_busy = {}, None
     if busy_codecs and cfg.world_size > 1:
-        busy, hop_busy = time_busy_compute(cfg, busy_codecs, reps)
+        busy, hop_busy = time_busy_compute(cfg, busy_codecs, reps, hop_bytes)
     gamma, copy = time_gamma_and_copy(n)
     codecs = time_codecs(n, cfg.codec_backend)
-    net = dict(network or {})
+    net = {**(network or {})}
+    if "stream" not in net or "copy" not in net:
+        net = {**network_figures(), **net}
     if "hop" not in net:
-        net["hop"] = measure_hop(cfg.world_size)
-    if "stream" not in net:
-        net["stream"], _ = measure_p2p(nbytes=16 << 20, reps=4)
-    link = link_model(cfg)
+        net["hop"] = measure_hop(cfg.world_size, link if link.enabled else None, hop_bytes)
     cal = Calibration(
         n_params=n,
         t_comp=t_comp,
@@ -564,9 +656,9 @@ def calibrate(
         bandwidth=link.bandwidth,
         loop_bandwidth=net["stream"],
         gamma=gamma,
-        # A loopback stream keeps both processes busy: each side spends about 1/stream of CPU
-        # time on every byte it sends or receives (kernel copies and TCP), far above memcpy.
-        copy=max(copy, 1.0 / net["stream"]),
+        # Each byte a rank sends or receives costs the cores the socket path's CPU time (kernel
+        # copies and TCP: measured on a stream), which is far above a memcpy.
+        copy=max(copy, net["copy"]),
         cores=usable_cores(),
         t_comp_shared=shared,
         t_comp_busy=busy,
@@ -575,10 +667,12 @@ def calibrate(
         source={
             "t_comp": f"median of 10 timed loss_and_grad, batch {cfg.batch_size}, this process",
             "t_update": "median of 10 timed sgd_step",
-            "alpha": f"emulated latency {link.latency:g} s + measured hop {net['hop']:.3g} s",
+            "alpha": f"emulated latency {link.latency:g} s + measured hop {net['hop']:.3g} s "
+            f"(a ring AllReduce of {hop_bytes} B per hop on this link, its wire time taken out)",
             "bandwidth": f"the emulated link: {link.bandwidth:.4g} bytes/s",
-            "loop_bandwidth": "a 16 MB stream between two local processes, 4 times",
-            "copy": "1/loop_bandwidth per byte sent or received (each side of a stream is busy)",
+            "loop_bandwidth": "the fastest of 6 streams of 16 MB between two local processes",
+            "copy": "CPU time per byte of the sending and receiving thread of those streams "
+            "(their mean)",
             "gamma": "np.add over the gradient",
             "cores": "os.sched_getaffinity",
             "t_comp_shared": f"median of {reps} timed loss_and_grad in k pinned processes at once",

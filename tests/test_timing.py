@@ -285,10 +285,33 @@ def test_ps_sync_on_one_core_shares_compute():
 
 
 def test_ps_async_on_one_core_shares_compute():
-    # busy k = p t / (t + comm + t_u), comm = 0.082, t_u = 0.002, 1 core, p = 4:
-    # t = 0.05 * 4t / (t + 0.084)  =>  t + 0.084 = 0.2  =>  t = 0.116 s (k = 2.32)
+    # One core: all p = 4 workers on the timed worker's core. While it computes, each of the
+    # other 3 computes a share f = t / (t + comm + t_u) of its cycle (comm = 0.082,
+    # t_u = 0.002): t = 0.05 (1 + 3 f)  =>  (t - 0.05)(t + 0.084) = 0.15 t
+    #   =>  t^2 - 0.116 t - 0.0042 = 0  =>  t = (0.116 + sqrt(0.116^2 + 0.0168)) / 2
     pred = predict("ps-async", 4, textbook(cores=1))
-    close(pred.compute_s, 0.116, "ps-async compute on one core", rel=1e-6)
+    close(pred.compute_s, (0.116 + math.sqrt(0.116**2 + 0.0168)) / 2, "ps-async, one core",
+          rel=1e-6)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "p, cores, m",
+    [(2, 2, 1), (3, 2, 2), (4, 2, 2), (5, 2, 3), (4, 1, 4), (3, 4, 1), (8, 4, 2), (2, 64, 1)],
+)
+def test_workers_on_timed_core(p, cores, m):
+    # rank 0 is the server, rank r worker r - 1 on core r mod cores; worker 0 is timed
+    assert timing.workers_on_timed_core(p, cores) == m
+
+
+def test_ps_async_timed_worker_sharing_its_core_computes_slower():
+    # p = 3 workers on 2 cores: worker 0 (rank 1, core 1) shares core 1 with rank 3, while
+    # rank 2 has core 0 beside the idle server. Same cores, p = 2: a core to itself.
+    # p = 3: t = 0.05 (1 + f), f = t / (t + 0.084)  =>  t^2 - 0.016 t - 0.0042 = 0
+    cal = textbook(cores=2)
+    alone, shared = predict("ps-async", 2, cal), predict("ps-async", 3, cal)
+    close(alone.compute_s, cal.t_comp, "ps-async, a core to itself")
+    close(shared.compute_s, (0.016 + math.sqrt(0.016**2 + 0.0168)) / 2, "ps-async, 2 on a core",
+          rel=1e-6)  # fmt: skip
 
 
 # --- predict_all, speedups, labels, errors -------------------------------------------------------

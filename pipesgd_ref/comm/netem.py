@@ -276,6 +276,10 @@ class LinkEmulator:
         # The time the last scheduled byte leaves the wire; -inf: the wire has never been used.
         self.wire_free = -math.inf
 
+    def free_now(self) -> bool:
+        """True when `schedule` would not wait: no emulation, or the wire is idle."""
+        return not self.model.enabled or self.wire_free <= self._clock()
+
     def schedule(self, nbytes: int) -> float:
         """Wait while the wire is busy, book it for `nbytes`; return the arrival time (clock()).
 
