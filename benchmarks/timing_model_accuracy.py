@@ -22,7 +22,8 @@ The grid (defaults):
                   run iterations of a few ms, where per-step software costs the models leave
                   out (Python, wake-ups on shared cores) are a large share: errors of 30-70%.
     method        ps-sync, ps-async, sync, pipe, pipe+trunc16, pipe+q8 (timing.COMPARE_RUNS)
-    steps         12 per run (the first width + 1 are warm-up, left out of the median); each
+    steps         12 per run (the first width + 1 are warm-up, left out of the median), more
+                  (up to 40) where iterations are short, so a run spans 0.6 s or more; each
                   point run twice (--repeats), a third time when the two differ by more than
                   10%, the fastest run kept
 
@@ -46,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
@@ -61,6 +63,8 @@ GRID_MINUTES = 13  # the docstring's estimate, printed at the start of a default
 # Emulated links (the --latency, 50us by default, and this bandwidth per link and direction),
 # and "loopback": no emulation at all, the machine's own TCP.
 NETWORKS = ("100Mbit", "1Gbit", "10Gbit", "loopback")
+MAX_STEPS = 40  # the most steps a run of a short-iteration point gets (see measure_point)
+MIN_RUN_S = 0.6  # default --min-run: seconds of steady-state iterations a run should span
 # Two runs of a point further apart than this (ratio) get a third: one was hit by other load.
 SPREAD_FOR_ONE_MORE = 1.10
 TARGET_MEDIAN = 0.10  # median |error| over the grid
@@ -124,12 +128,21 @@ def format_stats(name: str, s: dict) -> str:
 
 
 def measure_point(
-    cfg: TrainConfig, cal: timing.Calibration, algo: str, codec: str, repeats: int = 1
+    cfg: TrainConfig,
+    cal: timing.Calibration,
+    algo: str,
+    codec: str,
+    repeats: int = 1,
+    min_run_s: float = 0.0,
 ) -> dict:
     """Train cfg with (algo, codec) `repeats` times; the fastest run's measured iteration time
     beside the predicted one. Best of N, as benchmarks usually report: on a shared machine
-    other load only ever slows a run down."""
+    other load only ever slows a run down. `min_run_s`: more steps than cfg.steps (up to
+    MAX_STEPS) where the predicted iterations are short, so that the median is over about that
+    much time: one scheduling hiccup of a few ms is a third of a 10 ms iteration."""
     pred = timing.predict(algo, cfg.world_size, cal, codec, cfg.width)
+    steps = max(cfg.steps, min(MAX_STEPS, math.ceil(min_run_s / pred.iter_time_s)))
+    cfg = cfg.replace(steps=steps)
     start = time.perf_counter()
 
     def run() -> dict:
@@ -146,6 +159,7 @@ def measure_point(
         "measured_all_s": [s["iter_time_s"] for s in runs],
         "predicted_s": pred.iter_time_s,
         "error": (pred.iter_time_s - measured) / measured,
+        "steps": steps,
         "bound": pred.bound,
         "prediction": pred.to_dict(),
         # the run's own medians, to tell a compute error from a communication one
@@ -175,6 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=None, help="steps per run (default 12; quick 10)")
     ap.add_argument("--repeats", type=int, default=None,
                     help="runs per point, the fastest kept (default 2; quick 1)")  # fmt: skip
+    ap.add_argument("--min-run", type=float, default=None,
+                    help=f"seconds a run should span: more steps (up to {MAX_STEPS}) for short "
+                    f"iterations (default {MIN_RUN_S}; quick 0)")  # fmt: skip
     ap.add_argument("--verbose", action="store_true", help="print every calibration")
     ap.add_argument("--json", dest="json_path", default=None, help="write every row here")
     args = ap.parse_args(argv)
@@ -186,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         models = parse_models(args.models)
     steps = args.steps or (10 if args.quick else 12)
     args.repeats = args.repeats or (1 if args.quick else 2)
+    min_run = args.min_run if args.min_run is not None else (0.0 if args.quick else MIN_RUN_S)
     base = TrainConfig(dataset="digits", model="mlp", batch_size=args.batch_size, steps=steps,
                        lr=0.05, eval_every=0)  # fmt: skip
     n_runs = len(world_sizes) * len(networks) * len(models) * len(timing.COMPARE_RUNS)
@@ -211,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
                 cfg = base.replace(world_size=p, hidden=hidden, latency=latency,
                                    bandwidth=bandwidth)  # fmt: skip
                 # as `pipesgd compare` does: pipe's compute is timed next to its communication
-                cal = timing.calibrate(cfg, network=machine,
+                cal = timing.calibrate(cfg, network=machine, min_span_s=0.3,
                                        busy_codecs=("none", "trunc16", "q8"))  # fmt: skip
                 calibrations.append({"world_size": p, "network": net, "model": model_name(hidden),
                                      "calibration": cal.to_dict()})  # fmt: skip
@@ -224,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
                            "n_params": cal.n_params, "method": timing.run_label(algo, codec),
                            "algo": algo, "codec": codec, "steps": steps}  # fmt: skip
                     try:
-                        row.update(measure_point(cfg, cal, algo, codec, args.repeats))
+                        row.update(measure_point(cfg, cal, algo, codec, args.repeats,
+                                                 min_run))  # fmt: skip
                     except Exception as e:  # noqa: BLE001 - one failed run must not end the grid
                         row["failed"] = " ".join(f"{type(e).__name__}: {e}".split())[:300]
                     rows.append(row)

@@ -247,7 +247,7 @@ def _ring_reduce(comm: Communicator, array: np.ndarray, op: Op, segment_bytes: i
     flat = array
     bounds = chunk_bounds(flat.size, p)
     per = max(1, segment_bytes // flat.itemsize)
-    scratch = np.empty(max(b - a for a, b in bounds), flat.dtype)  # O(M/p): one chunk
+    scratch = comm.scratch(max(b - a for a, b in bounds), flat.dtype)  # O(M/p): one chunk
     header = Frame(kind=Kind.DATA, op=op, dtype=CODE_OF_DTYPE[flat.dtype], seq=seq, src=rank,
                    total_len=flat.size)  # fmt: skip
     sender = comm.right.start_sender()
