@@ -426,14 +426,15 @@ def _compute_job(comm, cfg, reps: int) -> float:
     return statistics.median(times)
 
 
-CALIBRATION_TRIES = 2  # each busy or shared compute figure: the best of this many launches...
+CALIBRATION_TRIES = 2  # each busy or shared compute figure: the median of this many launches...
 CALIBRATION_SPREAD = 1.10  # ...and one more when they differ by more than this ratio
 
 
-def _best_of(measure, tries: int = CALIBRATION_TRIES):
-    """min over `tries` calls of measure() (a number, or a tuple compared by its first item),
-    with one more call when the first ones disagree by more than CALIBRATION_SPREAD: a burst
-    of other load on a shared machine only ever slows a measurement down."""
+def _typical_of(measure, tries: int = CALIBRATION_TRIES):
+    """The median of `tries` calls of measure() (a number, or a tuple: the median of each item),
+    with one more call when the first ones disagree by more than CALIBRATION_SPREAD (by the
+    first item), so that one launch hit by a burst of other load is outvoted. The median, not
+    the fastest: the runs the models predict meet the machine's typical load, not its best."""
     got = [measure() for _ in range(max(1, tries))]
 
     def key(x):
@@ -441,24 +442,25 @@ def _best_of(measure, tries: int = CALIBRATION_TRIES):
 
     if len(got) > 1 and max(map(key, got)) > CALIBRATION_SPREAD * min(map(key, got)):
         got.append(measure())
-    return min(got, key=key)
+    if isinstance(got[0], tuple):
+        return tuple(statistics.median(column) for column in zip(*got, strict=True))
+    return statistics.median(got)
 
 
 def time_shared_compute(
     cfg, max_k: int, reps: int = CALIBRATION_REPS, tries: int = CALIBRATION_TRIES
 ) -> tuple[float, ...]:
     """t_comp with k = 1..max_k worker processes computing at once, pinned as the workers are
-    (launch.pin_to_core): the median over ranks and steps, for each k; the best of `tries`
-    launches, or one more (_best_of; the measured runs the models are checked against are
-    best-of-N too)."""
+    (launch.pin_to_core): the median over ranks and steps, for each k; the median of `tries`
+    launches, or of one more when they disagree (_typical_of)."""
     from pipesgd_ref.launch import launch_local
 
     out: list[float] = []
     for k in range(1, max_k + 1):
-        best = _best_of(lambda k=k: statistics.median(
+        typical = _typical_of(lambda k=k: statistics.median(
             launch_local(k, _compute_job, (cfg, reps), start_method="fork")), tries)  # fmt: skip
         # More workers never compute faster: a noisy sample below the last one is noise.
-        out.append(max([best, *out[-1:]]))
+        out.append(max([typical, *out[-1:]]))
     return tuple(out)
 
 
@@ -533,8 +535,8 @@ def time_busy_compute(
     """({codec: t_comp}, alpha) of cfg.world_size pinned workers computing while their
     communication threads run a ring AllReduce of the gradient per step, with that codec, on
     cfg's link, and a ping-pong round the ring of `hop_bytes` per hop (alpha: its latency and
-    software per hop). Each codec's figures: those of the launch with the fastest computation,
-    the best of `tries` (or one more, see _best_of)."""
+    software per hop). Each codec's figures: the median of `tries` launches, or of one more
+    when they disagree (_typical_of)."""
     from pipesgd_ref.config import link_model
     from pipesgd_ref.launch import launch_local
 
@@ -548,7 +550,7 @@ def time_busy_compute(
             return (statistics.median(t for t, _ in per_rank),
                     statistics.median(h for _, h in per_rank))  # fmt: skip
 
-        out[name], hop = _best_of(launch, tries)
+        out[name], hop = _typical_of(launch, tries)
         hops.append(hop)
     return out, (statistics.median(hops) if hops else None)
 
@@ -629,7 +631,7 @@ def measure_hop(world_size: int, model=None, hop_bytes: int = 4, reps: int | Non
 
 def network_figures(nbytes: int = 16 << 20, reps: int = 6) -> dict:
     """{"stream": bytes/s, "copy": CPU s per byte}: what two local processes stream over
-    loopback TCP (the fastest rep), and the CPU time each byte costs a side (the mean of the
+    loopback TCP (the median rep), and the CPU time each byte costs a side (the mean of the
     sender's and the receiver's, the median over reps). Machine figures: measure once."""
     from pipesgd_ref.bench import p2p_figures
 
@@ -693,13 +695,13 @@ def calibrate(
             "alpha": f"emulated latency {link.latency:g} s + measured hop {net['hop']:.3g} s "
             f"(a ring AllReduce of {hop_bytes} B per hop on this link, its wire time taken out)",
             "bandwidth": f"the emulated link: {link.bandwidth:.4g} bytes/s",
-            "loop_bandwidth": "the fastest of 6 streams of 16 MB between two local processes",
+            "loop_bandwidth": "the median of 6 streams of 16 MB between two local processes",
             "copy": "CPU time per byte of the sending and receiving thread of those streams "
             "(their mean)",
             "gamma": "np.add over the gradient",
             "cores": "os.sched_getaffinity",
             "t_comp_shared": f"median of {reps} timed loss_and_grad in k pinned processes at "
-            "once, the best of 2 or 3 launches",
+            "once, the median of 2 or 3 launches",
         },
     )
     if log:

@@ -227,8 +227,9 @@ def _peak_memory_job(comm, n):
 
 
 def test_extra_memory_is_one_chunk_not_the_whole_array():
-    """Per-rank extra memory of the ring is O(M/p) (one chunk-sized receive buffer), not O(M p):
-    with M = 16 MB on 4 ranks, at most M/p plus 10% (NumPy reports its buffers to tracemalloc)."""
+    """Per-rank extra memory of the ring is O(M/p) (one segment-sized receive buffer, at most a
+    chunk), not O(M p): with M = 16 MB on 4 ranks, at most M/p plus 10% (NumPy reports its
+    buffers to tracemalloc)."""
     p, n = 4, 4 << 20
     M = 4 * n
     for rank, peak in enumerate(launch_local(p, _peak_memory_job, (n,), start_method="fork")):

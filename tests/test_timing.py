@@ -548,7 +548,7 @@ def test_calibrate_smoke():
     assert Calibration.from_dict(json.loads(json.dumps(cal.to_dict()))) == cal
 
 
-def test_calibration_keeps_the_fastest_and_measures_once_more_when_runs_disagree():
+def test_calibration_takes_the_median_and_measures_once_more_when_launches_disagree():
     calls = []
 
     def measure(values):
@@ -560,11 +560,11 @@ def test_calibration_keeps_the_fastest_and_measures_once_more_when_runs_disagree
 
         return one
 
-    assert timing._best_of(measure([1.0, 1.05, 0.1]), tries=2) == 1.0  # agree: two calls
+    assert timing._typical_of(measure([1.0, 1.06, 0.1]), tries=2) == 1.03  # agree: the mean
     assert len(calls) == 2
     calls.clear()
-    assert timing._best_of(measure([2.0, 1.5, 1.2]), tries=2) == 1.2  # disagree: a third
+    assert timing._typical_of(measure([2.0, 1.0, 1.2]), tries=2) == 1.2  # disagree: a third
     assert len(calls) == 3
-    # tuples compare by their first item (the computation), the rest comes along
-    got = timing._best_of(measure([(2.0, "a"), (1.0, "b"), (3.0, "c")]), tries=2)
-    assert got == (1.0, "b")
+    # tuples: the median of each item (the first, the computation, decides "disagree")
+    got = timing._typical_of(measure([(2.0, 5.0), (1.0, 7.0), (1.5, 6.0)]), tries=2)
+    assert got == (1.5, 6.0)

@@ -22,8 +22,8 @@ everyone: every rank ends with bitwise identical results, whatever the timing.
 
 Pipelining inside a step: each chunk travels as segments of at most `segment_bytes`. A segment
 is forwarded (next step) as soon as it has been received and reduced, by a sending thread,
-while the main thread receives the next segment. Extra memory per rank: one chunk-sized receive
-buffer, O(M/p).
+while the main thread receives the next segment. Extra memory per rank: one segment-sized
+receive buffer (at most a chunk, O(M/p)), kept by the communicator for the next call.
 
 Agreement: every frame carries (sequence number, op, dtype, total length, step, segment); the
 receiver checks them against its own call before reading the payload, so two ranks in different
@@ -247,7 +247,9 @@ def _ring_reduce(comm: Communicator, array: np.ndarray, op: Op, segment_bytes: i
     flat = array
     bounds = chunk_bounds(flat.size, p)
     per = max(1, segment_bytes // flat.itemsize)
-    scratch = comm.scratch(max(b - a for a, b in bounds), flat.dtype)  # O(M/p): one chunk
+    # One segment: each is received here, added into place and forwarded from there, so the
+    # next one can reuse it (and it stays in cache). At most O(M/p).
+    scratch = comm.scratch(min(per, max(b - a for a, b in bounds)), flat.dtype)
     header = Frame(kind=Kind.DATA, op=op, dtype=CODE_OF_DTYPE[flat.dtype], seq=seq, src=rank,
                    total_len=flat.size)  # fmt: skip
     sender = comm.right.start_sender()
