@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
 import time
@@ -65,6 +64,7 @@ GRID_MINUTES = 13  # the docstring's estimate, printed at the start of a default
 NETWORKS = ("100Mbit", "1Gbit", "10Gbit", "loopback")
 MAX_STEPS = 40  # the most steps a run of a short-iteration point gets (see measure_point)
 MIN_RUN_S = 0.6  # default --min-run: seconds of steady-state iterations a run should span
+CAL_SPAN_S = 0.3  # seconds each compute measurement of a calibration (and a re-check) spans
 # Two runs of a point further apart than this (ratio) get a third: one was hit by other load.
 SPREAD_FOR_ONE_MORE = 1.10
 TARGET_MEDIAN = 0.10  # median |error| over the grid
@@ -134,17 +134,26 @@ def measure_point(
     codec: str,
     repeats: int = 1,
     min_run_s: float = 0.0,
+    recheck: bool = False,
+    reps: int = timing.CALIBRATION_REPS,
 ) -> dict:
     """Train cfg with (algo, codec) `repeats` times, once more when two runs disagree by more
     than SPREAD_FOR_ONE_MORE; the median run's iteration time beside the predicted one (the
     median, as the calibration takes: a run hit by a burst of other load is outvoted, and the
     prediction is for the machine's typical load). `min_run_s`: more steps than cfg.steps (up
     to MAX_STEPS) where the predicted iterations are short, so that the median is over about
-    that much time: one scheduling hiccup of a few ms is a third of a 10 ms iteration."""
-    pred = timing.predict(algo, cfg.world_size, cal, codec, cfg.width)
-    steps = max(cfg.steps, min(MAX_STEPS, math.ceil(min_run_s / pred.iter_time_s)))
+    that much time: one scheduling hiccup of a few ms is a third of a 10 ms iteration.
+    `recheck`: time the p processes' computation (`reps` steps) just before and after the runs
+    and scale the calibration's compute figures by how much the machine has drifted since it
+    was calibrated (timing.rescaled)."""
+
+    def predict(c: timing.Calibration) -> timing.Prediction:
+        return timing.predict(algo, cfg.world_size, c, codec, cfg.width)
+
+    steps = timing.steps_spanning(predict(cal).iter_time_s, min_run_s, cfg.steps, MAX_STEPS)
     cfg = cfg.replace(steps=steps)
     start = time.perf_counter()
+    before = timing.time_compute_now(cfg, reps) if recheck else None
 
     def run() -> dict:
         return run_training(cfg.replace(algo=algo, codec=codec), progress=False, log=quiet)[0]
@@ -155,11 +164,17 @@ def measure_point(
         runs.append(run())  # the runs disagree: a burst of other load hit one; one more
     measured = statistics.median(s["iter_time_s"] for s in runs)
     summary = min(runs, key=lambda s: abs(s["iter_time_s"] - measured))  # its parts, below
+    drift = 1.0
+    if recheck:  # the machine's speed now, against the calibration's: before and after the runs
+        now = (before + timing.time_compute_now(cfg, reps)) / 2
+        drift = now / timing.compute_time(cal, cfg.world_size)
+    pred = predict(timing.rescaled(cal, drift))
     return {
         "measured_s": measured,
         "measured_all_s": [s["iter_time_s"] for s in runs],
         "predicted_s": pred.iter_time_s,
         "error": (pred.iter_time_s - measured) / measured,
+        "compute_drift": drift,
         "steps": steps,
         "bound": pred.bound,
         "prediction": pred.to_dict(),
@@ -193,6 +208,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--min-run", type=float, default=None,
                     help=f"seconds a run should span: more steps (up to {MAX_STEPS}) for short "
                     f"iterations (default {MIN_RUN_S}; quick 0)")  # fmt: skip
+    ap.add_argument("--no-recheck", action="store_true",
+                    help="predict from the calibration as it was, without re-timing the "
+                    "computation around each point's runs (--quick: never re-times)")  # fmt: skip
     ap.add_argument("--verbose", action="store_true", help="print every calibration")
     ap.add_argument("--json", dest="json_path", default=None, help="write every row here")
     args = ap.parse_args(argv)
@@ -205,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     steps = args.steps or (10 if args.quick else 12)
     args.repeats = args.repeats or (1 if args.quick else 2)
     min_run = args.min_run if args.min_run is not None else (0.0 if args.quick else MIN_RUN_S)
+    recheck = not (args.no_recheck or args.quick)
     base = TrainConfig(dataset="digits", model="mlp", batch_size=args.batch_size, steps=steps,
                        lr=0.05, eval_every=0)  # fmt: skip
     n_runs = len(world_sizes) * len(networks) * len(models) * len(timing.COMPARE_RUNS)
@@ -230,7 +249,9 @@ def main(argv: list[str] | None = None) -> int:
                 cfg = base.replace(world_size=p, hidden=hidden, latency=latency,
                                    bandwidth=bandwidth)  # fmt: skip
                 # as `pipesgd compare` does: pipe's compute is timed next to its communication
-                cal = timing.calibrate(cfg, network=machine, min_span_s=0.3,
+                cal_reps = timing.steps_spanning(timing.time_compute(cfg, 3)[1], CAL_SPAN_S,
+                                                 timing.CALIBRATION_REPS, MAX_STEPS)  # fmt: skip
+                cal = timing.calibrate(cfg, network=machine, reps=cal_reps,
                                        busy_codecs=("none", "trunc16", "q8"))  # fmt: skip
                 calibrations.append({"world_size": p, "network": net, "model": model_name(hidden),
                                      "calibration": cal.to_dict()})  # fmt: skip
@@ -244,7 +265,8 @@ def main(argv: list[str] | None = None) -> int:
                            "algo": algo, "codec": codec, "steps": steps}  # fmt: skip
                     try:
                         row.update(measure_point(cfg, cal, algo, codec, args.repeats,
-                                                 min_run))  # fmt: skip
+                                                 min_run, recheck,
+                                                 cal_reps))  # fmt: skip
                     except Exception as e:  # noqa: BLE001 - one failed run must not end the grid
                         row["failed"] = " ".join(f"{type(e).__name__}: {e}".split())[:300]
                     rows.append(row)

@@ -73,10 +73,15 @@ T_sync = max(t_comp + T_ar + t_u, cpu bound) (its sum assumes every worker has i
 its copies, reductions and update; on C < p cores they queue like the computations do).
 
 Calibration (`calibrate`): t_comp and t_u are timed on the actual model and batch size in this
-process; gamma, copy and the codecs' e and d are timed on gradient-sized arrays; alpha and B are
-the emulated link's settings plus the software cost of one hop, measured by a small AllReduce
-among p local processes (a ping-pong round the ring), and the bandwidth of a streaming test
-between two processes (which caps an emulated bandwidth set above what loopback can move).
+process; gamma and the codecs' e and d are timed on gradient-sized arrays; alpha and B are the
+emulated link's settings plus the software cost of one hop, measured by a ring AllReduce among p
+local processes on the run's own link with a gradient chunk per hop (a ping-pong round the ring:
+on an emulated link the receiver then sleeps until the emulated arrival and must be woken, as in
+a real step), and the bandwidth of a streaming test between two processes (which caps an
+emulated bandwidth set above what loopback can move); `copy` is the CPU time the sending and
+the receiving thread of that stream spent per byte. The shared and busy compute figures are the
+median of two launches (three when they disagree): on a shared machine one launch can be hit by
+a burst of other load.
 """
 
 from __future__ import annotations
@@ -426,6 +431,36 @@ def _compute_job(comm, cfg, reps: int) -> float:
     return statistics.median(times)
 
 
+def steps_spanning(step_s: float, span_s: float, least: int, most: int) -> int:
+    """How many steps of `step_s` make a measurement span `span_s` seconds, within
+    [least, most]: short steps need more of them, or one scheduling hiccup of a few ms moves
+    their median by a third."""
+    return max(least, min(most, math.ceil(span_s / max(step_s, 1e-9))))
+
+
+def time_compute_now(cfg, reps: int = CALIBRATION_REPS) -> float:
+    """t_comp of cfg.world_size pinned processes computing at once: one launch, the median over
+    ranks and steps. A quick re-check of the machine's speed (see `rescaled`)."""
+    from pipesgd_ref.launch import launch_local
+
+    per_rank = launch_local(cfg.world_size, _compute_job, (cfg, reps), start_method="fork")
+    return statistics.median(per_rank)
+
+
+def rescaled(cal: Calibration, factor: float) -> Calibration:
+    """`cal` on a machine that computes `factor` times slower than when it was calibrated:
+    every compute figure (t_comp, shared, busy, t_u) scaled. A shared VM's speed drifts by
+    10-25% over minutes; re-timing the computation just before a run (`time_compute_now`) and
+    scaling by the drift keeps the rest of a long calibration valid."""
+    return replace(
+        cal,
+        t_comp=cal.t_comp * factor,
+        t_update=cal.t_update * factor,
+        t_comp_shared=tuple(t * factor for t in cal.t_comp_shared),
+        t_comp_busy={k: t * factor for k, t in cal.t_comp_busy.items()},
+    )
+
+
 CALIBRATION_TRIES = 2  # each busy or shared compute figure: the median of this many launches...
 CALIBRATION_SPREAD = 1.10  # ...and one more when they differ by more than this ratio
 
@@ -645,7 +680,6 @@ def calibrate(
     log=None,
     busy_codecs=(),
     reps: int = CALIBRATION_REPS,
-    min_span_s: float = 0.0,
 ) -> Calibration:
     """Measure every figure of the models for cfg (model, batch size, world size, link).
 
@@ -654,13 +688,11 @@ def calibrate(
     measures them once; "hop" is measured on cfg's link unless given). `busy_codecs`: the
     codecs to time Pipe-SGD's computation under (t_comp_busy); none by default (then the pipe
     model uses the shared-core t_comp and its cpu bound). `reps`: timed steps per process in
-    the shared and busy compute measurements (fewer: faster, noisier); `min_span_s`: more
-    steps than `reps` (up to 4 reps) where a step is short, so each measurement spans that."""
+    the shared and busy compute measurements (fewer: faster, noisier; see `steps_spanning`)."""
     from pipesgd_ref.config import link_model
 
     link = link_model(cfg)
     n, t_comp, t_update = time_compute(cfg)
-    reps = max(reps, min(4 * reps, math.ceil(min_span_s / max(t_comp, 1e-9))))
     hop_bytes = hop_message_bytes(4 * n, cfg.world_size, link.enabled)
     shared = time_shared_compute(cfg, cfg.world_size, reps)
     busy, hop_busy = {}, None

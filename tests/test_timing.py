@@ -568,3 +568,25 @@ def test_calibration_takes_the_median_and_measures_once_more_when_launches_disag
     # tuples: the median of each item (the first, the computation, decides "disagree")
     got = timing._typical_of(measure([(2.0, 5.0), (1.0, 7.0), (1.5, 6.0)]), tries=2)
     assert got == (1.5, 6.0)
+
+
+def test_rescaled_scales_every_compute_figure_and_nothing_else():
+    cal = textbook(t_comp_shared=(0.05, 0.06), t_comp_busy={"none": 0.07}, cores=2)
+    slow = timing.rescaled(cal, 1.5)
+    assert (slow.t_comp, slow.t_update) == pytest.approx((1.5 * cal.t_comp, 1.5 * cal.t_update))
+    assert slow.t_comp_shared == pytest.approx((0.075, 0.09))
+    assert slow.t_comp_busy == pytest.approx({"none": 0.105})
+    assert (slow.alpha, slow.bandwidth, slow.gamma) == (cal.alpha, cal.bandwidth, cal.gamma)
+    # a network-bound iteration does not move (its compute part does)
+    net = predict("pipe", 4, cal.with_network(bandwidth=1e6))
+    slow_net = predict("pipe", 4, timing.rescaled(cal, 1.5).with_network(bandwidth=1e6))
+    assert slow_net.bound == net.bound == "network" and slow_net.iter_time_s == net.iter_time_s
+    assert slow_net.compute_s > net.compute_s
+    assert timing.rescaled(cal, 1.0) == cal
+
+
+@pytest.mark.parametrize(
+    "step_s, span_s, want", [(0.01, 0.3, 30), (0.1, 0.3, 12), (0.001, 0.3, 40), (0.05, 0, 12)]
+)
+def test_steps_spanning(step_s, span_s, want):
+    assert timing.steps_spanning(step_s, span_s, least=12, most=40) == want
