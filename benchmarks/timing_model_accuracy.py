@@ -25,7 +25,7 @@ The grid (defaults):
     steps         12 per run (the first width + 1 are warm-up, left out of the median), more
                   (up to 40) where iterations are short, so a run spans 0.6 s or more; each
                   point run twice (--repeats), a third time when the two differ by more than
-                  10%; the median run kept
+                  10%; the fastest run kept
 
 The link figures that depend only on the machine are measured once: the loopback stream
 bandwidth once for the grid, the software cost of a ring hop once per world size; everything
@@ -64,7 +64,7 @@ GRID_MINUTES = 13  # the docstring's estimate, printed at the start of a default
 NETWORKS = ("100Mbit", "1Gbit", "10Gbit", "loopback")
 MAX_STEPS = 40  # the most steps a run of a short-iteration point gets (see measure_point)
 MIN_RUN_S = 0.6  # default --min-run: seconds of steady-state iterations a run should span
-CAL_SPAN_S = 0.3  # seconds each compute measurement of a calibration (and a re-check) spans
+CAL_SPAN_S = 0.3  # seconds each compute measurement of a calibration spans
 # Two runs of a point further apart than this (ratio) get a third: one was hit by other load.
 SPREAD_FOR_ONE_MORE = 1.10
 TARGET_MEDIAN = 0.10  # median |error| over the grid
@@ -134,26 +134,18 @@ def measure_point(
     codec: str,
     repeats: int = 1,
     min_run_s: float = 0.0,
-    recheck: bool = False,
-    reps: int = timing.CALIBRATION_REPS,
 ) -> dict:
     """Train cfg with (algo, codec) `repeats` times, once more when two runs disagree by more
-    than SPREAD_FOR_ONE_MORE; the median run's iteration time beside the predicted one (the
-    median, as the calibration takes: a run hit by a burst of other load is outvoted, and the
-    prediction is for the machine's typical load). `min_run_s`: more steps than cfg.steps (up
-    to MAX_STEPS) where the predicted iterations are short, so that the median is over about
-    that much time: one scheduling hiccup of a few ms is a third of a 10 ms iteration.
-    `recheck`: time the p processes' computation (`reps` steps) just before and after the runs
-    and scale the calibration's compute figures by how much the machine has drifted since it
-    was calibrated (timing.rescaled)."""
-
-    def predict(c: timing.Calibration) -> timing.Prediction:
-        return timing.predict(algo, cfg.world_size, c, codec, cfg.width)
-
-    steps = timing.steps_spanning(predict(cal).iter_time_s, min_run_s, cfg.steps, MAX_STEPS)
+    than SPREAD_FOR_ONE_MORE; the fastest run's iteration time beside the predicted one. Best
+    of N, as benchmarks usually report and as the calibration takes its compute figures: on a
+    shared machine other load only ever slows a run down. `min_run_s`: more steps than
+    cfg.steps (up to MAX_STEPS) where the predicted iterations are short, so that the median
+    is over about that much time: one scheduling hiccup of a few ms is a third of a 10 ms
+    iteration."""
+    pred = timing.predict(algo, cfg.world_size, cal, codec, cfg.width)
+    steps = timing.steps_spanning(pred.iter_time_s, min_run_s, cfg.steps, MAX_STEPS)
     cfg = cfg.replace(steps=steps)
     start = time.perf_counter()
-    before = timing.time_compute_now(cfg, reps) if recheck else None
 
     def run() -> dict:
         return run_training(cfg.replace(algo=algo, codec=codec), progress=False, log=quiet)[0]
@@ -162,19 +154,13 @@ def measure_point(
     times = [s["iter_time_s"] for s in runs]
     if len(runs) > 1 and max(times) > SPREAD_FOR_ONE_MORE * min(times):
         runs.append(run())  # the runs disagree: a burst of other load hit one; one more
-    measured = statistics.median(s["iter_time_s"] for s in runs)
-    summary = min(runs, key=lambda s: abs(s["iter_time_s"] - measured))  # its parts, below
-    drift = 1.0
-    if recheck:  # the machine's speed now, against the calibration's: before and after the runs
-        now = (before + timing.time_compute_now(cfg, reps)) / 2
-        drift = now / timing.compute_time(cal, cfg.world_size)
-    pred = predict(timing.rescaled(cal, drift))
+    summary = min(runs, key=lambda s: s["iter_time_s"])
+    measured = summary["iter_time_s"]
     return {
         "measured_s": measured,
         "measured_all_s": [s["iter_time_s"] for s in runs],
         "predicted_s": pred.iter_time_s,
         "error": (pred.iter_time_s - measured) / measured,
-        "compute_drift": drift,
         "steps": steps,
         "bound": pred.bound,
         "prediction": pred.to_dict(),
@@ -204,13 +190,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--steps", type=int, default=None, help="steps per run (default 12; quick 10)")
     ap.add_argument("--repeats", type=int, default=None,
-                    help="runs per point, the median kept (default 2; quick 1)")  # fmt: skip
+                    help="runs per point, the fastest kept (default 2; quick 1)")  # fmt: skip
     ap.add_argument("--min-run", type=float, default=None,
                     help=f"seconds a run should span: more steps (up to {MAX_STEPS}) for short "
                     f"iterations (default {MIN_RUN_S}; quick 0)")  # fmt: skip
-    ap.add_argument("--no-recheck", action="store_true",
-                    help="predict from the calibration as it was, without re-timing the "
-                    "computation around each point's runs (--quick: never re-times)")  # fmt: skip
     ap.add_argument("--verbose", action="store_true", help="print every calibration")
     ap.add_argument("--json", dest="json_path", default=None, help="write every row here")
     args = ap.parse_args(argv)
@@ -223,7 +206,6 @@ def main(argv: list[str] | None = None) -> int:
     steps = args.steps or (10 if args.quick else 12)
     args.repeats = args.repeats or (1 if args.quick else 2)
     min_run = args.min_run if args.min_run is not None else (0.0 if args.quick else MIN_RUN_S)
-    recheck = not (args.no_recheck or args.quick)
     base = TrainConfig(dataset="digits", model="mlp", batch_size=args.batch_size, steps=steps,
                        lr=0.05, eval_every=0)  # fmt: skip
     n_runs = len(world_sizes) * len(networks) * len(models) * len(timing.COMPARE_RUNS)
@@ -265,8 +247,7 @@ def main(argv: list[str] | None = None) -> int:
                            "algo": algo, "codec": codec, "steps": steps}  # fmt: skip
                     try:
                         row.update(measure_point(cfg, cal, algo, codec, args.repeats,
-                                                 min_run, recheck,
-                                                 cal_reps))  # fmt: skip
+                                                 min_run))  # fmt: skip
                     except Exception as e:  # noqa: BLE001 - one failed run must not end the grid
                         row["failed"] = " ".join(f"{type(e).__name__}: {e}".split())[:300]
                     rows.append(row)

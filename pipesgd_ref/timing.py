@@ -80,8 +80,8 @@ on an emulated link the receiver then sleeps until the emulated arrival and must
 a real step), and the bandwidth of a streaming test between two processes (which caps an
 emulated bandwidth set above what loopback can move); `copy` is the CPU time the sending and
 the receiving thread of that stream spent per byte. The shared and busy compute figures are the
-median of two launches (three when they disagree): on a shared machine one launch can be hit by
-a burst of other load.
+fastest of two launches (of three when they disagree): on a shared machine a burst of other load
+only ever slows a launch down.
 """
 
 from __future__ import annotations
@@ -438,38 +438,15 @@ def steps_spanning(step_s: float, span_s: float, least: int, most: int) -> int:
     return max(least, min(most, math.ceil(span_s / max(step_s, 1e-9))))
 
 
-def time_compute_now(cfg, reps: int = CALIBRATION_REPS) -> float:
-    """t_comp of cfg.world_size pinned processes computing at once: one launch, the median over
-    ranks and steps. A quick re-check of the machine's speed (see `rescaled`)."""
-    from pipesgd_ref.launch import launch_local
-
-    per_rank = launch_local(cfg.world_size, _compute_job, (cfg, reps), start_method="fork")
-    return statistics.median(per_rank)
-
-
-def rescaled(cal: Calibration, factor: float) -> Calibration:
-    """`cal` on a machine that computes `factor` times slower than when it was calibrated:
-    every compute figure (t_comp, shared, busy, t_u) scaled. A shared VM's speed drifts by
-    10-25% over minutes; re-timing the computation just before a run (`time_compute_now`) and
-    scaling by the drift keeps the rest of a long calibration valid."""
-    return replace(
-        cal,
-        t_comp=cal.t_comp * factor,
-        t_update=cal.t_update * factor,
-        t_comp_shared=tuple(t * factor for t in cal.t_comp_shared),
-        t_comp_busy={k: t * factor for k, t in cal.t_comp_busy.items()},
-    )
-
-
-CALIBRATION_TRIES = 2  # each busy or shared compute figure: the median of this many launches...
+CALIBRATION_TRIES = 2  # each busy or shared compute figure: the fastest of this many launches...
 CALIBRATION_SPREAD = 1.10  # ...and one more when they differ by more than this ratio
 
 
-def _typical_of(measure, tries: int = CALIBRATION_TRIES):
-    """The median of `tries` calls of measure() (a number, or a tuple: the median of each item),
-    with one more call when the first ones disagree by more than CALIBRATION_SPREAD (by the
-    first item), so that one launch hit by a burst of other load is outvoted. The median, not
-    the fastest: the runs the models predict meet the machine's typical load, not its best."""
+def _best_of(measure, tries: int = CALIBRATION_TRIES):
+    """The fastest of `tries` calls of measure() (a number, or a tuple compared by its first
+    item), with one more call when they disagree by more than CALIBRATION_SPREAD: a burst of
+    other load on a shared machine only ever slows a measurement down, and the runs the
+    models are checked against are the fastest of 2-3 too."""
     got = [measure() for _ in range(max(1, tries))]
 
     def key(x):
@@ -477,25 +454,23 @@ def _typical_of(measure, tries: int = CALIBRATION_TRIES):
 
     if len(got) > 1 and max(map(key, got)) > CALIBRATION_SPREAD * min(map(key, got)):
         got.append(measure())
-    if isinstance(got[0], tuple):
-        return tuple(statistics.median(column) for column in zip(*got, strict=True))
-    return statistics.median(got)
+    return min(got, key=key)
 
 
 def time_shared_compute(
     cfg, max_k: int, reps: int = CALIBRATION_REPS, tries: int = CALIBRATION_TRIES
 ) -> tuple[float, ...]:
     """t_comp with k = 1..max_k worker processes computing at once, pinned as the workers are
-    (launch.pin_to_core): the median over ranks and steps, for each k; the median of `tries`
-    launches, or of one more when they disagree (_typical_of)."""
+    (launch.pin_to_core): the median over ranks and steps, for each k; the fastest of `tries`
+    launches, or of one more when they disagree (_best_of)."""
     from pipesgd_ref.launch import launch_local
 
     out: list[float] = []
     for k in range(1, max_k + 1):
-        typical = _typical_of(lambda k=k: statistics.median(
+        best = _best_of(lambda k=k: statistics.median(
             launch_local(k, _compute_job, (cfg, reps), start_method="fork")), tries)  # fmt: skip
         # More workers never compute faster: a noisy sample below the last one is noise.
-        out.append(max([typical, *out[-1:]]))
+        out.append(max([best, *out[-1:]]))
     return tuple(out)
 
 
@@ -570,8 +545,8 @@ def time_busy_compute(
     """({codec: t_comp}, alpha) of cfg.world_size pinned workers computing while their
     communication threads run a ring AllReduce of the gradient per step, with that codec, on
     cfg's link, and a ping-pong round the ring of `hop_bytes` per hop (alpha: its latency and
-    software per hop). Each codec's figures: the median of `tries` launches, or of one more
-    when they disagree (_typical_of)."""
+    software per hop). Each codec's figures: those of the launch that computed fastest, of
+    `tries` or one more when they disagree (_best_of)."""
     from pipesgd_ref.config import link_model
     from pipesgd_ref.launch import launch_local
 
@@ -585,7 +560,7 @@ def time_busy_compute(
             return (statistics.median(t for t, _ in per_rank),
                     statistics.median(h for _, h in per_rank))  # fmt: skip
 
-        out[name], hop = _typical_of(launch, tries)
+        out[name], hop = _best_of(launch, tries)
         hops.append(hop)
     return out, (statistics.median(hops) if hops else None)
 
@@ -733,7 +708,7 @@ def calibrate(
             "gamma": "np.add over the gradient",
             "cores": "os.sched_getaffinity",
             "t_comp_shared": f"median of {reps} timed loss_and_grad in k pinned processes at "
-            "once, the median of 2 or 3 launches",
+            "once, the fastest of 2 or 3 launches",
         },
     )
     if log:
