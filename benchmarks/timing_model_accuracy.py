@@ -1,6 +1,6 @@
 """How good are the timing models? Predicted against measured iteration time, over a grid.
 
-    python benchmarks/timing_model_accuracy.py            # the default grid (~6 min)
+    python benchmarks/timing_model_accuracy.py            # the default grid (~19 min)
     python benchmarks/timing_model_accuracy.py --quick    # p = 2, two networks, one model (~12 s)
     python benchmarks/timing_model_accuracy.py --world-sizes 4 --networks 1Gbit,loopback \\
         --steps 20 --json runs/timing_accuracy.json
@@ -27,17 +27,19 @@ The grid (defaults):
                   point run twice (--repeats), a third time when the two differ by more than
                   10%; the fastest run kept
 
-The link figures that depend only on the machine are measured once: the loopback stream
-bandwidth once for the grid, the software cost of a ring hop once per world size; everything
-else (t_comp, shared compute, gamma, codecs) is calibrated per (p, model, network).
+The link figures that depend only on the machine are measured once for the grid: the loopback
+stream bandwidth and the CPU time per byte of a socket's sending and receiving side; everything
+else (t_comp, shared and busy compute, the hop on the point's own link, gamma, codecs) is
+calibrated per (p, model, network), each compute figure the fastest of 2-3 launches spanning
+0.3 s or more.
 
 Targets: median |error| <= 10% and worst |error| <= 25% over the grid. The script prints
 whether they are met, and always exits 0: it is a measurement, not a test.
 
-Run time: 12.6 minutes for the default grid on a 2-core machine (measured): 288 training runs
-of 12 steps (each point twice) and 24 calibrations of about 10 s each (the shared and the busy
-compute launch 4 + 3 jobs); the 100Mbit runs of the larger model are most of it (ps-sync at
-(p+1) M/B = 1.8 s an iteration with p = 4).
+Run time: 19 minutes for the default grid on a 2-core machine (measured): about 300 training
+runs of 12-40 steps (each point two or three times) and 24 calibrations of 15-30 s each (the
+shared and the busy compute launch 2-3 times each); the 100Mbit runs of the larger model are a
+large part of it (ps-sync at (p+1) M/B = 1.8 s an iteration with p = 4).
 --quick takes about 12 s. On a machine shared with other jobs the errors grow: the models
 assume the cores are this benchmark's alone, and one burst of load during a calibration
 moves every prediction made from it.
@@ -57,7 +59,7 @@ from pipesgd_ref.comm.netem import format_bytes
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.train import run_training
 
-GRID_MINUTES = 13  # the docstring's estimate, printed at the start of a default run
+GRID_MINUTES = 19  # the docstring's estimate, printed at the start of a default run
 
 # Emulated links (the --latency, 50us by default, and this bandwidth per link and direction),
 # and "loopback": no emulation at all, the machine's own TCP.
