@@ -132,13 +132,19 @@ def resolve_config(args: argparse.Namespace, rest: list[str]) -> TrainConfig:
 
 
 def cmd_compare(args: argparse.Namespace, cfg: TrainConfig) -> int:
-    from pipesgd_ref.compare import QUICK_CALIBRATION_REPS, quick_config, run_compare
+    from pipesgd_ref.compare import (
+        QUICK_CALIBRATION_REPS,
+        QUICK_CALIBRATION_TRIES,
+        quick_config,
+        run_compare,
+    )
     from pipesgd_ref.logs import configure_parent_logging
 
     configure_parent_logging("WARNING")
     more = {}
     if args.quick:
-        cfg, more = quick_config(cfg), {"calibration_reps": QUICK_CALIBRATION_REPS}
+        cfg, more = quick_config(cfg), {"calibration_reps": QUICK_CALIBRATION_REPS,
+                                        "calibration_tries": QUICK_CALIBRATION_TRIES}  # fmt: skip
     run_compare(cfg, out=args.out_dir, progress=not args.no_progress, **more)
     return 0
 

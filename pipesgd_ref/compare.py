@@ -47,7 +47,8 @@ CHECKS = (
 )
 
 
-QUICK_CALIBRATION_REPS = 6  # timed steps per process in --quick's calibration
+QUICK_CALIBRATION_REPS = 6  # timed steps per process in --quick's calibration...
+QUICK_CALIBRATION_TRIES = 1  # ...and one launch per figure (the default takes the best of 2)
 
 
 def quick_config(cfg: TrainConfig) -> TrainConfig:
@@ -57,12 +58,15 @@ def quick_config(cfg: TrainConfig) -> TrainConfig:
 
 
 def calibrate_for(
-    cfg: TrainConfig, runs=timing.COMPARE_RUNS, reps: int = timing.CALIBRATION_REPS
+    cfg: TrainConfig,
+    runs=timing.COMPARE_RUNS,
+    reps: int = timing.CALIBRATION_REPS,
+    tries: int = timing.CALIBRATION_TRIES,
 ) -> timing.Calibration:
     """The calibration compare uses: everything timing.calibrate measures, plus Pipe-SGD's
     compute next to its communication for every codec a pipe run of `runs` uses."""
     busy = tuple(sorted({codec for algo, codec in runs if algo == "pipe"}))
-    return timing.calibrate(cfg, busy_codecs=busy, reps=reps)
+    return timing.calibrate(cfg, busy_codecs=busy, reps=reps, tries=tries)
 
 
 def run_config(cfg: TrainConfig, algo: str, codec: str, out: Path | None) -> TrainConfig:
@@ -84,6 +88,7 @@ def run_compare(
     runs=timing.COMPARE_RUNS,
     calibration: timing.Calibration | None = None,
     calibration_reps: int = timing.CALIBRATION_REPS,
+    calibration_tries: int = timing.CALIBRATION_TRIES,
 ) -> dict[str, Any]:
     """Calibrate, predict, run every method, and report; returns what compare.json holds."""
     out_dir = Path(out) if out else None
@@ -93,7 +98,7 @@ def run_compare(
         f"{cfg.batch_size}, {cfg.steps} steps, link {timing_link(cfg)}")  # fmt: skip
     if calibration is None:
         log("calibrating the timing model on this machine ...")
-    cal = calibration or calibrate_for(cfg, runs, calibration_reps)
+    cal = calibration or calibrate_for(cfg, runs, calibration_reps, calibration_tries)
     log("  " + timing.describe(cal))
     preds = timing.predict_all(cfg.world_size, cal, runs, width=cfg.width,
                                ps_pulls=cfg.ps_pulls)  # fmt: skip

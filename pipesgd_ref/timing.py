@@ -655,6 +655,7 @@ def calibrate(
     log=None,
     busy_codecs=(),
     reps: int = CALIBRATION_REPS,
+    tries: int = CALIBRATION_TRIES,
 ) -> Calibration:
     """Measure every figure of the models for cfg (model, batch size, world size, link).
 
@@ -663,16 +664,17 @@ def calibrate(
     measures them once; "hop" is measured on cfg's link unless given). `busy_codecs`: the
     codecs to time Pipe-SGD's computation under (t_comp_busy); none by default (then the pipe
     model uses the shared-core t_comp and its cpu bound). `reps`: timed steps per process in
-    the shared and busy compute measurements (fewer: faster, noisier; see `steps_spanning`)."""
+    the shared and busy compute measurements (fewer: faster, noisier; see `steps_spanning`);
+    `tries`: launches per shared or busy compute figure, the fastest kept (see _best_of)."""
     from pipesgd_ref.config import link_model
 
     link = link_model(cfg)
     n, t_comp, t_update = time_compute(cfg)
     hop_bytes = hop_message_bytes(4 * n, cfg.world_size, link.enabled)
-    shared = time_shared_compute(cfg, cfg.world_size, reps)
+    shared = time_shared_compute(cfg, cfg.world_size, reps, tries)
     busy, hop_busy = {}, None
     if busy_codecs and cfg.world_size > 1:
-        busy, hop_busy = time_busy_compute(cfg, busy_codecs, reps, hop_bytes)
+        busy, hop_busy = time_busy_compute(cfg, busy_codecs, reps, hop_bytes, tries)
     gamma, copy = time_gamma_and_copy(n)
     codecs = time_codecs(n, cfg.codec_backend)
     net = {**(network or {})}
@@ -708,7 +710,7 @@ def calibrate(
             "gamma": "np.add over the gradient",
             "cores": "os.sched_getaffinity",
             "t_comp_shared": f"median of {reps} timed loss_and_grad in k pinned processes at "
-            "once, the fastest of 2 or 3 launches",
+            f"once, the fastest of {tries} launches (one more when they disagree)",
         },
     )
     if log:

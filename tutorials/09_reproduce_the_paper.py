@@ -161,18 +161,22 @@ print(f"this tutorial runs: MLP 64-{'-'.join(map(str, cfg.hidden))}-10, batch "
 # - **t_comp(k)** for k = 1..p worker processes computing at once, pinned as the workers are:
 #   how compute slows when the cores are shared (more than k/cores: caches and memory
 #   bandwidth are shared too);
-# - **α** = the emulated latency + the software cost of one ring hop (a tiny AllReduce among p
-#   processes); **B** = the emulated bandwidth; **loop_bandwidth**, what loopback TCP streams
-#   between two processes (a cap on any emulated B), and **copy**, the CPU cost of a byte
-#   through a socket;
+# - **α** = the emulated latency + the software cost of one ring hop (a ring AllReduce among p
+#   processes on this very link, a gradient chunk per hop, its wire time taken out: the
+#   receiver's sleep until the emulated arrival and its wake-up are in it); **B** = the
+#   emulated bandwidth; **loop_bandwidth**, what loopback TCP streams between two processes (a
+#   cap on any emulated B), and **copy**, the CPU time a byte costs a socket's sending and
+#   receiving thread, measured on that stream;
 # - **γ**, the cost of dst += src per byte, and each codec's compression ratio r and
 #   encode/decode cost per byte.
 #
-# It starts a few sets of processes: a few seconds.
+# It starts a few sets of processes, each compute figure the fastest of two launches (of three
+# when they disagree: other load only ever slows a launch down): a few seconds. The small
+# version takes one launch per figure, as `compare --quick` does.
 
 # %%
 t0 = time.perf_counter()
-cal = calibrate_for(cfg)  # timing.calibrate + pipe's compute next to its communication
+cal = calibrate_for(cfg, tries=1 if SMALL else 2)  # + pipe's compute next to its communication
 print(f"calibrated in {time.perf_counter() - t0:.1f} s:")
 print(timing.describe(cal))
 for figure, how in cal.source.items():
