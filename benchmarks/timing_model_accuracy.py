@@ -67,8 +67,6 @@ NETWORKS = ("100Mbit", "1Gbit", "10Gbit", "loopback")
 MAX_STEPS = 40  # the most steps a run of a short-iteration point gets (see measure_point)
 MIN_RUN_S = 0.6  # default --min-run: seconds of steady-state iterations a run should span
 CAL_SPAN_S = 0.3  # seconds each compute measurement of a calibration spans
-# Two runs of a point further apart than this (ratio) get a third: one was hit by other load.
-SPREAD_FOR_ONE_MORE = 1.10
 TARGET_MEDIAN = 0.10  # median |error| over the grid
 TARGET_WORST = 0.25  # worst |error| over the grid
 
@@ -138,24 +136,24 @@ def measure_point(
     min_run_s: float = 0.0,
 ) -> dict:
     """Train cfg with (algo, codec) `repeats` times, once more when two runs disagree by more
-    than SPREAD_FOR_ONE_MORE; the fastest run's iteration time beside the predicted one. Best
-    of N, as benchmarks usually report and as the calibration takes its compute figures: on a
-    shared machine other load only ever slows a run down. `min_run_s`: more steps than
-    cfg.steps (up to MAX_STEPS) where the predicted iterations are short, so that the median
-    is over about that much time: one scheduling hiccup of a few ms is a third of a 10 ms
-    iteration."""
+    than 10% (timing.best_of, as the calibration does); the fastest run's iteration time
+    beside the predicted one. Best of N, as benchmarks usually report: on a shared machine
+    other load only ever slows a run down. `min_run_s`: more steps than cfg.steps (up to
+    MAX_STEPS) where the predicted iterations are short, so that the median is over about
+    that much time: one scheduling hiccup of a few ms is a third of a 10 ms iteration."""
     pred = timing.predict(algo, cfg.world_size, cal, codec, cfg.width)
     steps = timing.steps_spanning(pred.iter_time_s, min_run_s, cfg.steps, MAX_STEPS)
     cfg = cfg.replace(steps=steps)
     start = time.perf_counter()
 
-    def run() -> dict:
-        return run_training(cfg.replace(algo=algo, codec=codec), progress=False, log=quiet)[0]
+    runs: list[dict] = []
 
-    runs = [run() for _ in range(max(1, repeats))]
-    times = [s["iter_time_s"] for s in runs]
-    if len(runs) > 1 and max(times) > SPREAD_FOR_ONE_MORE * min(times):
-        runs.append(run())  # the runs disagree: a burst of other load hit one; one more
+    def run() -> float:
+        runs.append(run_training(cfg.replace(algo=algo, codec=codec), progress=False,
+                                 log=quiet)[0])  # fmt: skip
+        return runs[-1]["iter_time_s"]
+
+    timing.best_of(run, max(1, repeats))  # a third run when two disagree by more than 10%
     summary = min(runs, key=lambda s: s["iter_time_s"])
     measured = summary["iter_time_s"]
     return {
@@ -233,9 +231,7 @@ def main(argv: list[str] | None = None) -> int:
                 cfg = base.replace(world_size=p, hidden=hidden, latency=latency,
                                    bandwidth=bandwidth)  # fmt: skip
                 # as `pipesgd compare` does: pipe's compute is timed next to its communication
-                cal_reps = timing.steps_spanning(timing.time_compute(cfg, 3)[1], CAL_SPAN_S,
-                                                 timing.CALIBRATION_REPS, MAX_STEPS)  # fmt: skip
-                cal = timing.calibrate(cfg, network=machine, reps=cal_reps,
+                cal = timing.calibrate(cfg, network=machine, span_s=CAL_SPAN_S,
                                        busy_codecs=("none", "trunc16", "q8"))  # fmt: skip
                 calibrations.append({"world_size": p, "network": net, "model": model_name(hidden),
                                      "calibration": cal.to_dict()})  # fmt: skip

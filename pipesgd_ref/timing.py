@@ -238,14 +238,7 @@ def shared_compute(cal: Calibration, concurrency) -> float:
     """t_comp when the workers share the cores and k (the number computing at once) depends on
     t_comp itself: `concurrency(t)` gives k, solved by fixed-point iteration (it converges: k
     grows with t, and t with k, both bounded)."""
-    t = cal.t_comp
-    for _ in range(50):
-        k = concurrency(t)
-        t_new = compute_time(cal, k)
-        if abs(t_new - t) < 1e-9:
-            break
-        t = 0.5 * (t + t_new)  # damped: the map can overshoot where k jumps
-    return t
+    return _fixed_point(lambda t: compute_time(cal, concurrency(t)), cal.t_comp)
 
 
 def workers_on_timed_core(p: int, cores: int) -> int:
@@ -258,7 +251,8 @@ def workers_on_timed_core(p: int, cores: int) -> int:
 
 
 def _fixed_point(fn, t: float) -> float:
-    """t = fn(t) by damped iteration (fn grows with t, boundedly: it converges)."""
+    """t = fn(t) by damped iteration (fn grows with t, boundedly: it converges; damped because
+    the map can overshoot where a concurrency jumps)."""
     for _ in range(100):
         t_new = fn(t)
         if abs(t_new - t) < 1e-9:
@@ -438,11 +432,12 @@ def steps_spanning(step_s: float, span_s: float, least: int, most: int) -> int:
     return max(least, min(most, math.ceil(span_s / max(step_s, 1e-9))))
 
 
+MAX_CALIBRATION_REPS = 40  # the most steps `calibrate` times where steps are short (span_s)
 CALIBRATION_TRIES = 2  # each busy or shared compute figure: the fastest of this many launches...
 CALIBRATION_SPREAD = 1.10  # ...and one more when they differ by more than this ratio
 
 
-def _best_of(measure, tries: int = CALIBRATION_TRIES):
+def best_of(measure, tries: int = CALIBRATION_TRIES):
     """The fastest of `tries` calls of measure() (a number, or a tuple compared by its first
     item), with one more call when they disagree by more than CALIBRATION_SPREAD: a burst of
     other load on a shared machine only ever slows a measurement down, and the runs the
@@ -462,12 +457,12 @@ def time_shared_compute(
 ) -> tuple[float, ...]:
     """t_comp with k = 1..max_k worker processes computing at once, pinned as the workers are
     (launch.pin_to_core): the median over ranks and steps, for each k; the fastest of `tries`
-    launches, or of one more when they disagree (_best_of)."""
+    launches, or of one more when they disagree (best_of)."""
     from pipesgd_ref.launch import launch_local
 
     out: list[float] = []
     for k in range(1, max_k + 1):
-        best = _best_of(lambda k=k: statistics.median(
+        best = best_of(lambda k=k: statistics.median(
             launch_local(k, _compute_job, (cfg, reps), start_method="fork")), tries)  # fmt: skip
         # More workers never compute faster: a noisy sample below the last one is noise.
         out.append(max([best, *out[-1:]]))
@@ -546,7 +541,7 @@ def time_busy_compute(
     communication threads run a ring AllReduce of the gradient per step, with that codec, on
     cfg's link, and a ping-pong round the ring of `hop_bytes` per hop (alpha: its latency and
     software per hop). Each codec's figures: those of the launch that computed fastest, of
-    `tries` or one more when they disagree (_best_of)."""
+    `tries` or one more when they disagree (best_of)."""
     from pipesgd_ref.config import link_model
     from pipesgd_ref.launch import launch_local
 
@@ -560,7 +555,7 @@ def time_busy_compute(
             return (statistics.median(t for t, _ in per_rank),
                     statistics.median(h for _, h in per_rank))  # fmt: skip
 
-        out[name], hop = _best_of(launch, tries)
+        out[name], hop = best_of(launch, tries)
         hops.append(hop)
     return out, (statistics.median(hops) if hops else None)
 
@@ -656,6 +651,7 @@ def calibrate(
     busy_codecs=(),
     reps: int = CALIBRATION_REPS,
     tries: int = CALIBRATION_TRIES,
+    span_s: float = 0.0,
 ) -> Calibration:
     """Measure every figure of the models for cfg (model, batch size, world size, link).
 
@@ -664,12 +660,14 @@ def calibrate(
     measures them once; "hop" is measured on cfg's link unless given). `busy_codecs`: the
     codecs to time Pipe-SGD's computation under (t_comp_busy); none by default (then the pipe
     model uses the shared-core t_comp and its cpu bound). `reps`: timed steps per process in
-    the shared and busy compute measurements (fewer: faster, noisier; see `steps_spanning`);
-    `tries`: launches per shared or busy compute figure, the fastest kept (see _best_of)."""
+    the shared and busy compute measurements (fewer: faster, noisier), more (up to
+    MAX_CALIBRATION_REPS) where a step is shorter than `span_s` / reps (`steps_spanning`);
+    `tries`: launches per shared or busy compute figure, the fastest kept (see best_of)."""
     from pipesgd_ref.config import link_model
 
     link = link_model(cfg)
     n, t_comp, t_update = time_compute(cfg)
+    reps = steps_spanning(t_comp, span_s, reps, max(reps, MAX_CALIBRATION_REPS))
     hop_bytes = hop_message_bytes(4 * n, cfg.world_size, link.enabled)
     shared = time_shared_compute(cfg, cfg.world_size, reps, tries)
     busy, hop_busy = {}, None
