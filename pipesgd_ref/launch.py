@@ -125,6 +125,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 # After a failure, a rank that still runs but cannot exit on its own (see _nothing_to_wait_for)
 # is stopped once no other failure has been reported for this long.
 REPORT_QUIET_S = 0.5
+KILL_WAIT_S = 10.0  # how long a SIGKILLed worker is waited for before the launcher gives up
 
 
 class WorkerFailed(LaunchError):
@@ -325,9 +326,12 @@ def launch_local(
                 except ProcessLookupError:
                     pass
                 proc.join(timeout=2.0)
-            if proc.is_alive():
+            if proc.is_alive():  # SIGKILL cannot be refused, only delayed (a loaded kernel)
                 proc.kill()
-                proc.join(timeout=2.0)
+                proc.join(timeout=KILL_WAIT_S)
+            if proc.is_alive():
+                log.warning("rank %d (pid %d) outlived SIGKILL by %.0f s; it is left behind",
+                            r, proc.pid, KILL_WAIT_S)  # fmt: skip
         results.close()
         logging_setup.stop()
     if errors:

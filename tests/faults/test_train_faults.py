@@ -54,6 +54,30 @@ def session_processes() -> set[int]:
     return found
 
 
+def left_behind(before: set[int], wait_s: float = 5.0) -> str:
+    """The processes of this session that were not there `before` and are still alive `wait_s`
+    after the launcher returned, described one per line ("" when there are none). The wait
+    lets a process the kernel is still tearing down finish; a hung one outlasts it."""
+    end = time.monotonic() + wait_s
+    while (left := session_processes() - before) and time.monotonic() < end:
+        time.sleep(0.1)
+    return describe(left) if left else ""
+
+
+def describe(pids: set[int]) -> str:
+    """One line per process: pid, parent, state, command line (for a failing assertion)."""
+    lines = []
+    for pid in sorted(pids):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            lines.append(f"  {pid}: exited since")
+            continue
+        lines.append(f"  {pid}: parent {stat[1]}, state {stat[0]}, {cmd[:200]}")
+    return "\n".join(lines)
+
+
 def config(algo: str, folder: Path, **more) -> TrainConfig:
     return TrainConfig.preset("laptop").replace(
         algo=algo, steps=STEPS, timeout=TIMEOUT, out=str(folder),
@@ -150,7 +174,8 @@ def test_fault_ends_the_job_in_time_naming_the_rank(
     assert error.cause == rank, report
     assert f"the errors point to rank {rank}:" in report.splitlines()[0], report
     assert words in report, report
-    assert not session_processes() - before, "processes of the job were left behind"
+    left = left_behind(before)
+    assert not left, f"processes of the job were left behind:\n{left}"
     # The last checkpoint before the fault is whole; resuming it (once per method, after a
     # crash) ends where a run that never failed ends, bitwise (ps-async: it finishes the run,
     # with each worker's remaining pushes; its arrival order, so its result, is its own).
