@@ -13,7 +13,9 @@ test below, and gamma from timing the reduction (np.add) on this machine.
 In the same run it measures the point-to-point TCP limit between two processes on this
 machine (a ping-pong for alpha, a one-way stream for B) and prints busbw as a fraction of it;
 where torch (gloo backend) is installed it times torch.distributed.all_reduce on the same sizes
-and world size, side by side (optional: never a dependency).
+and world size, side by side (optional: never a dependency): in the same worker processes, one
+call of ours and one of gloo's in turn, so that a machine whose speed drifts between seconds
+(a shared VM) slows both alike.
 """
 
 from __future__ import annotations
@@ -54,39 +56,91 @@ def bus_factor(p: int) -> float:
 # --- our ring, in worker processes ------------------------------------------------------------
 
 
-def _ring_job(comm, sizes: list[int], reps: int, warmup: int, codec_name: str = "none") -> dict:
+def _ring_job(
+    comm, sizes: list[int], reps: int, warmup: int, codec_name: str = "none",
+    gloo_port: int | None = None,
+) -> dict:  # fmt: skip
+    """Time our AllReduce on each size; with `gloo_port`, gloo's too, in the same processes,
+    one call of each in turn: a machine whose speed drifts (a shared VM) then slows both
+    alike, and their ratio is measured, not the drift."""
     from pipesgd_ref.codecs import get_codec
 
     codec = get_codec(codec_name, "numba")
+    gloo = _Gloo(comm, gloo_port) if gloo_port else None
     out = {}
-    for nbytes in sizes:
-        n = nbytes // 4
-        # Integer-valued data: the sum is exact, so it can be checked without tolerance.
-        x = np.full(n, comm.rank + 1, np.float32)
-        sent0 = comm.bytes_sent
-        allreduce(comm, x, codec=codec)
-        wire = comm.bytes_sent - sent0
-        want = comm.world_size * (comm.world_size + 1) / 2
-        verified = bool(np.all(x == want))
-        # Back to back after one barrier, as nccl-tests does: a barrier before every call
-        # would add its own exit skew between ranks (up to a step) to every measurement.
-        times = []
-        barrier(comm)
-        for i in range(warmup + reps):
-            start = time.perf_counter()
+    try:
+        for nbytes in sizes:
+            n = nbytes // 4
+            # Integer-valued data: the sum is exact, so it can be checked without tolerance.
+            x = np.full(n, comm.rank + 1, np.float32)
+            sent0 = comm.bytes_sent
             allreduce(comm, x, codec=codec)
-            if i >= warmup:
-                times.append(time.perf_counter() - start)
-        out[nbytes] = (times, verified, wire)
+            wire = comm.bytes_sent - sent0
+            want = comm.world_size * (comm.world_size + 1) / 2
+            verified = bool(np.all(x == want))
+            if gloo is not None:
+                gloo.start(n, want)
+            # Alone: back to back after one barrier, as nccl-tests does (a barrier before every
+            # call would add its own exit skew between ranks to every measurement). Taking turns
+            # with gloo: a barrier before each call, else each library's time would include
+            # the other's exit skew (the ranks leave a collective up to a hop apart).
+            times, gloo_times = [], []
+            barrier(comm)
+            for i in range(warmup + reps):
+                if gloo is not None:
+                    barrier(comm)
+                start = time.perf_counter()
+                allreduce(comm, x, codec=codec)
+                if i >= warmup:
+                    times.append(time.perf_counter() - start)
+                if gloo is not None:
+                    barrier(comm)
+                    t = gloo.time_one()
+                    if i >= warmup:
+                        gloo_times.append(t)
+            out[nbytes] = (times, verified, wire, gloo_times, gloo.verified if gloo else None)
+    finally:
+        if gloo is not None:
+            gloo.close()
     return out
 
 
-def _combine(per_rank: list[dict], nbytes: int) -> tuple[float, bool]:
-    """Median over repeats of the slowest rank's time; verified on every rank."""
-    times = [
-        max(rank[nbytes][0][i] for rank in per_rank) for i in range(len(per_rank[0][nbytes][0]))
-    ]
-    return statistics.median(times), all(rank[nbytes][1] for rank in per_rank)
+class _Gloo:
+    """torch.distributed's gloo AllReduce beside ours, in the same worker process."""
+
+    def __init__(self, comm, port: int):
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(1)
+        self.torch, self.dist = torch, dist
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=comm.rank,
+                                world_size=comm.world_size)  # fmt: skip
+        self.verified = False
+
+    def start(self, n: int, want: float) -> None:
+        """A tensor of n floats, summed once (checked against `want`, as ours is)."""
+        rank = self.dist.get_rank()
+        self.x = self.torch.full((n,), float(rank + 1))
+        self.dist.all_reduce(self.x)
+        self.verified = bool(self.torch.all(self.x == want))
+        self.dist.barrier()
+
+    def time_one(self) -> float:
+        start = time.perf_counter()
+        self.dist.all_reduce(self.x)
+        return time.perf_counter() - start
+
+    def close(self) -> None:
+        self.dist.destroy_process_group()
+
+
+def _combine(per_rank: list[dict], nbytes: int, which: int = 0) -> tuple[float, bool]:
+    """Median over repeats of the slowest rank's time (ours: which=0, gloo: which=3);
+    verified on every rank."""
+    runs = [rank[nbytes][which] for rank in per_rank]
+    times = [max(run[i] for run in runs) for i in range(len(runs[0]))]
+    return statistics.median(times), all(rank[nbytes][1 if which == 0 else 4] for rank in per_rank)
 
 
 def _wire(per_rank: list[dict], nbytes: int) -> int:
@@ -169,33 +223,6 @@ def measure_gamma(nbytes: int = 16 << 20, reps: int = 5) -> float:
 # --- gloo, when torch is installed ------------------------------------------------------------
 
 
-def _gloo_job(comm, port: int, sizes: list[int], reps: int, warmup: int) -> dict:
-    import torch
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=comm.rank, world_size=comm.world_size
-    )
-    out = {}
-    try:
-        for nbytes in sizes:
-            x = torch.full((nbytes // 4,), float(comm.rank + 1))
-            dist.all_reduce(x)
-            verified = bool(torch.all(x == comm.world_size * (comm.world_size + 1) / 2))
-            times = []
-            dist.barrier()
-            for i in range(warmup + reps):
-                start = time.perf_counter()
-                dist.all_reduce(x)
-                if i >= warmup:
-                    times.append(time.perf_counter() - start)
-            out[nbytes] = (times, verified)
-    finally:
-        dist.destroy_process_group()
-    return out
-
-
 def gloo_available() -> bool:
     try:
         import torch.distributed as dist
@@ -230,12 +257,10 @@ def bench_allreduce(
     alpha = model.latency if model.enabled else p2p_alpha
     bandwidth = model.bandwidth if model.bandwidth != float("inf") else p2p_bw
     # busbw is compared with the link: the emulated bandwidth, or the measured p2p stream.
-    per_rank = launch_local(world_size, _ring_job, (sizes, reps, warmup, codec),
+    gloo = with_gloo and gloo_available() and not model.enabled
+    per_rank = launch_local(world_size, _ring_job,
+                            (sizes, reps, warmup, codec, free_port() if gloo else None),
                             start_method="fork", model=model, timeout=timeout)  # fmt: skip
-    gloo = None
-    if with_gloo and gloo_available() and not model.enabled:
-        gloo = launch_local(world_size, _gloo_job, (free_port(), sizes, reps, warmup),
-                            start_method="spawn", timeout=timeout)  # fmt: skip
     rows = []
     for nbytes in sizes:
         t, ok = _combine(per_rank, nbytes)
@@ -243,13 +268,13 @@ def bench_allreduce(
         row = Row(nbytes, t, algbw, algbw * bus_factor(world_size),
                   ring_allreduce_time(world_size, nbytes, alpha, bandwidth, gamma), ok,
                   _wire(per_rank, nbytes))  # fmt: skip
-        if gloo is not None:
-            gt, _ = _combine(gloo, nbytes)
+        if gloo:
+            gt, _ = _combine(per_rank, nbytes, which=3)
             row.gloo_time_s, row.gloo_busbw = gt, nbytes / gt * bus_factor(world_size)
         rows.append(row)
     header = (f"{'size':>10} {'time ms':>9} {'algbw GB/s':>11} {'busbw GB/s':>11} "
               f"{'of link':>7} {'model ms':>9} {'verified':>9} {'sent MB':>8}")  # fmt: skip
-    if gloo is not None:
+    if gloo:
         header += f" {'gloo ms':>8} {'gloo busbw':>11} {'ours/gloo':>10}"
     print_fn(header)
     for r in rows:
@@ -266,7 +291,7 @@ def bench_allreduce(
         "p2p_bandwidth_Bps": p2p_bw,
         "p2p_latency_s": p2p_alpha,
         "gamma_s_per_byte": gamma,
-        "gloo": gloo is not None,
+        "gloo": gloo,
         "codec": codec,
         "rows": [asdict(r) for r in rows],
         "cpu_count": os.cpu_count(),

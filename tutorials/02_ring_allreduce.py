@@ -358,7 +358,7 @@ print(f"least-squares fit T = a + b*M: a = {format_seconds(intercept)} "
 
 # %% [markdown]
 # Loopback is a poor stand-in for a cluster. Its "latency" is software overhead per ring step:
-# Python, the kernel, a hand-off to the sending thread, and, when there are fewer cores than
+# Python, the kernel, a `select` wake-up, and, when there are fewer cores than
 # ranks, processes waiting for their turn on a core (on a 2-core machine the fit puts α at a few
 # hundred microseconds). Its "bandwidth" is memory copies through the kernel, shared with the
 # additions (the γ term) and with every other process on the same cores. To see the ring
@@ -396,7 +396,7 @@ print(f"latency term 2(p-1)*alpha = {format_seconds(2 * (P - 1) * link.latency)}
 # you the links are saturated. For small messages the 2(p−1) = 6 latencies dominate, and the
 # measurement sits above the formula by about the loopback time of the same size: the formula
 # has no term for the software overhead of each step, nor for the additions. For chunks larger
-# than one segment (`SEGMENT_BYTES` = 1 MiB, so at 16 MB) the ring forwards each segment as
+# than one segment (`SEGMENT_BYTES` = 2 MiB, so at 16 MB) the ring forwards each segment as
 # soon as it is reduced, so a step's latency overlaps the transfer of the rest of the chunk and
 # the measurement can come in slightly *under* the formula.
 #
