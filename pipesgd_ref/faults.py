@@ -13,12 +13,11 @@ parameter server, rank 0, when it applies update STEP):
     nan, inf    write NaN (or +Inf) into its gradient: a numerical fault
 
 Wire faults, armed at `at_step` and acted out by the transport on the next frame with a payload
-that this process sends (`sabotage`, called from transport.Link.send and comm/duplex.py),
-whichever thread sends it:
+that this process sends (`sabotage`, called from transport.Link.send), whichever thread sends it:
 
     garbage     48 random bytes instead of that frame, then carry on
-    truncate    the frame's header and half its payload, then silence: the thread sending
-                it stays stuck (up to STUCK_SECONDS) with the socket open
+    truncate    the frame's header and half its payload, then silence: the sending thread
+                stays stuck (up to STUCK_SECONDS) with the socket open
     close       the header and half the payload, then the socket reset and the process gone
                 (exit status 3): a crash in the middle of a frame
 

@@ -619,7 +619,7 @@ def measure_hop(world_size: int, model=None, hop_bytes: int = 4, reps: int | Non
     `hop_bytes` per hop (a ping-pong round the ring, 2(p-1) hops) on the link `model` (None:
     not emulated), less the link's own latency + bytes/B, divided by its hop count. What is
     left is what the alpha-beta model calls software: waking the receiver (from the socket, or
-    from `select` at an emulated arrival), frames, Python."""
+    from the sleep until an emulated arrival), frames, the sending thread, Python."""
     from pipesgd_ref.launch import launch_local
 
     if world_size < 2:

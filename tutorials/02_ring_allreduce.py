@@ -358,7 +358,7 @@ print(f"least-squares fit T = a + b*M: a = {format_seconds(intercept)} "
 
 # %% [markdown]
 # Loopback is a poor stand-in for a cluster. Its "latency" is software overhead per ring step:
-# Python, the kernel, a `select` wake-up, and, when there are fewer cores than
+# Python, the kernel, a hand-off to the sending thread, and, when there are fewer cores than
 # ranks, processes waiting for their turn on a core (on a 2-core machine the fit puts α at a few
 # hundred microseconds). Its "bandwidth" is memory copies through the kernel, shared with the
 # additions (the γ term) and with every other process on the same cores. To see the ring

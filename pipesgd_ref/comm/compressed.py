@@ -19,21 +19,19 @@ Error: each of the p-1 re-encodings of a partial sum S_k (k = 1..p terms) rounds
                                                             step = the chunk's max-abs / 127)
 and the mean divides the same error by p.
 
-Memory: the codes of every segment this rank sends are kept until they are on the wire, about
-2(p-1)/p * M / r bytes per collective at most. One thread sends and receives (comm/duplex.py).
+Memory: the codes of every segment this rank sends are kept until the sending thread has sent
+them, about 2(p-1)/p * M / r bytes per collective.
 """
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
-from pipesgd_ref.comm.duplex import Duplex
 from pipesgd_ref.comm.rendezvous import Communicator
 from pipesgd_ref.comm.ring import (
     SEGMENT_BYTES,
     _at,
+    _recv_checked,
     all_gather_chunks,
     chunk_bounds,
     reduce_scatter_chunks,
@@ -56,34 +54,18 @@ def compressed_ring_reduce(
     scratch = np.empty(codec.wire_bytes(per), np.uint8)  # one received segment's codes
     header = Frame(kind=Kind.DATA, op=op, dtype=CODE_OF_DTYPE[np.dtype(np.uint8)], seq=seq,
                    src=rank, total_len=flat.size)  # fmt: skip
-    duplex = Duplex(comm.left, comm.right)  # one thread sends right and receives left
+    sender = comm.right.start_sender()
+    kept: list[np.ndarray] = []  # codes queued for sending: alive until the sender is done
     name = f"allreduce[{codec.name}] #{seq}"
 
     def send_codes(step: int, part: int, codes: np.ndarray) -> None:
-        duplex.send(_at(header, step, part), memoryview(codes), name)  # holds `codes` until sent
+        kept.append(codes)
+        sender.put(_at(header, step, part), memoryview(codes), name)
 
     def encode(values: np.ndarray) -> np.ndarray:
         codes = np.empty(codec.wire_bytes(values.size), np.uint8)
         codec.encode(values, codes)
         return codes
-
-    def reduce(step: int, part: int, s: int, e: int) -> None:
-        """A partial sum's codes are in scratch: decode-add them, re-encode, pass them on."""
-        dst = flat[s:e]
-        codec.add_decoded_into(scratch[: codec.wire_bytes(e - s)], dst)  # dst += decode(codes)
-        last = step == p - 2
-        if last and op == Op.ALLREDUCE_MEAN:
-            dst /= np.float32(p)
-        out = encode(dst)
-        if last:  # the owner keeps exactly what everyone else will decode
-            codec.decode(out, dst)
-        send_codes(step + 1, part, out)
-
-    def gather(step: int, part: int, s: int, e: int, codes: np.ndarray) -> None:
-        """A complete chunk's codes arrived: decode them into place, forward the same bytes."""
-        codec.decode(codes, flat[s:e])
-        if step < 2 * p - 3:
-            send_codes(step + 1, part, codes)
 
     first = reduce_scatter_chunks(rank, 0, p)[0]
     for part, (s, e) in enumerate(segments(*bounds[first], per)):
@@ -91,17 +73,28 @@ def compressed_ring_reduce(
     for step in range(p - 1):  # reduce-scatter: decode, add, re-encode
         _, chunk = reduce_scatter_chunks(rank, step, p)
         doing = f"{name} step {step} (reduce-scatter)"
+        last = step == p - 2
         for part, (s, e) in enumerate(segments(*bounds[chunk], per)):
-            duplex.expect(_at(header, step, part), memoryview(scratch[: codec.wire_bytes(e - s)]),
-                          doing, functools.partial(reduce, step, part, s, e))  # fmt: skip
+            codes = scratch[: codec.wire_bytes(e - s)]
+            _recv_checked(comm, header, step, part, codes, doing, sender)
+            dst = flat[s:e]
+            codec.add_decoded_into(codes, dst)  # dst = local + decode(partial sum so far)
+            if last and op == Op.ALLREDUCE_MEAN:
+                dst /= np.float32(p)
+            out = encode(dst)
+            if last:  # the owner keeps exactly what everyone else will decode
+                codec.decode(out, dst)
+            send_codes(step + 1, part, out)
     for step in range(p - 1, 2 * p - 2):  # all-gather: decode, forward the same bytes
         _, chunk = all_gather_chunks(rank, step - (p - 1), p)
         doing = f"{name} step {step} (all-gather)"
         for part, (s, e) in enumerate(segments(*bounds[chunk], per)):
             codes = np.empty(codec.wire_bytes(e - s), np.uint8)
-            duplex.expect(_at(header, step, part), memoryview(codes), doing,
-                          functools.partial(gather, step, part, s, e, codes))  # fmt: skip
-    duplex.run()
+            _recv_checked(comm, header, step, part, codes, doing, sender)
+            codec.decode(codes, flat[s:e])
+            if step < 2 * p - 3:
+                send_codes(step + 1, part, codes)
+    sender.flush(comm.timeout)
 
 
 def simulate_compressed_allreduce(

@@ -280,21 +280,6 @@ class LinkEmulator:
         """True when `schedule` would not wait: no emulation, or the wire is idle."""
         return not self.model.enabled or self.wire_free <= self._clock()
 
-    def book(self, nbytes: int, ready_at: float) -> float | None:
-        """`schedule` for an event loop, which must never sleep: book the wire for a message
-        that has been ready to go since `ready_at` (a clock() time). It departs at
-        max(ready_at, wire_free), so a late look at the clock does not drift the timeline.
-        Returns its arrival time, or None while the wire is still busy (ask again at
-        `wire_free`). 0.0 for an ideal link."""
-        model = self.model
-        if not model.enabled:
-            return 0.0
-        depart = max(ready_at, self.wire_free)
-        if depart > self._clock():
-            return None
-        self.wire_free = depart + nbytes / model.bandwidth
-        return self.wire_free + model.latency
-
     def schedule(self, nbytes: int) -> float:
         """Wait while the wire is busy, book it for `nbytes`; return the arrival time (clock()).
 

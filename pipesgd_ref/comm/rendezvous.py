@@ -123,8 +123,6 @@ class Communicator:
             and error.origin == right.peer
         ):
             return False  # the right link itself is broken: nothing can be sent on it
-        if right.half_sent:
-            return False  # a frame is stuck half-sent: another header would garble the stream
         sender = right._sender
         if sender is not None and not sender.cancel(wait=1.0):
             return False  # a frame is stuck half-sent: another header would garble the stream

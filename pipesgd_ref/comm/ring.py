@@ -21,10 +21,9 @@ starting at c and going round the ring), by one rank, and the all-gather copies 
 everyone: every rank ends with bitwise identical results, whatever the timing.
 
 Pipelining inside a step: each chunk travels as segments of at most `segment_bytes`. A segment
-is forwarded (next step) as soon as it has been received and reduced, while the next one
-arrives: one thread drives both directions with non-blocking calls (comm/duplex.py). Extra
-memory per rank: one segment-sized receive buffer (at most a chunk, O(M/p)), kept by the
-communicator for the next call.
+is forwarded (next step) as soon as it has been received and reduced, by a sending thread,
+while the main thread receives the next segment. Extra memory per rank: one segment-sized
+receive buffer (at most a chunk, O(M/p)), kept by the communicator for the next call.
 
 Agreement: every frame carries (sequence number, op, dtype, total length, step, segment); the
 receiver checks them against its own call before reading the payload, so two ranks in different
@@ -34,24 +33,22 @@ collectives get an error naming both, never a hang or wrong numbers.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 
 import numpy as np
 
-from pipesgd_ref.comm.duplex import Duplex
 from pipesgd_ref.comm.rendezvous import Communicator
 from pipesgd_ref.comm.transport import (
     ABORT_LINGER_SECONDS,
     CODE_OF_DTYPE,
     DTYPE_CODES,
+    CollectiveMismatch,
     CommError,
     Frame,
     Kind,
     Op,
     PeerAborted,
     as_bytes,
-    frame_mismatch,
 )
 from pipesgd_ref.logs import trace, trace_enabled
 
@@ -229,9 +226,16 @@ def _recv_checked(comm, want: Frame, step: int, part: int, out: np.ndarray, doin
             f"(news from rank {comm.left.peer}): {reason}",
             origin=origin,
         )
-    error = frame_mismatch(comm.left, got, _at(want, step, part))
-    if error is not None:
-        raise error
+    if (got.kind, got.seq, got.op, got.dtype, got.total_len) != (
+        want.kind, want.seq, want.op, want.dtype, want.total_len,
+    ) or (got.step, got.part) != (step, part):  # fmt: skip
+        raise CollectiveMismatch(
+            f"rank {comm.rank}: rank {comm.left.peer} sent a frame of {got.describe()} "
+            f"(step {got.step}, segment {got.part}) while this rank is in {want.describe()} "
+            f"(step {step}, segment {part}): every rank must call the same collectives in the "
+            f"same order, with the same dtype and length",
+            origin=comm.left.peer,
+        )
     comm.left.recv_payload_into(got, as_bytes(out), doing, stop)
 
 
@@ -248,27 +252,19 @@ def _ring_reduce(comm: Communicator, array: np.ndarray, op: Op, segment_bytes: i
     scratch = comm.scratch(min(per, max(b - a for a, b in bounds)), flat.dtype)
     header = Frame(kind=Kind.DATA, op=op, dtype=CODE_OF_DTYPE[flat.dtype], seq=seq, src=rank,
                    total_len=flat.size)  # fmt: skip
+    sender = comm.right.start_sender()
     name = {Op.ALLREDUCE_SUM: "allreduce", Op.ALLREDUCE_MEAN: "allreduce",
             Op.BARRIER: "barrier"}[op]  # fmt: skip
     tracing = trace_enabled()
-    duplex = Duplex(comm.left, comm.right)  # one thread sends right and receives left
 
     def forward(step: int, chunk: int, part: int, s: int, e: int) -> None:
         """Queue segment [s, e) of `chunk` as frame (step, part) to the right neighbour."""
         phase = "reduce-scatter" if step < p - 1 else "all-gather"
-        duplex.send(_at(header, step, part), as_bytes(flat[s:e]), f"{name} #{seq} {phase}")
+        sender.put(_at(header, step, part), as_bytes(flat[s:e]), f"{name} #{seq} {phase}")
         if tracing and part == 0:  # one line per chunk and step (PIPESGD_TRACE=1)
             a, b = bounds[chunk]
             trace("%s #%d step %d (%s) | rank %d -> %d | chunk %d | %d bytes", name, seq, step,
                   phase, rank, comm.right.peer, chunk, (b - a) * flat.itemsize)  # fmt: skip
-
-    def reduce(step: int, chunk: int, part: int, s: int, e: int) -> None:
-        """Segment [s, e) of `chunk` has arrived in scratch: add it in, pass it on at once."""
-        dst = flat[s:e]
-        np.add(scratch[: e - s], dst, out=dst)  # fixed order: the running sum, then our term
-        if step == p - 2 and op == Op.ALLREDUCE_MEAN:  # `chunk` is complete on this rank
-            dst /= dst.dtype.type(p)  # the owner scales once; everyone copies its bytes
-        forward(step + 1, chunk, part, s, e)
 
     # Reduce-scatter. Step 0's chunk is ready now; every later chunk is sent segment by
     # segment as soon as it has been reduced (see the module docstring). Frame steps number
@@ -279,16 +275,22 @@ def _ring_reduce(comm: Communicator, array: np.ndarray, op: Op, segment_bytes: i
     for step in range(p - 1):
         _, chunk = reduce_scatter_chunks(rank, step, p)
         doing = f"{name} #{seq} step {step} (reduce-scatter)"
+        last = step == p - 2  # after this step, `chunk` is complete on this rank
         for part, (s, e) in enumerate(segments(*bounds[chunk], per)):
-            duplex.expect(_at(header, step, part), as_bytes(scratch[: e - s]), doing,
-                          functools.partial(reduce, step, chunk, part, s, e))  # fmt: skip
+            tmp = scratch[: e - s]
+            _recv_checked(comm, header, step, part, tmp, doing, sender)
+            dst = flat[s:e]
+            np.add(tmp, dst, out=dst)  # fixed order: the running sum arrives, our term joins
+            if last and op == Op.ALLREDUCE_MEAN:
+                dst /= dst.dtype.type(p)  # the owner scales once; everyone copies its bytes
+            forward(step + 1, chunk, part, s, e)  # at once: the next hop needs it now
     # All-gather: receive each complete chunk straight into place, forward it unless the
     # right neighbour already has it.
     for step in range(p - 1, 2 * p - 2):
         _, chunk = all_gather_chunks(rank, step - (p - 1), p)
         doing = f"{name} #{seq} step {step} (all-gather)"
         for part, (s, e) in enumerate(segments(*bounds[chunk], per)):
-            then = functools.partial(forward, step + 1, chunk, part, s, e)
-            duplex.expect(_at(header, step, part), as_bytes(flat[s:e]), doing,
-                          then if step < 2 * p - 3 else None)  # fmt: skip
-    duplex.run()
+            _recv_checked(comm, header, step, part, flat[s:e], doing, sender)
+            if step < 2 * p - 3:
+                forward(step + 1, chunk, part, s, e)
+    sender.flush(comm.timeout)

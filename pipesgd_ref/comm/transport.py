@@ -176,22 +176,6 @@ def decode_header(data: bytes, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -
     return Frame(kind, op, dtype, seq, step, part, src, total_len, nbytes, deliver_at)
 
 
-def frame_mismatch(link: Link, got: Frame, want: Frame) -> CollectiveMismatch | None:
-    """The error for a DATA frame from `link`'s peer that does not belong where a frame like
-    `want` (kind, seq, op, dtype, total length, step and segment) was expected; None if it does."""
-    if (got.kind, got.seq, got.op, got.dtype, got.total_len, got.step, got.part) == (
-        want.kind, want.seq, want.op, want.dtype, want.total_len, want.step, want.part,
-    ):  # fmt: skip
-        return None
-    return CollectiveMismatch(
-        f"rank {link.rank}: rank {link.peer} sent a frame of {got.describe()} "
-        f"(step {got.step}, segment {got.part}) while this rank is in {want.describe()} "
-        f"(step {want.step}, segment {want.part}): every rank must call the same collectives "
-        f"in the same order, with the same dtype and length",
-        origin=link.peer,
-    )
-
-
 def as_bytes(array: np.ndarray) -> memoryview:
     """A flat byte view of a contiguous array (no copy): what goes on the wire."""
     if not array.flags.c_contiguous:
@@ -235,7 +219,6 @@ class Link:
         self.bytes_sent = 0
         self.bytes_received = 0
         self._sender: _Sender | None = None
-        self.half_sent = False  # a frame is partly in the socket: no other frame may start
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # headers must not wait
         # Blocking calls that give up after POLL_SECONDS (see _recv_exact_into and _send_all).
         sock.settimeout(None)
