@@ -25,6 +25,23 @@ def test_bench_allreduce_writes_verified_rows(tmp_path, capsys):
     assert "busbw GB/s" in capsys.readouterr().out
 
 
+def test_bench_times_gloo_in_turn_with_ours(tmp_path, capsys):
+    """Where torch is installed: gloo's AllReduce in the same workers, verified, side by side."""
+    pytest.importorskip("torch.distributed", reason="gloo is optional: torch is not installed")
+    out = tmp_path / "bench.json"
+    rc = main(["bench", "allreduce", "--world-size=3", "--sizes=12KB,1MB", "--reps=2",
+               f"--json={out}"])  # fmt: skip
+    assert rc == 0
+    result = json.loads(out.read_text())
+    assert result["gloo"] is True
+    for row in result["rows"]:
+        assert row["verified"] and row["gloo_time_s"] > 0
+        assert row["gloo_busbw"] == pytest.approx(
+            row["size_bytes"] / row["gloo_time_s"] * bus_factor(3)
+        )
+    assert "ours/gloo" in capsys.readouterr().out
+
+
 def test_bench_emulated_link_prints_the_model(capsys):
     rc = main(["bench", "allreduce", "--world-size=3", "--sizes=12KB", "--reps=2",
                "--latency=1ms", "--bandwidth=1Gbit"])  # fmt: skip
