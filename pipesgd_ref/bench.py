@@ -79,7 +79,7 @@ def _ring_job(
             want = comm.world_size * (comm.world_size + 1) / 2
             verified = bool(np.all(x == want))
             if gloo is not None:
-                gloo.start(n, want)
+                gloo.start(n)
             # Alone: back to back after one barrier, as nccl-tests does (a barrier before every
             # call would add its own exit skew between ranks to every measurement). Taking turns
             # with gloo: a barrier before each call, else each library's time would include
@@ -98,7 +98,8 @@ def _ring_job(
                     t = gloo.time_one()
                     if i >= warmup:
                         gloo_times.append(t)
-            out[nbytes] = (times, verified, wire, gloo_times, gloo.verified if gloo else None)
+            out[nbytes] = {"times": times, "verified": verified, "wire": wire,
+                           "gloo_times": gloo_times}  # fmt: skip
     finally:
         if gloo is not None:
             gloo.close()
@@ -116,14 +117,11 @@ class _Gloo:
         self.torch, self.dist = torch, dist
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=comm.rank,
                                 world_size=comm.world_size)  # fmt: skip
-        self.verified = False
 
-    def start(self, n: int, want: float) -> None:
-        """A tensor of n floats, summed once (checked against `want`, as ours is)."""
-        rank = self.dist.get_rank()
-        self.x = self.torch.full((n,), float(rank + 1))
+    def start(self, n: int) -> None:
+        """A tensor of n floats to sum, summed once (warm-up; its result is not checked)."""
+        self.x = self.torch.full((n,), float(self.dist.get_rank() + 1))
         self.dist.all_reduce(self.x)
-        self.verified = bool(self.torch.all(self.x == want))
         self.dist.barrier()
 
     def time_one(self) -> float:
@@ -135,17 +133,15 @@ class _Gloo:
         self.dist.destroy_process_group()
 
 
-def _combine(per_rank: list[dict], nbytes: int, which: int = 0) -> tuple[float, bool]:
-    """Median over repeats of the slowest rank's time (ours: which=0, gloo: which=3);
-    verified on every rank."""
-    runs = [rank[nbytes][which] for rank in per_rank]
-    times = [max(run[i] for run in runs) for i in range(len(runs[0]))]
-    return statistics.median(times), all(rank[nbytes][1 if which == 0 else 4] for rank in per_rank)
+def _combine(per_rank: list[dict], nbytes: int, key: str = "times") -> float:
+    """Median over repeats of the slowest rank's time (ours: "times", gloo's: "gloo_times")."""
+    runs = [rank[nbytes][key] for rank in per_rank]
+    return statistics.median(max(run[i] for run in runs) for i in range(len(runs[0])))
 
 
 def _wire(per_rank: list[dict], nbytes: int) -> int:
     """Bytes rank 0 sent for one AllReduce of this size (payload and headers)."""
-    return per_rank[0][nbytes][2]
+    return per_rank[0][nbytes]["wire"]
 
 
 # --- point to point: the wire's own limit ------------------------------------------------------
@@ -263,13 +259,14 @@ def bench_allreduce(
                             start_method="fork", model=model, timeout=timeout)  # fmt: skip
     rows = []
     for nbytes in sizes:
-        t, ok = _combine(per_rank, nbytes)
+        t = _combine(per_rank, nbytes)
+        ok = all(rank[nbytes]["verified"] for rank in per_rank)
         algbw = nbytes / t
         row = Row(nbytes, t, algbw, algbw * bus_factor(world_size),
                   ring_allreduce_time(world_size, nbytes, alpha, bandwidth, gamma), ok,
                   _wire(per_rank, nbytes))  # fmt: skip
         if gloo:
-            gt, _ = _combine(per_rank, nbytes, which=3)
+            gt = _combine(per_rank, nbytes, key="gloo_times")
             row.gloo_time_s, row.gloo_busbw = gt, nbytes / gt * bus_factor(world_size)
         rows.append(row)
     header = (f"{'size':>10} {'time ms':>9} {'algbw GB/s':>11} {'busbw GB/s':>11} "
@@ -329,7 +326,7 @@ def bench_allreduce_joined(
         )
         rows = []
         for nbytes in sizes:
-            t, ok = statistics.median(mine[nbytes][0]), mine[nbytes][1]
+            t, ok = statistics.median(mine[nbytes]["times"]), mine[nbytes]["verified"]
             busbw = nbytes / t * bus_factor(p)
             print_fn(f"{format_bytes(nbytes):>10} {t * 1e3:9.2f} {nbytes / t / 1e9:11.3f} "
                      f"{busbw / 1e9:11.3f} {'yes' if ok else 'NO':>9}")  # fmt: skip

@@ -26,7 +26,7 @@ def test_bench_allreduce_writes_verified_rows(tmp_path, capsys):
 
 
 def test_bench_times_gloo_in_turn_with_ours(tmp_path, capsys):
-    """Where torch is installed: gloo's AllReduce in the same workers, verified, side by side."""
+    """Where torch is installed: gloo's AllReduce in the same workers, side by side with ours."""
     pytest.importorskip("torch.distributed", reason="gloo is optional: torch is not installed")
     out = tmp_path / "bench.json"
     rc = main(["bench", "allreduce", "--world-size=3", "--sizes=12KB,1MB", "--reps=2",

@@ -39,6 +39,11 @@ ALGOS = ("sync", "pipe", "ps-sync", "ps-async")
 RESUMABLE = ("sync", "pipe", "ps-sync")  # bitwise: a resumed run ends as an uninterrupted one
 
 
+def proc_stat(pid: int | str) -> list[str]:
+    """The fields of /proc/PID/stat after the command name: state, parent, group, session..."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 def session_processes() -> set[int]:
     """Live processes of this test's session (the job's workers are forked into it)."""
     sid, found = os.getsid(0), set()
@@ -46,7 +51,7 @@ def session_processes() -> set[int]:
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            fields = proc_stat(entry.name)
         except OSError:  # exited meanwhile
             continue
         if fields[0] != "Z" and int(fields[3]) == sid:  # state, session id
@@ -69,7 +74,7 @@ def describe(pids: set[int]) -> str:
     lines = []
     for pid in sorted(pids):
         try:
-            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            stat = proc_stat(pid)
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             lines.append(f"  {pid}: exited since")
