@@ -66,6 +66,9 @@ def _parser() -> argparse.ArgumentParser:
     common(c)
     c.set_defaults(preset="compare")
     c.add_argument("--quick", action="store_true", help="a short run (CI, tutorials)")
+    c.add_argument("--repeats", type=int, default=None,
+                   help="runs of each method, the one that reaches the target soonest kept "
+                   "(default 2, 1 with --quick)")  # fmt: skip
     c.add_argument("--out", dest="out_dir", default="runs/compare", help="where to write results")
     t = sub.add_parser(
         "train",
@@ -135,16 +138,22 @@ def cmd_compare(args: argparse.Namespace, cfg: TrainConfig) -> int:
     from pipesgd_ref.compare import (
         QUICK_CALIBRATION_REPS,
         QUICK_CALIBRATION_TRIES,
+        REPEATS,
         quick_config,
         run_compare,
     )
     from pipesgd_ref.logs import configure_parent_logging
 
+    if args.repeats is not None and args.repeats < 1:
+        raise ConfigError(f"--repeats must be at least 1, got {args.repeats}")
     configure_parent_logging("WARNING")
-    more = {}
+    more = {"repeats": REPEATS}
     if args.quick:
         cfg, more = quick_config(cfg), {"calibration_reps": QUICK_CALIBRATION_REPS,
-                                        "calibration_tries": QUICK_CALIBRATION_TRIES}  # fmt: skip
+                                        "calibration_tries": QUICK_CALIBRATION_TRIES,
+                                        "repeats": 1}  # fmt: skip
+    if args.repeats is not None:
+        more["repeats"] = args.repeats
     run_compare(cfg, out=args.out_dir, progress=not args.no_progress, **more)
     return 0
 

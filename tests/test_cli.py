@@ -56,14 +56,17 @@ def test_compare_quick_default_problem_reaches_the_target(tmp_path, capsys):
     assert figures <= {p.name for p in tmp_path.iterdir()}, sorted(tmp_path.iterdir())
 
 
-def test_compare_bad_input_exits_2_with_one_line(tmp_path, capsys):
+@pytest.mark.parametrize(
+    "bad, words",
+    [(["--bandwidth=fast"], ("bandwidth", "fast")), (["--repeats", "0"], ("repeats", "0"))],
+)
+def test_compare_bad_input_exits_2_with_one_line(tmp_path, capsys, bad, words):
     """Refused before anything is calibrated or run: one line, no traceback, no files."""
-    rc = main(["compare", "--quick", "--no-progress", "--out", str(tmp_path / "c"),
-               "--bandwidth=fast"])  # fmt: skip
+    rc = main(["compare", "--quick", "--no-progress", "--out", str(tmp_path / "c"), *bad])
     assert rc == 2
     captured = capsys.readouterr()
     err = captured.err
-    assert err.startswith("pipesgd: error:") and "bandwidth" in err and "fast" in err, err
+    assert err.startswith("pipesgd: error:") and all(w in err for w in words), err
     assert err.count("\n") == 1 and "Traceback" not in err, err
     assert "calibrating" not in captured.out and not (tmp_path / "c").exists()
 
