@@ -14,8 +14,9 @@ Config options, applied in order: --preset NAME (laptop, compare, tiny), --confi
 --lr=0.05 --hidden=128,64.
 
 `compare` (pipesgd_ref/compare.py) trains ps-sync, ps-async, sync, pipe, pipe+trunc16 and
-pipe+q8 on the same problem (the `compare` preset) through one emulated network and prints
-measured against predicted iteration times and the wall-clock time to the target accuracy.
+pipe+q8 on the same problem (the `compare` preset) through one emulated network, each twice
+(--repeats), and prints measured against predicted iteration times and the wall-clock time to
+the target accuracy (of each method's repeat that reached it soonest).
 
 `train` starts cfg.world_size local workers, or, when the environment describes a job (torchrun's
 RANK/WORLD_SIZE, mpirun's or srun's variables, with MASTER_ADDR/MASTER_PORT; see launch.py),
