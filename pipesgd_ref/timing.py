@@ -452,6 +452,56 @@ def best_of(measure, tries: int = CALIBRATION_TRIES):
     return min(got, key=key)
 
 
+def fastest_calibration(cals: list[Calibration]) -> Calibration:
+    """Calibrations of the same (model, batch, world size, link) made minutes apart, merged
+    figure by figure into the fastest: every time the least, every bandwidth the most. The
+    rule of best_of, applied across minutes: a machine that is slower for a minute (a shared
+    VM's neighbours) slows every figure measured in it, and no figure is ever faster than the
+    machine. Figures the calibrations do not all have are left out (a busy codec missing from
+    one is taken from those that have it)."""
+    if not cals:
+        raise ValueError("fastest_calibration needs at least one calibration")
+    first = cals[0]
+    if any(c.n_params != first.n_params or c.bandwidth != first.bandwidth for c in cals):
+        raise ValueError("calibrations of different models or links cannot be merged")
+
+    def least(name: str):
+        values = [getattr(c, name) for c in cals if getattr(c, name) is not None]
+        return min(values) if values else None
+
+    shared = ()
+    if all(c.t_comp_shared for c in cals) and len({len(c.t_comp_shared) for c in cals}) == 1:
+        shared = tuple(min(v) for v in zip(*(c.t_comp_shared for c in cals), strict=True))
+    busy = {k: min(c.t_comp_busy[k] for c in cals if k in c.t_comp_busy)
+            for c0 in cals for k in c0.t_comp_busy}  # fmt: skip
+    codecs = {
+        name: (
+            first.codecs[name][0],
+            min(c.codecs[name][1] for c in cals if name in c.codecs),
+            min(c.codecs[name][2] for c in cals if name in c.codecs),
+        )
+        for name in first.codecs
+    }
+    return replace(
+        first,
+        t_comp=least("t_comp"),
+        t_update=least("t_update"),
+        alpha=least("alpha"),
+        gamma=least("gamma"),
+        copy=least("copy"),
+        loop_bandwidth=max(c.loop_bandwidth for c in cals),
+        t_comp_shared=shared or first.t_comp_shared,
+        t_comp_busy=busy,
+        alpha_busy=least("alpha_busy"),
+        codecs=codecs,
+        source={
+            **first.source,
+            "merged": f"the fastest of {len(cals)} calibrations, figure "
+            "by figure (fastest_calibration)",
+        },
+    )
+
+
 def time_shared_compute(
     cfg, max_k: int, reps: int = CALIBRATION_REPS, tries: int = CALIBRATION_TRIES
 ) -> tuple[float, ...]:

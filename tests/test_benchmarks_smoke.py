@@ -7,12 +7,22 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
-def test_timing_model_accuracy_quick(tmp_path):
+# --quick: p = 2, 1Gbit and loopback, one model, one pass. Two passes (the default grid's
+# protocol: each point keeps its fastest run of both, against its block's merged calibration)
+# on the smallest grid that still has every method: one network, a 64x64 MLP.
+TWO_PASSES = ["--world-sizes", "2", "--networks", "loopback", "--models", "64x64",
+              "--batch-size", "32", "--steps", "8", "--min-run", "0", "--passes", "2"]  # fmt: skip
+
+
+@pytest.mark.parametrize("passes, options, networks", [(1, ["--quick"], 2), (2, TWO_PASSES, 1)])
+def test_timing_model_accuracy_quick(tmp_path, passes, options, networks):
     out = tmp_path / "accuracy.json"
-    cmd = [sys.executable, str(BENCHMARKS / "timing_model_accuracy.py"), "--quick", "--json", out]
+    cmd = [sys.executable, str(BENCHMARKS / "timing_model_accuracy.py"), *options, "--json", out]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=55)
     log = f"stdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-3000:]}"
     assert done.returncode == 0, f"timing_model_accuracy.py --quick exited {done.returncode}\n{log}"
@@ -22,8 +32,8 @@ def test_timing_model_accuracy_quick(tmp_path):
         f"no 'targets (...): met / NOT met' verdict in the output\n{log}"
     )
     rows = json.loads(out.read_text())["rows"]
-    # --quick: p = 2, two networks, one model, every method of timing.COMPARE_RUNS
-    assert len(rows) == 2 * 6, f"expected 12 rows (2 networks x 6 methods), got {len(rows)}"
+    # every method of timing.COMPARE_RUNS on each network
+    assert len(rows) == networks * 6, f"expected {networks} x 6 rows, got {len(rows)}"
     failed = [f"{r['network']} {r['method']}: {r['failed']}" for r in rows if r.get("failed")]
     assert not failed, "runs failed:\n" + "\n".join(failed)
     for r in rows:
@@ -31,6 +41,12 @@ def test_timing_model_accuracy_quick(tmp_path):
             f"{r['network']} {r['method']}: measured {r['measured_s']} s, predicted "
             f"{r['predicted_s']} s; both must be positive"
         )
+        if passes > 1:
+            assert len(r["passes"]) == passes, r["passes"]
+            assert r["measured_s"] == min(q["measured_s"] for q in r["passes"]), r["passes"]
+            assert r["error"] == pytest.approx(
+                (r["predicted_s"] - r["measured_s"]) / r["measured_s"]
+            )
 
 
 def test_soak_short(tmp_path):

@@ -9,6 +9,7 @@ own at the end. One smoke test calibrates on this machine (it launches two proce
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -575,3 +576,46 @@ def test_calibration_keeps_the_fastest_and_measures_once_more_when_launches_disa
 )
 def test_steps_spanning(step_s, span_s, want):
     assert timing.steps_spanning(step_s, span_s, least=12, most=40) == want
+
+
+def test_fastest_calibration_takes_every_figure_at_its_fastest():
+    """Two calibrations of one block, each slow in some figures: the merge has every time at
+    its least and the loopback bandwidth at its most, figure by figure."""
+    slow_compute = textbook(
+        t_comp=0.08,
+        t_comp_shared=(0.08, 0.1),
+        t_comp_busy={"none": 0.12, "q8": 0.13},
+        alpha=2e-4,
+        alpha_busy=5e-4,
+        loop_bandwidth=2e9,
+        codecs={"trunc16": (2.0, 1e-9, 3e-9), "q8": (4.0, 5e-9, 1e-9)},
+    )
+    slow_network = textbook(
+        t_comp=0.05,
+        t_comp_shared=(0.05, 0.13),
+        t_comp_busy={"none": 0.15, "q8": 0.11},
+        alpha=4e-4,
+        alpha_busy=3e-4,
+        loop_bandwidth=3e9,
+        t_update=0.004,
+        codecs={"trunc16": (2.0, 2e-9, 2e-9), "q8": (4.0, 1e-9, 4e-9)},
+    )
+    got = timing.fastest_calibration([slow_compute, slow_network])
+    assert got.t_comp == 0.05 and got.t_update == T_U and got.alpha == 2e-4
+    assert got.t_comp_shared == (0.05, 0.1), "element by element"
+    assert got.t_comp_busy == {"none": 0.12, "q8": 0.11}
+    assert got.alpha_busy == 3e-4 and got.loop_bandwidth == 3e9
+    assert got.codecs == {"trunc16": (2.0, 1e-9, 2e-9), "q8": (4.0, 1e-9, 1e-9)}
+    assert "merged" in got.source
+    # ...so no prediction from the merge is slower than from either one
+    for algo, codec in timing.COMPARE_RUNS:
+        merged = predict(algo, 4, got, codec).iter_time_s
+        assert merged <= min(
+            predict(algo, 4, c, codec).iter_time_s for c in (slow_compute, slow_network)
+        ) * (1 + 1e-12), (algo, codec)
+    alone = timing.fastest_calibration([slow_compute])
+    assert dataclasses.replace(alone, source=slow_compute.source) == slow_compute, "merge of one"
+    with pytest.raises(ValueError, match="at least one"):
+        timing.fastest_calibration([])
+    with pytest.raises(ValueError, match="different models or links"):
+        timing.fastest_calibration([slow_compute, textbook(n_params=10)])
