@@ -25,7 +25,9 @@ def test_timing_model_accuracy_quick(tmp_path, passes, options, networks):
     cmd = [sys.executable, str(BENCHMARKS / "timing_model_accuracy.py"), *options, "--json", out]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=55)
     log = f"stdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-3000:]}"
-    assert done.returncode == 0, f"timing_model_accuracy.py --quick exited {done.returncode}\n{log}"
+    assert done.returncode == 0, (
+        f"timing_model_accuracy.py {options} exited {done.returncode}\n{log}"
+    )
     summary = re.search(r"^overall: median \|error\| [\d.]+%, worst [\d.]+%", done.stdout, re.M)
     assert summary, f"no 'overall: median |error| ..., worst ...' line in the output\n{log}"
     assert re.search(r"^targets \(.*\): (met|NOT met)$", done.stdout, re.M), (
