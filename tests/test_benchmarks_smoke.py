@@ -1,6 +1,7 @@
 """The benchmarks run end to end at their quick size. (Their figures are read by people, never
 asserted: a timing error on a busy machine is a measurement, not a failure.)"""
 
+import importlib.util
 import json
 import re
 import subprocess
@@ -12,30 +13,20 @@ import pytest
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
-# --quick: p = 2, 1Gbit and loopback, one model, one pass. Two passes (the default grid's
-# protocol: each point keeps its fastest run of both, against its block's merged calibration)
-# on the smallest grid that still has every method: one network, a 64x64 MLP.
-TWO_PASSES = ["--world-sizes", "2", "--networks", "loopback", "--models", "64x64",
-              "--batch-size", "32", "--steps", "8", "--min-run", "0", "--passes", "2"]  # fmt: skip
-
-
-@pytest.mark.parametrize("passes, options, networks", [(1, ["--quick"], 2), (2, TWO_PASSES, 1)])
-def test_timing_model_accuracy_quick(tmp_path, passes, options, networks):
+def test_timing_model_accuracy_quick(tmp_path):
     out = tmp_path / "accuracy.json"
-    cmd = [sys.executable, str(BENCHMARKS / "timing_model_accuracy.py"), *options, "--json", out]
+    cmd = [sys.executable, str(BENCHMARKS / "timing_model_accuracy.py"), "--quick", "--json", out]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=55)
     log = f"stdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-3000:]}"
-    assert done.returncode == 0, (
-        f"timing_model_accuracy.py {options} exited {done.returncode}\n{log}"
-    )
+    assert done.returncode == 0, f"timing_model_accuracy.py --quick exited {done.returncode}\n{log}"
     summary = re.search(r"^overall: median \|error\| [\d.]+%, worst [\d.]+%", done.stdout, re.M)
     assert summary, f"no 'overall: median |error| ..., worst ...' line in the output\n{log}"
     assert re.search(r"^targets \(.*\): (met|NOT met)$", done.stdout, re.M), (
         f"no 'targets (...): met / NOT met' verdict in the output\n{log}"
     )
     rows = json.loads(out.read_text())["rows"]
-    # every method of timing.COMPARE_RUNS on each network
-    assert len(rows) == networks * 6, f"expected {networks} x 6 rows, got {len(rows)}"
+    # --quick: p = 2, two networks, one model, every method of timing.COMPARE_RUNS
+    assert len(rows) == 2 * 6, f"expected 12 rows (2 networks x 6 methods), got {len(rows)}"
     failed = [f"{r['network']} {r['method']}: {r['failed']}" for r in rows if r.get("failed")]
     assert not failed, "runs failed:\n" + "\n".join(failed)
     for r in rows:
@@ -43,12 +34,49 @@ def test_timing_model_accuracy_quick(tmp_path, passes, options, networks):
             f"{r['network']} {r['method']}: measured {r['measured_s']} s, predicted "
             f"{r['predicted_s']} s; both must be positive"
         )
-        if passes > 1:
-            assert len(r["passes"]) == passes, r["passes"]
-            assert r["measured_s"] == min(q["measured_s"] for q in r["passes"]), r["passes"]
-            assert r["error"] == pytest.approx(
-                (r["predicted_s"] - r["measured_s"]) / r["measured_s"]
-            )
+
+
+def load_benchmark(name: str):
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_grid_merges_passes_into_the_fastest_run_against_the_fastest_calibration():
+    """The default grid's two passes (no processes: made-up rows and calibrations): a point
+    keeps its fastest run of both passes, predicted from its block's merged calibration."""
+    from pipesgd_ref import timing
+    from pipesgd_ref.timing import Calibration
+
+    grid = load_benchmark("timing_model_accuracy")
+
+    def cal(t_comp):
+        return Calibration(n_params=10_000, t_comp=t_comp, t_update=1e-4, alpha=1e-4,
+                           bandwidth=125e6, gamma=1e-10, cores=2,
+                           t_comp_shared=(t_comp, 2 * t_comp))  # fmt: skip
+
+    slow, fast = cal(0.02), cal(0.01)
+    merged = timing.fastest_calibration([slow, fast])
+
+    def row(measured_s, c):
+        pred = timing.predict("sync", 2, c)
+        return {"world_size": 2, "algo": "sync", "codec": "none", "measured_s": measured_s,
+                "measured_all_s": [measured_s], "predicted_s": pred.iter_time_s,
+                "error": pred.iter_time_s / measured_s - 1}  # fmt: skip
+
+    got = grid.merge_passes([row(0.030, slow), row(0.025, fast), row(0.028, slow)], merged, 2)
+    want = timing.predict("sync", 2, merged).iter_time_s
+    assert want < min(timing.predict("sync", 2, c).iter_time_s for c in (slow, fast)) + 1e-12
+    assert got["measured_s"] == 0.025 and got["measured_all_s"] == [0.030, 0.025, 0.028]
+    assert got["predicted_s"] == pytest.approx(want), "from the merged calibration"
+    assert got["error"] == pytest.approx((want - 0.025) / 0.025)
+    assert [q["measured_s"] for q in got["passes"]] == [0.030, 0.025, 0.028]
+    failed = {"world_size": 2, "algo": "sync", "codec": "none", "failed": "OSError: boom"}
+    assert grid.merge_passes([failed, row(0.03, slow)], merged, 2)["measured_s"] == 0.03
+    assert grid.merge_passes([failed, failed], merged, 2)["failed"], "failed in every pass"
+    only = row(0.03, slow)
+    assert grid.merge_passes([only], merged, 2) is only, "one pass: the row as it was"
 
 
 def test_soak_short(tmp_path):
