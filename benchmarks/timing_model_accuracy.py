@@ -1,7 +1,7 @@
 """How good are the timing models? Predicted against measured iteration time, over a grid.
 
-    python benchmarks/timing_model_accuracy.py            # the default grid (~19 min)
-    python benchmarks/timing_model_accuracy.py --quick    # p = 2, two networks, one model (~12 s)
+    python benchmarks/timing_model_accuracy.py            # the default grid (~26 min)
+    python benchmarks/timing_model_accuracy.py --quick    # p = 2, two networks, one model (~25 s)
     python benchmarks/timing_model_accuracy.py --world-sizes 4 --networks 1Gbit,loopback \\
         --steps 20 --json runs/timing_accuracy.json
 
@@ -55,9 +55,9 @@ Run time: 26 minutes for the default grid on a 2-core machine (measured): 288 tr
 busy compute launch 2-3 times each); the 100Mbit runs of the larger model are a large part of
 it (ps-sync at (p+1) M/B = 1.8 s an iteration with p = 4). One pass (--passes 1 --repeats 2,
 the grid before passes) took 19-20 minutes.
---quick takes about 12 s. On a machine shared with other jobs the errors grow: the models
-assume the cores are this benchmark's alone, and one burst of load during a calibration
-moves every prediction made from it.
+--quick takes about 25 s (22-25 s in CI). On a machine shared with other jobs the errors
+grow: the models assume the cores are this benchmark's alone, and one burst of load during a
+calibration moves every prediction made from it.
 """
 
 from __future__ import annotations
