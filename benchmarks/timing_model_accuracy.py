@@ -170,20 +170,26 @@ def measure_point(
 
     timing.best_of(run, max(1, repeats))  # a third run when two disagree by more than 10%
     summary = min(runs, key=lambda s: s["iter_time_s"])
-    measured = summary["iter_time_s"]
     return {
-        "measured_s": measured,
+        "measured_s": summary["iter_time_s"],
         "measured_all_s": [s["iter_time_s"] for s in runs],
-        "predicted_s": pred.iter_time_s,
-        "error": (pred.iter_time_s - measured) / measured,
+        **against(pred, summary["iter_time_s"]),
         "steps": steps,
-        "bound": pred.bound,
-        "prediction": pred.to_dict(),
         # the run's own medians, to tell a compute error from a communication one
         "measured_t_comp_s": summary["t_comp_s"],
         "measured_t_comm_s": summary["t_comm_s"],
         "comm_hidden_fraction": summary["comm_hidden_fraction"],
         "wall_time_s": time.perf_counter() - start,
+    }
+
+
+def against(pred: timing.Prediction, measured_s: float) -> dict:
+    """A point's prediction beside its measured iteration: the fields a row keeps of it."""
+    return {
+        "predicted_s": pred.iter_time_s,
+        "error": (pred.iter_time_s - measured_s) / measured_s,
+        "bound": pred.bound,
+        "prediction": pred.to_dict(),
     }
 
 
@@ -201,10 +207,7 @@ def merge_passes(runs: list[dict], cal: timing.Calibration, width: int) -> dict:
     return {
         **best,
         "measured_all_s": [t for r in done for t in r["measured_all_s"]],
-        "predicted_s": pred.iter_time_s,
-        "error": (pred.iter_time_s - best["measured_s"]) / best["measured_s"],
-        "bound": pred.bound,
-        "prediction": pred.to_dict(),
+        **against(pred, best["measured_s"]),
         "passes": [
             {k: r.get(k) for k in ("measured_s", "predicted_s", "error", "failed")} for r in runs
         ],
@@ -306,10 +309,8 @@ def main(argv: list[str] | None = None) -> int:
                     row["failed"] = " ".join(f"{type(e).__name__}: {e}".split())[:300]
                 got.setdefault((p, hidden, net, algo, codec), []).append(row)
                 print(format_row(row), flush=True)
-    rows = [
-        merge_passes(runs, timing.fastest_calibration(cals[key[:3]]), base.width)
-        for key, runs in got.items()
-    ]
+    merged = {block: timing.fastest_calibration(c) for block, c in cals.items()}
+    rows = [merge_passes(runs, merged[key[:3]], base.width) for key, runs in got.items()]
     if passes > 1:
         print(f"\n# every point: the fastest run of its {passes} passes against the prediction "
               f"from its block's fastest calibration (timing.fastest_calibration)")  # fmt: skip

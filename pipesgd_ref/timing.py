@@ -457,8 +457,9 @@ def fastest_calibration(cals: list[Calibration]) -> Calibration:
     figure by figure into the fastest: every time the least, every bandwidth the most. The
     rule of best_of, applied across minutes: a machine that is slower for a minute (a shared
     VM's neighbours) slows every figure measured in it, and no figure is ever faster than the
-    machine. Figures the calibrations do not all have are left out (a busy codec missing from
-    one is taken from those that have it)."""
+    machine. A busy-compute or codec figure that only some calibrations have is taken from
+    those that have it; shared-compute tables of different lengths are not merged (the first
+    one's is kept)."""
     if not cals:
         raise ValueError("fastest_calibration needs at least one calibration")
     first = cals[0]
@@ -474,14 +475,10 @@ def fastest_calibration(cals: list[Calibration]) -> Calibration:
         shared = tuple(min(v) for v in zip(*(c.t_comp_shared for c in cals), strict=True))
     busy = {k: min(c.t_comp_busy[k] for c in cals if k in c.t_comp_busy)
             for c0 in cals for k in c0.t_comp_busy}  # fmt: skip
-    codecs = {
-        name: (
-            first.codecs[name][0],
-            min(c.codecs[name][1] for c in cals if name in c.codecs),
-            min(c.codecs[name][2] for c in cals if name in c.codecs),
-        )
-        for name in first.codecs
-    }
+    codecs = {}
+    for name in sorted({name for c in cals for name in c.codecs}):
+        have = [c.codecs[name] for c in cals if name in c.codecs]
+        codecs[name] = (have[0][0], min(h[1] for h in have), min(h[2] for h in have))
     return replace(
         first,
         t_comp=least("t_comp"),

@@ -615,6 +615,11 @@ def test_fastest_calibration_takes_every_figure_at_its_fastest():
         ) * (1 + 1e-12), (algo, codec)
     alone = timing.fastest_calibration([slow_compute])
     assert dataclasses.replace(alone, source=slow_compute.source) == slow_compute, "merge of one"
+    # a figure only one calibration has comes from that one, whichever it is
+    extra = textbook(codecs={"bf16": (2.0, 3e-9, 3e-9)}, t_comp_busy={"trunc16": 0.14})
+    some = timing.fastest_calibration([slow_compute, extra])
+    assert some.codecs["bf16"] == (2.0, 3e-9, 3e-9) and some.codecs["q8"] == (4.0, 5e-9, 1e-9)
+    assert some.t_comp_busy == {"none": 0.12, "q8": 0.13, "trunc16": 0.14}
     with pytest.raises(ValueError, match="at least one"):
         timing.fastest_calibration([])
     with pytest.raises(ValueError, match="different models or links"):
