@@ -251,9 +251,9 @@ def main(argv: list[str] | None = None) -> int:
         networks = [n for n in args.networks.split(",") if n]
         models = parse_models(args.models)
     steps = args.steps or (10 if args.quick else 12)
-    passes = args.passes or (1 if args.quick else 2)
-    if passes < 1 or (args.repeats is not None and args.repeats < 1):
+    if any(n is not None and n < 1 for n in (args.passes, args.repeats)):
         ap.error("--passes and --repeats must be at least 1")
+    passes = args.passes or (1 if args.quick else 2)
     repeats_asked = args.repeats
     args.repeats = args.repeats or (1 if args.quick or passes > 1 else 2)
     min_run = args.min_run if args.min_run is not None else (0.0 if args.quick else MIN_RUN_S)

@@ -130,3 +130,12 @@ def test_kernels_gpu_without_a_gpu_says_why():
     assert done.returncode == 0 and "nothing to time here: no usable CUDA GPU" in done.stdout, (
         done.stdout + done.stderr
     )
+
+
+@pytest.mark.parametrize("flag", ["--passes", "--repeats"])
+def test_timing_model_accuracy_refuses_fewer_than_one_pass_or_repeat(flag):
+    cmd = [sys.executable, str(BENCHMARKS / "timing_model_accuracy.py"), flag, "0"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=55)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "--passes and --repeats must be at least 1" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and "timing models against" not in done.stdout
