@@ -32,14 +32,16 @@ Why passes. This VM's speed drifts by 15-25% for minutes at a time (its neighbou
 block (p, model, network) calibrated in a slow minute and run in a fast one, or the other way
 round, misses by that much whatever the model: one grid measured p=2 sync on 10 Gbit links at
 42.5 and 43.1 ms in a slow minute, and 33.9 and 34.8 ms minutes later (predicted 31.3). With
-two passes each point keeps the fastest of its runs in both, against a prediction from its
-block's calibrations merged figure by figure into the fastest (timing.fastest_calibration):
-best-of-N, as each calibration figure and each point already was within a minute, taken over
-minutes. Measured in one grid of two passes: each pass alone (its own calibration, one run a
-point) had 10 and 13 points over 25% (worst 35.2% and 49.8%), the merge 7 (worst 30.8%); the
-median was 7.1-7.2% all three ways. What is left is mostly bias, not noise: the points over
-25% were all too optimistic, and the worst (p=4, 512x512, 10 Gbit, ps-async: 21 ms measured,
-14.6 predicted) was as far off in the one-pass grid made half an hour before (-27.4%).
+two passes each point keeps the fastest of its runs in both (best-of-N, as each calibration
+figure already was within a minute, taken over minutes), against a prediction from its block's
+calibrations merged figure by figure into their median (timing.merged_calibration: each
+compute figure of a calibration is already the fastest of two launches, the same statistic as
+a point's fastest of two passes; merging into the fastest over the passes too made the
+predictions the fastest of four against runs the fastest of two, biased fast). Measured in one
+grid of two passes: each pass alone (its own calibration, one run a point) had 10 and 13 points
+over 25% (worst 35.2% and 49.8%), the merge 7 (worst 30.8%, median 7.1%, bias -6.7%) with the
+fastest calibration; the same runs against the median calibration and the parameter server's
+busiest-core bound (timing.busiest_core), 2 (worst 28.5%, median 4.6%, bias -2.9%).
 
 The link figures that depend only on the machine are measured once for the grid: the loopback
 stream bandwidth and the CPU time per byte of a socket's sending and receiving side; everything
@@ -195,7 +197,7 @@ def against(pred: timing.Prediction, measured_s: float) -> dict:
 
 def merge_passes(runs: list[dict], cal: timing.Calibration, width: int) -> dict:
     """One point's rows, one a pass, merged: the fastest measured run of them all against the
-    prediction from `cal` (the block's calibrations merged by timing.fastest_calibration).
+    prediction from `cal` (the block's calibrations merged by timing.merged_calibration).
     With one pass, the row as it was. Failed only when every pass failed."""
     if len(runs) == 1:
         return runs[0]
@@ -233,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=None, help="steps per run (default 12; quick 10)")
     ap.add_argument("--passes", type=int, default=None,
                     help="times the whole grid is calibrated and run, minutes apart; each point "
-                    "keeps its fastest run and its block's fastest calibration (default 2; "
+                    "keeps its fastest run, against its block's merged calibration (default 2; "
                     "quick 1)")  # fmt: skip
     ap.add_argument("--repeats", type=int, default=None,
                     help="runs per point and pass, the fastest kept (default 1; 2 with one "
@@ -309,11 +311,11 @@ def main(argv: list[str] | None = None) -> int:
                     row["failed"] = " ".join(f"{type(e).__name__}: {e}".split())[:300]
                 got.setdefault((p, hidden, net, algo, codec), []).append(row)
                 print(format_row(row), flush=True)
-    merged = {block: timing.fastest_calibration(c) for block, c in cals.items()}
+    merged = {block: timing.merged_calibration(c) for block, c in cals.items()}
     rows = [merge_passes(runs, merged[key[:3]], base.width) for key, runs in got.items()]
     if passes > 1:
         print(f"\n# every point: the fastest run of its {passes} passes against the prediction "
-              f"from its block's fastest calibration (timing.fastest_calibration)")  # fmt: skip
+              f"from its block's merged calibration (timing.merged_calibration)")  # fmt: skip
         print(HEADER)
         for row in rows:
             print(format_row(row))

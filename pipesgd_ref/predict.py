@@ -291,6 +291,7 @@ def scenario_from_args(args) -> Scenario:
             cal,
             t_comp=t_comp,
             t_comp_shared=tuple(t * scale for t in cal.t_comp_shared),
+            t_comp_lockstep=tuple(t * scale for t in cal.t_comp_lockstep),
             source={**cal.source, "t_comp": f"--t-comp {args.t_comp}"},
         )
     if t_update is not None:

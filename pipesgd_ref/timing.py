@@ -71,6 +71,15 @@ where cpu_comm = 2 * 2(p-1)/p * M/r * copy + (p-1)/p M gamma + codec. No schedul
 CPU work divided by the cores, so the cpu bound holds for synchronous SGD as well:
 T_sync = max(t_comp + T_ar + t_u, cpu bound) (its sum assumes every worker has its own core for
 its copies, reductions and update; on C < p cores they queue like the computations do).
+The parameter server's p + 1 processes have the same kind of bound, core by core: the server's
+copies, reductions and updates run on core 0 beside the workers pinned there, so both PS models
+are at least the CPU work per iteration of the busiest core (`busiest_core`): with p = 4 on
+2 cores, core 0 holds the server and workers 1 and 3,
+
+    T_ps >= 2 (t_comp + (M/r + M) copy + M e) + p ((M/r + M) copy + M (d + gamma) + t_u)
+
+(ps-async; ps-sync updates once a round). Where the server's CPU is a fifth of the work, as
+for a 4.5 MB gradient on loopback, this bound, not the worker's cycle, sets the iteration.
 
 Calibration (`calibrate`): t_comp and t_u are timed on the actual model and batch size in this
 process; gamma and the codecs' e and d are timed on gradient-sized arrays; alpha and B are the
@@ -118,10 +127,16 @@ class Calibration:
     # empty: t_comp * max(1, k / cores)). Sharing costs more than k / cores: caches and memory
     # bandwidth are shared too.
     t_comp_shared: tuple = ()
+    # The same launches, per step the slowest of the k (the median over steps of the per-step
+    # maximum over ranks): what a ring method gets, whose every step waits for its slowest
+    # rank. On shared cores the ranks' steps differ by 15-25% (time slices, caches), so this
+    # is that much above t_comp_shared. Empty: t_comp_shared.
+    t_comp_lockstep: tuple = ()
     # t_comp of p workers at once while each one's communication thread runs one ring AllReduce
     # of the gradient per step, on the same link with this codec: what Pipe-SGD's compute
-    # thread gets (measured; codec name -> s). On shared cores the comm threads' wake-ups,
-    # copies and cache traffic slow the computation beyond the bytes' own CPU cost.
+    # thread gets (measured, per step the slowest rank, as t_comp_lockstep; codec name -> s).
+    # On shared cores the comm threads' wake-ups, copies and cache traffic slow the
+    # computation beyond the bytes' own CPU cost.
     t_comp_busy: dict = field(default_factory=dict)
     # alpha while the workers compute: a ring hop must wait for a core, a wake-up, the GIL
     # (measured the same way, a ping-pong round the ring, next to the computations); what
@@ -161,6 +176,7 @@ class Calibration:
             **{
                 **d,
                 "t_comp_shared": tuple(d.get("t_comp_shared", ())),
+                "t_comp_lockstep": tuple(d.get("t_comp_lockstep", ())),
                 "t_comp_busy": dict(d.get("t_comp_busy", {})),
                 "codecs": {k: tuple(v) for k, v in d.get("codecs", {}).items()},
             }
@@ -216,12 +232,13 @@ def ring_allreduce_time(
     return hops + wire + reduce + codec
 
 
-def compute_time(cal: Calibration, k: float) -> float:
+def compute_time(cal: Calibration, k: float, lockstep: bool = False) -> float:
     """t_comp when k workers compute at once: measured (cal.t_comp_shared, interpolated
     linearly between whole k), else t_comp * max(1, k / cores). Beyond the table (a sweep to
     more workers than were measured) its last entry is scaled by the same core-sharing law:
-    t(k) = t(K) * max(1, k / cores) / max(1, K / cores), K = len(table)."""
-    table = cal.t_comp_shared
+    t(k) = t(K) * max(1, k / cores) / max(1, K / cores), K = len(table). `lockstep`: the
+    slowest of the k, step by step (cal.t_comp_lockstep, where measured)."""
+    table = (lockstep and cal.t_comp_lockstep) or cal.t_comp_shared
     if not table:
         return cal.t_comp * max(1.0, k / cal.cores)
     n = len(table)
@@ -281,7 +298,7 @@ def predict(
     B = min(cal.bandwidth, cal.loop_bandwidth)
     if algo in ("sync", "pipe"):
         B = B_ring
-        tc = compute_time(cal, p)  # lock step: all p compute at once
+        tc = compute_time(cal, p, lockstep=True)  # all p compute at once; each step waits
         busy = cal.t_comp_busy.get(codec) if algo == "pipe" and width > 1 else None
         if algo == "pipe" and width > 1 and cal.alpha_busy is not None:
             a = max(a, cal.alpha_busy)  # its AllReduces run while the workers compute
@@ -316,7 +333,8 @@ def predict(
         tc = shared_compute(cal, lambda t: min(p, 1 + t / max(pull, 1e-12)))
         comm = 2 * a + p * M / B + M / (r * B)  # Eq. ps-sync: p pulls out, the last push in
         server = p * M * (g + d) + tu
-        return Prediction(algo, codec, p, 1, tc + comm + server, tc, comm, 0.0, "server")
+        it, bound = max((tc + comm + server, "server"), (busiest_core(algo, p, cal, codec), "cpu"))
+        return Prediction(algo, codec, p, 1, it, tc, comm, 0.0, bound)
     if algo == "ps-async":
         comm = 2 * a + M / (r * B) + M / B
         m = workers_on_timed_core(p, C)
@@ -332,9 +350,40 @@ def predict(
         tc = _fixed_point(own_core, cal.t_comp)
         cycle = tc + comm + tu + M * d
         server = p * M / B  # the server's link: B/M pulls per second for p workers
-        it, bound = (cycle, "worker") if cycle >= server else (server, "server")
+        it, bound = max((cycle, "worker"), (server, "server"),
+                        (busiest_core(algo, p, cal, codec), "cpu"))  # fmt: skip
         return Prediction(algo, codec, p, 1, it, tc, comm, 0.0, bound)
     raise ValueError(f"unknown algo {algo!r}; choose one of {', '.join(ALGOS)}")
+
+
+def busiest_core(algo: str, world_size: int, cal: Calibration, codec: str = "none") -> float:
+    """The CPU work per iteration of the busiest core, for a parameter-server job whose p + 1
+    processes share C < p + 1 cores, pinned rank r to core r mod C (rank 0 the server): no
+    schedule finishes an iteration sooner. 0 where every process has a core of its own.
+
+    A worker's work per iteration: one computation (t_comp with every core busy), encoding its
+    push, and the socket path's CPU for the push out and the pull in, (M/r + M) copy. The
+    server's, per push: the push in and the pull out, (M/r + M) copy, decoding and adding,
+    M (d + gamma); plus one update per push (ps-async) or per round (ps-sync). The server's core
+    carries the server and the workers pinned with it."""
+    p, C = world_size, cal.cores
+    if C >= p + 1:
+        return 0.0
+    M = cal.grad_bytes
+    r, e, d = cal.codec(codec)
+    worker = compute_time(cal, C) + M * e + (M / r + M) * cal.copy
+    per_push = (M / r + M) * cal.copy + M * (d + cal.gamma)
+    if algo == "ps-async":
+        server = p * (per_push + cal.t_update)
+    elif algo == "ps-sync":
+        server = p * per_push + cal.t_update
+    else:
+        raise ValueError(f"busiest_core is for the parameter server, not {algo!r}")
+    load = [0.0] * C
+    load[0] = server
+    for rank in range(1, p + 1):
+        load[rank % C] += worker
+    return max(load)
 
 
 # The runs of `pipesgd compare`, in its table's order: (algo, codec).
@@ -409,20 +458,29 @@ def _one_blas_thread():
         return nullcontext()
 
 
-def _compute_job(comm, cfg, reps: int) -> float:
+def _compute_job(comm, cfg, reps: int) -> list[float]:
     from pipesgd_ref.algorithms.worker import WorkerSetup
     from pipesgd_ref.comm.ring import barrier
 
     w = WorkerSetup.build(cfg.replace(resume=""), comm.rank, comm.world_size)
     grads = np.empty_like(w.params)
     w.loss_and_grad(0, grads)
-    barrier(comm)  # start together: all k compute at once
     times = []
     for step in range(1, reps + 1):
+        barrier(comm)  # every step starts together: all k compute at once, step by step
         start = time.perf_counter()
         w.loss_and_grad(step, grads)
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return times
+
+
+def step_statistics(per_rank: list[list[float]]) -> tuple[float, float]:
+    """(median over ranks and steps, median over steps of the slowest rank) of per-rank lists
+    of step times, step i of every rank taken together."""
+    steps = min(len(t) for t in per_rank)
+    every = [t for times in per_rank for t in times[:steps]]
+    slowest = [max(times[i] for times in per_rank) for i in range(steps)]
+    return statistics.median(every), statistics.median(slowest)
 
 
 def steps_spanning(step_s: float, span_s: float, least: int, most: int) -> int:
@@ -452,74 +510,88 @@ def best_of(measure, tries: int = CALIBRATION_TRIES):
     return min(got, key=key)
 
 
-def fastest_calibration(cals: list[Calibration]) -> Calibration:
+def merged_calibration(cals: list[Calibration]) -> Calibration:
     """Calibrations of the same (model, batch, world size, link) made minutes apart, merged
-    figure by figure into the fastest: every time the least, every bandwidth the most. The
-    rule of best_of, applied across minutes: a machine that is slower for a minute (a shared
-    VM's neighbours) slows every figure measured in it, and no figure is ever faster than the
-    machine. A busy-compute or codec figure that only some calibrations have is taken from
-    those that have it; shared-compute tables of different lengths are not merged (the first
-    one's is kept)."""
+    figure by figure into their median (the mean of two).
+
+    Why the median and not the fastest: the runs a calibration predicts are measured as the
+    fastest of their passes, one run each; every compute figure of one calibration is already
+    the fastest of two launches (best_of), the same statistic. The fastest over the passes as
+    well would be the fastest of four against runs that are the fastest of two: predictions
+    biased fast (measured in a grid of two passes, the median signed error went from -6.7% to
+    -2.9% with the median merge, same runs). A busy-compute or codec figure that only some
+    calibrations have comes from those that have it; shared-compute tables of different
+    lengths are not merged (the first one's is kept)."""
     if not cals:
-        raise ValueError("fastest_calibration needs at least one calibration")
+        raise ValueError("merged_calibration needs at least one calibration")
     first = cals[0]
     if any(c.n_params != first.n_params or c.bandwidth != first.bandwidth for c in cals):
         raise ValueError("calibrations of different models or links cannot be merged")
+    mid = statistics.median
 
-    def least(name: str):
+    def typical(name: str):
         values = [getattr(c, name) for c in cals if getattr(c, name) is not None]
-        return min(values) if values else None
+        return mid(values) if values else None
 
     shared = ()
     if all(c.t_comp_shared for c in cals) and len({len(c.t_comp_shared) for c in cals}) == 1:
-        shared = tuple(min(v) for v in zip(*(c.t_comp_shared for c in cals), strict=True))
-    busy = {k: min(c.t_comp_busy[k] for c in cals if k in c.t_comp_busy)
+        shared = tuple(mid(v) for v in zip(*(c.t_comp_shared for c in cals), strict=True))
+    lockstep = ()
+    if all(c.t_comp_lockstep for c in cals) and len({len(c.t_comp_lockstep) for c in cals}) == 1:
+        lockstep = tuple(mid(v) for v in zip(*(c.t_comp_lockstep for c in cals), strict=True))
+    busy = {k: mid([c.t_comp_busy[k] for c in cals if k in c.t_comp_busy])
             for c0 in cals for k in c0.t_comp_busy}  # fmt: skip
     codecs = {}
     for name in sorted({name for c in cals for name in c.codecs}):
         have = [c.codecs[name] for c in cals if name in c.codecs]
-        codecs[name] = (have[0][0], min(h[1] for h in have), min(h[2] for h in have))
+        codecs[name] = (have[0][0], mid(h[1] for h in have), mid(h[2] for h in have))
     return replace(
         first,
-        t_comp=least("t_comp"),
-        t_update=least("t_update"),
-        alpha=least("alpha"),
-        gamma=least("gamma"),
-        copy=least("copy"),
-        loop_bandwidth=max(c.loop_bandwidth for c in cals),
+        t_comp=typical("t_comp"),
+        t_update=typical("t_update"),
+        alpha=typical("alpha"),
+        gamma=typical("gamma"),
+        copy=typical("copy"),
+        loop_bandwidth=typical("loop_bandwidth"),
         t_comp_shared=shared or first.t_comp_shared,
+        t_comp_lockstep=lockstep or first.t_comp_lockstep,
         t_comp_busy=busy,
-        alpha_busy=least("alpha_busy"),
+        alpha_busy=typical("alpha_busy"),
         codecs=codecs,
         source={
             **first.source,
-            "merged": f"the fastest of {len(cals)} calibrations, figure "
-            "by figure (fastest_calibration)",
+            "merged": f"the median of {len(cals)} calibrations, figure by figure "
+            "(merged_calibration)",
         },
     )
 
 
 def time_shared_compute(
     cfg, max_k: int, reps: int = CALIBRATION_REPS, tries: int = CALIBRATION_TRIES
-) -> tuple[float, ...]:
-    """t_comp with k = 1..max_k worker processes computing at once, pinned as the workers are
-    (launch.pin_to_core): the median over ranks and steps, for each k; the fastest of `tries`
-    launches, or of one more when they disagree (best_of)."""
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(t_comp_shared, t_comp_lockstep): t_comp with k = 1..max_k worker processes computing
+    at once, pinned as the workers are (launch.pin_to_core), every step started together: for
+    each k, the median over ranks and steps, and the median over steps of the slowest rank;
+    both from the fastest of `tries` launches, or of one more when they disagree (best_of)."""
     from pipesgd_ref.launch import launch_local
 
-    out: list[float] = []
+    shared: list[float] = []
+    lockstep: list[float] = []
     for k in range(1, max_k + 1):
-        best = best_of(lambda k=k: statistics.median(
+        typical, slowest = best_of(lambda k=k: step_statistics(
             launch_local(k, _compute_job, (cfg, reps), start_method="fork")), tries)  # fmt: skip
         # More workers never compute faster: a noisy sample below the last one is noise.
-        out.append(max([best, *out[-1:]]))
-    return tuple(out)
+        shared.append(max([typical, *shared[-1:]]))
+        lockstep.append(max([slowest, shared[-1], *lockstep[-1:]]))
+    return tuple(shared), tuple(lockstep)
 
 
-def _busy_compute_job(comm, cfg, reps: int, hop_bytes: int = 4) -> float:
+def _busy_compute_job(comm, cfg, reps: int, hop_bytes: int = 4) -> tuple[list[float], float]:
     """Pipe-SGD's schedule without the optimizer: step t hands a gradient-sized buffer to a
     communication thread (one ring AllReduce, the run's codec and link) and computes the next
-    gradient meanwhile; the median compute time is what the pipe's compute thread gets."""
+    gradient meanwhile. Returns the compute times (what the pipe's compute thread gets; step t
+    of every rank starts once the AllReduce of step t - 2 is done everywhere, as in pipe.py)
+    and the median hop."""
     import queue
     import threading
 
@@ -577,7 +649,7 @@ def _busy_compute_job(comm, cfg, reps: int, hop_bytes: int = 4) -> float:
         if isinstance(got, BaseException):
             raise got
     thread.join(timeout=comm.timeout)
-    return statistics.median(times[: reps - hop_steps] or times), statistics.median(hops)
+    return times[: reps - hop_steps] or times, statistics.median(hops)
 
 
 def time_busy_compute(
@@ -587,8 +659,9 @@ def time_busy_compute(
     """({codec: t_comp}, alpha) of cfg.world_size pinned workers computing while their
     communication threads run a ring AllReduce of the gradient per step, with that codec, on
     cfg's link, and a ping-pong round the ring of `hop_bytes` per hop (alpha: its latency and
-    software per hop). Each codec's figures: those of the launch that computed fastest, of
-    `tries` or one more when they disagree (best_of)."""
+    software per hop). t_comp: the median over steps of the slowest rank's compute (the
+    pipe's steps wait for it, as t_comp_lockstep). Each codec's figures: those of the launch
+    that computed fastest, of `tries` or one more when they disagree (best_of)."""
     from pipesgd_ref.config import link_model
     from pipesgd_ref.launch import launch_local
 
@@ -599,8 +672,8 @@ def time_busy_compute(
         def launch(run=run) -> tuple[float, float]:
             per_rank = launch_local(run.world_size, _busy_compute_job, (run, reps, hop_bytes),
                                     model=link_model(run), start_method="fork")  # fmt: skip
-            return (statistics.median(t for t, _ in per_rank),
-                    statistics.median(h for _, h in per_rank))  # fmt: skip
+            _, slowest = step_statistics([t for t, _ in per_rank])
+            return slowest, statistics.median(h for _, h in per_rank)
 
         out[name], hop = best_of(launch, tries)
         hops.append(hop)
@@ -716,7 +789,7 @@ def calibrate(
     n, t_comp, t_update = time_compute(cfg)
     reps = steps_spanning(t_comp, span_s, reps, max(reps, MAX_CALIBRATION_REPS))
     hop_bytes = hop_message_bytes(4 * n, cfg.world_size, link.enabled)
-    shared = time_shared_compute(cfg, cfg.world_size, reps, tries)
+    shared, lockstep = time_shared_compute(cfg, cfg.world_size, reps, tries)
     busy, hop_busy = {}, None
     if busy_codecs and cfg.world_size > 1:
         busy, hop_busy = time_busy_compute(cfg, busy_codecs, reps, hop_bytes, tries)
@@ -740,6 +813,7 @@ def calibrate(
         copy=max(copy, net["copy"]),
         cores=usable_cores(),
         t_comp_shared=shared,
+        t_comp_lockstep=lockstep,
         t_comp_busy=busy,
         alpha_busy=hop_busy,  # measured on the emulated link: its latency is in it
         codecs=codecs,
@@ -755,7 +829,9 @@ def calibrate(
             "gamma": "np.add over the gradient",
             "cores": "os.sched_getaffinity",
             "t_comp_shared": f"median of {reps} timed loss_and_grad in k pinned processes at "
-            f"once, the fastest of {tries} launches (one more when they disagree)",
+            f"once, every step started together, the fastest of {tries} launches (one more "
+            "when they disagree)",
+            "t_comp_lockstep": "the same launches: the median over steps of the slowest rank",
         },
     )
     if log:
@@ -781,6 +857,11 @@ def describe(cal: Calibration) -> str:
         + (
             f", t_comp(k=1..)=[{', '.join(f'{t * 1e3:.2f}' for t in cal.t_comp_shared)}] ms"
             if cal.t_comp_shared
+            else ""
+        )
+        + (
+            f" (the slowest of k: [{', '.join(f'{t * 1e3:.2f}' for t in cal.t_comp_lockstep)}] ms)"
+            if cal.t_comp_lockstep
             else ""
         )
         + (f"; {codecs}" if codecs else "")

@@ -140,6 +140,8 @@ def test_this_machine_calibrates_here(tmp_path, capsys):
     assert payload["mode"] == "this-machine"
     cal = payload["calibration"]
     assert len(cal["t_comp_shared"]) == 2 and cal["alpha"] >= 50e-6
+    assert len(cal["t_comp_lockstep"]) == 2, "the slowest rank of each step, same launches"
+    assert all(s <= w for s, w in zip(cal["t_comp_shared"], cal["t_comp_lockstep"], strict=True))
     assert payload["network"]["hop_s"] == pytest.approx(cal["alpha"] - 50e-6)
 
 
