@@ -71,15 +71,20 @@ where cpu_comm = 2 * 2(p-1)/p * M/r * copy + (p-1)/p M gamma + codec. No schedul
 CPU work divided by the cores, so the cpu bound holds for synchronous SGD as well:
 T_sync = max(t_comp + T_ar + t_u, cpu bound) (its sum assumes every worker has its own core for
 its copies, reductions and update; on C < p cores they queue like the computations do).
-The parameter server's p + 1 processes have the same kind of bound, core by core: the server's
-copies, reductions and updates run on core 0 beside the workers pinned there, so both PS models
-are at least the CPU work per iteration of the busiest core (`busiest_core`): with p = 4 on
+The parameter server's p + 1 processes have the same kind of bound, core by core
+(`ps_cpu_bound`). ps-sync moves in lock step, so its busiest core bounds it: with p = 4 on
 2 cores, core 0 holds the server and workers 1 and 3,
 
-    T_ps >= 2 (t_comp + (M/r + M) copy + M e) + p ((M/r + M) copy + M (d + gamma) + t_u)
+    T_ps-sync >= 2 (t_comp + (M/r + M) copy + M e) + p ((M/r + M) copy + M (d + gamma)) + t_u
 
-(ps-async; ps-sync updates once a round). Where the server's CPU is a fifth of the work, as
-for a 4.5 MB gradient on loopback, this bound, not the worker's cycle, sets the iteration.
+ps-async's workers do not wait for each other and its iteration is worker 0's, so the bound is
+worker 0's core: the m workers pinned there, m (t_comp + (M/r + M) copy + M e), plus the
+server's p ((M/r + M) copy + M (d + gamma) + t_u) only where it shares that core (C = 1).
+
+Every step of a ring method waits for its slowest rank. On shared cores the ranks' steps differ
+(time slices, caches): the per-step maximum over ranks is 10-25% above the median, measured. So
+sync and pipe read t_comp_lockstep, the median over steps of the slowest rank (and the busy
+figure is taken the same way); the parameter server reads t_comp_shared, the median over ranks.
 
 Calibration (`calibrate`): t_comp and t_u are timed on the actual model and batch size in this
 process; gamma and the codecs' e and d are timed on gradient-sized arrays; alpha and B are the
@@ -333,7 +338,7 @@ def predict(
         tc = shared_compute(cal, lambda t: min(p, 1 + t / max(pull, 1e-12)))
         comm = 2 * a + p * M / B + M / (r * B)  # Eq. ps-sync: p pulls out, the last push in
         server = p * M * (g + d) + tu
-        it, bound = max((tc + comm + server, "server"), (busiest_core(algo, p, cal, codec), "cpu"))
+        it, bound = max((tc + comm + server, "server"), (ps_cpu_bound(algo, p, cal, codec), "cpu"))
         return Prediction(algo, codec, p, 1, it, tc, comm, 0.0, bound)
     if algo == "ps-async":
         comm = 2 * a + M / (r * B) + M / B
@@ -351,21 +356,27 @@ def predict(
         cycle = tc + comm + tu + M * d
         server = p * M / B  # the server's link: B/M pulls per second for p workers
         it, bound = max((cycle, "worker"), (server, "server"),
-                        (busiest_core(algo, p, cal, codec), "cpu"))  # fmt: skip
+                        (ps_cpu_bound(algo, p, cal, codec), "cpu"))  # fmt: skip
         return Prediction(algo, codec, p, 1, it, tc, comm, 0.0, bound)
     raise ValueError(f"unknown algo {algo!r}; choose one of {', '.join(ALGOS)}")
 
 
-def busiest_core(algo: str, world_size: int, cal: Calibration, codec: str = "none") -> float:
-    """The CPU work per iteration of the busiest core, for a parameter-server job whose p + 1
+def ps_cpu_bound(algo: str, world_size: int, cal: Calibration, codec: str = "none") -> float:
+    """The CPU work per iteration on the core that bounds a parameter-server job whose p + 1
     processes share C < p + 1 cores, pinned rank r to core r mod C (rank 0 the server): no
     schedule finishes an iteration sooner. 0 where every process has a core of its own.
 
     A worker's work per iteration: one computation (t_comp with every core busy), encoding its
     push, and the socket path's CPU for the push out and the pull in, (M/r + M) copy. The
     server's, per push: the push in and the pull out, (M/r + M) copy, decoding and adding,
-    M (d + gamma); plus one update per push (ps-async) or per round (ps-sync). The server's core
-    carries the server and the workers pinned with it."""
+    M (d + gamma); plus one update per push (ps-async) or per round (ps-sync).
+
+    ps-sync moves in lock step (the server waits for every push, every worker for its pull):
+    the busiest core bounds it, the server's core 0 with the workers pinned there. ps-async's
+    workers do not wait for each other, and its iteration is worker 0's (rank 1): the bound is
+    that core's work, worker 0 and the workers pinned with it going at one rate, the server
+    only where it shares that core (C = 1); the server's own core slows the workers there,
+    not worker 0."""
     p, C = world_size, cal.cores
     if C >= p + 1:
         return 0.0
@@ -378,12 +389,12 @@ def busiest_core(algo: str, world_size: int, cal: Calibration, codec: str = "non
     elif algo == "ps-sync":
         server = p * per_push + cal.t_update
     else:
-        raise ValueError(f"busiest_core is for the parameter server, not {algo!r}")
+        raise ValueError(f"ps_cpu_bound is for the parameter server, not {algo!r}")
     load = [0.0] * C
     load[0] = server
     for rank in range(1, p + 1):
         load[rank % C] += worker
-    return max(load)
+    return load[1 % C] if algo == "ps-async" else max(load)
 
 
 # The runs of `pipesgd compare`, in its table's order: (algo, codec).
@@ -572,14 +583,24 @@ def time_shared_compute(
     """(t_comp_shared, t_comp_lockstep): t_comp with k = 1..max_k worker processes computing
     at once, pinned as the workers are (launch.pin_to_core), every step started together: for
     each k, the median over ranks and steps, and the median over steps of the slowest rank;
-    both from the fastest of `tries` launches, or of one more when they disagree (best_of)."""
+    each the fastest over `tries` launches, or one more when they disagree (best_of)."""
     from pipesgd_ref.launch import launch_local
 
     shared: list[float] = []
     lockstep: list[float] = []
     for k in range(1, max_k + 1):
-        typical, slowest = best_of(lambda k=k: step_statistics(
-            launch_local(k, _compute_job, (cfg, reps), start_method="fork")), tries)  # fmt: skip
+        launches: list[tuple[float, float]] = []
+
+        def launch(k=k, launches=launches) -> tuple[float, float]:
+            per_rank = launch_local(k, _compute_job, (cfg, reps), start_method="fork")
+            launches.append(step_statistics(per_rank))
+            return launches[-1]
+
+        best_of(launch, tries)
+        # each statistic the fastest of the launches: one slow core (a VM's vCPU losing time
+        # for a few seconds) slows one launch's slowest rank without moving its median
+        typical = min(t for t, _ in launches)
+        slowest = min(s for _, s in launches)
         # More workers never compute faster: a noisy sample below the last one is noise.
         shared.append(max([typical, *shared[-1:]]))
         lockstep.append(max([slowest, shared[-1], *lockstep[-1:]]))
