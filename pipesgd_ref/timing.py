@@ -83,8 +83,10 @@ server's p ((M/r + M) copy + M (d + gamma) + t_u) only where it shares that core
 
 Every step of a ring method waits for its slowest rank. On shared cores the ranks' steps differ
 (time slices, caches): the per-step maximum over ranks is 10-25% above the median, measured. So
-sync and pipe read t_comp_lockstep, the median over steps of the slowest rank (and the busy
-figure is taken the same way); the parameter server reads t_comp_shared, the median over ranks.
+sync and pipe read t_comp_lockstep, the median over steps of the slowest rank; the parameter
+server reads t_comp_shared, the median over ranks. Pipe-SGD's busy figure is its compute
+thread's cycle in a run of its schedule without the optimizer (`time_busy_compute`): width two
+gives the ranks a step of slack, so the slowest rank of each step overstates it.
 
 Calibration (`calibrate`): t_comp and t_u are timed on the actual model and batch size in this
 process; gamma and the codecs' e and d are timed on gradient-sized arrays; alpha and B are the
@@ -139,7 +141,8 @@ class Calibration:
     t_comp_lockstep: tuple = ()
     # t_comp of p workers at once while each one's communication thread runs one ring AllReduce
     # of the gradient per step, on the same link with this codec: what Pipe-SGD's compute
-    # thread gets (measured, per step the slowest rank, as t_comp_lockstep; codec name -> s).
+    # thread gets (measured: its cycle, computing and waiting for the AllReduce of the step
+    # before, the median over ranks and steps; codec name -> s).
     # On shared cores the comm threads' wake-ups, copies and cache traffic slow the
     # computation beyond the bytes' own CPU cost.
     t_comp_busy: dict = field(default_factory=dict)
@@ -610,9 +613,10 @@ def time_shared_compute(
 def _busy_compute_job(comm, cfg, reps: int, hop_bytes: int = 4) -> tuple[list[float], float]:
     """Pipe-SGD's schedule without the optimizer: step t hands a gradient-sized buffer to a
     communication thread (one ring AllReduce, the run's codec and link) and computes the next
-    gradient meanwhile. Returns the compute times (what the pipe's compute thread gets; step t
-    of every rank starts once the AllReduce of step t - 2 is done everywhere, as in pipe.py)
-    and the median hop."""
+    gradient meanwhile, then waits for that AllReduce. Returns the compute thread's cycles
+    (computing and that wait: step t + 1 of a rank starts once the AllReduce of the gradient
+    before step t is done everywhere, as in pipe.py, one step of slack between the ranks) and
+    the median hop."""
     import queue
     import threading
 
@@ -660,17 +664,17 @@ def _busy_compute_job(comm, cfg, reps: int, hop_bytes: int = 4) -> tuple[list[fl
     barrier(comm)
     thread = threading.Thread(target=communicate, daemon=True)
     thread.start()
-    times = []
+    cycles = []
     for step in range(1, reps + 1):
         todo.put(step)  # the AllReduce of the previous gradient starts now
         start = time.perf_counter()
         w.loss_and_grad(step, grads)
-        times.append(time.perf_counter() - start)
         got = done.get(timeout=2 * comm.timeout)  # width two: one AllReduce in flight
+        cycles.append(time.perf_counter() - start)
         if isinstance(got, BaseException):
             raise got
     thread.join(timeout=comm.timeout)
-    return times[: reps - hop_steps] or times, statistics.median(hops)
+    return cycles[: reps - hop_steps] or cycles, statistics.median(hops)
 
 
 def time_busy_compute(
@@ -680,9 +684,10 @@ def time_busy_compute(
     """({codec: t_comp}, alpha) of cfg.world_size pinned workers computing while their
     communication threads run a ring AllReduce of the gradient per step, with that codec, on
     cfg's link, and a ping-pong round the ring of `hop_bytes` per hop (alpha: its latency and
-    software per hop). t_comp: the median over steps of the slowest rank's compute (the
-    pipe's steps wait for it, as t_comp_lockstep). Each codec's figures: those of the launch
-    that computed fastest, of `tries` or one more when they disagree (best_of)."""
+    software per hop). t_comp: the median over ranks and steps of the compute thread's cycle,
+    computing and waiting for the AllReduce before (a slow step of one rank holds the others
+    only through that wait, one step later: the pipe's slack). Each codec's figures: those of
+    the launch that computed fastest, of `tries` or one more when they disagree (best_of)."""
     from pipesgd_ref.config import link_model
     from pipesgd_ref.launch import launch_local
 
@@ -693,8 +698,8 @@ def time_busy_compute(
         def launch(run=run) -> tuple[float, float]:
             per_rank = launch_local(run.world_size, _busy_compute_job, (run, reps, hop_bytes),
                                     model=link_model(run), start_method="fork")  # fmt: skip
-            _, slowest = step_statistics([t for t, _ in per_rank])
-            return slowest, statistics.median(h for _, h in per_rank)
+            typical, _ = step_statistics([t for t, _ in per_rank])
+            return typical, statistics.median(h for _, h in per_rank)
 
         out[name], hop = best_of(launch, tries)
         hops.append(hop)
