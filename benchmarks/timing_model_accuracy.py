@@ -49,7 +49,11 @@ it): median 4.4%, worst 38.0%, bias -0.6%, 2 points over 25%. Three passes (39 m
 no better: median 4.3%, worst 41.4%, bias -0.6%, 8 points over 25%, every one of them at the
 512x512 model with p = 3 or 4 on loopback or 10 Gbit, where one point's three runs took 19.7,
 28.8 and 16.6 ms: the spread is between runs minutes apart, not between calibrations, and the
-median of three calibrations cannot remove it.
+median of three calibrations cannot remove it. Six of those 8 were pipe points over-predicted
+by 25-41%: the busy figure was then the slowest rank of each step, which overstates a pipeline
+whose width gives the ranks a step of slack; as the compute thread's cycle, the next two-pass
+grid had median 4.3%, worst 29.2%, bias -1.2%, one point over 25% (p=4, loopback, 512x512,
+pipe: runs of 23.9 and 16.3 ms, 21.1 predicted).
 
 The link figures that depend only on the machine are measured once for the grid: the loopback
 stream bandwidth and the CPU time per byte of a socket's sending and receiving side; everything
