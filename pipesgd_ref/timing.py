@@ -136,7 +136,7 @@ class Calibration:
     t_comp_shared: tuple = ()
     # The same launches, per step the slowest of the k (the median over steps of the per-step
     # maximum over ranks): what a ring method gets, whose every step waits for its slowest
-    # rank. On shared cores the ranks' steps differ by 15-25% (time slices, caches), so this
+    # rank. On shared cores the ranks' steps differ by 10-25% (time slices, caches), so this
     # is that much above t_comp_shared. Empty: t_comp_shared.
     t_comp_lockstep: tuple = ()
     # t_comp of p workers at once while each one's communication thread runs one ring AllReduce
@@ -532,8 +532,8 @@ def merged_calibration(cals: list[Calibration]) -> Calibration:
     fastest of their passes, one run each; every compute figure of one calibration is already
     the fastest of two launches (best_of), the same statistic. The fastest over the passes as
     well would be the fastest of four against runs that are the fastest of two: predictions
-    biased fast (measured in a grid of two passes, the median signed error went from -6.7% to
-    -2.9% with the median merge, same runs). A busy-compute or codec figure that only some
+    biased fast (re-predicting the runs of one two-pass grid, the median merge alone moved the
+    median signed error from -6.7% to -3.3%). A busy-compute or codec figure that only some
     calibrations have comes from those that have it; shared-compute tables of different
     lengths are not merged (the first one's is kept)."""
     if not cals:
@@ -547,12 +547,13 @@ def merged_calibration(cals: list[Calibration]) -> Calibration:
         values = [getattr(c, name) for c in cals if getattr(c, name) is not None]
         return mid(values) if values else None
 
-    shared = ()
-    if all(c.t_comp_shared for c in cals) and len({len(c.t_comp_shared) for c in cals}) == 1:
-        shared = tuple(mid(v) for v in zip(*(c.t_comp_shared for c in cals), strict=True))
-    lockstep = ()
-    if all(c.t_comp_lockstep for c in cals) and len({len(c.t_comp_lockstep) for c in cals}) == 1:
-        lockstep = tuple(mid(v) for v in zip(*(c.t_comp_lockstep for c in cals), strict=True))
+    def table(name: str) -> tuple:
+        """A per-k table, element by element; the first one's where they differ in length."""
+        tables = [getattr(c, name) for c in cals]
+        if all(tables) and len({len(t) for t in tables}) == 1:
+            return tuple(mid(v) for v in zip(*tables, strict=True))
+        return getattr(first, name)
+
     busy = {k: mid([c.t_comp_busy[k] for c in cals if k in c.t_comp_busy])
             for c0 in cals for k in c0.t_comp_busy}  # fmt: skip
     codecs = {}
@@ -567,8 +568,8 @@ def merged_calibration(cals: list[Calibration]) -> Calibration:
         gamma=typical("gamma"),
         copy=typical("copy"),
         loop_bandwidth=typical("loop_bandwidth"),
-        t_comp_shared=shared or first.t_comp_shared,
-        t_comp_lockstep=lockstep or first.t_comp_lockstep,
+        t_comp_shared=table("t_comp_shared"),
+        t_comp_lockstep=table("t_comp_lockstep"),
         t_comp_busy=busy,
         alpha_busy=typical("alpha_busy"),
         codecs=codecs,
