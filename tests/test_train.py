@@ -326,3 +326,64 @@ def test_a_run_over_the_snapshot_budget_evaluates_fewer_steps(monkeypatch):
     cfg = TrainConfig.preset("tiny").replace(algo="sync", steps=12, eval_every=1)
     summary, _ = train.run_training(cfg, progress=False, log=lambda *_: None)
     assert [e["step"] for e in summary["eval_curve"]] == [4, 8, 12]
+
+
+# --- the start of a run -------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("algo", ["sync", "pipe", "ps-sync", "ps-async"])
+def test_workers_start_step_zero_together(algo, monkeypatch):
+    """A worker that is slow to get ready (here worker 1, 1 s late) holds back the first step
+    of every worker: the run's clock (time to target, the loss curve) starts with training,
+    not while one worker is still setting up. Without the barrier before step 0 (ring) or the
+    server's start (ps) the others would start computing up to 1 s early (less by the 0-0.5 s
+    their codecs' first load differs)."""
+    import time
+
+    from pipesgd_ref.train import run_training
+
+    codec = WorkerSetup.codec
+
+    def late_codec(self):  # the last thing a worker does before its loop
+        made = codec(self)
+        if self.worker == 1:
+            time.sleep(1.0)
+        return made
+
+    monkeypatch.setattr(WorkerSetup, "codec", late_codec)  # the forked ranks inherit it
+    cfg = TrainConfig.preset("tiny").replace(algo=algo, world_size=3, steps=6, eval_every=3)
+    summary, results = run_training(cfg, progress=False, log=lambda *_: None)
+    workers = results[1:] if algo.startswith("ps") else results  # rank 0 serves
+    firsts = [min(e["ts"] for e in r.events) / 1e6 for r in workers]
+    assert max(firsts) - min(firsts) < 0.25, f"first spans start at {firsts} (s): not together"
+    assert summary["loss_curve"][0]["wall_time_s"] < 0.5, summary["loss_curve"][0]
+
+
+def test_rank_zero_trains_with_the_setup_it_built_for_the_recorder(monkeypatch):
+    """Rank 0 builds its WorkerSetup once (the recorder's sizes, then the worker's training),
+    and evaluates with the host model even where the worker replaced it (--device cuda)."""
+    from pipesgd_ref import train
+
+    built, got = [], []
+    build = WorkerSetup.build.__func__
+
+    def counting_build(cls, cfg, worker, n_workers):
+        built.append(worker)
+        return build(cls, cfg, worker, n_workers)
+
+    def fake_worker(comm, cfg, progress, setup):
+        got.append(setup)
+        host_model = setup.model
+        setup.model = None  # as to_device does: the recorder must keep the host model
+        progress(0, setup.params, 1.0)
+        return train.WorkerResult(0, setup.params, [1.0], [0.0], [], 0, {"host": host_model})
+
+    monkeypatch.setattr(WorkerSetup, "build", classmethod(counting_build))
+    monkeypatch.setattr(train, "_worker_fn", lambda algo: fake_worker)
+    cfg = TrainConfig.preset("tiny").replace(steps=1, eval_every=1)
+    comm = type("Comm", (), {"rank": 0, "world_size": cfg.world_size})()
+    result = train._train_job(comm, cfg, False)
+    assert built == [0], f"rank 0 built {len(built)} setups"
+    assert got[0] is not None and got[0].cfg == cfg
+    assert [e["step"] for e in result.extra["eval_curve"]] == [1]  # after step 0

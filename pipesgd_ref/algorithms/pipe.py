@@ -37,6 +37,7 @@ import numpy as np
 from pipesgd_ref import checkpoint
 from pipesgd_ref.algorithms.worker import Timeline, WorkerResult, WorkerSetup
 from pipesgd_ref.comm.rendezvous import Communicator
+from pipesgd_ref.comm.ring import barrier
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.launch import JobError
 
@@ -98,8 +99,10 @@ class _CommThread:
         self.thread.join(timeout=self.comm.timeout)
 
 
-def pipe_worker(comm: Communicator, cfg: TrainConfig, progress=None) -> WorkerResult:
-    w = WorkerSetup.build(cfg, comm.rank, comm.world_size)
+def pipe_worker(
+    comm: Communicator, cfg: TrainConfig, progress=None, setup: WorkerSetup | None = None
+) -> WorkerResult:
+    w = setup or WorkerSetup.build(cfg, comm.rank, comm.world_size)
     w.to_device(comm.rank)  # --device cuda: weights, buffers (and resumed gradients) on the GPU
     K, s, warmup = cfg.width, cfg.width - 1, cfg.warmup_steps
     timeline = Timeline(comm.rank)
@@ -115,6 +118,7 @@ def pipe_worker(comm: Communicator, cfg: TrainConfig, progress=None) -> WorkerRe
         return ready.pop(step) if step in ready else comm_thread.wait(step)
 
     losses, step_end = [], []
+    barrier(comm)  # every rank starts step 0 together, before the comm thread's first AllReduce
     try:
         for t in range(w.start_step, w.steps):
             buf = buffers[t % K]

@@ -69,17 +69,23 @@ from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.launch import JobError
 
 
-def ps_sync_worker(comm: Communicator, cfg: TrainConfig, progress=None) -> WorkerResult:
-    """One rank of synchronous parameter-server SGD (rank 0: the server)."""
+def ps_sync_worker(
+    comm: Communicator, cfg: TrainConfig, progress=None, setup: WorkerSetup | None = None
+) -> WorkerResult:
+    """One rank of synchronous parameter-server SGD (rank 0: the server; `setup`: its
+    WorkerSetup, where the caller has built it already)."""
     if comm.rank == 0:
-        return _serve(comm, cfg, "ps-sync", progress)
+        return _serve(comm, cfg, "ps-sync", progress, setup)
     return _work(comm, cfg, "ps-sync", progress)
 
 
-def ps_async_worker(comm: Communicator, cfg: TrainConfig, progress=None) -> WorkerResult:
-    """One rank of asynchronous parameter-server SGD (rank 0: the server)."""
+def ps_async_worker(
+    comm: Communicator, cfg: TrainConfig, progress=None, setup: WorkerSetup | None = None
+) -> WorkerResult:
+    """One rank of asynchronous parameter-server SGD (rank 0: the server; `setup`: its
+    WorkerSetup, where the caller has built it already)."""
     if comm.rank == 0:
-        return _serve(comm, cfg, "ps-async", progress)
+        return _serve(comm, cfg, "ps-async", progress, setup)
     return _work(comm, cfg, "ps-async", progress)
 
 
@@ -102,14 +108,18 @@ def pull_codec(cfg: TrainConfig):
     return get_codec(cfg.codec_pull, cfg.codec_backend)
 
 
-def _serve(comm: Communicator, cfg: TrainConfig, method: str, progress) -> WorkerResult:
+def _serve(
+    comm: Communicator, cfg: TrainConfig, method: str, progress, setup: WorkerSetup | None
+) -> WorkerResult:
     n = n_workers_of(comm, method)
-    setup = WorkerSetup.build(cfg, 0, n)  # the server never computes: w_0, the model, steps
+    # the server never computes: w_0, the model, steps
+    setup = setup or WorkerSetup.build(cfg, 0, n)
     timeline = Timeline(comm.rank)
     server = ParameterServer(comm.clients, setup.params, timeline, codec=setup.codec(),
                              pulls=cfg.ps_pulls, pull_codec=pull_codec(cfg),
                              skip_nonfinite=cfg.skip_nonfinite)  # fmt: skip
     links = list(comm.clients.values())
+    server.start_together()  # every worker starts its first step at once
     # Count this method's bytes only, not the rendezvous hellos already on these links.
     sent0, received0 = (sum(link.bytes_sent for link in links),
                         sum(link.bytes_received for link in links))  # fmt: skip
@@ -154,6 +164,7 @@ def _work(comm: Communicator, cfg: TrainConfig, method: str, progress) -> Worker
                       pull_codec=pull_codec(cfg))  # fmt: skip
     # A resumed run: the checkpoint's weights, version start (ps-async: start rounds of n)
     client.version = w.start_step * (n if method == "ps-async" else 1)
+    client.wait_for_start(f"the start of {method} (worker {worker} waits for the others)")
     sent0 = comm.server.bytes_sent  # the rendezvous hello is not this method's traffic
     losses, step_end = [], []
     for t in range(w.start_step, w.steps):

@@ -20,17 +20,21 @@ import time
 from pipesgd_ref import checkpoint
 from pipesgd_ref.algorithms.worker import Timeline, WorkerResult, WorkerSetup
 from pipesgd_ref.comm.rendezvous import Communicator
+from pipesgd_ref.comm.ring import barrier
 from pipesgd_ref.config import TrainConfig
 
 
-def sync_worker(comm: Communicator, cfg: TrainConfig, progress=None) -> WorkerResult:
-    w = WorkerSetup.build(cfg, comm.rank, comm.world_size)
+def sync_worker(
+    comm: Communicator, cfg: TrainConfig, progress=None, setup: WorkerSetup | None = None
+) -> WorkerResult:
+    w = setup or WorkerSetup.build(cfg, comm.rank, comm.world_size)
     w.to_device(comm.rank)  # --device cuda: weights and buffers on this rank's GPU
     timeline = Timeline(comm.rank)
     grads = w.new_buffer()  # preallocated once (beside the weights): the hot loop allocates nothing
     codec = w.codec()
     losses, step_end = [], []
     skipped = []  # --skip-nonfinite: (step, ranks left out)
+    barrier(comm)  # every rank starts step 0 together: the run's clock starts with training
     for t in range(w.start_step, w.steps):
         with timeline.span("compute", "compute", t):
             loss, ok = w.compute(t, grads, codec, comm.rank)  # ok False: left out (zeros)

@@ -7,8 +7,13 @@ Every worker has one link to the server (`comm.server`); the server has one per 
 (`comm.clients[rank]`): the star of `init_process_group(spec, star=True)`.
 
 Wire protocol: every message is one frame of transport.py (Kind.DATA, Op.NONE: a star link
-carries nothing else, so the direction says what a frame is).
+carries nothing else, so the direction says what a frame is), after the start.
 
+    start  worker -> server   Kind.CONTROL, JSON {ready: rank}: set up, ready for step 0
+           server -> worker   Kind.CONTROL, JSON {start: true}, once every worker is ready
+                              (ParameterServer.start_together, PSClient.wait_for_start): all
+                              workers start step 0 at once, so the run's clock starts with
+                              training, not while one worker is still setting up
     push   worker -> server   seq = version of the weights the gradient was computed on
                               src = the worker's rank, total_len = n (params),
                               part = the codec's id (index in codecs.CODECS; 0 = none)
@@ -330,6 +335,16 @@ class ParameterServer:
               payload.nbytes)  # fmt: skip
 
     # --- the two schedules ---------------------------------------------------------------
+    def start_together(self) -> None:
+        """Wait until every worker has said it is ready (PSClient.wait_for_start), then tell
+        them all to start: the job's clock starts with training on every worker, not while
+        one of them is still setting up."""
+        with self._aborting_on_error():
+            for link in self.links:
+                link.recv_json(Kind.CONTROL, f"the start (is {_who(link.peer)} ready?)")
+            for link in self.links:
+                link.send_json(Kind.CONTROL, {"start": True}, "the start")
+
     def run_sync(
         self, steps: int, apply: Apply, on_update: OnUpdate | None = None, start: int = 0
     ) -> ServerLog:
@@ -518,6 +533,22 @@ class PSClient:
         self.pull_code = self.dtype_code if self.pull_codes is None else _CODES
         self.version = 0  # version of the weights this worker holds
 
+    def wait_for_start(self, doing: str) -> None:
+        """Tell the server this worker is ready, and wait until every worker is
+        (ParameterServer.start_together)."""
+        self.link.send_json(Kind.CONTROL, {"ready": self.rank}, doing)
+        self.link.recv_json(Kind.CONTROL, doing, frame=self._header_from_server(doing))
+
+    def _header_from_server(self, doing: str) -> Frame:
+        frame = self.link.recv_header(doing)
+        if frame.kind == Kind.ABORT:  # the server failed: pass on its story
+            origin, reason = self.link.read_abort(frame, doing)
+            raise PeerAborted(
+                f"rank {self.rank}: the parameter server (rank 0) stopped during {doing}: {reason}",
+                origin=origin,
+            )
+        return frame
+
     def push(self, loss: float, doing: str) -> None:
         """Send `grads` (filled by compute; encoded here if there is a codec) and `loss`,
         computed on version self.version."""
@@ -537,13 +568,7 @@ class PSClient:
         equal to `expect` when given (sync: exactly one update per step). `same_ok`: the push
         may have been left out (ps-async with --skip-nonfinite), so the same version may
         come back."""
-        frame = self.link.recv_header(doing)
-        if frame.kind == Kind.ABORT:  # the server failed: pass on its story
-            origin, reason = self.link.read_abort(frame, doing)
-            raise PeerAborted(
-                f"rank {self.rank}: the parameter server (rank 0) stopped during {doing}: {reason}",
-                origin=origin,
-            )
+        frame = self._header_from_server(doing)
         if frame.kind != Kind.DATA:
             raise ProtocolError(
                 f"rank {self.rank}: expected weights from the server during {doing}, got a "
