@@ -691,10 +691,12 @@ def time_busy_compute(
     the launch that computed fastest, of `tries` or one more when they disagree (best_of)."""
     from pipesgd_ref.config import link_model
     from pipesgd_ref.launch import launch_local
+    from pipesgd_ref.train import load_before_fork
 
     out, hops = {}, []
     for name in codecs:
         run = cfg.replace(codec=name, resume="")
+        load_before_fork(run)  # the forked ranks inherit Numba and the codec
 
         def launch(run=run) -> tuple[float, float]:
             per_rank = launch_local(run.world_size, _busy_compute_job, (run, reps, hop_bytes),

@@ -387,3 +387,23 @@ def test_rank_zero_trains_with_the_setup_it_built_for_the_recorder(monkeypatch):
     assert built == [0], f"rank 0 built {len(built)} setups"
     assert got[0] is not None and got[0].cfg == cfg
     assert [e["step"] for e in result.extra["eval_curve"]] == [1]  # after step 0
+
+
+def test_load_before_fork_leaves_the_workers_nothing_to_import():
+    """What a forked worker would load on its own (Numba, the codec, the algorithm's module)
+    is loaded by the parent, in a fresh interpreter that had none of it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from pipesgd_ref.config import TrainConfig\n"
+        "from pipesgd_ref.train import load_before_fork\n"
+        "mods = ('numba', 'pipesgd_ref.codecs', 'pipesgd_ref.algorithms.pipe')\n"
+        "before = [m in sys.modules for m in mods]\n"
+        "load_before_fork(TrainConfig.preset('tiny').replace(algo='pipe', codec='q8'))\n"
+        "print(before, [m in sys.modules for m in mods])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True).stdout  # fmt: skip
+    assert out.split() == ["[False,", "False,", "False]", "[True,", "True,", "True]"], out
