@@ -407,3 +407,32 @@ def test_load_before_fork_leaves_the_workers_nothing_to_import():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60, check=True).stdout  # fmt: skip
     assert out.split() == ["[False,", "False,", "False]", "[True,", "True,", "True]"], out
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("algo", ["sync", "ps-sync"])
+def test_a_worker_failing_before_the_start_ends_the_job_naming_it(algo, monkeypatch):
+    """A worker that fails while setting up, before it is ready for step 0, ends the job with
+    its error, well within the timeout: the others' wait at the start (the ring barrier; the
+    parameter server's start message) never becomes a hang."""
+    import time
+
+    from pipesgd_ref.launch import WorkerFailed
+    from pipesgd_ref.train import run_training
+
+    codec = WorkerSetup.codec
+
+    def failing_codec(self):
+        if self.worker == 1:
+            raise RuntimeError("no codec for worker 1 (a test)")
+        return codec(self)
+
+    monkeypatch.setattr(WorkerSetup, "codec", failing_codec)  # the forked ranks inherit it
+    cfg = TrainConfig.preset("tiny").replace(algo=algo, world_size=3, steps=6, timeout=30.0)
+    start = time.monotonic()
+    with pytest.raises(WorkerFailed, match="no codec for worker 1") as info:
+        run_training(cfg, progress=False, log=lambda *_: None)
+    rank = 2 if algo.startswith("ps") else 1  # worker 1: rank 2 beside a server
+    assert info.value.cause == rank, str(info.value)
+    assert f"the errors point to rank {rank}:" in str(info.value), str(info.value)
+    assert time.monotonic() - start < cfg.timeout, "the others waited out their timeout"

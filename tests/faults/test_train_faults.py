@@ -45,16 +45,20 @@ def proc_stat(pid: int | str) -> list[str]:
 
 
 def session_processes() -> set[int]:
-    """Live processes of this test's session (the job's workers are forked into it)."""
+    """Live processes of this test's session that run this Python (the job's workers are
+    forked into it; a shell or a sleep that something else started in the session is not one
+    of them)."""
     sid, found = os.getsid(0), set()
+    python = os.readlink("/proc/self/exe")
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
             fields = proc_stat(entry.name)
-        except OSError:  # exited meanwhile
+            exe = os.readlink(f"/proc/{entry.name}/exe")
+        except OSError:  # exited meanwhile (or a kernel thread)
             continue
-        if fields[0] != "Z" and int(fields[3]) == sid:  # state, session id
+        if fields[0] != "Z" and int(fields[3]) == sid and exe == python:  # state, session id
             found.add(int(entry.name))
     return found
 
