@@ -62,7 +62,9 @@ ms, minutes later on the same machine. The first grid with runs of 2 s or more (
 steps) and compute figures spanning 0.6 s (was 0.3): median 4.2%, worst 25.2%, bias -1.5%, one
 point over 25% (p=4, 10Gbit, 512x512, ps-async: runs of 22.8 and 23.0 ms against 17.0
 predicted, from calibrations that alone predicted 15.0 and 19.1); the worst pipe point 15.4%
-(was 29.2%).
+(was 29.2%). A second such grid, the same code an hour later: median 5.3%, worst 28.3%, bias
+-2.3%, 3 points over 25% (p=3 10Gbit 1024x1024 pipe+trunc16 +28.3%, runs of 51.9 and 63.7 ms;
+p=4 10Gbit 512x512 ps-sync -27.6%; p=4 loopback 512x512 pipe -25.4%).
 
 The link figures that depend only on the machine are measured once for the grid: the loopback
 stream bandwidth and the CPU time per byte of a socket's sending and receiving side; everything
