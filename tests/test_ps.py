@@ -15,8 +15,15 @@ from pipesgd_ref.algorithms.reference import async_ps_sgd, model_grad_fn, sync_s
 from pipesgd_ref.algorithms.worker import WorkerSetup
 from pipesgd_ref.codecs import get_codec
 from pipesgd_ref.comm.netem import LinkModel
-from pipesgd_ref.comm.ps import ParameterServer, PSClient
-from pipesgd_ref.comm.transport import HEADER_BYTES, CollectiveMismatch, Link, PeerAborted
+from pipesgd_ref.comm.ps import ParameterServer, PSClient, ServerNIC
+from pipesgd_ref.comm.transport import (
+    HEADER_BYTES,
+    CollectiveMismatch,
+    Frame,
+    Kind,
+    Link,
+    PeerAborted,
+)
 from pipesgd_ref.config import ConfigError, TrainConfig
 from pipesgd_ref.launch import WorkerFailed, launch_local
 
@@ -388,6 +395,74 @@ def test_emulated_ps_sync_pays_the_server_link(pulls):
         f"{predicted * 1e3:.2f} ms (the models: "
         + ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in models.items())
         + ")"
+    )
+
+
+def test_the_ingress_wire_takes_pushes_in_the_order_they_departed():
+    """Three pushes of 1 ms each on the server's ingress wire (alpha 0.1 ms): worker 0's left
+    last (t = 10 ms), workers 2 and 1 at t = 0 and 0.5 ms. They cross in the order they left,
+    2, 1, 0, whatever the order the server reads them in (worker order, for its sum): worker 0's
+    push arrives at 10 + 1 + 0.1 ms, not behind the other two; the next round starts from the
+    last one's end."""
+
+    class FakeLink:
+        model = LinkModel(latency=1e-4, bandwidth=1e6)
+        emulator = None
+
+    nic = ServerNIC([FakeLink(), FakeLink(), FakeLink()])
+    wire = 1e-3  # (nbytes + header) / B
+    nbytes = round(wire * 1e6) - HEADER_BYTES
+
+    def push(departed):  # deliver_at as the worker's own link stamps it
+        return Frame(kind=Kind.DATA, nbytes=nbytes, deliver_at=departed + 1e-4 + wire)
+
+    frames = [push(10e-3), push(0.5e-3), push(0.0)]
+    assert nic.departure(frames[0]) == pytest.approx(10e-3)
+    only_first = [frames[0], None, None]  # as if read alone: nothing ahead of it
+    assert nic.round_arrival(only_first, 0) == pytest.approx(10e-3 + wire + 1e-4)
+    assert nic.round_end is None, "a round ends only when every header is known"
+    arrivals = [nic.round_arrival(frames, i) for i in range(3)]
+    assert arrivals == pytest.approx([11.1e-3, 2.1e-3, 1.1e-3])  # 2 at 0-1, 1 at 1-2, 0 at 10-11
+    nic.end_round()
+    assert nic.ingress_free == pytest.approx(11e-3)
+    # the next round queues behind: a push that left at 10.5 ms crosses from 11 ms
+    again = [push(10.5e-3), push(20e-3), push(30e-3)]
+    assert nic.round_arrival(again, 0) == pytest.approx(12.1e-3)
+
+
+@pytest.mark.timeout(100)
+def test_emulated_ps_sync_a_late_worker_0_does_not_delay_the_pushes_before_it():
+    """The server sums the pushes in worker order, but its emulated ingress wire takes them in
+    the order they left. Worker 0 computes 30 ms longer than the others; their pushes (5 ms
+    each on the wire) cross meanwhile, so the round ends 5 ms + alpha after worker 0's push
+    leaves: an iteration of about t_c + 30 ms + the pulls + M / B, not 2 M / B later (as when
+    the pushes queued in the order read)."""
+    cfg = TrainConfig.preset("tiny").replace(steps=12, model="mlp", hidden=(64,))
+    p, model = 3, LinkModel(latency=0.2e-3, bandwidth=4e6)
+    compute = WorkerSetup.loss_and_grad
+
+    def late_worker_0(self, step, grads, params=None):
+        if self.worker == 0:
+            time.sleep(30e-3)
+        return compute(self, step, grads, params)
+
+    setup = WorkerSetup.build(cfg, 0, p)
+    push_bytes = 4 * (setup.params.size + 1) + HEADER_BYTES  # the gradient and its loss
+    pull_bytes = 4 * setup.params.size + HEADER_BYTES
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(WorkerSetup, "loss_and_grad", late_worker_0)
+        for _attempt in range(2):  # five processes on two shared cores: one retry for load
+            results = launch_local(p + 1, ps_sync_worker, (cfg,), start_method="fork",
+                                   star=True, model=model, timeout=10, job_timeout=50)  # fmt: skip
+            measured = float(np.median(np.diff(results[0].step_end[2:])))
+            # worker 0's pull is the first out: it leaves (M / B) + alpha after the update
+            in_order = 30e-3 + 2 * model.latency + (pull_bytes + push_bytes) / model.bandwidth
+            read_order = in_order + (p - 1) * push_bytes / model.bandwidth
+            if measured < (in_order + read_order) / 2:
+                break
+    assert in_order < measured < (in_order + read_order) / 2, (
+        f"measured {measured * 1e3:.2f} ms per iteration; pushes crossing in the order they "
+        f"left: {in_order * 1e3:.2f} ms + compute, in the order read: {read_order * 1e3:.2f} ms"
     )
 
 

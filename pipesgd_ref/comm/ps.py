@@ -109,13 +109,16 @@ B / (2M), the figure for a half-duplex link.)
 Link emulation. Each transport Link paces only its own direction, so p emulated client links
 would give the server p times the bandwidth of one NIC and hide exactly the bottleneck above.
 `ServerNIC` makes the server's links share one wire each way: its pulls share one sender-side
-LinkEmulator, and its pushes are re-timed on arrival through one ingress queue.
+LinkEmulator, and its pushes are re-timed on arrival through one ingress queue, in the order
+they left their workers (ps-sync reads them in worker order, for its sum, but a worker that
+pushes last must not hold up on the emulated wire the pushes that left before it).
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import select
 import selectors
 import time
 from collections.abc import Callable
@@ -189,13 +192,17 @@ class ServerNIC:
         arrive = start + b / B + alpha            # the push is usable only then
 
     where departure = deliver_at - (alpha + b / B) undoes the sender's own link time. Pushes
-    are queued in the order the server reads them.
+    take the wire in the order they departed, as on a real card: ps-async reads them in that
+    order (whichever link is readable first); ps-sync reads them in worker order (its sum must
+    be in that order), so `arrive_in_round` places each among every push of the round that
+    departed before it (`departure`), read or not.
     """
 
     def __init__(self, links: list[Link]):
         self.model = links[0].model if links else None
         self.enabled = bool(links) and self.model.enabled
         self.ingress_free = -math.inf
+        self.round_end: float | None = None  # where the ingress wire is free after a round
         self.n_links = len(links)
         self.egress = LinkEmulator(self.model) if self.enabled else None
         if self.enabled:
@@ -216,14 +223,52 @@ class ServerNIC:
         wait_until(arrive - one, max_wait=n_messages * one + 1.0)
         return arrive
 
+    def wire_time(self, frame: Frame) -> float:
+        """b / B of a frame on the ingress wire, header included."""
+        return (frame.nbytes + HEADER_BYTES) / self.model.bandwidth
+
+    def departure(self, frame: Frame) -> float:
+        """When a push left its worker: its deliver_at less its own link's alpha + b / B."""
+        return frame.deliver_at - self.model.latency - self.wire_time(frame)
+
     def arrive(self, frame: Frame) -> None:
-        """Wait until `frame` (its payload already read) has crossed the ingress wire."""
+        """Wait until `frame` (its payload already read) has crossed the ingress wire, queued
+        behind the pushes read before it (ps-async: read in the order they departed)."""
         if not self.enabled or not frame.deliver_at:
             return
-        wire = (frame.nbytes + HEADER_BYTES) / self.model.bandwidth  # b / B, header included
-        departure = frame.deliver_at - self.model.latency - wire
-        self.ingress_free = max(departure, self.ingress_free) + wire
-        arrive = self.ingress_free + self.model.latency
+        self.ingress_free = max(self.departure(frame), self.ingress_free) + self.wire_time(frame)
+        self._wait(frame, self.ingress_free + self.model.latency)
+
+    def arrive_in_round(self, frames: list[Frame | None], i: int) -> None:
+        """Wait until push `frames[i]` (its payload already read) has crossed the ingress wire,
+        queued behind every push of the round that departed before it (`round_arrival`)."""
+        if self.enabled and frames[i].deliver_at:
+            self._wait(frames[i], self.round_arrival(frames, i))
+
+    def round_arrival(self, frames: list[Frame | None], i: int) -> float:
+        """When push `frames[i]` has crossed the ingress wire: the round's pushes take the wire
+        in the order they departed, from where the last round left it. `frames` holds the
+        headers read so far (None: not yet); the caller has read every header that was
+        readable, so every push that departed before push i is among them, and the pushes
+        that depart later do not move its arrival. Once every header is known, the wire's
+        booking to the round's end is kept for `end_round`."""
+        free = self.ingress_free
+        order = sorted((self.departure(f), j) for j, f in enumerate(frames) if f is not None)
+        arrive = math.nan
+        for departed, j in order:
+            free = max(departed, free) + self.wire_time(frames[j])
+            if j == i:
+                arrive = free + self.model.latency
+        if all(f is not None for f in frames):
+            self.round_end = free
+        return arrive
+
+    def end_round(self) -> None:
+        """The round's pushes have all crossed: the next round queues behind them."""
+        if self.enabled and self.round_end is not None:
+            self.ingress_free, self.round_end = self.round_end, None
+
+    def _wait(self, frame: Frame, arrive: float) -> None:
         # At most every worker's push is queued ahead: a bogus deliver_at cannot stall us longer.
         max_wait = self.n_links * self.model.message_time(frame.nbytes + HEADER_BYTES) + 1.0
         wait_until(arrive, max_wait=max_wait)
@@ -285,8 +330,28 @@ class ParameterServer:
         self._sending_to: Link | None = None  # a failure mid-send leaves this link half-sent
 
     # --- one push, one pull --------------------------------------------------------------
-    def _recv_push(self, link: Link, version: int, phase: str) -> float:
-        """Receive one push from `link` into recv_buf (after checking its header); its loss."""
+    def _recv_push(
+        self, link: Link, version: int, phase: str, round_frames: list | None = None
+    ) -> float:
+        """Receive one push from `link` into recv_buf; its loss. ps-sync passes the headers of
+        its round read so far (`round_frames`, indexed by worker, this push's among them):
+        the push then waits for its emulated arrival behind every push of the round that
+        departed before it; otherwise behind the pushes read before it."""
+        doing = f"{phase} (the push of worker {worker_of(link.peer)})"
+        i = self.links.index(link) if round_frames else None
+        frame = round_frames[i] if round_frames else self._push_header(link, version, phase)
+        with self.timeline.span("recv", "server", version):
+            link.recv_payload_into(frame, as_bytes(self.recv_buf), doing)  # checks nbytes
+            if round_frames:
+                self.nic.arrive_in_round(round_frames, i)
+            else:
+                self.nic.arrive(frame)
+        trace("%s | rank %d -> 0 | push of version %d | %d bytes", phase, link.peer, version,
+              frame.nbytes)  # fmt: skip
+        return float(self.loss_buf[0])
+
+    def _push_header(self, link: Link, version: int, phase: str) -> Frame:
+        """Read and check the header of one push from `link` (its payload stays unread)."""
         doing = f"{phase} (the push of worker {worker_of(link.peer)})"
         frame = link.recv_header(doing)
         if frame.kind != Kind.DATA:
@@ -305,12 +370,21 @@ class ParameterServer:
                 f"{version}: are both running the same model, method and codec?",
                 origin=link.peer,
             )
-        with self.timeline.span("recv", "server", version):
-            link.recv_payload_into(frame, as_bytes(self.recv_buf), doing)  # checks nbytes
-            self.nic.arrive(frame)
-        trace("%s | rank %d -> 0 | push of version %d | %d bytes", phase, link.peer, version,
-              frame.nbytes)  # fmt: skip
-        return float(self.loss_buf[0])
+        return frame
+
+    def _read_started_headers(self, frames: list[Frame | None], version: int, phase: str) -> None:
+        """Read the header of every push of this round that has begun to arrive (its link is
+        readable): those pushes departed already, so they go onto the ingress wire before any
+        push that departs later (ServerNIC.arrive_in_round). Only under link emulation."""
+        if not self.nic.enabled:
+            return
+        waiting = [i for i, f in enumerate(frames) if f is None]
+        if not waiting:
+            return
+        readable, _, _ = select.select([self.links[i].sock for i in waiting], [], [], 0)
+        for i in waiting:
+            if self.links[i].sock in readable:
+                frames[i] = self._push_header(self.links[i], version, phase)
 
     def _pull_payload(self, version: int) -> np.ndarray:
         """What a pull of `version` carries: the weights, or (pull codec) their codes."""
@@ -361,8 +435,13 @@ class ParameterServer:
                 # the same additions in the same order give bitwise the oracle's average
                 # (with a codec: of the decoded gradients; decode-add is `+= decode(codes)`).
                 bad = []
-                for link in self.links:
-                    push_loss = self._recv_push(link, t, phase)
+                # Headers first, where pushes have begun to arrive: the emulated ingress wire
+                # takes the pushes in the order they departed, not the order summed.
+                frames: list[Frame | None] = [None] * self.n_workers
+                for i, link in enumerate(self.links):
+                    frames[i] = frames[i] or self._push_header(link, t, phase)
+                    self._read_started_headers(frames, t, phase)
+                    push_loss = self._recv_push(link, t, phase, frames)
                     if self.skip_nonfinite and not self._push_finite(push_loss):
                         bad.append(link.peer)  # left out of the sum and of the mean
                         continue
@@ -373,6 +452,7 @@ class ParameterServer:
                         total += self.grads  # bitwise add_decoded_into
                     else:
                         self.codec.add_decoded_into(self.codes, total)
+                self.nic.end_round()
                 good = self.n_workers - len(bad)  # all left out: total stays 0, no change
                 total /= max(good, 1)
                 loss = loss / good if good else math.nan
