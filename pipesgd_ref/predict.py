@@ -292,6 +292,7 @@ def scenario_from_args(args) -> Scenario:
             t_comp=t_comp,
             t_comp_shared=tuple(t * scale for t in cal.t_comp_shared),
             t_comp_lockstep=tuple(t * scale for t in cal.t_comp_lockstep),
+            t_comp_cpu=tuple(t * scale for t in cal.t_comp_cpu),
             source={**cal.source, "t_comp": f"--t-comp {args.t_comp}"},
         )
     if t_update is not None:

@@ -139,6 +139,13 @@ class Calibration:
     # rank. On shared cores the ranks' steps differ by 10-25% (time slices, caches), so this
     # is that much above t_comp_shared. Empty: t_comp_shared.
     t_comp_lockstep: tuple = ()
+    # The same launches, the CPU time of one step (the thread's own, median over ranks and
+    # steps): what a step costs the core it runs on. Not the wall time over the sharing: with
+    # k > cores two processes take turns on a core, one finishes first, and the median wall
+    # time is below twice the CPU time. Each step costs more CPU when processes share a core
+    # (caches): measured 6.7-7.1 ms a step with one process a core, 7.7-7.9 with two. Empty:
+    # t_comp_shared at k = cores, where every core runs one process.
+    t_comp_cpu: tuple = ()
     # t_comp of p workers at once while each one's communication thread runs one ring AllReduce
     # of the gradient per step, on the same link with this codec: what Pipe-SGD's compute
     # thread gets (measured: its cycle, computing and waiting for the AllReduce of the step
@@ -185,6 +192,7 @@ class Calibration:
                 **d,
                 "t_comp_shared": tuple(d.get("t_comp_shared", ())),
                 "t_comp_lockstep": tuple(d.get("t_comp_lockstep", ())),
+                "t_comp_cpu": tuple(d.get("t_comp_cpu", ())),
                 "t_comp_busy": dict(d.get("t_comp_busy", {})),
                 "codecs": {k: tuple(v) for k, v in d.get("codecs", {}).items()},
             }
@@ -331,17 +339,18 @@ def predict(
         bound = max(bounds, key=bounds.get)
         it = bounds[bound]
         return Prediction(algo, codec, p, width, it, tc + tu, t_ar, min(t_ar, tc + tu), bound)
-    if algo == "ps-sync" and ps_pulls == "shared":
-        tc = compute_time(cal, p)  # every worker has its weights at once: all p compute
-        comm = 2 * a + p * M / B + p * M / (r * B)  # p pulls out together, then p pushes in
-        server = p * M * (g + d) + tu
-        return Prediction(algo, codec, p, 1, tc + comm + server, tc, comm, 0.0, "server")
     if algo == "ps-sync":
-        pull = M / B
-        tc = shared_compute(cal, lambda t: min(p, 1 + t / max(pull, 1e-12)))
-        comm = 2 * a + p * M / B + M / (r * B)  # Eq. ps-sync: p pulls out, the last push in
+        if ps_pulls == "shared":
+            tc = compute_time(cal, p)  # every worker has its weights at once: all p compute
+            comm = 2 * a + p * M / B + p * M / (r * B)  # p pulls out together, p pushes in
+        else:
+            pull = M / B
+            tc = shared_compute(cal, lambda t: min(p, 1 + t / max(pull, 1e-12)))
+            comm = 2 * a + p * M / B + M / (r * B)  # Eq. ps-sync: p pulls out, the last push in
         server = p * M * (g + d) + tu
-        it, bound = max((tc + comm + server, "server"), (ps_cpu_bound(algo, p, cal, codec), "cpu"))
+        it, bound = max((tc + comm + server, "server"),
+                        (ps_cpu_bound(algo, p, cal, codec), "cpu"),
+                        (ps_sync_core_bound(p, cal, codec, ps_pulls), "core"))  # fmt: skip
         return Prediction(algo, codec, p, 1, it, tc, comm, 0.0, bound)
     if algo == "ps-async":
         comm = 2 * a + M / (r * B) + M / B
@@ -385,7 +394,7 @@ def ps_cpu_bound(algo: str, world_size: int, cal: Calibration, codec: str = "non
         return 0.0
     M = cal.grad_bytes
     r, e, d = cal.codec(codec)
-    worker = compute_time(cal, C) + M * e + (M / r + M) * cal.copy
+    worker = step_cpu(cal, p) + M * e + (M / r + M) * cal.copy
     per_push = (M / r + M) * cal.copy + M * (d + cal.gamma)
     if algo == "ps-async":
         server = p * (per_push + cal.t_update)
@@ -398,6 +407,57 @@ def ps_cpu_bound(algo: str, world_size: int, cal: Calibration, codec: str = "non
     for rank in range(1, p + 1):
         load[rank % C] += worker
     return load[1 % C] if algo == "ps-async" else max(load)
+
+
+def step_cpu(cal: Calibration, k: int) -> float:
+    """The CPU time one step of computation costs its core when k worker processes share the
+    cores (cal.t_comp_cpu at k; its last entry beyond the table), or, not measured, t_comp
+    with every core busy (k = cores)."""
+    if cal.t_comp_cpu:
+        return cal.t_comp_cpu[min(max(int(k), 1), len(cal.t_comp_cpu)) - 1]
+    return compute_time(cal, min(k, cal.cores))
+
+
+def ps_sync_core_bound(
+    world_size: int, cal: Calibration, codec: str = "none", ps_pulls: str = "sequential"
+) -> float:
+    """ps-sync's iteration as the chain through one core, on C < p + 1 shared cores (0 where
+    every process has a core of its own): a core's work cannot start before the first of its
+    workers has its weights, and the round cannot end before that core's last push has
+    crossed the wire and been added. For core c, holding the workers of ranks R_c (rank r on
+    core r mod C; the server, rank 0, on core 0):
+
+        T_c = alpha + k_c M / B                   # pull k_c = min R_c arrives (shared: k_c = p)
+            + |R_c| (t_cpu + M e + (M / r + M) copy)       # its workers' steps, one at a time
+            + [c = 0] ((p - k_c) M copy + (p - 1) s)       # the server's pulls and pushes then
+            + alpha + M / (r B) + s + t_u         # the last push crosses, is added; the update
+
+    where s = (M / r) copy + M (d + gamma) is the server's work on one push and t_cpu the CPU
+    of a step with p workers sharing the cores (`step_cpu`). The busiest core's chain bounds
+    the round: measured (p = 4 on 2 cores, 10 Gbit, 1024x1024) core 0's workers got their
+    weights 7-8 ms into the round and kept the core busy until their last push, 63-65 ms
+    later; the sum and the cpu bound, which count neither the wait nor the last push, were
+    10-20% short."""
+    p, C = world_size, cal.cores
+    if C >= p + 1:
+        return 0.0
+    M = cal.grad_bytes
+    r, e, d = cal.codec(codec)
+    B = min(cal.bandwidth, cal.loop_bandwidth)
+    worker = step_cpu(cal, p) + M * e + (M / r + M) * cal.copy
+    push = (M / r) * cal.copy + M * (d + cal.gamma)  # s: the server's work on one push
+    tail = cal.alpha + M / (r * B) + push + cal.t_update
+    longest = 0.0
+    for core in range(C):
+        ranks = [rank for rank in range(1, p + 1) if rank % C == core]
+        if not ranks:
+            continue
+        first = p if ps_pulls == "shared" else min(ranks)
+        work = len(ranks) * worker
+        if core == 0:  # the server's own work while its core's workers compute
+            work += (p - first) * M * cal.copy + (p - 1) * push
+        longest = max(longest, cal.alpha + first * M / B + work + tail)
+    return longest
 
 
 # The runs of `pipesgd compare`, in its table's order: (algo, codec).
@@ -472,20 +532,22 @@ def _one_blas_thread():
         return nullcontext()
 
 
-def _compute_job(comm, cfg, reps: int) -> list[float]:
+def _compute_job(comm, cfg, reps: int) -> tuple[list[float], list[float]]:
+    """(wall times, CPU times) of `reps` steps of this rank, every step started together."""
     from pipesgd_ref.algorithms.worker import WorkerSetup
     from pipesgd_ref.comm.ring import barrier
 
     w = WorkerSetup.build(cfg.replace(resume=""), comm.rank, comm.world_size)
     grads = np.empty_like(w.params)
     w.loss_and_grad(0, grads)
-    times = []
+    times, cpu = [], []
     for step in range(1, reps + 1):
         barrier(comm)  # every step starts together: all k compute at once, step by step
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.thread_time()
         w.loss_and_grad(step, grads)
         times.append(time.perf_counter() - start)
-    return times
+        cpu.append(time.thread_time() - cpu_start)
+    return times, cpu
 
 
 def step_statistics(per_rank: list[list[float]]) -> tuple[float, float]:
@@ -570,6 +632,7 @@ def merged_calibration(cals: list[Calibration]) -> Calibration:
         loop_bandwidth=typical("loop_bandwidth"),
         t_comp_shared=table("t_comp_shared"),
         t_comp_lockstep=table("t_comp_lockstep"),
+        t_comp_cpu=table("t_comp_cpu"),
         t_comp_busy=busy,
         alpha_busy=typical("alpha_busy"),
         codecs=codecs,
@@ -583,32 +646,37 @@ def merged_calibration(cals: list[Calibration]) -> Calibration:
 
 def time_shared_compute(
     cfg, max_k: int, reps: int = CALIBRATION_REPS, tries: int = CALIBRATION_TRIES
-) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """(t_comp_shared, t_comp_lockstep): t_comp with k = 1..max_k worker processes computing
-    at once, pinned as the workers are (launch.pin_to_core), every step started together: for
-    each k, the median over ranks and steps, and the median over steps of the slowest rank;
-    each the fastest over `tries` launches, or one more when they disagree (best_of)."""
+) -> tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]]:
+    """(t_comp_shared, t_comp_lockstep, t_comp_cpu): t_comp with k = 1..max_k worker processes
+    computing at once, pinned as the workers are (launch.pin_to_core), every step started
+    together: for each k, the median over ranks and steps, the median over steps of the
+    slowest rank, and the median CPU time of a step; each the fastest over `tries` launches,
+    or one more when they disagree (best_of)."""
     from pipesgd_ref.launch import launch_local
 
     shared: list[float] = []
     lockstep: list[float] = []
+    cpu: list[float] = []
     for k in range(1, max_k + 1):
-        launches: list[tuple[float, float]] = []
+        launches: list[tuple[float, float, float]] = []
 
-        def launch(k=k, launches=launches) -> tuple[float, float]:
+        def launch(k=k, launches=launches) -> tuple[float, float, float]:
             per_rank = launch_local(k, _compute_job, (cfg, reps), start_method="fork")
-            launches.append(step_statistics(per_rank))
+            typical, slowest = step_statistics([wall for wall, _ in per_rank])
+            step_cpu = statistics.median(t for _, times in per_rank for t in times)
+            launches.append((typical, slowest, step_cpu))
             return launches[-1]
 
         best_of(launch, tries)
         # each statistic the fastest of the launches: one slow core (a VM's vCPU losing time
         # for a few seconds) slows one launch's slowest rank without moving its median
-        typical = min(t for t, _ in launches)
-        slowest = min(s for _, s in launches)
+        typical = min(t for t, _, _ in launches)
+        slowest = min(s for _, s, _ in launches)
         # More workers never compute faster: a noisy sample below the last one is noise.
         shared.append(max([typical, *shared[-1:]]))
         lockstep.append(max([slowest, shared[-1], *lockstep[-1:]]))
-    return tuple(shared), tuple(lockstep)
+        cpu.append(max([min(c for _, _, c in launches), *cpu[-1:]]))
+    return tuple(shared), tuple(lockstep), tuple(cpu)
 
 
 def _busy_compute_job(comm, cfg, reps: int, hop_bytes: int = 4) -> tuple[list[float], float]:
@@ -818,7 +886,7 @@ def calibrate(
     n, t_comp, t_update = time_compute(cfg)
     reps = steps_spanning(t_comp, span_s, reps, max(reps, MAX_CALIBRATION_REPS))
     hop_bytes = hop_message_bytes(4 * n, cfg.world_size, link.enabled)
-    shared, lockstep = time_shared_compute(cfg, cfg.world_size, reps, tries)
+    shared, lockstep, step_cpu = time_shared_compute(cfg, cfg.world_size, reps, tries)
     busy, hop_busy = {}, None
     if busy_codecs and cfg.world_size > 1:
         busy, hop_busy = time_busy_compute(cfg, busy_codecs, reps, hop_bytes, tries)
@@ -843,6 +911,7 @@ def calibrate(
         cores=usable_cores(),
         t_comp_shared=shared,
         t_comp_lockstep=lockstep,
+        t_comp_cpu=step_cpu,
         t_comp_busy=busy,
         alpha_busy=hop_busy,  # measured on the emulated link: its latency is in it
         codecs=codecs,
@@ -861,6 +930,7 @@ def calibrate(
             f"once, every step started together, the fastest of {tries} launches (one more "
             "when they disagree)",
             "t_comp_lockstep": "the same launches: the median over steps of the slowest rank",
+            "t_comp_cpu": "the same launches: the median CPU time (thread_time) of a step",
         },
     )
     if log:
@@ -891,6 +961,11 @@ def describe(cal: Calibration) -> str:
         + (
             f" (the slowest of k: [{', '.join(f'{t * 1e3:.2f}' for t in cal.t_comp_lockstep)}] ms)"
             if cal.t_comp_lockstep
+            else ""
+        )
+        + (
+            f" (CPU a step: [{', '.join(f'{t * 1e3:.2f}' for t in cal.t_comp_cpu)}] ms)"
+            if cal.t_comp_cpu
             else ""
         )
         + (f"; {codecs}" if codecs else "")

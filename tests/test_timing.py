@@ -361,6 +361,45 @@ def test_ps_cpu_bound_by_hand():
         timing.ps_cpu_bound("sync", 4, cal)
 
 
+def test_ps_sync_core_bound_by_hand():
+    """p = 4 workers and the server on 2 cores (core 0: the server, ranks 2 and 4; core 1:
+    ranks 1 and 3), M = 4 MB, B = 1 GB/s (a pull or push 4 ms), alpha 1 ms, copy = gamma =
+    0.1 ns/B, a step of computation 14 ms of CPU with four workers sharing the cores.
+    A worker's step on its core: 14 ms + 8 MB through its sockets (0.8 ms) = 14.8 ms. The
+    server's work on a push, s: 4 MB received and added (0.8 ms); on a pull, 0.4 ms. The tail
+    after a core's last push leaves: alpha + M / B + s + t_u = 1 + 4 + 0.8 + 2 = 7.8 ms.
+        core 0, sequential pulls: rank 2's pull arrives at alpha + 2 M / B = 9 ms; then its
+            workers' 29.6 ms, the server's 2 later pulls (0.8 ms) and 3 other pushes (2.4 ms):
+            9 + 32.8 + 7.8 = 49.6 ms
+        core 1: rank 1's pull at 5 ms, then 29.6 ms: 5 + 29.6 + 7.8 = 42.4 ms
+    The sum of the textbook model is 45.6 ms (compute 20 ms with all four computing), core 0's
+    CPU work 36.4 ms: the chain through core 0 sets the iteration. With shared pulls every
+    worker waits for all four (alpha + 4 M / B = 17 ms): core 0 17 + 29.6 + 2.4 + 7.8."""
+    cal = textbook(cores=2, copy=1e-10, gamma=1e-10, bandwidth=1e9,
+                   t_comp_shared=(0.01, 0.012, 0.016, 0.02),
+                   t_comp_cpu=(0.01, 0.011, 0.0125, 0.014))  # fmt: skip
+    close(timing.ps_sync_core_bound(4, cal), 0.009 + 0.0328 + 0.0078, "sequential")
+    close(timing.ps_sync_core_bound(4, cal, ps_pulls="shared"), 0.017 + 0.032 + 0.0078, "shared")
+    pred = predict("ps-sync", 4, cal)
+    assert pred.bound == "core", pred
+    close(pred.iter_time_s, 0.0496, "ps-sync, the chain through core 0")
+    close(timing.ps_cpu_bound("ps-sync", 4, cal), 2 * 0.0148 + 4 * 0.0012 + 0.002, "cpu work")
+    # p = 3: core 1 holds ranks 1 and 3, core 0 the server and rank 2 (pull 2 at 9 ms)
+    core0 = 0.009 + (0.0125 + 0.0008) + 0.0004 + 2 * 0.0008 + 0.0078
+    core1 = 0.005 + 2 * (0.0125 + 0.0008) + 0.0078
+    close(timing.ps_sync_core_bound(3, cal), max(core0, core1), "p = 3")
+    assert timing.ps_sync_core_bound(3, textbook(cores=4)) == 0.0, "a core each"
+
+
+def test_step_cpu_reads_the_cpu_table_else_t_comp_with_every_core_busy():
+    cal = textbook(cores=2, t_comp_shared=(0.01, 0.012, 0.016, 0.02),
+                   t_comp_cpu=(0.01, 0.011, 0.0125))  # fmt: skip
+    assert [timing.step_cpu(cal, k) for k in (1, 2, 3, 4, 8)] == [0.01, 0.011, 0.0125, 0.0125,
+                                                                   0.0125]  # fmt: skip
+    unmeasured = dataclasses.replace(cal, t_comp_cpu=())
+    assert [timing.step_cpu(unmeasured, k) for k in (1, 2, 4)] == [0.01, 0.012, 0.012]
+
+
 def test_ps_async_timed_worker_sharing_its_core_computes_slower():
     # p = 3 workers on 2 cores: worker 0 (rank 1, core 1) shares core 1 with rank 3, while
     # rank 2 has core 0 beside the idle server. Same cores, p = 2: a core to itself.
@@ -561,13 +600,19 @@ def test_ps_async_is_the_slowest_of_worker_server_and_its_core(cal, p, codec):
 
 @given(calibrations(), timing_world_sizes, codec_names)
 def test_ps_sync_is_at_least_its_busiest_core_s_work(cal, p, codec):
-    pred = predict("ps-sync", p, cal, codec)
-    core = timing.ps_cpu_bound("ps-sync", p, cal, codec)
-    assert pred.iter_time_s >= core * (1 - 1e-12)
-    if pred.bound == "cpu":
-        assert pred.iter_time_s == core
-    else:
-        assert pred.bound == "server", pred
+    for pulls in ("sequential", "shared"):
+        pred = predict("ps-sync", p, cal, codec, ps_pulls=pulls)
+        work = timing.ps_cpu_bound("ps-sync", p, cal, codec)
+        chain = timing.ps_sync_core_bound(p, cal, codec, pulls)
+        assert pred.iter_time_s >= max(work, chain) * (1 - 1e-12)
+        if pred.bound == "cpu":
+            assert pred.iter_time_s == work
+        elif pred.bound == "core":
+            assert pred.iter_time_s == chain
+        else:
+            assert pred.bound == "server", pred
+        if cal.cores >= p + 1:
+            assert chain == 0.0, "a core each: no chain through a shared one"
 
 
 @given(calibrations(cores=MANY), timing_world_sizes)
@@ -614,6 +659,8 @@ def test_calibrate_smoke():
     assert cal.alpha >= 50e-6, "alpha is the emulated latency plus the measured hop"
     assert cal.bandwidth <= 125e6, "B is capped by the emulated 1 Gbit/s"
     assert len(cal.t_comp_shared) == 2 and cal.cores >= 1
+    assert len(cal.t_comp_cpu) == 2 and 0 < cal.t_comp_cpu[0] <= cal.t_comp_cpu[1]
+    assert "CPU a step" in lines[0]
     assert set(cal.codecs) == {"trunc16", "bf16", "q8"}
     assert lines and "n=650 params" in lines[0]
     preds = predict_all(2, cal)
