@@ -75,18 +75,35 @@ The parameter server's p + 1 processes have the same kind of bound, core by core
 (`ps_cpu_bound`). ps-sync moves in lock step, so its busiest core bounds it: with p = 4 on
 2 cores, core 0 holds the server and workers 1 and 3,
 
-    T_ps-sync >= 2 (t_comp + (M/r + M) copy + M e) + p ((M/r + M) copy + M (d + gamma)) + t_u
+    T_ps-sync >= 2 (t_cpu + (M/r + M) copy + M e) + p ((M/r + M) copy + M (d + gamma)) + t_u
+
+where t_cpu is the CPU time one step costs its core with the p workers sharing the cores
+(`step_cpu`: measured, t_comp_cpu; two processes taking turns on a core make each step cost
+more CPU than one process a core does, and finish at different times, so their median wall
+time is no measure of it). That work cannot start at the round's start, though, nor end it: a
+core's workers start when the first of them has its weights, and the round ends when that
+core's last push has crossed the wire and been added. The chain through core c, holding the
+workers of ranks R_c, whose first pull (rank k_c = min R_c; with shared pulls k_c = p) arrives
+at alpha + k_c M/B (`ps_sync_core_bound`):
+
+    T_c = alpha + k_c M/B + |R_c| (t_cpu + (M/r + M) copy + M e) + [c = 0] (server's work then)
+          + alpha + M/(rB) + (M/r) copy + M (d + gamma) + t_u
+
+and T_ps-sync = max(the sum above, the cpu bound, max_c T_c). Measured, p = 4 on 2 cores,
+10 Gbit, 1024x1024: core 0's workers had their weights 7-8 ms into the round and kept the core
+busy for 63-65 ms; the sum and the cpu bound alone predicted 65-72 ms against runs of 81-85.
 
 ps-async's workers do not wait for each other and its iteration is worker 0's, so the bound is
-worker 0's core: the m workers pinned there, m (t_comp + (M/r + M) copy + M e), plus the
+worker 0's core: the m workers pinned there, m (t_cpu + (M/r + M) copy + M e), plus the
 server's p ((M/r + M) copy + M (d + gamma) + t_u) only where it shares that core (C = 1).
 
 Every step of a ring method waits for its slowest rank. On shared cores the ranks' steps differ
 (time slices, caches): the per-step maximum over ranks is 10-25% above the median, measured. So
 sync and pipe read t_comp_lockstep, the median over steps of the slowest rank; the parameter
-server reads t_comp_shared, the median over ranks. Pipe-SGD's busy figure is its compute
-thread's cycle in a run of its schedule without the optimizer (`time_busy_compute`): width two
-gives the ranks a step of slack, so the slowest rank of each step overstates it.
+server reads t_comp_shared, the median over ranks, and its core bounds t_comp_cpu. Pipe-SGD's
+busy figure is its compute thread's cycle in a run of its schedule without the optimizer
+(`time_busy_compute`): width two gives the ranks a step of slack, so the slowest rank of each
+step overstates it.
 
 Calibration (`calibrate`): t_comp and t_u are timed on the actual model and batch size in this
 process; gamma and the codecs' e and d are timed on gradient-sized arrays; alpha and B are the
