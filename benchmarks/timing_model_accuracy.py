@@ -64,7 +64,12 @@ point over 25% (p=4, 10Gbit, 512x512, ps-async: runs of 22.8 and 23.0 ms against
 predicted, from calibrations that alone predicted 15.0 and 19.1); the worst pipe point 15.4%
 (was 29.2%). A second such grid, the same code an hour later: median 5.3%, worst 28.3%, bias
 -2.3%, 3 points over 25% (p=3 10Gbit 1024x1024 pipe+trunc16 +28.3%, runs of 51.9 and 63.7 ms;
-p=4 10Gbit 512x512 ps-sync -27.6%; p=4 loopback 512x512 pipe -25.4%).
+p=4 10Gbit 512x512 ps-sync -27.6%; p=4 loopback 512x512 pipe -25.4%). With ps-sync's pushes
+crossing the emulated wire in the order they left, its chain through a core
+(timing.ps_sync_core_bound) and the CPU time of a step (t_comp_cpu), two grids in a row:
+median 4.0%, worst 22.8%, bias -1.6%, no point over 25%; and median 4.1%, worst 31.0%, bias
+-1.8%, one point over 25% (p=3 loopback 512x512 ps-sync, +31.0%: one of its block's two
+calibrations ran in a slow stretch), every other point within 18.1%.
 
 The link figures that depend only on the machine are measured once for the grid: the loopback
 stream bandwidth and the CPU time per byte of a socket's sending and receiving side; everything
