@@ -81,6 +81,25 @@ def test_grid_merges_passes_into_the_fastest_run_against_the_merged_calibration(
     assert grid.merge_passes([only], merged, 2) is only, "one pass: the row as it was"
 
 
+def test_grid_calibrates_a_block_again_when_its_calibrations_disagree():
+    """Two calibrations of a block whose predictions differ by more than 10% for some method
+    (one likely ran in a slow stretch) call for a third; within 10%, or one alone, do not."""
+    import dataclasses
+
+    from pipesgd_ref.timing import Calibration
+
+    grid = load_benchmark("timing_model_accuracy")
+    base = Calibration(n_params=10_000, t_comp=0.01, t_update=1e-4, alpha=1e-4,
+                       bandwidth=125e6, gamma=1e-10, cores=2, t_comp_shared=(0.01, 0.02),
+                       codecs={"trunc16": (2.0, 1e-9, 1e-9), "q8": (4.0, 1e-9, 1e-9)})  # fmt: skip
+    near = dataclasses.replace(base, t_comp=0.0105, t_comp_shared=(0.0105, 0.021))
+    slow = dataclasses.replace(base, t_comp=0.013, t_comp_shared=(0.013, 0.026))
+    assert not grid.calibrations_disagree([base, near], 2, 2)
+    assert grid.calibrations_disagree([base, slow], 2, 2)
+    assert grid.calibrations_disagree([slow, base, near], 2, 2), "any two of them"
+    assert not grid.calibrations_disagree([slow], 2, 2), "one alone agrees with itself"
+
+
 def test_soak_short(tmp_path):
     out = tmp_path / "soak.json"
     cmd = [sys.executable, str(BENCHMARKS / "soak.py"), "--steps", "300", "--interval", "0.05",
