@@ -411,7 +411,7 @@ def ps_cpu_bound(algo: str, world_size: int, cal: Calibration, codec: str = "non
         return 0.0
     M = cal.grad_bytes
     r, e, d = cal.codec(codec)
-    worker = step_cpu(cal, p) + M * e + (M / r + M) * cal.copy
+    worker = ps_worker_step(cal, p, codec)
     per_push = (M / r + M) * cal.copy + M * (d + cal.gamma)
     if algo == "ps-async":
         server = p * (per_push + cal.t_update)
@@ -433,6 +433,15 @@ def step_cpu(cal: Calibration, k: int) -> float:
     if cal.t_comp_cpu:
         return cal.t_comp_cpu[min(max(int(k), 1), len(cal.t_comp_cpu)) - 1]
     return compute_time(cal, min(k, cal.cores))
+
+
+def ps_worker_step(cal: Calibration, world_size: int, codec: str = "none") -> float:
+    """The CPU work one parameter-server worker's iteration costs its core: a step of
+    computation with p workers sharing the cores (`step_cpu`), encoding its push, and the
+    socket path's CPU for the push out and the pull in, (M/r + M) copy."""
+    M = cal.grad_bytes
+    r, e, _ = cal.codec(codec)
+    return step_cpu(cal, world_size) + M * e + (M / r + M) * cal.copy
 
 
 def ps_sync_core_bound(
@@ -461,7 +470,7 @@ def ps_sync_core_bound(
     M = cal.grad_bytes
     r, e, d = cal.codec(codec)
     B = min(cal.bandwidth, cal.loop_bandwidth)
-    worker = step_cpu(cal, p) + M * e + (M / r + M) * cal.copy
+    worker = ps_worker_step(cal, p, codec)
     push = (M / r) * cal.copy + M * (d + cal.gamma)  # s: the server's work on one push
     tail = cal.alpha + M / (r * B) + push + cal.t_update
     longest = 0.0
@@ -903,7 +912,7 @@ def calibrate(
     n, t_comp, t_update = time_compute(cfg)
     reps = steps_spanning(t_comp, span_s, reps, max(reps, MAX_CALIBRATION_REPS))
     hop_bytes = hop_message_bytes(4 * n, cfg.world_size, link.enabled)
-    shared, lockstep, step_cpu = time_shared_compute(cfg, cfg.world_size, reps, tries)
+    shared, lockstep, per_step_cpu = time_shared_compute(cfg, cfg.world_size, reps, tries)
     busy, hop_busy = {}, None
     if busy_codecs and cfg.world_size > 1:
         busy, hop_busy = time_busy_compute(cfg, busy_codecs, reps, hop_bytes, tries)
@@ -928,7 +937,7 @@ def calibrate(
         cores=usable_cores(),
         t_comp_shared=shared,
         t_comp_lockstep=lockstep,
-        t_comp_cpu=step_cpu,
+        t_comp_cpu=per_step_cpu,
         t_comp_busy=busy,
         alpha_busy=hop_busy,  # measured on the emulated link: its latency is in it
         codecs=codecs,
