@@ -330,6 +330,8 @@ def _summary(
     steps = worker_losses.shape[1]
     skip = min(steps - 1, cfg.warmup_steps + cfg.width + 1)  # steady state only
     iter_times = np.diff(ends[skip:]) if steps - skip > 1 else np.diff(ends)
+    if not len(iter_times) and steps:  # one step: its time from the first span's start
+        iter_times = np.array([ends[-1] - start])
     # the oracle's "mean worker loss" (a NaN loss left out by --skip-nonfinite is not averaged)
     with warnings.catch_warnings():  # a step where every loss was NaN stays NaN, silently
         warnings.simplefilter("ignore", RuntimeWarning)

@@ -436,3 +436,14 @@ def test_a_worker_failing_before_the_start_ends_the_job_naming_it(algo, monkeypa
     assert info.value.cause == rank, str(info.value)
     assert f"the errors point to rank {rank}:" in str(info.value), str(info.value)
     assert time.monotonic() - start < cfg.timeout, "the others waited out their timeout"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("how", [["--steps=1"], ["--epochs=0.0001"]])
+def test_a_one_step_run_writes_its_summary(how, tmp_path, capsys):
+    """One step has no step-to-step interval: its iteration time is the step itself."""
+    assert main(["train", "--preset=tiny", "--no-progress", *how, f"--out={tmp_path}"]) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["steps"] == 1 and summary["iter_time_s"] > 0
+    assert (tmp_path / "trace.json").is_file()
+    assert "1 steps in" in capsys.readouterr().out
