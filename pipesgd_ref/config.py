@@ -76,6 +76,9 @@ class TrainConfig:
     out: str = ""  # folder for results (summary.json, trace.json, checkpoint.npz); "" = none
     checkpoint_every: int = 0  # also checkpoint every N steps (0 = only at the end)
     resume: str = ""  # folder of a checkpoint.npz to continue from (same run settings)
+    # after a worker fails, restart the whole job from the last checkpoint in `out` (from the
+    # start without one), at most this many times (as torchrun's --max-restarts)
+    max_restarts: int = 0
     # --- numerical faults ---
     # A NaN or Inf in a worker's gradient stops the run naming the rank and step; with
     # skip_nonfinite that gradient is left out of the step's average instead (a step where
@@ -102,6 +105,8 @@ class TrainConfig:
             problems.append(f"epochs must be >= 0, got {self.epochs}")
         if self.checkpoint_every < 0:
             problems.append(f"checkpoint_every must be >= 0, got {self.checkpoint_every}")
+        if self.max_restarts < 0:
+            problems.append(f"max_restarts must be >= 0, got {self.max_restarts}")
         if self.eval_every < 0:
             problems.append(f"eval_every must be >= 0, got {self.eval_every}")
         if not 0 <= self.target_accuracy <= 1:
