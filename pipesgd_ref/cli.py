@@ -41,6 +41,7 @@ from pipesgd_ref.config import (
 )
 from pipesgd_ref.data import DataError
 from pipesgd_ref.launch import JobError, LaunchError, detect_env
+from pipesgd_ref.lifetime import JobStopped
 from pipesgd_ref.train import TrainingDiverged, run_reference, run_training, run_training_joined
 
 EXIT_USAGE = 2
@@ -225,6 +226,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DataError, TrainingDiverged, JobError, LaunchError, CommError) as e:
         print(f"pipesgd: error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except JobStopped as e:  # a signal stopped the job: one line, and 128 + its number
+        print(f"pipesgd: {e}", file=sys.stderr)
+        return e.exit_code
     except KeyboardInterrupt:
         print("pipesgd: interrupted", file=sys.stderr)
         return 130

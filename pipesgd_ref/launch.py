@@ -43,6 +43,14 @@ from typing import Any
 from pipesgd_ref.comm.netem import LinkModel
 from pipesgd_ref.comm.rendezvous import JobSpec, init_process_group, new_token
 from pipesgd_ref.comm.transport import CommError
+from pipesgd_ref.lifetime import (
+    EXIT_ORPHANED,
+    JobStopped,
+    LauncherSignals,
+    StopPlan,
+    bind_to_parent,
+    worker_signals,
+)
 from pipesgd_ref.logs import WorkerLogging
 
 log = logging.getLogger("pipesgd.launch")
@@ -75,7 +83,12 @@ class JobEnv:
 
 
 def detect_env(environ: Mapping[str, str] | None = None) -> JobEnv | None:
-    """The job this process belongs to, from the environment; None when none is described."""
+    """The job this process belongs to, from the environment; None when none is described.
+
+    MASTER_ADDR and MASTER_PORT (or PIPESGD_MASTER_PORT) must be set whenever a rank is: as
+    torch's env:// says "MASTER_ADDR expected, but not set", since a default (127.0.0.1:29500)
+    would only make every rank on another host wait out the timeout for a store that is not
+    there. LaunchError names what is missing or wrong."""
     env = os.environ if environ is None else environ
     for rank_var, size_var, source in ENV_CONVENTIONS:
         if rank_var in env or size_var in env:
@@ -90,18 +103,35 @@ def detect_env(environ: Mapping[str, str] | None = None) -> JobEnv | None:
                     f"{source} job: {rank_var}={env[rank_var]!r} and {size_var}="
                     f"{env[size_var]!r} must be integers"
                 ) from None
-            if world_size < 1 or not 0 <= rank < world_size:
+            if world_size < 1:
+                raise LaunchError(
+                    f"{source} job: {size_var}={world_size}, but the world size must be at "
+                    f"least 1 (the number of ranks in the job)"
+                )
+            if not 0 <= rank < world_size:
                 raise LaunchError(f"{source} job: rank {rank} is outside 0..{world_size - 1}")
-            addr = env.get("MASTER_ADDR", "127.0.0.1")
             port_var = "PIPESGD_MASTER_PORT" if "PIPESGD_MASTER_PORT" in env else "MASTER_PORT"
             try:
-                port = int(env.get(port_var, "29500"))
+                port = int(env.get(port_var, "0"))
             except ValueError:
                 port = -1
-            if not 0 < port < 65536:
+            if port_var in env and not 0 < port < 65536:
                 raise LaunchError(
                     f"{port_var}={env[port_var]!r} is not a port (1..65535)"
                 ) from None
+            missing = [var for var in ("MASTER_ADDR", port_var) if not env.get(var)]
+            if missing:
+                how = {
+                    "Open MPI": "pass them with mpirun -x MASTER_ADDR=HOST -x MASTER_PORT=PORT",
+                    "SLURM": "export them in the batch script (MASTER_ADDR: the first host of "
+                    "$SLURM_JOB_NODELIST)",
+                }.get(source, "export them on every rank")
+                raise LaunchError(
+                    f"{source} job: {' and '.join(missing)} expected, but not set: where rank "
+                    f"0's rendezvous store listens, the same on every rank (MASTER_ADDR: rank "
+                    f"0's host, MASTER_PORT: a free port there); {how}"
+                )
+            addr = env["MASTER_ADDR"]
             if port_var == "MASTER_PORT" and env.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
                 # Under torchrun, its own agent's store already listens on MASTER_PORT.
                 port = port + 1 if port < 65535 else port - 1
@@ -126,6 +156,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 # is stopped once no other failure has been reported for this long.
 REPORT_QUIET_S = 0.5
 KILL_WAIT_S = 10.0  # how long a SIGKILLed worker is waited for before the launcher gives up
+STOP_GRACE_S = 30.0  # after a stop signal: how long workers get to finish their step
 
 
 class WorkerFailed(LaunchError):
@@ -189,8 +220,13 @@ def limit_blas_threads(threads: int) -> bool:
 
 
 def _worker_main(
-    spec: JobSpec, target, args, results, logging_setup, pin: bool, star: bool
-) -> None:
+    spec: JobSpec, target, args, results, logging_setup, pin: bool, star: bool, plan: StopPlan,
+    parent: int, grace: float,
+) -> None:  # fmt: skip
+    # First: a signal from now on asks the job to stop (no KeyboardInterrupt traceback), and
+    # this process never outlives the launcher (lifetime.py).
+    worker_signals(plan)
+    bind_to_parent(parent, grace, lambda: plan.request(signal.SIGTERM))
     logging_setup.worker_init(spec.rank)
     if pin:
         pin_to_core(spec.rank)
@@ -211,6 +247,9 @@ def _worker_main(
     finally:
         if comm is not None:
             comm.close()
+        if os.getppid() != parent:  # the launcher is gone (lifetime.bind_to_parent): nobody
+            # reads the results, and exiting as usual would wait for them to be read
+            os._exit(EXIT_ORPHANED)
 
 
 def launch_local(
@@ -227,6 +266,7 @@ def launch_local(
     log_level: str | int | None = None,
     pin_cores: bool = True,
     star: bool = False,
+    stop_grace: float = STOP_GRACE_S,
 ) -> list[Any]:
     """Run `target(comm, *args)` in `world_size` local worker processes; return the p results
     in rank order. `target` must be a module-level function (spawn pickles it by name).
@@ -237,6 +277,11 @@ def launch_local(
     cores (as `mpirun --bind-to core` does); on the 2-core development machine this made a
     4-rank 16 MB AllReduce about 10% faster (median of 25, three alternations). star: also
     link every rank to rank 0 (the parameter server's links: `comm.server`, `comm.clients`).
+
+    Signals (lifetime.py): a SIGINT, SIGTERM or SIGHUP to this process (or to the workers)
+    stops every worker after one common step; JobStopped is raised, with the results when
+    every rank returned one. Workers still running `stop_grace` seconds later, or at a second
+    signal, are SIGKILLed.
     """
     if world_size < 1:
         raise LaunchError(f"world_size must be >= 1, got {world_size}")
@@ -244,6 +289,10 @@ def launch_local(
     if master_port:  # fail here, in one line, rather than in every worker
         try:
             with socket.socket() as probe:
+                # As the store binds (rendezvous.listen): a port whose only users are the
+                # closed connections of an earlier job (TIME_WAIT, ~60 s) is free to reuse;
+                # one that something listens on is refused all the same.
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 probe.bind(("127.0.0.1", master_port))
         except OSError:
             raise LaunchError(
@@ -257,6 +306,7 @@ def launch_local(
         log_level = logging.getLogger("pipesgd").getEffectiveLevel()
     logging_setup = WorkerLogging.start(start_method, log_level)
     results = ctx.Queue()
+    plan = StopPlan(ctx, world_size)
     procs = [
         ctx.Process(
             target=_worker_main,
@@ -268,6 +318,9 @@ def launch_local(
                 logging_setup,
                 pin_cores,
                 star,
+                plan,
+                os.getpid(),
+                stop_grace,
             ),  # fmt: skip
             name=f"pipesgd-rank{r}",
             daemon=True,
@@ -278,6 +331,46 @@ def launch_local(
     errors: dict[int, str] = {}
     blamed: dict[int, int | None] = {}  # failed rank -> the rank its error points to
     grace = 2 * timeout if grace is None else grace
+    try:
+        with LauncherSignals(plan, stop_grace) as signals:  # before any worker starts
+            _supervise(procs, results, world_size, values, errors, blamed, signals, grace,
+                       job_timeout)  # fmt: skip
+    finally:
+        logging_setup.stop()
+    if signals.signum:  # stopped on purpose: not a failure, whatever the ranks said
+        done = len(values) == world_size and not errors
+        if errors:
+            log.warning(
+                "while stopping: %s",
+                "; ".join(
+                    f"rank {r}: {msg.strip().splitlines()[-1]}" for r, msg in sorted(errors.items())
+                ),
+            )
+        raise JobStopped(signals.signum, [values[r] for r in range(world_size)] if done else None,
+                         plan.stop_at)  # fmt: skip
+    if errors:
+        lines = [f"  rank {r}: {msg.strip()}" for r, msg in sorted(errors.items())]
+        cause = culprit(blamed)
+        head = f"{len(errors)} of {world_size} workers failed"
+        if cause is not None:
+            head += f"; the errors point to rank {cause}"
+        raise WorkerFailed(errors, f"{head}:\n" + "\n".join(lines), cause)
+    return [values[r] for r in range(world_size)]
+
+
+def _supervise(
+    procs,
+    results,
+    world_size: int,
+    values: dict,
+    errors: dict,
+    blamed: dict,
+    signals: LauncherSignals,
+    grace: float,
+    job_timeout: float | None,
+) -> None:
+    """Start the workers, collect their results and errors, and leave no process behind: the
+    loop of launch_local, filling `values` (rank -> result), `errors` and `blamed`."""
     deadline = time.monotonic() + job_timeout if job_timeout else None
     first_failure: float | None = None
     last_report = 0.0  # when the last failure was reported
@@ -286,6 +379,8 @@ def launch_local(
             proc.start()
         while len(values) + len(errors) < world_size:
             now = time.monotonic()
+            if signals.urgent:  # a second signal, or the grace is over: stop what is left
+                break
             if deadline and now > deadline:
                 errors.setdefault(-1, f"the job did not finish within {job_timeout:.1f} s")
                 break
@@ -312,36 +407,21 @@ def launch_local(
                 last_report = time.monotonic()
     finally:
         for proc in procs:
-            proc.join(timeout=0.5 if errors else 5.0)
+            proc.join(timeout=0 if signals.urgent else 0.5 if errors else 5.0)
         for r, proc in enumerate(procs):  # nothing is left behind
+            if proc.is_alive() and r not in values and r not in errors and not signals.signum:
+                errors[r] = f"rank {r} never reported (hung or stopped); the launcher stopped it"
+                blamed[r] = r
+            # SIGKILL, not SIGTERM: a worker takes SIGTERM as "stop after this step"
+            # (lifetime.py); SIGKILL cannot be refused, only delayed (a loaded kernel), and
+            # ends a SIGSTOPped process too.
             if proc.is_alive():
-                if r not in values and r not in errors:
-                    errors[r] = (
-                        f"rank {r} never reported (hung or stopped); the launcher stopped it"
-                    )
-                    blamed[r] = r
-                proc.terminate()
-                try:  # a stopped process acts on SIGTERM only once woken
-                    os.kill(proc.pid, signal.SIGCONT)
-                except ProcessLookupError:
-                    pass
-                proc.join(timeout=2.0)
-            if proc.is_alive():  # SIGKILL cannot be refused, only delayed (a loaded kernel)
                 proc.kill()
                 proc.join(timeout=KILL_WAIT_S)
             if proc.is_alive():
                 log.warning("rank %d (pid %d) outlived SIGKILL by %.0f s; it is left behind",
                             r, proc.pid, KILL_WAIT_S)  # fmt: skip
         results.close()
-        logging_setup.stop()
-    if errors:
-        lines = [f"  rank {r}: {msg.strip()}" for r, msg in sorted(errors.items())]
-        cause = culprit(blamed)
-        head = f"{len(errors)} of {world_size} workers failed"
-        if cause is not None:
-            head += f"; the errors point to rank {cause}"
-        raise WorkerFailed(errors, f"{head}:\n" + "\n".join(lines), cause)
-    return [values[r] for r in range(world_size)]
 
 
 def join_from_env(

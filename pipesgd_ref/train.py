@@ -267,6 +267,9 @@ def _train_job(comm, cfg: TrainConfig, show_progress: bool, label: str | None = 
             recorder.close()
     if recorder is not None:  # after training: the evaluation costs the run nothing
         result.extra["eval_curve"] = recorder.eval_curve(model, data)
+        # where this run began: the checkpoint it resumed may be overwritten by now (a
+        # restart resumes from the folder it writes to)
+        result.extra["start_step"] = setup.start_step
     return result
 
 
@@ -326,7 +329,8 @@ def _summary(
     rank, the share of communication hidden under computation, and per rank the bytes sent."""
     from pipesgd_ref.algorithms.worker import WorkerSetup
 
-    setup = WorkerSetup.build(cfg, 0, cfg.world_size)
+    setup = WorkerSetup.build(cfg.replace(resume=""), 0, cfg.world_size)  # the model and data
+    start_step = answer.extra.get("start_step", 0)
     steps = worker_losses.shape[1]
     skip = min(steps - 1, cfg.warmup_steps + cfg.width + 1)  # steady state only
     iter_times = np.diff(ends[skip:]) if steps - skip > 1 else np.diff(ends)
@@ -372,7 +376,7 @@ def _summary(
         "config": cfg.to_dict(),
         "loss_curve": [
             {
-                "step": setup.start_step + t,
+                "step": start_step + t,
                 "wall_time_s": float(ends[t] - start),
                 "loss": float(losses[t]),
             }
@@ -450,9 +454,14 @@ def run_training(
     label: str | None = None,
 ):
     """Run cfg.algo on cfg.world_size local worker processes; return (summary, results).
-    `label` names the run on its progress bar (default: the algo)."""
+    `label` names the run on its progress bar (default: the algo).
+
+    A worker that fails ends the job (WorkerFailed), or, with cfg.max_restarts, restarts it
+    from the last checkpoint in cfg.out (`_launch_with_restarts`). A signal stops every worker
+    after one common step (lifetime.py): the partial run's summary is written as usual, marked
+    "stopped", and JobStopped is raised for the command's exit code."""
     from pipesgd_ref.config import link_model
-    from pipesgd_ref.launch import launch_local
+    from pipesgd_ref.lifetime import JobStopped
     from pipesgd_ref.trace import chrome_trace
 
     _check_inputs(cfg)  # bad data specs fail here, in one line, before any fork
@@ -460,26 +469,117 @@ def run_training(
     model = link_model(cfg)
     log(_describe(cfg, model))
     start = time.perf_counter()
-    ranks = n_ranks(cfg)
-    job_args = (cfg, progress, label)
     # fork: fast, and the workers share the parent's imports. --device cuda: spawn, because a
     # CUDA context does not survive a fork; each worker is a fresh interpreter that makes its
     # own (WorkerSetup.to_device), and this process never makes one.
     start_method = "spawn" if cfg.device == "cuda" else "fork"
     if start_method == "fork":
         load_before_fork(cfg)
-    results = launch_local(ranks, _train_job, job_args, model=model, star=is_ps(cfg.algo),
-                           timeout=cfg.timeout, start_method=start_method,
-                           master_port=cfg.master_port or None)  # fmt: skip
+    stopped = None
+    try:
+        ran, results, restarts = _launch_with_restarts(
+            cfg, dict(model=model, star=is_ps(cfg.algo), timeout=cfg.timeout,
+                      start_method=start_method, master_port=cfg.master_port or None),
+            (progress, label), log,
+        )  # fmt: skip
+    except JobStopped as e:
+        stopped, ran, results, restarts = e, e.cfg, e.results, e.restarts
+        if results is None or not any(r.losses for r in results):  # nothing to summarise
+            e.args = (_stopped_line(cfg, e, None),)
+            raise
     wall = time.perf_counter() - start
-    summary = summarise(cfg, results, wall)
-    _log_outcome(cfg, summary, wall, log)
+    summary = summarise(ran, results, wall)
+    summary["config"] = cfg.to_dict()  # as asked for (a restart resumed from cfg.out)
+    summary["restarts"] = restarts
+    summary["stopped"] = None
+    if stopped is not None:
+        summary["stopped"] = {"signal": signal_name(stopped.signum), "at_step": stopped.stop_at}
+    else:
+        _log_outcome(cfg, summary, wall, log)
     if cfg.out:
         out = Path(cfg.out)
         write_json(out / "summary.json", summary)
         write_json(out / "trace.json", chrome_trace([e for r in results for e in r.events]))
-        log(f"wrote {out / 'summary.json'} and {out / 'trace.json'}")
+        if stopped is None:
+            log(f"wrote {out / 'summary.json'} and {out / 'trace.json'}")
+    if stopped is not None:
+        stopped.args = (_stopped_line(cfg, stopped, summary),)
+        raise stopped
     return summary, results
+
+
+def signal_name(signum: int) -> str:
+    import signal
+
+    return signal.Signals(signum).name
+
+
+def _stopped_line(cfg: TrainConfig, stopped, summary: dict | None, local: bool = True) -> str:
+    """The one line a stopped job ends with: which signal, where, and how to go on (local:
+    a job of local workers, whose results are missing only where some were killed)."""
+    name = signal_name(stopped.signum)
+    where = f" before step {stopped.stop_at}" if stopped.stop_at is not None else ""
+    line = f"{cfg.algo}: stopped by {name}{where}"
+    if summary is not None:
+        line += f" ({summary['steps']} steps run)"
+    if local and stopped.results is None:
+        line += "; workers that did not finish their step were killed"
+    ckpt = Path(cfg.out) / "checkpoint.npz" if cfg.out else None
+    if ckpt is not None and ckpt.is_file():
+        line += f"; checkpoint {ckpt}: continue with --resume {cfg.out}"
+    elif cfg.out:
+        line += f"; no checkpoint in {cfg.out}"
+    return line
+
+
+def _launch_with_restarts(cfg: TrainConfig, launch: dict, job_args: tuple, log):
+    """launch_local of cfg's job, restarted after a worker failure up to cfg.max_restarts
+    times, as torchrun's --max-restarts: each restart resumes from the checkpoint in cfg.out
+    (the last periodic one, --checkpoint-every), or starts over without one, and is logged
+    with its cause. A fault injected through PIPESGD_FAULT fires in the first run only.
+    Returns (the config of the last run, its results, the restarts as summary.json lists
+    them); JobStopped carries the same three as .cfg, .results, .restarts."""
+    from pipesgd_ref import checkpoint, faults
+    from pipesgd_ref.launch import WorkerFailed, launch_local
+    from pipesgd_ref.lifetime import JobStopped
+
+    ran, restarts = cfg, []
+    fault_env = os.environ.get(faults.ENV)
+    try:
+        while True:
+            try:
+                results = launch_local(n_ranks(ran), _train_job, (ran, *job_args), **launch)
+                return ran, results, restarts
+            except JobStopped as e:
+                e.cfg, e.restarts = ran, restarts
+                raise
+            except WorkerFailed as e:
+                if len(restarts) >= cfg.max_restarts:
+                    if restarts:
+                        e.args = (f"{e.args[0]}\n(after {len(restarts)} restart(s), "
+                                  f"--max-restarts {cfg.max_restarts})",)  # fmt: skip
+                    raise
+                saved = Path(cfg.out) / checkpoint.FILE if cfg.out else None
+                ran = cfg.replace(resume=cfg.out) if saved and saved.is_file() else cfg
+                from_step = _checkpoint_step(saved) if ran.resume else 0
+                cause = e.errors.get(e.cause) if e.cause is not None else None
+                cause = (cause or next(iter(e.errors.values()), "")).strip().splitlines()[-1]
+                restarts.append({"restart": len(restarts) + 1, "cause_rank": e.cause,
+                                 "cause": cause, "resumed_from_step": from_step})  # fmt: skip
+                logging.getLogger("pipesgd.train").warning(
+                    "restart %d of %d: %s; %s", len(restarts), cfg.max_restarts, cause,
+                    f"resuming from step {from_step} ({saved})" if ran.resume
+                    else "starting over (no checkpoint: --out DIR --checkpoint-every N)",
+                )  # fmt: skip
+                os.environ.pop(faults.ENV, None)  # injected faults fire once per job
+    finally:
+        if fault_env is not None:
+            os.environ[faults.ENV] = fault_env
+
+
+def _checkpoint_step(path: Path) -> int:
+    with np.load(path) as z:
+        return int(z["next_step"])
 
 
 # --- one rank of a job started by torchrun, mpirun or srun ---------------------------------
@@ -520,8 +620,10 @@ def run_training_joined(
     bind: the interface this rank's listeners use (default: loopback when MASTER_ADDR is
     loopback, else all interfaces).
     """
+    from pipesgd_ref.comm.transport import CommError
     from pipesgd_ref.config import link_model
     from pipesgd_ref.launch import ENV_CONVENTIONS, LaunchError, detect_env, join_from_env
+    from pipesgd_ref.lifetime import JobStopped, LocalStop, worker_signals
     from pipesgd_ref.trace import chrome_trace
 
     job = detect_env()
@@ -545,6 +647,12 @@ def run_training_joined(
     _check_inputs(cfg)  # a bad data spec: one line on every rank, before any rank waits
     _check_device(cfg)
     model = link_model(cfg)
+    # SIGINT, SIGTERM, SIGHUP: stop at the top of the next step (lifetime.LocalStop; the
+    # launcher, torchrun, mpirun or srun, signals every rank). The ranks do not share memory
+    # to agree on one step, so a rank whose peers stopped first sees them close: that is the
+    # stop, not a failure. Rank 0 checkpoints where it can; else the last periodic one stands.
+    plan = LocalStop()
+    worker_signals(plan)
     comm = join_from_env(timeout=cfg.timeout, bind=bind, model=model, star=is_ps(cfg.algo))
     try:
         t0 = time.perf_counter()  # "the job formed", on this rank's clock
@@ -552,7 +660,17 @@ def run_training_joined(
         if comm.rank == 0:
             log(f"{_describe(cfg, model)}; {ranks} ranks joined from {job.source} variables "
                 f"at {job.master_addr}:{job.master_port}")  # fmt: skip
-        result = _train_job(comm, cfg, progress)
+        try:
+            result = _train_job(comm, cfg, progress)
+        except CommError:
+            if not plan.signum:
+                raise
+            result = None
+        if plan.signum:  # the others may be gone: no gather, no summary
+            stopped = JobStopped(plan.signum, None, plan.stop_at)
+            line = _stopped_line(cfg, stopped, None, local=False)
+            stopped.args = (f"{line} (rank {comm.rank})",)
+            raise stopped
         wall = time.perf_counter() - t0
         # Every rank takes part in the gather (they are collectives); only rank 0 reads it.
         gathered = _gather_for_summary(comm, result, t0)

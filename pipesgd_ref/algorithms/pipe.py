@@ -34,7 +34,7 @@ import time
 
 import numpy as np
 
-from pipesgd_ref import checkpoint
+from pipesgd_ref import checkpoint, lifetime
 from pipesgd_ref.algorithms.worker import Timeline, WorkerResult, WorkerSetup
 from pipesgd_ref.comm.rendezvous import Communicator
 from pipesgd_ref.comm.ring import barrier
@@ -117,10 +117,30 @@ def pipe_worker(
     def averaged(step: int):
         return ready.pop(step) if step in ready else comm_thread.wait(step)
 
+    def in_flight(end: int) -> list[int]:
+        """The steps whose averaged gradients are not yet applied when step `end` is next:
+        the s before it (none of the warm-up's), computed in this run or restored (a run
+        resumed from a final, drained checkpoint has none of the steps before its start)."""
+        return [u for u in range(max(warmup, end - s), end) if u >= w.start_step or u in ready]
+
+    def save_with_in_flight(end: int) -> None:
+        """The checkpoint before step `end`: the gradients in flight are part of the state,
+        so wait for them now (they are applied later, from `ready`) and save them too."""
+        pending = in_flight(end)
+        for u in pending:
+            if u not in ready:
+                ready[u] = comm_thread.wait(u)
+        if comm.rank == 0:
+            w.save_checkpoint(end, {u: ready[u] for u in pending})
+
     losses, step_end = [], []
+    stopped_at = None  # where a signal stopped the job (every rank stops before one step)
     barrier(comm)  # every rank starts step 0 together, before the comm thread's first AllReduce
     try:
         for t in range(w.start_step, w.steps):
+            if not lifetime.entering(comm.rank, t):
+                stopped_at = t
+                break
             buf = buffers[t % K]
             with timeline.span("compute", "compute", t):
                 loss, ok = w.compute(t, buf, codec, comm.rank)  # g_t, on the current w_t
@@ -140,27 +160,23 @@ def pipe_worker(
             step_end.append(time.perf_counter())
             if progress is not None:
                 progress(t, w.params_host(), loss)  # on the GPU: a copy, rank 0 only
-            if checkpoint.due(cfg, t):
-                # The gradients in flight are part of the state: wait for them now (they are
-                # applied later, from `ready`), so a resumed run applies the same ones.
-                in_flight = range(max(warmup, t + 1 - s), t + 1)
-                for t_grad in in_flight:
-                    if t_grad not in ready:
-                        ready[t_grad] = comm_thread.wait(t_grad)
-                if comm.rank == 0:
-                    w.save_checkpoint(t + 1, {t_grad: ready[t_grad] for t_grad in in_flight})
-        # Drain: the gradients still in flight, oldest first, as the oracle applies them.
-        first_pending = max(warmup, w.steps - s)
-        # Computed in this run, or restored from the checkpoint: a run resumed from a final
-        # checkpoint (everything already drained) has nothing left to apply.
-        in_flight = [t for t in range(first_pending, w.steps) if t >= w.start_step or t in ready]
-        for j, t_grad in enumerate(in_flight):
-            avg = averaged(t_grad)
-            with timeline.span("update", "compute", w.steps + j):
-                w.sgd_step(avg, w.steps + j)
-        if comm.rank == 0 and cfg.out:
-            w.save_checkpoint(w.steps)  # after the drain: nothing in flight
+            if checkpoint.due(cfg, t):  # so that a resumed run applies the same gradients
+                save_with_in_flight(t + 1)
+        if stopped_at is not None:
+            # Stopped by a signal: no drain, so that the checkpoint continues this very run
+            # (a resumed run applies the gradients in flight where this one would have).
+            if cfg.out:
+                save_with_in_flight(stopped_at)
+        else:
+            # Drain: the gradients still in flight, oldest first, as the oracle applies them.
+            for j, t_grad in enumerate(in_flight(w.steps)):
+                avg = averaged(t_grad)
+                with timeline.span("update", "compute", w.steps + j):
+                    w.sgd_step(avg, w.steps + j)
+            if comm.rank == 0 and cfg.out:
+                w.save_checkpoint(w.steps)  # after the drain: nothing in flight
     finally:
         comm_thread.stop()
     return WorkerResult(comm.rank, w.host(w.params), losses, step_end, timeline.events,
-                        comm.bytes_sent, {"nonfinite_skipped": comm_thread.skipped})  # fmt: skip
+                        comm.bytes_sent, {"nonfinite_skipped": comm_thread.skipped,
+                                          "stopped_at": stopped_at})  # fmt: skip

@@ -61,7 +61,7 @@ from __future__ import annotations
 
 import time
 
-from pipesgd_ref import checkpoint, faults
+from pipesgd_ref import checkpoint, faults, lifetime
 from pipesgd_ref.algorithms.worker import Timeline, WorkerResult, WorkerSetup
 from pipesgd_ref.comm.ps import ParameterServer, PSClient, worker_of
 from pipesgd_ref.comm.rendezvous import Communicator
@@ -139,15 +139,20 @@ def _serve(
             setup.save_checkpoint((t + 1) // n)
 
     if method == "ps-sync":
-        log = server.run_sync(setup.steps, apply, on_update, start=setup.start_step)
-        if cfg.out:
-            setup.save_checkpoint(setup.steps)
+        log = server.run_sync(setup.steps, apply, on_update, start=setup.start_step,
+                              entering=lambda t: lifetime.entering(comm.rank, t))  # fmt: skip
         extra = {"role": "server"}
     else:
-        log = server.run_async(setup.steps, apply, on_update, start=setup.start_step)
-        if cfg.out:
-            setup.save_checkpoint(setup.steps)
+        log = server.run_async(setup.steps, apply, on_update, start=setup.start_step,
+                               stop_at=lifetime.stop_at)  # fmt: skip
         extra = {"role": "server", "staleness": log.staleness, "arrival_order": log.arrival_order}
+    # A signal stops every worker before one step (lifetime.py); the weights are then those
+    # after the steps (ps-async: rounds of n pushes) before it.
+    stopped_at = lifetime.stop_at()
+    end = setup.steps if stopped_at is None else max(setup.start_step, min(stopped_at, setup.steps))
+    if cfg.out:
+        setup.save_checkpoint(end)
+    extra["stopped_at"] = end if end < setup.steps else None
     extra["bytes_received"] = sum(link.bytes_received for link in links) - received0
     extra["nonfinite_skipped"] = log.skipped
     return WorkerResult(comm.rank, setup.params, log.losses, log.update_end, timeline.events,
@@ -168,6 +173,8 @@ def _work(comm: Communicator, cfg: TrainConfig, method: str, progress) -> Worker
     sent0 = comm.server.bytes_sent  # the rendezvous hello is not this method's traffic
     losses, step_end = [], []
     for t in range(w.start_step, w.steps):
+        if not lifetime.entering(comm.rank, t):  # a signal: every worker stops before one step
+            break
         doing = f"{method} step {t} of worker {worker}"
         with timeline.span("compute", "compute", t):
             loss = w.loss_and_grad(t, client.grads)  # on the weights last pulled

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 
-from pipesgd_ref import checkpoint
+from pipesgd_ref import checkpoint, lifetime
 from pipesgd_ref.algorithms.worker import Timeline, WorkerResult, WorkerSetup
 from pipesgd_ref.comm.rendezvous import Communicator
 from pipesgd_ref.comm.ring import barrier
@@ -35,7 +35,11 @@ def sync_worker(
     losses, step_end = [], []
     skipped = []  # --skip-nonfinite: (step, ranks left out)
     barrier(comm)  # every rank starts step 0 together: the run's clock starts with training
+    end = w.steps  # the first step not run: w.steps, or where a signal stopped the job
     for t in range(w.start_step, w.steps):
+        if not lifetime.entering(comm.rank, t):  # a signal: every rank stops before this step
+            end = t
+            break
         with timeline.span("compute", "compute", t):
             loss, ok = w.compute(t, grads, codec, comm.rank)  # ok False: left out (zeros)
         with timeline.span("allreduce", "comm", t):
@@ -52,6 +56,8 @@ def sync_worker(
         if comm.rank == 0 and checkpoint.due(cfg, t):  # every replica is the same: one writes
             w.save_checkpoint(t + 1)
     if comm.rank == 0 and cfg.out:
-        w.save_checkpoint(w.steps)
+        w.save_checkpoint(end)
+    extra = {"nonfinite_skipped": skipped, "stopped_at": end if end < w.steps else None}
     return WorkerResult(comm.rank, w.host(w.params), losses, step_end, timeline.events,
-                        comm.bytes_sent, {"nonfinite_skipped": skipped})  # fmt: skip
+                        comm.bytes_sent, extra)  # fmt: skip
+

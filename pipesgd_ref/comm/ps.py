@@ -420,14 +420,23 @@ class ParameterServer:
                 link.send_json(Kind.CONTROL, {"start": True}, "the start")
 
     def run_sync(
-        self, steps: int, apply: Apply, on_update: OnUpdate | None = None, start: int = 0
+        self,
+        steps: int,
+        apply: Apply,
+        on_update: OnUpdate | None = None,
+        start: int = 0,
+        entering: Callable[[int], bool] | None = None,
     ) -> ServerLog:
         """ps-sync: every step, all p pushes, one averaged update, p pulls; steps start ..
-        steps - 1 (start > 0: a resumed run, whose weights are the checkpoint's w_start)."""
+        steps - 1 (start > 0: a resumed run, whose weights are the checkpoint's w_start).
+        entering(t), when given, is asked before round t: False ends the run there (a stop
+        signal, on which the workers agree: lifetime.py)."""
         total = np.empty(self.n, self.params.dtype)  # preallocated: the loop allocates nothing
         self._encoded_version = None  # a run starts with no codes (versions restart at 1)
         with self._aborting_on_error():
             for t in range(start, steps):
+                if entering is not None and not entering(t):
+                    break
                 phase = f"ps-sync step {t}"
                 total.fill(0)
                 loss = 0.0
@@ -479,10 +488,13 @@ class ParameterServer:
         apply: Apply,
         on_update: OnUpdate | None = None,
         start: int = 0,
+        stop_at: Callable[[], int | None] | None = None,
     ) -> ServerLog:
         """ps-async: apply each push the moment it arrives; pull back to its worker only.
         start > 0: a resumed run, whose weights are a checkpoint's after start * p updates;
-        each worker then has pushes_per_worker - start pushes to go."""
+        each worker then has pushes_per_worker - start pushes to go. stop_at(), when given,
+        says the step no worker begins once a signal stopped the job (lifetime.py): each
+        worker then pushes up to it, and no more is waited for."""
         p = self.n_workers
         left = [pushes_per_worker - start] * p  # pushes still to come from each worker
         version = start * p  # updates applied so far
@@ -494,7 +506,18 @@ class ParameterServer:
             for i, link in enumerate(self.links):
                 if left[i]:
                     selector.register(link.sock, selectors.EVENT_READ, i)
+            stopping = False
             while any(left):
+                if not stopping and stop_at is not None and (end := stop_at()) is not None:
+                    stopping = True  # worker i runs steps start .. end - 1, and no more
+                    for i, link in enumerate(self.links):
+                        done = pushes_per_worker - start - left[i]
+                        before = left[i]
+                        left[i] = max(0, min(end, pushes_per_worker) - start - done)
+                        if before and not left[i]:
+                            selector.unregister(link.sock)
+                    if not any(left):
+                        break
                 # Wait on every worker's link at once: whichever push comes first is applied
                 # first (a link's bytes are read only by Link, so "readable" means a frame).
                 ready = selector.select(timeout=POLL_SECONDS)

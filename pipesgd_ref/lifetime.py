@@ -1,0 +1,258 @@
+"""A job's lifetime: stopping on a signal at one step on every rank, and workers that never
+outlive their launcher.
+
+What people send a running job, and what it does here (as torchrun and horovodrun do):
+
+    SIGTERM (kill, scancel, a container stop, a CI timeout), SIGINT (Ctrl-C), SIGHUP
+        the launcher asks every worker to stop (`StopPlan.request`); each finishes the step it
+        is in, rank 0 writes a checkpoint when --out is set, and the job exits with 128 + the
+        signal's number (130 for SIGINT, 143 for SIGTERM). Workers left after `grace`
+        seconds, or at a second signal, are SIGKILLed.
+    SIGKILL to the launcher
+        cannot be caught; each worker asked the kernel for a SIGTERM when its parent dies
+        (`bind_to_parent`, Linux's PR_SET_PDEATHSIG), stops as above and exits on its own,
+        or is ended by its own watchdog `grace` seconds later.
+
+Stopping at one step. The ring methods cannot stop rank by rank: a rank that stopped after
+step t while its neighbour began step t + 1 would leave the neighbour waiting for a chunk that
+never comes. So the ranks agree on the first step nobody runs, `stop_at`, through a little
+shared memory (`StopPlan`): every training loop calls `entering(rank, t)` at the top of each
+step; under one lock, it records t as the rank's current step, or says "stop" once t >=
+stop_at. A stop request sets, under the same lock,
+
+    stop_at = 1 + max over ranks of the step each has entered
+
+Every rank has entered at most that step, none stops before it, so each can finish it (the
+AllReduce of a step needs every rank, and every rank does it), and no rank begins the next:
+every rank ends having run steps start .. stop_at - 1, the same on all, whatever their skew.
+The cost is one uncontended lock a step (about a microsecond). A parameter server's rank 0
+takes part with its rounds (ps-sync); in ps-async, each worker runs up to stop_at and the
+server counts its remaining pushes from that (`comm/ps.py` run_async).
+
+A joined rank (torchrun, mpirun, srun, on several hosts) has no memory shared with the others:
+its plan (`LocalStop`) stops it at the top of its next step, and its launcher signals every
+rank. Rank 0 then checkpoints where it can; the last periodic checkpoint stands otherwise.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+
+log = logging.getLogger("pipesgd.lifetime")
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+NEVER = 1 << 62  # stop_at before any stop is asked for
+
+
+class JobStopped(Exception):
+    """The job was stopped by a signal (not a failure). `signum` is the signal; `results` the
+    workers' results when every rank finished its last step, else None; `stop_at` the first
+    step no rank ran (None where unknown)."""
+
+    def __init__(self, signum: int, results=None, stop_at: int | None = None):
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.signum = signum
+        self.results = results
+        self.stop_at = stop_at
+        self.cfg = None  # set by train.py: the config of the run that was stopped
+        self.restarts: list[dict] = []  # and the restarts before it
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum  # the shell's convention: 130 SIGINT, 143 SIGTERM
+
+
+class StopPlan:
+    """The shared stop decision of one local job (see the module docstring): made in the
+    launcher, handed to every worker process (it pickles for spawn, and forks)."""
+
+    def __init__(self, ctx, world_size: int):
+        self._lock = ctx.Lock()
+        self._entered = ctx.Array("q", [-1] * world_size, lock=False)  # guarded by _lock
+        self._stop_at = ctx.Value("q", NEVER, lock=False)
+        self._signum = ctx.Value("i", 0, lock=False)
+
+    def entering(self, rank: int, step: int) -> bool:
+        """At the top of `step` on `rank`: True to run it, False to stop before it."""
+        with self._lock:
+            if step >= self._stop_at.value:
+                return False
+            self._entered[rank] = step
+            return True
+
+    def request(self, signum: int = signal.SIGTERM) -> int:
+        """Ask every rank to stop after the step the furthest rank is in; returns stop_at.
+        A second request changes nothing."""
+        with self._lock:
+            if self._stop_at.value == NEVER:
+                self._stop_at.value = max(self._entered) + 1
+                self._signum.value = signum
+            return self._stop_at.value
+
+    @property
+    def stop_at(self) -> int | None:
+        """The first step no rank runs, once a stop was asked for; else None."""
+        value = self._stop_at.value
+        return None if value == NEVER else value
+
+    @property
+    def signum(self) -> int:
+        return self._signum.value
+
+
+class LocalStop:
+    """A joined rank's plan: no shared memory with the other ranks, so this rank stops at the
+    top of its next step once asked."""
+
+    def __init__(self):
+        self._signum = 0
+        self._stop_at: int | None = None
+        self._current = -1
+
+    def entering(self, rank: int, step: int) -> bool:
+        if self._signum:
+            self._stop_at = step if self._stop_at is None else self._stop_at
+            return False
+        self._current = step
+        return True
+
+    def request(self, signum: int = signal.SIGTERM) -> int:
+        self._signum = self._signum or signum
+        return self._current + 1
+
+    @property
+    def stop_at(self) -> int | None:
+        return self._stop_at if self._signum else None
+
+    @property
+    def signum(self) -> int:
+        return self._signum
+
+
+class _NeverStop:
+    """Outside a launched job (tests calling a worker function directly): never stop."""
+
+    stop_at = None
+    signum = 0
+
+    def entering(self, rank: int, step: int) -> bool:
+        return True
+
+    def request(self, signum: int = signal.SIGTERM) -> int:
+        return NEVER
+
+
+_PLAN: StopPlan | LocalStop | _NeverStop = _NeverStop()
+
+
+def set_plan(plan) -> None:
+    """This process's stop plan (a worker's, set by the launcher's entry point)."""
+    global _PLAN
+    _PLAN = plan
+
+
+def entering(rank: int, step: int) -> bool:
+    """Called by every training loop at the top of each step: False means stop before it."""
+    return _PLAN.entering(rank, step)
+
+
+def stop_at() -> int | None:
+    """The first step no rank runs, once this job was asked to stop; else None."""
+    return _PLAN.stop_at
+
+
+def stop_signal() -> int:
+    """The signal that stopped this job, 0 if none."""
+    return _PLAN.signum
+
+
+def worker_signals(plan) -> None:
+    """In a worker: SIGINT, SIGTERM and SIGHUP ask the job to stop (a terminal's Ctrl-C
+    reaches every process of its group: each then asks, and no worker prints a
+    KeyboardInterrupt traceback)."""
+    set_plan(plan)
+
+    def on_signal(signum, frame):
+        plan.request(signum)
+
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, on_signal)
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def bind_to_parent(parent_pid: int, grace: float, on_orphan: Callable[[], None]) -> None:
+    """Make this worker stop when its launcher dies, even by SIGKILL.
+
+    The kernel sends SIGTERM to this process when its parent dies (PR_SET_PDEATHSIG, Linux),
+    which asks the job to stop (worker_signals); a thread also notices the new parent, calls
+    `on_orphan`, and ends the process if it is still alive `grace` seconds later. Where prctl
+    is missing (macOS), the thread alone notices, within POLL_S. A parent that died before
+    the call is noticed at once. The worker, once stopped, exits without handing its result
+    to the launcher's queue, whose reader is gone (launch._worker_main)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+    def watch():
+        while os.getppid() == parent_pid:
+            time.sleep(POLL_S)
+        log.warning("the launcher (pid %d) is gone: stopping, then exiting within %.0f s",
+                    parent_pid, grace)  # fmt: skip
+        on_orphan()
+        time.sleep(grace)
+        os._exit(EXIT_ORPHANED)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+POLL_S = 0.2
+EXIT_ORPHANED = 128 + int(signal.SIGTERM)
+
+
+class LauncherSignals:
+    """The launcher's handlers for the job's lifetime: the first SIGINT, SIGTERM or SIGHUP asks
+    every worker to stop (`plan.request`) and starts the grace period; a second one, or the
+    end of the grace, means stop now (`urgent`). Installed only in the main thread (where
+    Python delivers signals); restored on exit."""
+
+    def __init__(self, plan, grace: float):
+        self.plan = plan
+        self.grace = grace
+        self.signum = 0
+        self.deadline: float | None = None
+        self.hurry = False
+        self._old: dict = {}
+
+    def _on_signal(self, signum, frame):
+        if self.signum:
+            self.hurry = True
+            return
+        self.signum = signum
+        self.deadline = time.monotonic() + self.grace
+        self.plan.request(signum)
+
+    @property
+    def urgent(self) -> bool:
+        """Stop what is left now: a second signal, or the grace period is over."""
+        return self.hurry or (self.deadline is not None and time.monotonic() > self.deadline)
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in STOP_SIGNALS:
+                self._old[sig] = signal.signal(sig, self._on_signal)
+        return self
+
+    def __exit__(self, *exc):
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        return False

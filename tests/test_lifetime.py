@@ -1,0 +1,250 @@
+"""A job's lifetime: signals stop every rank at one step, no worker outlives its launcher, and
+--max-restarts picks a failed job up from its last checkpoint (pipesgd_ref/lifetime.py)."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipesgd_ref.cli import main
+from pipesgd_ref.lifetime import StopPlan
+
+# --- the stop plan: every rank stops before the same step ------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_every_rank_stops_before_the_same_step_whatever_their_skew(seed):
+    """Ranks in threads step at random speeds, bound together as the ring binds them (a step
+    ends only when every rank has done it: a barrier); a stop asked at a random moment must
+    end every rank before the same step, or the barrier would wait for a rank that stopped."""
+    rng = random.Random(seed)
+    p = rng.randint(2, 6)
+    plan = StopPlan(mp.get_context("fork"), p)
+    step_done = threading.Barrier(p, timeout=10)
+    start = rng.randint(0, 5)  # a resumed run starts later
+    stopped = {}
+    delays = [[rng.random() * 2e-3 for _ in range(500)] for _ in range(p)]
+
+    def rank(r):
+        t = start
+        while plan.entering(r, t):
+            time.sleep(delays[r][t % 500])
+            step_done.wait()  # the AllReduce: nobody finishes step t before everybody does it
+            t += 1
+        stopped[r] = t
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(p)]
+    for th in threads:
+        th.start()
+    time.sleep(rng.random() * 0.05)
+    stop_at = plan.request(signal.SIGTERM)
+    for th in threads:
+        th.join(timeout=20)
+    assert not step_done.broken, "a rank waited for a step another rank never ran"
+    assert set(stopped.values()) == {stop_at}, f"p={p}: ranks stopped at {stopped}"
+    assert plan.stop_at == stop_at and plan.signum == signal.SIGTERM
+    assert plan.request(signal.SIGINT) == stop_at  # a second request changes nothing
+
+
+def test_a_stop_before_any_step_stops_every_rank_at_its_start():
+    plan = StopPlan(mp.get_context("fork"), 3)
+    assert plan.request() == 0
+    assert not any(plan.entering(r, 7) for r in range(3))  # resumed at step 7: runs nothing
+
+
+# --- signals to a real job ---------------------------------------------------------------------
+
+
+def _job_pids(marker: str) -> list[int]:
+    """Processes whose command line holds `marker` (the run's unique --out)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if marker.encode() in f.read():
+                    pids.append(int(entry))
+        except OSError:
+            continue
+    return pids
+
+
+def _start(out: Path, *extra: str, steps: int = 200_000) -> subprocess.Popen:
+    argv = [sys.executable, "-m", "pipesgd_ref", "train", "--preset=tiny", "--model=mlp",
+            "--hidden=8", f"--steps={steps}", "--no-progress", "--log-level=WARNING",
+            f"--out={out}", "--checkpoint-every=50", *extra]  # fmt: skip
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # fmt: skip
+
+
+def _wait_for_checkpoint(out: Path, proc: subprocess.Popen, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not (out / "checkpoint.npz").is_file():
+        assert proc.poll() is None, f"the run ended early: {proc.communicate()}"
+        assert time.monotonic() < deadline, "no checkpoint within 60 s"
+        time.sleep(0.05)
+
+
+def _gone_within(marker: str, seconds: float) -> float | None:
+    """Seconds until no process of the job is left (None: some still are after `seconds`)."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        if not _job_pids(marker):
+            return time.monotonic() - t0
+        time.sleep(0.05)
+    return None
+
+
+def _kill_job(marker: str) -> None:
+    for pid in _job_pids(marker):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(
+    "algo, how",
+    [
+        ("pipe", "SIGTERM"),  # kill, scancel, a container stop, a CI timeout
+        ("sync", "SIGINT"),  # SIGINT to the launcher's pid alone
+        ("ps-sync", "SIGTERM"),
+        ("ps-async", "SIGINT"),
+        ("pipe", "Ctrl-C"),  # SIGINT to the whole process group, as a terminal sends it
+        ("sync", "SIGHUP"),
+    ],
+)
+def test_a_signal_stops_every_worker_with_a_checkpoint_and_one_line(algo, how, tmp_path):
+    out = tmp_path / f"run-{algo}-{how}"
+    proc = _start(out, f"--algo={algo}", "--world-size=3")
+    try:
+        _wait_for_checkpoint(out, proc)
+        time.sleep(0.3)
+        sig = signal.SIGINT if how == "Ctrl-C" else getattr(signal, how)
+        sent = time.monotonic()
+        if how == "Ctrl-C":
+            os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)
+        _, err = proc.communicate(timeout=30)
+        took = time.monotonic() - sent
+        left = _gone_within(str(out), 5.0)
+        assert left is not None, f"processes of the job still alive 5 s after {how}"
+    finally:
+        _kill_job(str(out))
+    assert proc.returncode == 128 + sig, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, f"want one line, got:\n{err}"
+    assert f"stopped by {sig.name}" in lines[0] and "--resume" in lines[0], lines[0]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    assert took < 10, f"{how}: the job took {took:.1f} s to stop"
+    summary = json.loads((out / "summary.json").read_text())
+    stop_at = summary["stopped"]["at_step"]
+    assert summary["stopped"]["signal"] == sig.name and stop_at > 0
+    with np.load(out / "checkpoint.npz") as z:  # the stop's own checkpoint, not a periodic one
+        assert int(z["next_step"]) == stop_at and np.all(np.isfinite(z["params"]))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_workers_stop_on_their_own_when_the_launcher_is_sigkilled(tmp_path):
+    out = tmp_path / "orphans"
+    proc = _start(out, "--algo=pipe", "--world-size=3")
+    try:
+        _wait_for_checkpoint(out, proc)
+        workers = [pid for pid in _job_pids(str(out)) if pid != proc.pid]
+        assert len(workers) == 3, workers
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        left = _gone_within(str(out), 5.0)
+        assert left is not None, "the workers outlived their SIGKILLed launcher by 5 s"
+    finally:
+        _kill_job(str(out))
+    with np.load(out / "checkpoint.npz") as z:  # written by rank 0 as it stopped, or periodic
+        assert int(z["next_step"]) > 0 and np.all(np.isfinite(z["params"]))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("algo", ["sync", "pipe", "ps-sync"])
+def test_stopped_then_resumed_ends_bitwise_as_an_uninterrupted_run(algo, tmp_path):
+    """The stop's checkpoint continues the very run: for pipe it keeps the gradients in
+    flight instead of draining them."""
+    steps = 3000
+    common = ["train", "--preset=tiny", f"--algo={algo}", "--world-size=3", "--model=mlp",
+              "--hidden=8", f"--steps={steps}", "--no-progress"]  # fmt: skip
+    assert main([*common, f"--out={tmp_path / 'full'}"]) == 0
+    with np.load(tmp_path / "full" / "checkpoint.npz") as z:
+        want = z["params"].copy()
+    stopped = tmp_path / "stopped"
+    proc = _start(stopped, f"--algo={algo}", "--world-size=3", steps=steps)
+    try:
+        _wait_for_checkpoint(stopped, proc)
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+    finally:
+        _kill_job(str(stopped))
+    if proc.returncode == 0:
+        pytest.fail("the run finished before the signal: make it longer")
+    assert proc.returncode == 143
+    with np.load(stopped / "checkpoint.npz") as z:
+        at = int(z["next_step"])
+    assert 0 < at < steps
+    resumed = tmp_path / "resumed"
+    assert main([*common, f"--resume={stopped}", f"--out={resumed}"]) == 0
+    with np.load(resumed / "checkpoint.npz") as z:
+        np.testing.assert_array_equal(z["params"], want, err_msg=f"stopped before step {at}")
+
+
+# --- restarts ----------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("algo", ["sync", "pipe", "ps-sync"])
+def test_max_restarts_resumes_from_the_checkpoint_and_ends_as_if_nothing_failed(
+    algo, tmp_path, monkeypatch, capsys
+):
+    common = ["train", "--preset=tiny", f"--algo={algo}", "--world-size=3", "--model=mlp",
+              "--hidden=8", "--steps=400", "--no-progress", "--checkpoint-every=100"]  # fmt: skip
+    assert main([*common, f"--out={tmp_path / 'full'}"]) == 0
+    with np.load(tmp_path / "full" / "checkpoint.npz") as z:
+        want = z["params"].copy()
+    monkeypatch.setenv("PIPESGD_FAULT", "kill@1:250")  # fires in the first run only
+    assert main([*common, f"--out={tmp_path / 'failed'}"]) == 2  # no restarts: the job fails
+    assert "rank 1" in capsys.readouterr().err
+    restarted = tmp_path / "restarted"
+    assert main([*common, f"--out={restarted}", "--max-restarts=2"]) == 0
+    err = capsys.readouterr().err
+    assert "restart 1 of 2" in err and "resuming from step 200" in err, err
+    with np.load(restarted / "checkpoint.npz") as z:
+        np.testing.assert_array_equal(z["params"], want, err_msg="after one restart")
+    summary = json.loads((restarted / "summary.json").read_text())
+    [restart] = summary["restarts"]
+    assert restart["cause_rank"] == 1 and restart["resumed_from_step"] == 200, restart
+    assert summary["config"]["resume"] == "" and summary["loss_curve"][0]["step"] == 200
+    assert os.environ["PIPESGD_FAULT"] == "kill@1:250"  # the caller's environment, restored
+
+
+@pytest.mark.timeout(120)
+def test_a_restart_without_a_checkpoint_starts_over(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PIPESGD_FAULT", "kill@0:5")
+    rc = main(["train", "--preset=tiny", "--algo=sync", "--world-size=2", "--steps=30",
+               "--no-progress", "--max-restarts=1"])  # fmt: skip
+    assert rc == 0
+    err = capsys.readouterr().err
+    assert "restart 1 of 1" in err and "starting over" in err, err
