@@ -102,6 +102,13 @@ class StopPlan:
         return None if value == NEVER else value
 
     @property
+    def started(self) -> bool:
+        """Whether any rank has entered a step (a job that never does, a benchmark or a
+        calibration, has no step to finish: stopping it means ending it)."""
+        with self._lock:
+            return max(self._entered) >= 0
+
+    @property
     def signum(self) -> int:
         return self._signum.value
 
@@ -221,9 +228,9 @@ EXIT_ORPHANED = 128 + int(signal.SIGTERM)
 
 class LauncherSignals:
     """The launcher's handlers for the job's lifetime: the first SIGINT, SIGTERM or SIGHUP asks
-    every worker to stop (`plan.request`) and starts the grace period; a second one, or the
-    end of the grace, means stop now (`urgent`). Installed only in the main thread (where
-    Python delivers signals); restored on exit."""
+    every worker to stop (`plan.request`) and starts the grace period; a second one, the end
+    of the grace, or a job with no step begun (nothing to finish) means stop now (`urgent`).
+    Installed only in the main thread (where Python delivers signals); restored on exit."""
 
     def __init__(self, plan, grace: float):
         self.plan = plan
@@ -240,6 +247,8 @@ class LauncherSignals:
         self.signum = signum
         self.deadline = time.monotonic() + self.grace
         self.plan.request(signum)
+        if not self.plan.started:  # no step to finish, nothing to save: end it now
+            self.hurry = True
 
     @property
     def urgent(self) -> bool:

@@ -632,6 +632,14 @@ def run_training_joined(
             "no job in the environment: set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT, or "
             "start this under mpirun or srun (or run `pipesgd train` alone for local workers)"
         )
+    if cfg.max_restarts:
+        from pipesgd_ref.config import ConfigError
+
+        raise ConfigError(
+            f"--max-restarts {cfg.max_restarts} restarts a job of local workers; this rank "
+            f"joined a job that {job.source} started: use that launcher's restarts (torchrun "
+            f"--max-restarts, srun --requeue), which start every rank again"
+        )
     ranks = n_ranks(cfg)
     if job.world_size != ranks:
         size_var = next(size for _, size, source in ENV_CONVENTIONS if source == job.source)

@@ -248,3 +248,75 @@ def test_a_restart_without_a_checkpoint_starts_over(tmp_path, monkeypatch, capsy
     assert rc == 0
     err = capsys.readouterr().err
     assert "restart 1 of 1" in err and "starting over" in err, err
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_joined_ranks_stop_on_a_signal_with_one_line_each(tmp_path):
+    """Ranks of a job that torchrun, mpirun or srun started: each handles the signal its
+    launcher forwards; a sync rank 0 stops after a whole step, so its checkpoint is that
+    step's (the replicas are identical)."""
+    from pipesgd_ref.launch import free_port
+
+    out = tmp_path / "joined"
+    port = free_port()
+    procs = []
+    for rank in range(2):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(port)}  # fmt: skip
+        argv = [sys.executable, "-m", "pipesgd_ref", "train", "--preset=tiny", "--algo=sync",
+                "--world-size=2", "--steps=200000", "--no-progress", "--log-level=WARNING",
+                f"--out={out}", "--checkpoint-every=50"]  # fmt: skip
+        procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True,
+                                      start_new_session=True))  # fmt: skip
+    try:
+        _wait_for_checkpoint(out, procs[0])  # training has begun on every rank
+        assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        errs = [p.communicate(timeout=30)[1] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    for rank, (p, err) in enumerate(zip(procs, errs, strict=True)):
+        lines = err.strip().splitlines()
+        assert p.returncode == 143 and len(lines) == 1, f"rank {rank}: rc {p.returncode}\n{err}"
+        assert "stopped by SIGTERM" in lines[0] and f"(rank {rank})" in lines[0], lines[0]
+    with np.load(out / "checkpoint.npz") as z:
+        assert int(z["next_step"]) > 0 and np.all(np.isfinite(z["params"]))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_job_without_steps_ends_at_once_on_a_signal(tmp_path):
+    """A benchmark's workers have no step to finish: a signal ends them at once."""
+    marker = str(tmp_path / "bench.json")
+    argv = [sys.executable, "-m", "pipesgd_ref", "bench", "allreduce", "--world-size=2",
+            "--sizes=16MB", "--reps=100000", "--no-gloo", f"--json={marker}"]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while len(_job_pids(marker)) < 3:  # the launcher and its two ranks
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.1)
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGINT)
+        sent = time.monotonic()
+        _, err = proc.communicate(timeout=30)
+        took = time.monotonic() - sent
+        assert _gone_within(marker, 5.0) is not None
+    finally:
+        _kill_job(marker)
+    assert proc.returncode == 130 and err.strip() == "pipesgd: stopped by SIGINT", err
+    assert took < 5, f"took {took:.1f} s"
+
+
+def test_max_restarts_is_refused_in_a_joined_rank(monkeypatch, capsys):
+    for var, value in {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": "29999"}.items():  # fmt: skip
+        monkeypatch.setenv(var, value)
+    assert main(["train", "--preset=tiny", "--world-size=2", "--max-restarts=1"]) == 2
+    err = capsys.readouterr().err
+    assert "--max-restarts 1" in err and "torchrun" in err and len(err.splitlines()) == 1
