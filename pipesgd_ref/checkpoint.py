@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import json
 import os
+import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -26,10 +28,15 @@ import numpy as np
 from pipesgd_ref.config import ConfigError, TrainConfig
 
 FILE = "checkpoint.npz"
+KEYS = ("params", "next_step", "pending_steps", "pending", "config")  # what save writes
 # Keys that must match between the checkpoint and the run that resumes it: anything that
 # changes w_0, the data order or the schedule would make "the same run" meaningless.
+# The codec settings too: the gradients in flight were averaged through the checkpoint's codec,
+# and a run that changes codec mid-way is no longer the run the checkpoint belongs to (its
+# result matches neither the uninterrupted run nor a fresh one with the new codec).
 MUST_MATCH = ("dataset", "model", "hidden", "algo", "world_size", "width", "warmup_steps",
-              "batch_size", "lr", "lr_decay", "seed")  # fmt: skip
+              "batch_size", "lr", "lr_decay", "seed", "codec", "error_feedback",
+              "codec_pull")  # fmt: skip
 
 
 def save(folder: str | Path, cfg: TrainConfig, params: np.ndarray, next_step: int,
@@ -54,27 +61,139 @@ def save(folder: str | Path, cfg: TrainConfig, params: np.ndarray, next_step: in
     return path
 
 
-def load(folder: str | Path, cfg: TrainConfig) -> tuple[np.ndarray, int, dict[int, np.ndarray]]:
+def load(
+    folder: str | Path, cfg: TrainConfig, n_params: int | None = None
+) -> tuple[np.ndarray, int, dict[int, np.ndarray]]:
     """(params, next_step, pending gradients by step) from folder/checkpoint.npz, after
-    checking that it belongs to a run like `cfg`."""
-    path = Path(folder) / FILE
+    checking that it belongs to a run like `cfg` (and, given n_params, to its model).
+
+    Every way a checkpoint can be unusable (not there, empty, truncated, not an .npz, a key
+    missing, a vector of the wrong size, NaN or Inf weights, another run's settings) is a
+    ConfigError naming the file, what is wrong and what to do: a bad --resume is a user error,
+    found before any worker starts, never a traceback."""
+    folder = Path(folder)
+    path = folder / FILE
+    if folder.is_file():
+        raise ConfigError(
+            f"--resume {folder}: that is a file; --resume takes the run's folder (the --out of "
+            f"the run, the one holding {FILE}), e.g. --resume {folder.parent}"
+        )
     if not path.is_file():
         raise ConfigError(
             f"--resume {folder}: no {FILE} there (did the run write one? use --out=DIR to save, "
             f"--checkpoint-every=N for periodic ones)"
         )
-    with np.load(path) as z:
-        saved = json.loads(str(z["config"]))
-        params = z["params"].copy()
-        next_step = int(z["next_step"])
-        pending = {int(t): z["pending"][i].copy() for i, t in enumerate(z["pending_steps"])}
+    saved, params, next_step, pending = _read(path)
+    _check_contents(path, params, next_step, pending, n_params)
     now = cfg.to_dict()
-    differ = [f"{k}: {saved.get(k)!r} in the checkpoint, {now[k]!r} now" for k in MUST_MATCH
-              if saved.get(k) != now[k]]  # fmt: skip
+    defaults = TrainConfig().to_dict()  # a key an older version did not write had its default
+    differ = [f"{k}: {saved.get(k, defaults[k])!r} in the checkpoint, {now[k]!r} now"
+              for k in MUST_MATCH if saved.get(k, defaults[k]) != now[k]]  # fmt: skip
     if differ:
-        raise ConfigError(f"--resume {folder}: the checkpoint is from a different run ("
-                          + "; ".join(differ) + ")")  # fmt: skip
+        raise ConfigError(
+            f"--resume {folder}: the checkpoint is from a different run ("
+            + "; ".join(differ)
+            + "); resume with the checkpoint's settings, or start without --resume"
+        )
     return params, next_step, pending
+
+
+def _read(path: Path) -> tuple[dict, np.ndarray, int, dict[int, np.ndarray]]:
+    """The raw contents of a checkpoint file, or a ConfigError saying why it cannot be read."""
+    what_to_do = ("start without --resume, or point --resume at the folder of a run that "
+                  "finished writing its checkpoint")  # fmt: skip
+
+    def bad(problem: str) -> ConfigError:
+        return ConfigError(f"--resume: {path} {problem}; {what_to_do}")
+
+    if path.stat().st_size == 0:
+        raise bad("is empty (0 bytes)")
+    try:
+        # allow_pickle=False (the default, said aloud): a checkpoint is data, never code to run.
+        z = np.load(path, allow_pickle=False)
+        if isinstance(z, np.ndarray):  # a bare .npy renamed: one array, no keys
+            raise bad(f"is a single .npy array {z.dtype} {z.shape}, not a checkpoint's .npz")
+        with z:
+            missing = [k for k in KEYS if k not in z.files]
+            if missing:
+                raise bad(f"has no {', '.join(missing)} (it holds {', '.join(z.files) or 'nothing'}"
+                          f"; a checkpoint holds {', '.join(KEYS)})")  # fmt: skip
+            config_text = str(z["config"])
+            params = np.array(z["params"])
+            next_step = np.array(z["next_step"])
+            pending_steps = np.array(z["pending_steps"])
+            pending_arr = np.array(z["pending"])
+    except ConfigError:
+        raise
+    except ValueError as e:
+        # np.load's answer to bytes that are neither a zip nor an .npy header is "pickled data,
+        # load it with allow_pickle": advice a person must not follow for a checkpoint.
+        why = "neither a zip archive nor an .npy array" if "pickle" in str(e) else str(e)
+        raise bad(f"is not a checkpoint ({why}): garbage, or another kind of file") from None
+    except PermissionError as e:
+        raise ConfigError(f"--resume: {path} cannot be read ({e.strerror}); check its "
+                          f"permissions") from None  # fmt: skip
+    except (OSError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as e:
+        # BadZipFile: an archive cut short (no central directory at its end); EOFError, OSError
+        # or zlib.error: a member cut or corrupted inside.
+        raise bad(f"is truncated or corrupt ({type(e).__name__}: {e})") from None
+    try:
+        saved = json.loads(config_text)
+    except json.JSONDecodeError as e:
+        raise bad(f"has an unreadable config ({e})") from None
+    if not isinstance(saved, dict):
+        raise bad("has a config that is not a table of keys")
+    if next_step.shape != () or not np.issubdtype(next_step.dtype, np.integer):
+        raise bad(f"has next_step of {next_step.dtype} {next_step.shape}; want one integer")
+    if params.ndim != 1 or not np.issubdtype(params.dtype, np.floating):
+        raise bad(f"has params of {params.dtype} {params.shape}; want a flat float vector")
+    if pending_steps.ndim != 1 or not (
+        pending_steps.size == 0 or np.issubdtype(pending_steps.dtype, np.integer)
+    ):
+        raise bad(f"has pending_steps of {pending_steps.dtype} {pending_steps.shape}; want "
+                  f"a list of integer steps")  # fmt: skip
+    if pending_arr.shape != (len(pending_steps), params.size):
+        raise bad(f"has pending gradients of shape {pending_arr.shape}; want "
+                  f"({len(pending_steps)}, {params.size}): one per pending step")  # fmt: skip
+    # The weights train in float32 (the models' dtype); an older or hand-made float64 vector
+    # is converted rather than changing the dtype of every buffer of the run.
+    params = params.astype(np.float32)
+    pending = {int(t): pending_arr[i].astype(np.float32) for i, t in enumerate(pending_steps)}
+    return saved, params, int(next_step), pending
+
+
+def _check_contents(path: Path, params: np.ndarray, next_step: int,
+                    pending: dict[int, np.ndarray], n_params: int | None) -> None:  # fmt: skip
+    """The checkpoint's numbers make sense for this run: size, finiteness, step order."""
+    if n_params is not None and params.size != n_params:
+        raise ConfigError(
+            f"--resume: {path} holds {params.size} parameters but this run's model has "
+            f"{n_params}; it is from another model or dataset (check --model, --hidden, "
+            f"--dataset), or start without --resume"
+        )
+    if next_step < 0:
+        raise ConfigError(f"--resume: {path} says next_step {next_step}; a step is >= 0 "
+                          f"(the file is corrupt): start without --resume")  # fmt: skip
+    bad_steps = sorted(t for t in pending if not 0 <= t < next_step)
+    if bad_steps:
+        raise ConfigError(
+            f"--resume: {path} holds pending gradients of steps {bad_steps}, not before its "
+            f"next_step {next_step} (the file is corrupt): start without --resume"
+        )
+    n_bad = int(np.count_nonzero(~np.isfinite(params)))
+    if n_bad:
+        first = int(np.argmax(~np.isfinite(params)))
+        raise ConfigError(
+            f"--resume: {path} holds {n_bad} non-finite weight(s) (NaN or Inf; the first at index "
+            f"{first}, {params[first]}): training from it would diverge at once; resume from "
+            f"an earlier checkpoint or start without --resume"
+        )
+    for t, g in pending.items():
+        if not np.all(np.isfinite(g)):
+            raise ConfigError(
+                f"--resume: {path} holds a non-finite pending gradient of step {t} (NaN or Inf):"
+                f" applying it would ruin the weights; start without --resume"
+            )
 
 
 def due(cfg: TrainConfig, step: int) -> bool:

@@ -78,7 +78,7 @@ class TrainConfig:
     resume: str = ""  # folder of a checkpoint.npz to continue from (same run settings)
     # after a worker fails, restart the whole job from the last checkpoint in `out` (from the
     # start without one), at most this many times (as torchrun's --max-restarts)
-    max_restarts: int = 0
+    max_restarts: int = 0  # whole-job restarts after a worker fails (0 = none)
     # --- numerical faults ---
     # A NaN or Inf in a worker's gradient stops the run naming the rank and step; with
     # skip_nonfinite that gradient is left out of the step's average instead (a step where
@@ -140,12 +140,27 @@ class TrainConfig:
             problems.append(f"algo must be one of {', '.join(ALGOS)}, got {self.algo!r}")
         if not 0 <= self.master_port <= 65535:
             problems.append(f"master_port must be 0..65535 (0 = any free), got {self.master_port}")
-        if not self.timeout > 0:
-            problems.append(f"timeout must be > 0 seconds, got {self.timeout}")
-        try:
-            link_model(self)
-        except ValueError as e:
-            problems.append(str(e))
+        from pipesgd_ref.comm.netem import MAX_SECONDS
+
+        if not 0 < self.timeout <= MAX_SECONDS:  # NaN fails too
+            problems.append(
+                f"timeout must be > 0 and <= {MAX_SECONDS:.0e} seconds (11.6 days), got "
+                f"{self.timeout:g}"
+            )
+        elif self.world_size > 1 or self.algo.startswith("ps-"):
+            try:  # (a ring of one rank sends nothing: its link is never used)
+                problem = _smallest_frame_problem(self)
+            except ValueError as e:
+                problems.append(str(e))
+            else:
+                if problem:
+                    problems.append(problem)
+        if self.algo in ALGOS and self.algo != "pipe" and self.width not in (1, 2):
+            # 2 is the default, so it cannot mean that someone asked; 1 is what compare sets
+            problems.append(
+                f"width {self.width} does nothing with --algo {self.algo}: the pipeline width "
+                f"is Pipe-SGD's (--algo pipe); drop --width, or use --algo pipe"
+            )
         if problems:
             raise ConfigError("invalid configuration: " + "; ".join(problems))
 
@@ -177,10 +192,179 @@ DEVICES = ("cpu", "cuda")
 
 
 def link_model(cfg: TrainConfig):
-    """The emulated link of cfg.latency and cfg.bandwidth (a LinkModel)."""
+    """The emulated link of cfg.latency and cfg.bandwidth (a LinkModel), bounded by cfg.timeout:
+    every frame slower than that is refused when it is sent (LinkEmulator.schedule)."""
     from pipesgd_ref.comm.netem import LinkModel
 
-    return LinkModel.from_strings(cfg.latency, cfg.bandwidth)
+    return LinkModel.from_strings(cfg.latency, cfg.bandwidth, timeout=cfg.timeout)
+
+
+def _smallest_frame_problem(cfg: TrainConfig) -> str | None:
+    """A link on which even a bare 48-byte header (a barrier's frame) cannot arrive within
+    --timeout: nothing can run on it, whatever the model (no n_params needed, so __post_init__
+    can tell). None when the smallest frame arrives in time."""
+    from pipesgd_ref.comm.netem import LinkModel, frame_problem
+    from pipesgd_ref.comm.transport import HEADER_BYTES
+
+    model = LinkModel.from_strings(cfg.latency, cfg.bandwidth)
+    return frame_problem(model, HEADER_BYTES, cfg.timeout, "even the smallest frame (a header)")
+
+
+def slowest_frame(cfg: TrainConfig, n_params: int) -> tuple[str, int, float]:
+    """(what, bytes, seconds): the longest a worker of cfg waits on the emulated link for one
+    frame, for a model of n_params float32 parameters.
+
+    Ring (sync, pipe): a segment of the largest chunk, ceil(n / p) values and at most
+    SEGMENT_BYTES // 4 of them (comm/ring.py), in the codec's wire bytes, plus the header:
+    alpha + b / B. Parameter server: a worker waits after its push for the pushes of all p
+    workers to cross the server's one ingress wire and then for the p pulls on its egress wire
+    (comm/ps.py's ServerNIC): 2 alpha + p (push + pull) / B, the push wire_bytes(n) + 4 (the
+    loss), the pull the --codec-pull bytes of the weights, each with its header. None of the
+    ring's frames for p = 1: ("", 0, 0.0)."""
+    from pipesgd_ref.codecs import get_codec
+    from pipesgd_ref.comm.netem import LinkModel
+    from pipesgd_ref.comm.ring import SEGMENT_BYTES
+    from pipesgd_ref.comm.transport import HEADER_BYTES
+
+    model = LinkModel.from_strings(cfg.latency, cfg.bandwidth)
+    p = cfg.world_size
+    codec = get_codec(cfg.codec, "numpy")  # only its wire size: no kernels are compiled
+    if cfg.algo.startswith("ps-"):
+        push = codec.wire_bytes(n_params) + 4 + HEADER_BYTES
+        pull = get_codec(cfg.codec_pull, "numpy").wire_bytes(n_params) + HEADER_BYTES
+        seconds = 2 * model.latency + p * (push + pull) / model.bandwidth
+        what = (f"a pull of the weights ({_size(pull)}) behind the pushes ({_size(push)} each) "
+                f"and pulls of all {p} workers on the server's one link")  # fmt: skip
+        return what, pull, seconds
+    if p == 1:
+        return "", 0, 0.0
+    values = min(-(-n_params // p), max(1, SEGMENT_BYTES // 4))  # ceil(n / p), capped
+    nbytes = codec.wire_bytes(values) + HEADER_BYTES
+    coded = f", {cfg.codec}-coded" if cfg.codec != "none" else ""
+    what = f"a ring segment ({values} of {n_params} gradient values / {p} ranks{coded})"
+    return what, nbytes, model.message_time(nbytes)
+
+
+def _size(nbytes: int) -> str:
+    from pipesgd_ref.comm.netem import format_bytes
+
+    return format_bytes(nbytes)
+
+
+def check_link_against_timeout(cfg: TrainConfig, n_params: int) -> None:
+    """Before the first step: the slowest frame of the run (`slowest_frame`) must cross the
+    emulated link within --timeout, or every wait on it would end in a timeout that blames a
+    healthy peer (or, before this check, in a worker sleeping for hours). Raises ConfigError
+    naming the frame, the latency, the bandwidth and the timeout."""
+    from pipesgd_ref.comm.netem import format_bandwidth, format_seconds, too_slow_advice
+
+    what, nbytes, seconds = slowest_frame(cfg, n_params)
+    if seconds <= cfg.timeout:
+        return
+    model = link_model(cfg)
+    latency = model.latency * (2 if cfg.algo.startswith("ps-") else 1)  # of `seconds`
+    raise ConfigError(
+        f"the emulated link cannot deliver a frame within --timeout: {what} takes "
+        f"{format_seconds(seconds)} at --latency {format_seconds(model.latency)} and "
+        f"--bandwidth {format_bandwidth(model.bandwidth)}, more than --timeout {cfg.timeout:g} "
+        f"s; {too_slow_advice(latency, seconds - latency)}"
+    )
+
+
+def check_idle_options(cfg: TrainConfig) -> None:
+    """Refuse options that would do nothing in a training run of cfg, naming why.
+
+    Not in __post_init__: `pipesgd compare` derives one config per method from the same base
+    (and timing.calibrate one per codec), where e.g. --error-feedback matters for the
+    compressed runs only and --codec-pull for the parameter servers only. Call it on the
+    config of one `pipesgd train` (local or a joined rank), before any worker starts."""
+    problems = []
+    if cfg.error_feedback and cfg.codec == "none":
+        problems.append(
+            "--error-feedback adds back what the codec dropped, and --codec none drops nothing: "
+            "pick a codec (--codec q8, bf16 or trunc16), or drop --error-feedback"
+        )
+    if cfg.codec_pull != "none" and not cfg.algo.startswith("ps-"):
+        problems.append(
+            f"--codec-pull {cfg.codec_pull} compresses a parameter server's pulls, and --algo "
+            f"{cfg.algo} has no server: use --codec for the ring, or --algo ps-sync / ps-async"
+        )
+    if cfg.warmup_steps > 0 and cfg.algo != "pipe":
+        problems.append(
+            f"--warmup-steps {cfg.warmup_steps}: the synchronous warm-up is Pipe-SGD's (--algo "
+            f"pipe); {cfg.algo} has no pipeline to warm up: drop --warmup-steps"
+        )
+    elif cfg.warmup_steps > 0 and cfg.width == 1:
+        problems.append(
+            f"--warmup-steps {cfg.warmup_steps} with --width 1: a pipe of width 1 is synchronous "
+            f"throughout; drop --warmup-steps, or use --width 2 or more"
+        )
+    if cfg.checkpoint_every > 0 and not cfg.out:
+        problems.append(
+            f"--checkpoint-every {cfg.checkpoint_every} writes checkpoints into --out, and no "
+            f"--out is set: add --out DIR, or drop --checkpoint-every"
+        )
+    if cfg.model == "softmax" and cfg.hidden not in ((), TrainConfig.hidden):
+        # the default (64,) cannot mean that someone asked; () is what the presets set
+        problems.append(
+            f"--hidden {','.join(map(str, cfg.hidden))} does nothing with --model softmax (no "
+            f"hidden layer): use --model mlp, or drop --hidden"
+        )
+    if problems:
+        raise ConfigError("options that would do nothing: " + "; ".join(problems))
+
+
+def weight_copies(cfg: TrainConfig) -> int:
+    """Vectors of n_params float32 each rank keeps at least: the weights and one gradient
+    buffer per step in flight (pipe: width K; sync: 1), one more for the AllReduce's codes or
+    a push's, and the error-feedback residual; the parameter server: its weights, the sum and
+    a receive buffer."""
+    if cfg.algo == "pipe":
+        copies = 1 + cfg.width + 1
+    elif cfg.algo.startswith("ps-"):
+        copies = 3
+    else:
+        copies = 1 + 1 + 1
+    return copies + (1 if cfg.error_feedback else 0)
+
+
+def check_memory(cfg: TrainConfig, n_params: int) -> None:
+    """Refuse a model whose weights and gradient buffers alone, on every local rank, exceed
+    this machine's physical memory (a huge --hidden): a clear line now, rather than an
+    allocation failing inside a worker, or the kernel's OOM killer taking the job (or a
+    neighbour's process) later. A lower bound: activations and evaluation copies come on top."""
+    from pipesgd_ref.data import physical_memory
+
+    ranks = cfg.world_size + (1 if cfg.algo.startswith("ps-") else 0)
+    need = ranks * weight_copies(cfg) * 4 * n_params
+    have = physical_memory()
+    if have is None or need <= have:
+        return
+    hidden = f" --hidden {','.join(map(str, cfg.hidden))}" if cfg.model == "mlp" else ""
+    raise ConfigError(
+        f"--model {cfg.model}{hidden} on {cfg.dataset}: {n_params} parameters ("
+        f"{_size(4 * n_params)} a copy); {ranks} local processes keep at least "
+        f"{weight_copies(cfg)} copies each, {_size(need)}, more than this machine's "
+        f"{_size(have)} of memory; use smaller --hidden or fewer --world-size"
+    )
+
+
+def check_before_run(cfg: TrainConfig, data) -> None:
+    """What can only be checked once the data (so the model's size) is known, before any
+    worker starts: the model fits in memory (`check_memory`) and the emulated link delivers
+    the run's slowest frame within --timeout (`check_link_against_timeout`). Safe for every
+    run, compare's too (unlike `check_idle_options`)."""
+    n_params = n_params_of(cfg, data)
+    check_memory(cfg, n_params)
+    check_link_against_timeout(cfg, n_params)
+
+
+def n_params_of(cfg: TrainConfig, data) -> int:
+    """Parameters of cfg's model on `data` (a data.Dataset): what check_link_against_timeout
+    needs, without building any weights."""
+    from pipesgd_ref.models import build_model
+
+    return build_model(cfg.model, data.n_features, data.n_classes, cfg.hidden, "numpy").n_params
 
 
 # Presets: named starting points. Every field not named keeps its default above.
@@ -302,9 +486,21 @@ def apply_overrides(cfg: TrainConfig, args: list[str]) -> TrainConfig:
 def load_config_file(path: str | Path, base: TrainConfig | None = None) -> TrainConfig:
     """Read a .toml or .json file of keys (flat, or inside a [train] table) onto `base`."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(
+            f"config file {str(path)!r} is a directory; --config takes a .toml or .json file"
+        )
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist")
-    text = path.read_text()
+    try:
+        text = path.read_text(encoding="utf-8")  # TOML is UTF-8 by definition; JSON too
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"config file {str(path)!r} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at "
+            f"offset {e.start}); save it as UTF-8, or is it the wrong file?"
+        ) from None
+    except OSError as e:
+        raise ConfigError(f"config file {str(path)!r} cannot be read: {e.strerror}") from None
     try:
         if path.suffix == ".toml":
             data = tomllib.loads(text)
@@ -327,7 +523,13 @@ __all__ = [
     "TrainConfig",
     "apply_dict",
     "apply_overrides",
+    "check_before_run",
+    "check_idle_options",
+    "check_link_against_timeout",
+    "check_memory",
     "field_names",
     "load_config_file",
+    "n_params_of",
     "parse_overrides",
+    "slowest_frame",
 ]

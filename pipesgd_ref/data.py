@@ -156,6 +156,61 @@ def make_synthetic(
     for key, (value, least) in {**limits, "seed": (seed, 0)}.items():
         if not isinstance(value, (int, np.integer)) or value < least:
             raise DataError(f"synthetic: {key} must be an integer >= {least}, got {value!r}")
+    spec = f"samples={samples},features={features},classes={classes}"
+    need, have = synthetic_bytes(samples, features, classes), physical_memory()
+    if have is not None and need > have:
+        per_sample = synthetic_bytes(1, features, classes) - synthetic_bytes(0, features, classes)
+        most = (have - synthetic_bytes(0, features, classes)) // per_sample
+        fits = f" (at most about {most} samples fit)" if most >= 2 else ""
+        raise DataError(
+            f"synthetic:{spec} needs about {_gb(need)} of memory to generate, more than this "
+            f"machine's {_gb(have)} (physical memory); use fewer samples{fits}, features or "
+            f"classes"
+        )
+    try:
+        return _make_synthetic(samples, features, classes, seed, test_fraction)
+    except MemoryError:  # the estimate fitted, but the memory free now did not
+        raise DataError(
+            f"synthetic:{spec}: out of memory while generating it (about {_gb(need)}; the "
+            f"machine has {_gb(have) if have else 'an unknown amount'}, less is free now); use "
+            f"fewer samples, features or classes"
+        ) from None
+
+
+def synthetic_bytes(samples: int, features: int, classes: int) -> int:
+    """Peak bytes `make_synthetic` allocates, from its arrays (float64 unless said):
+
+        teacher        W1 (D, 2D), W2 (2D, K), calibration 2048 x (D + 2 x 2D + 2 x K)
+        labelling      X (N, D), X W1 and its tanh (N, 2D) each, logits and / scale (N, K)
+                       each, the labels (N,) int64
+    The float32 train/test copies (3 x 4 N D: cast, centred, scaled) come after the labelling
+    temporaries are freed, and are smaller. Python ints: no overflow for any request."""
+    n, d, k = int(samples), int(features), int(classes)
+    teacher = 8 * (2 * d * d + 2 * d * k + _CALIBRATION_SAMPLES * (5 * d + 2 * k))
+    return teacher + 8 * n * (d + 4 * d + 2 * k + 1)
+
+
+def physical_memory() -> int | None:
+    """Bytes of RAM of this machine (os.sysconf SC_PHYS_PAGES x SC_PAGE_SIZE); None where the
+    OS does not say."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _gb(nbytes: int) -> str:
+    """812e9 -> "812 GB", 2.9e12 -> "2.9 TB"; SI units as disks and RAM sizes are quoted."""
+    value, unit = nbytes / 1e9, "GB"
+    for bigger in ("TB", "PB", "EB"):
+        if value < 1000:
+            break
+        value, unit = value / 1000, bigger
+    return f"{value:.3g} {unit}"
+
+
+def _make_synthetic(samples: int, features: int, classes: int, seed: int,
+                    test_fraction: float) -> Dataset:  # fmt: skip
     rng = np.random.default_rng(seed)
     width = 2 * features
     W1 = rng.standard_normal((features, width)) / np.sqrt(features)  # (D, H)
@@ -288,14 +343,45 @@ def write_idx(path: str | os.PathLike, array: np.ndarray) -> None:
 
 
 def _mnist_file(folder: Path, stem: str) -> Path:
-    for candidate in (folder / stem, folder / f"{stem}.gz"):
+    raw, gz = folder / stem, folder / f"{stem}.gz"
+    if raw.is_file() and gz.is_file():
+        if not _same_content(raw, gz):
+            raise DataError(
+                f"MNIST: both {raw} and {gz} are there and hold different data; which one is "
+                f"meant? delete (or move away) the other"
+            )
+        return raw  # the same bytes: the raw one reads faster
+    for candidate in (raw, gz):
         if candidate.is_file():
             return candidate
-    where = f"{folder} has no {stem}" if folder.is_dir() else f"there is no folder {folder}"
+    if folder.is_dir():
+        where = f"{folder} has no {stem}"
+    elif folder.exists():
+        where = f"{folder} is a file, not a folder"
+    else:
+        where = f"there is no folder {folder}"
     raise DataError(
         f"MNIST: {where}; pass a folder holding {', '.join(MNIST_FILES.values())}, "
         "each raw or with a .gz suffix"
     )
+
+
+def _same_content(raw: Path, gz: Path) -> bool:
+    """Whether `gz` decompresses to exactly the bytes of `raw`, read in chunks (a gzip that
+    cannot be read is not the same). The length first: gzip's trailer holds it mod 2**32."""
+    size = raw.stat().st_size
+    try:
+        with open(gz, "rb") as f:
+            f.seek(-4, os.SEEK_END)
+            if struct.unpack("<I", f.read(4))[0] != size % 2**32:
+                return False
+        with open(raw, "rb") as a, gzip.open(gz, "rb") as b:
+            while True:
+                chunk = a.read(1 << 20)
+                if chunk != b.read(len(chunk)) or not chunk:
+                    return not chunk and not b.read(1)
+    except (OSError, EOFError, zlib.error):  # gzip.BadGzipFile is an OSError
+        return False
 
 
 def load_mnist(path: str | os.PathLike) -> Dataset:
@@ -307,6 +393,11 @@ def load_mnist(path: str | os.PathLike) -> Dataset:
         fi, fl = files[f"{split}_images"], files[f"{split}_labels"]
         if images.ndim != 3 or images.dtype != np.uint8:
             raise DataError(f"MNIST: {fi} holds {images.dtype} {images.shape}; want 3-D uint8")
+        if len(images) == 0 or images.shape[1] * images.shape[2] == 0:
+            raise DataError(
+                f"MNIST: {fi} holds no images (shape {images.shape}); the {split} set needs at "
+                f"least one: is it a truncated or placeholder download? fetch it again"
+            )
         if labels.ndim != 1 or labels.dtype != np.uint8:
             raise DataError(f"MNIST: {fl} holds {labels.dtype} {labels.shape}; want 1-D uint8")
         if len(images) != len(labels):

@@ -170,3 +170,166 @@ def test_compare_preset_loads_and_is_the_documented_problem():
     n = build_model(cfg.model, 64, 10, cfg.hidden).n_params
     assert n == 64 * 1024 + 1024 + 1024 * 1024 + 1024 + 1024 * 10 + 10 == 1_126_410
     assert TrainConfig(**{**cfg.to_dict(), "hidden": tuple(cfg.hidden)}) == cfg
+
+
+# --- bad input that must be one line (issue 18) ---------------------------------------------
+
+
+def test_config_file_that_is_a_directory(tmp_path):
+    with pytest.raises(ConfigError, match="is a directory; --config takes a .toml or .json file"):
+        load_config_file(tmp_path)
+
+
+def test_config_file_that_is_not_utf8(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_bytes("lr = 0.1\n# caf\u00e9\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=r"'.*run.toml' is not UTF-8 text \(byte 0xe9 at offset"):
+        load_config_file(path)
+
+
+@pytest.mark.parametrize(
+    "timeout, shown", [("0", "0"), ("-1", "-1"), ("nan", "nan"), ("inf", "inf"), ("1e12", "1e.12")]
+)
+def test_timeout_must_be_positive_and_bounded(timeout, shown):
+    # 1e12 s once reached queue.get and time.sleep as an OverflowError inside every worker
+    with pytest.raises(ConfigError, match=f"timeout must be > 0 and <= 1e.06 seconds.*got {shown}"):
+        apply_overrides(TrainConfig(), [f"--timeout={timeout}"])
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["--latency=1e12s"], "latency '1e12s' is 1e\\+12 s per message, more than the 1e\\+06"),
+        (["--latency=10s", "--timeout=3"],
+         "smallest frame .* takes 10.00 s .*--latency 10.00 s.*more than --timeout 3 s.*"
+         "lower --latency"),
+        (["--bandwidth=1bit", "--timeout=3"],
+         "smallest frame .*48 B takes 384.00 s .*--bandwidth 1 bit/s.*--timeout 3 s.*"
+         "raise --bandwidth"),
+    ],
+)  # fmt: skip
+def test_a_link_slower_than_the_timeout_is_refused_at_once(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        apply_overrides(TrainConfig(), overrides)
+
+
+def test_a_one_rank_ring_never_uses_its_link():
+    apply_overrides(TrainConfig(), ["--world-size=1", "--latency=10s", "--timeout=3"])
+    with pytest.raises(ConfigError, match="smallest frame"):  # a server and one worker do
+        apply_overrides(TrainConfig(), ["--world-size=1", "--algo=ps-sync", "--latency=10s",
+                                        "--timeout=3"])  # fmt: skip
+
+
+@pytest.mark.parametrize("algo", ["sync", "ps-sync", "ps-async"])
+def test_width_does_nothing_without_the_pipe(algo):
+    with pytest.raises(ConfigError, match=f"width 3 does nothing with --algo {algo}"):
+        apply_overrides(TrainConfig(), [f"--algo={algo}", "--width=3"])
+    for width in ("1", "2"):  # what compare sets, and the default
+        apply_overrides(TrainConfig(), [f"--algo={algo}", f"--width={width}"])
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["--error-feedback=true"], "--error-feedback adds back what the codec dropped"),
+        (["--codec-pull=q8"], "--codec-pull q8 compresses a parameter server's pulls, and "
+                              "--algo pipe has no server"),
+        (["--algo=sync", "--warmup-steps=3"], "--warmup-steps 3: .*sync has no pipeline"),
+        (["--width=1", "--warmup-steps=3"], "with --width 1: a pipe of width 1 is synchronous"),
+        (["--checkpoint-every=5"], "--checkpoint-every 5 writes checkpoints into --out"),
+        (["--model=softmax", "--hidden=32"], "--hidden 32 does nothing with --model softmax"),
+    ],
+)  # fmt: skip
+def test_options_that_would_do_nothing_are_refused(overrides, message):
+    from pipesgd_ref.config import check_idle_options
+
+    cfg = apply_overrides(TrainConfig(), overrides)  # each is a valid config on its own
+    with pytest.raises(ConfigError, match=message):
+        check_idle_options(cfg)
+
+
+def test_presets_and_compare_runs_have_no_idle_options_and_fit_the_link():
+    """Every preset, and every run `pipesgd compare` (--quick too) derives from its preset,
+    passes the checks of a training run."""
+    from pipesgd_ref.compare import quick_config, run_config
+    from pipesgd_ref.config import check_before_run, check_idle_options
+    from pipesgd_ref.data import load_dataset
+    from pipesgd_ref.timing import COMPARE_RUNS
+
+    for name in PRESETS:
+        cfg = TrainConfig.preset(name)
+        data = load_dataset(cfg.dataset)
+        check_before_run(cfg, data)
+        if name != "compare":  # its ps_pulls is for the ps-sync run of the comparison
+            check_idle_options(cfg)
+    base = TrainConfig.preset("compare")
+    for cfg in (base, quick_config(base)):
+        for algo, codec in COMPARE_RUNS:
+            run = run_config(cfg, algo, codec, None)
+            check_idle_options(run)
+            check_before_run(run, load_dataset(run.dataset))
+    # the options accepted by compare's base config stay valid for every derived run
+    loud = base.replace(error_feedback=True, warmup_steps=2, codec_pull="q8")
+    for algo, codec in COMPARE_RUNS:
+        run_config(loud, algo, codec, None)
+
+
+# --- the emulated link against --timeout: the run's slowest frame ---------------------------
+
+
+def _n_params(cfg):
+    from pipesgd_ref.config import n_params_of
+    from pipesgd_ref.data import load_dataset
+
+    return n_params_of(cfg, load_dataset(cfg.dataset))
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        # the compare preset: 1126410 parameters, 4 ranks: a chunk of 281603 values (1.1 MB)
+        (["--bandwidth=1Kbit"],
+         r"a ring segment \(281603 of 1126410 .*\) takes 9011.68 s at --latency 50 us and "
+         r"--bandwidth 1 Kbit/s .*more than --timeout 60 s; raise --bandwidth"),
+        (["--bandwidth=1Kbit", "--codec=q8"], r"q8-coded\) takes 2253.24 s"),
+        (["--bandwidth=10Mbit", "--algo=ps-sync", "--timeout=1"],
+         r"a pull of the weights \(4.5 MB\) behind the pushes .* of all 4 workers on the "
+         r"server's one link takes 28.84 s .*--timeout 1 s"),
+        (["--latency=30s", "--bandwidth=1Gbit", "--algo=ps-async"],
+         "takes 60.29 s at --latency 30.00 s .*--timeout 60 s; lower --latency"),
+    ],
+)  # fmt: skip
+def test_check_link_against_timeout_names_frame_latency_bandwidth_timeout(overrides, message):
+    from pipesgd_ref.config import check_link_against_timeout
+
+    cfg = apply_overrides(TrainConfig.preset("compare"), overrides)
+    with pytest.raises(ConfigError, match=message):
+        check_link_against_timeout(cfg, _n_params(cfg))
+
+
+def test_slowest_frame_of_the_ring_is_one_segment_of_one_chunk():
+    from pipesgd_ref.comm.ring import SEGMENT_BYTES
+    from pipesgd_ref.comm.transport import HEADER_BYTES
+    from pipesgd_ref.config import check_link_against_timeout, slowest_frame
+
+    cfg = TrainConfig.preset("compare").replace(bandwidth="1Gbit", latency="0")
+    _, nbytes, seconds = slowest_frame(cfg, 10)  # ceil(10 / 4) = 3 values
+    assert nbytes == 3 * 4 + HEADER_BYTES and seconds == pytest.approx(nbytes / 125e6)
+    _, nbytes, _ = slowest_frame(cfg, 10**9)  # chunks of 250M values travel in 2 MiB segments
+    assert nbytes == SEGMENT_BYTES + HEADER_BYTES
+    assert slowest_frame(cfg.replace(world_size=1), 10**9) == ("", 0, 0.0)
+    check_link_against_timeout(cfg.replace(bandwidth="1bit", timeout=1e6), 10)  # 60 B: 480 s
+
+
+def test_check_memory_refuses_a_model_beyond_this_machine(monkeypatch):
+    from pipesgd_ref import data
+    from pipesgd_ref.config import check_memory
+
+    monkeypatch.setattr(data, "physical_memory", lambda: 8 * 10**9)
+    cfg = TrainConfig.preset("laptop").replace(hidden=(100_000_000,))
+    with pytest.raises(ConfigError, match=r"--hidden 100000000 on digits: 7500000010 parameters "
+                                          r"\(30.0 GB a copy\); 4 local processes keep at least "
+                                          r"4 copies each, 480.0 GB, more than this machine's "
+                                          r"8.0 GB"):  # fmt: skip
+        check_memory(cfg, _n_params(cfg))
+    check_memory(TrainConfig.preset("laptop"), _n_params(TrainConfig.preset("laptop")))

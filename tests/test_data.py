@@ -408,3 +408,85 @@ def test_sampler_errors(args, message):
 def test_sampler_rejects_negative_steps():
     with pytest.raises(DataError, match="rank 1: step must be >= 0, got -1"):
         MinibatchSampler(100, 4, 5, 0).batch_indices(1, -1)
+
+
+# ---------------------------------------------------------------- bad input (issue 18)
+
+
+@pytest.mark.parametrize("n_train, n_test, split", [(0, 7, "train"), (20, 0, "test")])
+def test_mnist_with_no_images_names_the_file(tmp_path, n_train, n_test, split):
+    write_fake_mnist(tmp_path, n_train=n_train, n_test=n_test, gz=())
+    stem = MNIST_FILES[f"{split}_images"]
+    with pytest.raises(DataError, match=f"{stem} holds no images .*the {split} set needs"):
+        load_dataset(f"mnist:{tmp_path}")
+
+
+def test_mnist_images_of_zero_pixels(tmp_path):
+    write_fake_mnist(tmp_path, gz=())
+    write_idx(tmp_path / MNIST_FILES["train_images"], np.zeros((20, 0, 28), np.uint8))
+    with pytest.raises(DataError, match=r"holds no images \(shape \(20, 0, 28\)\)"):
+        load_mnist(tmp_path)
+
+
+def test_mnist_raw_and_gz_that_differ_are_refused_naming_both(tmp_path):
+    write_fake_mnist(tmp_path, gz=())
+    raw = tmp_path / MNIST_FILES["train_images"]
+    write_idx(Path(f"{raw}.gz"), np.zeros((20, 28, 28), np.uint8))  # another release, say
+    both = f"both {re.escape(str(raw))} and {re.escape(str(raw))}.gz .*hold different data"
+    with pytest.raises(DataError, match=both):
+        load_mnist(tmp_path)
+
+
+def test_mnist_raw_and_gz_of_the_same_bytes_load(tmp_path):
+    arrays = write_fake_mnist(tmp_path, gz=())
+    write_idx(tmp_path / (MNIST_FILES["train_images"] + ".gz"), arrays["train_images"])
+    assert load_mnist(tmp_path).n_train == 20
+
+
+def test_mnist_path_that_is_a_file(tmp_path):
+    path = tmp_path / "train-images-idx3-ubyte"
+    path.write_bytes(b"")
+    with pytest.raises(DataError, match=f"{re.escape(str(path))} is a file, not a folder"):
+        load_dataset(f"mnist:{path}")
+
+
+def test_synthetic_beyond_this_machines_memory_is_refused_before_allocating(monkeypatch):
+    from pipesgd_ref import data
+
+    monkeypatch.setattr(data, "physical_memory", lambda: 16 * 10**9)
+    with pytest.raises(DataError, match=r"synthetic:samples=2000000000,features=32,classes=10 "
+                                        r"needs about 2.9 TB of memory .* this machine's 16 GB "
+                                        r"\(physical memory\); use fewer samples \(at most about "
+                                        r"\d+ samples fit\)"):  # fmt: skip
+        load_dataset("synthetic:samples=2000000000")
+    with pytest.raises(DataError, match="features=100000000.*needs about 160 PB"):
+        load_dataset("synthetic:features=100000000")
+    with pytest.raises(DataError, match="needs about"):  # once a ValueError from numpy
+        load_dataset("synthetic:samples=99999999999999999999999")
+
+
+def test_synthetic_out_of_memory_is_a_data_error(monkeypatch):
+    from pipesgd_ref import data
+
+    def no_memory(*args):
+        raise MemoryError
+
+    monkeypatch.setattr(data, "_make_synthetic", no_memory)
+    with pytest.raises(DataError, match="synthetic:samples=64,.*out of memory while generating"):
+        make_synthetic(64)
+
+
+@pytest.mark.parametrize("samples, features, classes", [(20000, 32, 10), (5000, 200, 50)])
+def test_synthetic_bytes_bounds_the_real_peak(samples, features, classes):
+    import tracemalloc
+
+    from pipesgd_ref.data import synthetic_bytes
+
+    tracemalloc.start()
+    try:
+        make_synthetic(samples, features, classes)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    estimate = synthetic_bytes(samples, features, classes)
+    assert peak <= estimate <= 2 * peak, f"estimate {estimate} B for a peak of {peak} B"

@@ -293,3 +293,68 @@ def test_real_clock_two_messages():
     assert abs(elapsed - expected) < 0.008, (
         f"expected {expected * 1e3:.1f} ms, took {elapsed * 1e3:.1f} ms"
     )
+
+
+# --- the timeout of a link: no frame may take longer (issue 18) ---------------------------
+
+
+def test_parse_latency_refuses_what_no_sleep_can_take():
+    # 1e12 s once reached time.sleep inside a worker: OverflowError, not a message
+    with pytest.raises(ValueError, match=r"latency '1e12s' is 1e\+12 s per message, more than"):
+        parse_latency("1e12s")
+    with pytest.raises(ValueError, match="latency must be finite, >= 0 and <= 1e\\+06"):
+        LinkModel(latency=1e12)
+    assert parse_latency("1e6s") == 1e6
+
+
+@pytest.mark.parametrize("timeout", [0.0, -1.0, math.nan])
+def test_link_model_timeout_must_be_positive(timeout):
+    with pytest.raises(ValueError, match="timeout must be > 0 seconds"):
+        LinkModel(latency=0.001, timeout=timeout)
+
+
+def test_link_model_from_strings_carries_the_timeout():
+    model = LinkModel.from_strings("1ms", "1Gbit", timeout=3.0)
+    assert model.timeout == 3.0 and LinkModel.from_strings("1ms", "1Gbit").timeout == math.inf
+    assert str(model) == str(LinkModel.from_strings("1ms", "1Gbit"))  # logs unchanged
+
+
+def test_frame_problem_names_frame_link_and_timeout():
+    from pipesgd_ref.comm.netem import frame_problem
+
+    model = LinkModel.from_strings("0", "1Kbit")  # 125 B/s
+    assert frame_problem(model, 125, timeout=1.0) is None  # exactly 1 s: in time
+    problem = frame_problem(model, 1300, timeout=3.0, what="a ring segment")
+    assert problem.startswith("a ring segment of 1.3 KB takes 10.40 s on the emulated link")
+    assert "--bandwidth 1 Kbit/s" in problem and "more than --timeout 3 s" in problem
+    assert "raise --bandwidth" in problem
+    slow = frame_problem(LinkModel.from_strings("10s", None), 48, timeout=3.0)
+    assert "--latency 10.00 s" in slow and "lower --latency" in slow
+
+
+def test_a_frame_slower_than_the_timeout_is_refused_without_sleeping():
+    """A frame on the wire honours the timeout: --bandwidth 1bit --timeout 3 once slept for
+    hours; now the sender raises a CommError (one line in the job's report) at once."""
+    from pipesgd_ref.comm.transport import CommError
+
+    clock = FakeClock()
+    emulator = LinkEmulator(LinkModel(0.0, 1 / 8, timeout=3.0), clock=clock, sleep=clock.sleep)
+    with pytest.raises(CommError, match=r"a frame of 1.3 KB takes .* more than --timeout 3 s"):
+        emulator.schedule(1300)
+    assert clock.sleeps == [] and emulator.wire_free == -math.inf, "nothing booked or slept"
+    fast = LinkEmulator(LinkModel(0.0, 1000.0, timeout=3.0), clock=clock, sleep=clock.sleep)
+    assert fast.schedule(2000) == pytest.approx(clock.now + 2.0)  # 2 s: within the timeout
+
+
+def test_a_train_run_on_a_link_slower_than_its_timeout_stops_in_bounded_time(capsys):
+    """End to end: each worker's first ring frame (1.3 KB at 125 B/s: 10.8 s) is refused by
+    the emulator, so the job ends within seconds, naming the link, not a hung peer."""
+    from pipesgd_ref.cli import main
+
+    start = time.monotonic()
+    rc = main(["train", "--preset=tiny", "--steps=3", "--no-progress", "--bandwidth=1Kbit",
+               "--timeout=5"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err, err
+    assert "more than --timeout 5 s" in err and "1 Kbit/s" in err, err
+    assert time.monotonic() - start < 30

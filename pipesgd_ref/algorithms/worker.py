@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pipesgd_ref import faults
-from pipesgd_ref.config import TrainConfig
+from pipesgd_ref.config import TrainConfig, check_memory
 from pipesgd_ref.data import Dataset, MinibatchSampler, load_dataset
 from pipesgd_ref.launch import JobError, local_rank
 from pipesgd_ref.models import MLP, build_model
@@ -73,12 +73,16 @@ class WorkerSetup:
         data = load_dataset(cfg.dataset)
         model = build_model(cfg.model, data.n_features, data.n_classes, cfg.hidden, cfg.backend)
         sampler = MinibatchSampler(data.n_train, n_workers, cfg.batch_size, cfg.seed)
+        check_memory(cfg, model.n_params)  # a huge --hidden: one line, not the OOM killer
         setup = cls(cfg, worker, n_workers, data, model, sampler, steps_for(cfg, sampler),
                     model.init_params(cfg.seed))  # fmt: skip
         if cfg.resume:
             from pipesgd_ref import checkpoint
 
-            setup.params, setup.start_step, setup.pending = checkpoint.load(cfg.resume, cfg)
+            # n_params: a checkpoint of another model's size is refused here, in one line
+            setup.params, setup.start_step, setup.pending = checkpoint.load(
+                cfg.resume, cfg, n_params=model.n_params
+            )
         return setup
 
     # --- the device (--device cuda) ----------------------------------------------------------

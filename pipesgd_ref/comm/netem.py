@@ -40,8 +40,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 __all__ = [
+    "MAX_SECONDS",
     "LinkEmulator",
     "LinkModel",
+    "LinkTooSlow",
+    "frame_problem",
+    "too_slow_advice",
     "format_bandwidth",
     "format_bytes",
     "format_seconds",
@@ -62,6 +66,11 @@ _BANDWIDTH_EXAMPLES = (
     "or 'unlimited')"
 )
 _SIZE_EXAMPLES = "expected a size like 4KB, 1MB, 64MB, 1MiB or 4096 (a plain number is bytes)"
+
+# The longest latency (and --timeout) accepted: about 11.6 days. Not a network any more, and far
+# inside what time.sleep and queue waits accept (int64 nanoseconds: 292 years; a latency of
+# 1e12 s there is an OverflowError deep inside a worker, not a message).
+MAX_SECONDS = 1e6
 
 # A number (sign allowed so that "-1ms" reports "negative", not "unreadable"), then a unit.
 _QUANTITY = re.compile(r"^\s*([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)\s*(\S*?)\s*$")
@@ -121,6 +130,11 @@ def parse_latency(text: str | float) -> float:
     seconds = value / _UNITS_PER_SECOND[unit]
     if seconds < 0 or not math.isfinite(seconds):
         raise ValueError(f"latency must be finite and >= 0, got {text!r}: {_LATENCY_EXAMPLES}")
+    if seconds > MAX_SECONDS:
+        raise ValueError(
+            f"latency {text!r} is {seconds:.3g} s per message, more than the {MAX_SECONDS:.0e} s "
+            f"(11.6 days) this emulator accepts: is the unit right? {_LATENCY_EXAMPLES}"
+        )
     return seconds
 
 
@@ -225,12 +239,21 @@ class LinkModel:
 
     latency: float = 0.0  # alpha: seconds from the last byte leaving to it arriving, per message
     bandwidth: float = math.inf  # B: bytes/s per direction; inf = no bandwidth limit
+    # The --timeout of the links this model paces: a frame whose message_time exceeds it could
+    # never arrive in time, so LinkEmulator.schedule refuses it (LinkTooSlow) instead of sleeping
+    # past every deadline of the receiver. inf: no such bound (a bare model, tests, benchmarks).
+    timeout: float = math.inf
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.latency) and self.latency >= 0):
-            raise ValueError(f"latency must be finite and >= 0 seconds, got {self.latency!r}")
+        if not (math.isfinite(self.latency) and 0 <= self.latency <= MAX_SECONDS):
+            raise ValueError(
+                f"latency must be finite, >= 0 and <= {MAX_SECONDS:.0e} seconds, got "
+                f"{self.latency!r}"
+            )
         if not self.bandwidth > 0:  # also rejects NaN
             raise ValueError(f"bandwidth must be > 0 bytes/s (or inf), got {self.bandwidth!r}")
+        if not self.timeout > 0:  # also rejects NaN
+            raise ValueError(f"timeout must be > 0 seconds (or inf), got {self.timeout!r}")
 
     @property
     def enabled(self) -> bool:
@@ -243,17 +266,58 @@ class LinkModel:
         return self.latency + nbytes / self.bandwidth
 
     @classmethod
-    def from_strings(cls, latency: str | None, bandwidth: str | None) -> LinkModel:
-        """Model from command-line text, e.g. from_strings("50us", "1Gbit"); None = ideal."""
+    def from_strings(
+        cls, latency: str | None, bandwidth: str | None, timeout: float = math.inf
+    ) -> LinkModel:
+        """Model from command-line text, e.g. from_strings("50us", "1Gbit"); None = ideal.
+        `timeout`: the links' --timeout, which no single frame may exceed (see `timeout`)."""
         return cls(
             latency=0.0 if latency is None else parse_latency(latency),
             bandwidth=math.inf if bandwidth is None else parse_bandwidth(bandwidth),
+            timeout=timeout,
         )
 
     def __str__(self) -> str:
         return (
             f"latency {format_seconds(self.latency)}, bandwidth {format_bandwidth(self.bandwidth)}"
         )
+
+
+def frame_problem(
+    model: LinkModel, nbytes: int, timeout: float, what: str = "a frame"
+) -> str | None:
+    """None when one message of `nbytes` crosses an idle link of `model` within `timeout`
+    seconds; otherwise the sentence that says so, naming the frame, the link and the timeout.
+
+    Why an error and not a slow run: every wait on a peer gives up after --timeout without
+    data, and an emulated frame holds its receiver (wait_until) for its whole message_time, so a
+    frame slower than the timeout can only end in a timeout that blames a healthy peer."""
+    seconds = model.message_time(nbytes)  # alpha + b / B
+    if seconds <= timeout:
+        return None
+    return (
+        f"{what} of {format_bytes(nbytes)} takes {format_seconds(seconds)} on the emulated link "
+        f"(--latency {format_seconds(model.latency)}, --bandwidth "
+        f"{format_bandwidth(model.bandwidth)}), more than --timeout {timeout:g} s, so it "
+        f"could never arrive in time; {too_slow_advice(model.latency, seconds - model.latency)}"
+    )
+
+
+def too_slow_advice(latency_s: float, serialization_s: float) -> str:
+    """What to change when a frame is too slow: the larger of its two terms (the latency
+    alpha, the serialization b / B), then the timeout."""
+    if serialization_s >= latency_s:
+        return "raise --bandwidth (1Gbit, not 1Kbit?), or raise --timeout"
+    return "lower --latency (50us, not 50s?), or raise --timeout"
+
+
+def LinkTooSlow(message: str):  # noqa: N802 - reads as the exception it makes
+    """The CommError of a frame slower than its link's timeout (comm/transport.py defines
+    CommError and imports this module, hence the late import). A CommError: a worker reports
+    it in one line, and the job stops instead of sleeping past every deadline."""
+    from pipesgd_ref.comm.transport import CommError
+
+    return CommError(message, origin=None)
 
 
 class LinkEmulator:
@@ -288,6 +352,11 @@ class LinkEmulator:
         model = self.model
         if not model.enabled:
             return 0.0
+        if model.message_time(nbytes) > model.timeout:
+            # A frame on the wire honours the timeout: refuse it now rather than book (and make
+            # the receiver sleep) longer than any peer waits. check_link_against_timeout
+            # (config.py) finds this before a run starts; this is the guard of every frame.
+            raise LinkTooSlow(frame_problem(model, nbytes, model.timeout))
         now = self._clock()
         depart = max(now, self.wire_free)
         if depart > now:

@@ -1,0 +1,179 @@
+"""Checkpoints a person can get wrong: every unusable --resume is one ConfigError that names the
+file, what is wrong with it and what to do; never a traceback, never a silent resume."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from pipesgd_ref import checkpoint
+from pipesgd_ref.algorithms.worker import WorkerSetup
+from pipesgd_ref.cli import main
+from pipesgd_ref.config import ConfigError, TrainConfig
+
+# The tiny preset: softmax regression on digits, 64 x 10 weights + 10 biases.
+CFG = TrainConfig.preset("tiny").replace(steps=20)
+N_PARAMS = 650
+
+
+@pytest.fixture
+def good(tmp_path):
+    """A folder holding a well-formed checkpoint of CFG after step 9, one gradient in flight."""
+    params = np.linspace(-1, 1, N_PARAMS, dtype=np.float32)
+    checkpoint.save(tmp_path, CFG, params, 10, {9: np.ones(N_PARAMS, np.float32)})
+    return tmp_path
+
+
+def rewrite(folder, **changes):
+    """The checkpoint in `folder` with arrays replaced (None: the key left out)."""
+    path = folder / checkpoint.FILE
+    with np.load(path) as z:
+        arrays = {k: z[k] for k in z.files}
+    for key, value in changes.items():
+        if value is None:
+            arrays.pop(key)
+        else:
+            arrays[key] = value
+    np.savez(path, **arrays)
+
+
+def test_a_good_checkpoint_loads(good):
+    params, next_step, pending = checkpoint.load(good, CFG, n_params=N_PARAMS)
+    assert params.dtype == np.float32 and params.shape == (N_PARAMS,)
+    assert next_step == 10 and list(pending) == [9]
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"", "is empty"),
+        (b"\x00garbage" * 100, "is not a checkpoint .*neither a zip archive nor an .npy"),
+    ],
+)
+def test_empty_or_garbage_file(good, content, message):
+    (good / checkpoint.FILE).write_bytes(content)
+    with pytest.raises(ConfigError, match=message) as e:
+        checkpoint.load(good, CFG)
+    assert str(good / checkpoint.FILE) in str(e.value) and "start without --resume" in str(e.value)
+    assert "allow_pickle" not in str(e.value), "numpy's advice to unpickle must not be passed on"
+
+
+@pytest.mark.parametrize("keep", [0.3, 0.9])
+def test_truncated_file(good, keep):
+    path = good / checkpoint.FILE
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+    with pytest.raises(ConfigError, match="truncated or corrupt") as e:
+        checkpoint.load(good, CFG)
+    assert str(path) in str(e.value)
+
+
+def test_a_bare_npy_is_not_a_checkpoint(good):
+    with open(good / checkpoint.FILE, "wb") as f:
+        np.save(f, np.zeros(3))
+    with pytest.raises(ConfigError, match=r"single .npy array float64 \(3,\)"):
+        checkpoint.load(good, CFG)
+
+
+@pytest.mark.parametrize("key", checkpoint.KEYS)
+def test_missing_key_is_named(good, key):
+    rewrite(good, **{key: None})
+    with pytest.raises(ConfigError, match=f"has no {key} "):
+        checkpoint.load(good, CFG)
+
+
+def test_wrong_size_for_the_model(good):
+    rewrite(good, params=np.zeros(N_PARAMS + 1, np.float32),
+            pending=np.zeros((1, N_PARAMS + 1), np.float32))  # fmt: skip
+    with pytest.raises(ConfigError, match=f"holds {N_PARAMS + 1} parameters but this run's "
+                                          f"model has {N_PARAMS}"):  # fmt: skip
+        checkpoint.load(good, CFG, n_params=N_PARAMS)
+    with pytest.raises(ConfigError, match="model has 650"):  # WorkerSetup passes the size
+        WorkerSetup.build(CFG.replace(resume=str(good)), 0, CFG.world_size)
+
+
+def test_pending_of_the_wrong_shape(good):
+    rewrite(good, pending=np.zeros((1, 3), np.float32))
+    with pytest.raises(ConfigError, match=r"pending gradients of shape \(1, 3\); want \(1, 650\)"):
+        checkpoint.load(good, CFG)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_weights(good, bad):
+    params = np.zeros(N_PARAMS, np.float32)
+    params[7] = bad
+    rewrite(good, params=params)
+    with pytest.raises(ConfigError, match="1 non-finite weight.*index 7") as e:
+        checkpoint.load(good, CFG)
+    assert "earlier checkpoint or start without --resume" in str(e.value)
+
+
+def test_non_finite_pending_gradient(good):
+    rewrite(good, pending=np.full((1, N_PARAMS), np.nan, np.float32))
+    with pytest.raises(ConfigError, match="non-finite pending gradient of step 9"):
+        checkpoint.load(good, CFG)
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(next_step=np.int64(-5)), "next_step -5"),
+        (dict(next_step=np.array([1, 2])), "next_step of int64 .*want one integer"),
+        (dict(pending_steps=np.array([12])), r"pending gradients of steps \[12\]"),
+        (dict(params=np.array(["a"] * N_PARAMS)), "want a flat float vector"),
+        (dict(config=np.array("{not json")), "unreadable config"),
+        (dict(config=np.array("[1, 2]")), "not a table of keys"),
+    ],
+)
+def test_corrupt_contents(good, changes, message):
+    rewrite(good, **changes)
+    with pytest.raises(ConfigError, match=message):
+        checkpoint.load(good, CFG)
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [dict(codec="q8"), dict(codec="bf16", error_feedback=True), dict(lr=0.5), dict(seed=3)],
+)
+def test_a_different_run_is_refused_naming_each_setting(good, changes):
+    """Resuming with another codec is refused too: the gradients in flight were averaged
+    through the checkpoint's codec, and the result would be neither run."""
+    with pytest.raises(ConfigError, match="from a different run") as e:
+        checkpoint.load(good, CFG.replace(**changes))
+    for key, value in changes.items():
+        assert f"{key}: {getattr(CFG, key)!r} in the checkpoint, {value!r} now" in str(e.value)
+
+
+def test_an_older_checkpoint_without_the_codec_keys_means_the_defaults(good):
+    with np.load(good / checkpoint.FILE) as z:
+        saved = json.loads(str(z["config"]))
+    for key in ("codec", "error_feedback", "codec_pull"):
+        saved.pop(key)
+    rewrite(good, config=np.array(json.dumps(saved)))
+    checkpoint.load(good, CFG)  # codec none, no feedback, no pull codec: the defaults
+    with pytest.raises(ConfigError, match="codec: 'none' in the checkpoint, 'q8' now"):
+        checkpoint.load(good, CFG.replace(codec="q8"))
+
+
+def test_float64_weights_are_converted(good):
+    rewrite(good, params=np.zeros(N_PARAMS, np.float64))
+    params, _, _ = checkpoint.load(good, CFG)
+    assert params.dtype == np.float32
+
+
+def test_resume_names_a_file_instead_of_its_folder(good):
+    with pytest.raises(ConfigError, match=f"that is a file; .*e.g. --resume {good}"):
+        checkpoint.load(good / checkpoint.FILE, CFG)
+
+
+@pytest.mark.parametrize("content", [b"", b"PK\x03\x04 cut short"])
+def test_train_resume_of_a_bad_checkpoint_is_one_line_and_rc_2(good, content, capsys):
+    (good / checkpoint.FILE).write_bytes(content)
+    rc = main(["train", "--preset=tiny", "--steps=30", "--no-progress", f"--resume={good}"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("pipesgd: error: --resume: "), err
+    assert str(good / checkpoint.FILE) in lines[0]
