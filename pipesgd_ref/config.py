@@ -97,12 +97,14 @@ class TrainConfig:
             problems.append(f"batch_size must be >= 1, got {self.batch_size}")
         if not self.lr > 0 or self.lr == float("inf"):
             problems.append(f"lr must be a positive finite number, got {self.lr}")
-        if self.lr_decay < 0:
-            problems.append(f"lr_decay must be >= 0, got {self.lr_decay}")
-        if self.steps < 1 and self.epochs <= 0:
+        if not 0 <= self.lr_decay < float("inf"):  # NaN fails too (a NaN lr at every step)
+            problems.append(f"lr_decay must be a finite number >= 0, got {self.lr_decay}")
+        if self.steps < 1 and not self.epochs > 0:
             problems.append(f"steps must be >= 1 (or set epochs > 0), got {self.steps}")
-        if self.epochs < 0:
-            problems.append(f"epochs must be >= 0, got {self.epochs}")
+        if not 0 <= self.epochs < float("inf"):  # NaN once meant 0 silently, inf a traceback
+            problems.append(f"epochs must be a finite number >= 0, got {self.epochs}")
+        if self.seed < 0:
+            problems.append(f"seed must be >= 0 (it seeds NumPy generators), got {self.seed}")
         if self.checkpoint_every < 0:
             problems.append(f"checkpoint_every must be >= 0, got {self.checkpoint_every}")
         if self.max_restarts < 0:
@@ -147,14 +149,12 @@ class TrainConfig:
                 f"timeout must be > 0 and <= {MAX_SECONDS:.0e} seconds (11.6 days), got "
                 f"{self.timeout:g}"
             )
-        elif self.world_size > 1 or self.algo.startswith("ps-"):
-            try:  # (a ring of one rank sends nothing: its link is never used)
-                problem = _smallest_frame_problem(self)
-            except ValueError as e:
-                problems.append(str(e))
-            else:
-                if problem:
-                    problems.append(problem)
+        # A link slower than the timeout is check_link_against_timeout's (the frame sizes need
+        # the model), not refused here: `pipesgd predict` asks what-ifs of any link.
+        try:
+            link_model(self)
+        except ValueError as e:
+            problems.append(str(e))
         if self.algo in ALGOS and self.algo != "pipe" and self.width not in (1, 2):
             # 2 is the default, so it cannot mean that someone asked; 1 is what compare sets
             problems.append(
@@ -199,17 +199,6 @@ def link_model(cfg: TrainConfig):
     return LinkModel.from_strings(cfg.latency, cfg.bandwidth, timeout=cfg.timeout)
 
 
-def _smallest_frame_problem(cfg: TrainConfig) -> str | None:
-    """A link on which even a bare 48-byte header (a barrier's frame) cannot arrive within
-    --timeout: nothing can run on it, whatever the model (no n_params needed, so __post_init__
-    can tell). None when the smallest frame arrives in time."""
-    from pipesgd_ref.comm.netem import LinkModel, frame_problem
-    from pipesgd_ref.comm.transport import HEADER_BYTES
-
-    model = LinkModel.from_strings(cfg.latency, cfg.bandwidth)
-    return frame_problem(model, HEADER_BYTES, cfg.timeout, "even the smallest frame (a header)")
-
-
 def slowest_frame(cfg: TrainConfig, n_params: int) -> tuple[str, int, float]:
     """(what, bytes, seconds): the longest a worker of cfg waits on the emulated link for one
     frame, for a model of n_params float32 parameters.
@@ -241,7 +230,7 @@ def slowest_frame(cfg: TrainConfig, n_params: int) -> tuple[str, int, float]:
     values = min(-(-n_params // p), max(1, SEGMENT_BYTES // 4))  # ceil(n / p), capped
     nbytes = codec.wire_bytes(values) + HEADER_BYTES
     coded = f", {cfg.codec}-coded" if cfg.codec != "none" else ""
-    what = f"a ring segment ({values} of {n_params} gradient values / {p} ranks{coded})"
+    what = f"a ring segment ({values} values: the {n_params}-value gradient in {p} chunks{coded})"
     return what, nbytes, model.message_time(nbytes)
 
 
@@ -298,6 +287,11 @@ def check_idle_options(cfg: TrainConfig) -> None:
         problems.append(
             f"--warmup-steps {cfg.warmup_steps} with --width 1: a pipe of width 1 is synchronous "
             f"throughout; drop --warmup-steps, or use --width 2 or more"
+        )
+    if cfg.algo == "pipe" and cfg.epochs == 0 and cfg.width > cfg.steps:
+        problems.append(
+            f"--width {cfg.width} with --steps {cfg.steps}: the pipeline never fills (every "
+            f"update would wait until after the last step); use --width <= --steps"
         )
     if cfg.checkpoint_every > 0 and not cfg.out:
         problems.append(

@@ -196,28 +196,40 @@ def test_timeout_must_be_positive_and_bounded(timeout, shown):
         apply_overrides(TrainConfig(), [f"--timeout={timeout}"])
 
 
+def test_latency_beyond_any_sleep_is_refused():
+    with pytest.raises(ConfigError, match="latency '1e12s' is 1e.12 s per message, more than"):
+        apply_overrides(TrainConfig(), ["--latency=1e12s"])
+
+
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (["--latency=1e12s"], "latency '1e12s' is 1e\\+12 s per message, more than the 1e\\+06"),
         (["--latency=10s", "--timeout=3"],
-         "smallest frame .* takes 10.00 s .*--latency 10.00 s.*more than --timeout 3 s.*"
-         "lower --latency"),
+         "a ring segment .* takes 10.00 s at --latency 10.00 s and --bandwidth unlimited, more "
+         "than --timeout 3 s; lower --latency"),
         (["--bandwidth=1bit", "--timeout=3"],
-         "smallest frame .*48 B takes 384.00 s .*--bandwidth 1 bit/s.*--timeout 3 s.*"
-         "raise --bandwidth"),
+         r"a ring segment \(325 values: the 650-value gradient in 2 chunks\) takes 10784.00 s "
+         r"at --latency 0 us and --bandwidth 1 bit/s \(0.125 B/s\), more than --timeout 3 s; "
+         r"raise --bandwidth"),
+        (["--bandwidth=1Kbit", "--timeout=5"], "takes 10.78 s .*--bandwidth 1 Kbit/s"),
     ],
 )  # fmt: skip
-def test_a_link_slower_than_the_timeout_is_refused_at_once(overrides, message):
+def test_a_link_slower_than_the_timeout_is_refused_before_the_first_step(overrides, message):
+    """The tiny preset: 650 parameters, 2 ranks: a ring segment of 325 values, 1348 bytes."""
+    from pipesgd_ref.config import check_link_against_timeout
+
+    cfg = apply_overrides(TrainConfig.preset("tiny"), overrides)  # a valid config on its own
     with pytest.raises(ConfigError, match=message):
-        apply_overrides(TrainConfig(), overrides)
+        check_link_against_timeout(cfg, 650)
 
 
 def test_a_one_rank_ring_never_uses_its_link():
-    apply_overrides(TrainConfig(), ["--world-size=1", "--latency=10s", "--timeout=3"])
-    with pytest.raises(ConfigError, match="smallest frame"):  # a server and one worker do
-        apply_overrides(TrainConfig(), ["--world-size=1", "--algo=ps-sync", "--latency=10s",
-                                        "--timeout=3"])  # fmt: skip
+    from pipesgd_ref.config import check_link_against_timeout
+
+    slow = ["--world-size=1", "--latency=10s", "--timeout=3"]
+    check_link_against_timeout(apply_overrides(TrainConfig(), slow), 650)
+    with pytest.raises(ConfigError, match="server's one link"):  # a server and one worker do
+        check_link_against_timeout(apply_overrides(TrainConfig(), [*slow, "--algo=ps-sync"]), 650)
 
 
 @pytest.mark.parametrize("algo", ["sync", "ps-sync", "ps-async"])
@@ -238,6 +250,7 @@ def test_width_does_nothing_without_the_pipe(algo):
         (["--width=1", "--warmup-steps=3"], "with --width 1: a pipe of width 1 is synchronous"),
         (["--checkpoint-every=5"], "--checkpoint-every 5 writes checkpoints into --out"),
         (["--model=softmax", "--hidden=32"], "--hidden 32 does nothing with --model softmax"),
+        (["--width=1000", "--steps=3"], "--width 1000 with --steps 3: the pipeline never fills"),
     ],
 )  # fmt: skip
 def test_options_that_would_do_nothing_are_refused(overrides, message):
@@ -289,7 +302,8 @@ def _n_params(cfg):
     [
         # the compare preset: 1126410 parameters, 4 ranks: a chunk of 281603 values (1.1 MB)
         (["--bandwidth=1Kbit"],
-         r"a ring segment \(281603 of 1126410 .*\) takes 9011.68 s at --latency 50 us and "
+         r"a ring segment \(281603 values: the 1126410-value gradient in 4 chunks\) takes "
+         r"9011.68 s at --latency 50 us and "
          r"--bandwidth 1 Kbit/s .*more than --timeout 60 s; raise --bandwidth"),
         (["--bandwidth=1Kbit", "--codec=q8"], r"q8-coded\) takes 2253.24 s"),
         (["--bandwidth=10Mbit", "--algo=ps-sync", "--timeout=1"],
@@ -333,3 +347,18 @@ def test_check_memory_refuses_a_model_beyond_this_machine(monkeypatch):
                                           r"8.0 GB"):  # fmt: skip
         check_memory(cfg, _n_params(cfg))
     check_memory(TrainConfig.preset("laptop"), _n_params(TrainConfig.preset("laptop")))
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("--lr-decay=nan", "lr_decay must be a finite number >= 0, got nan"),
+        ("--lr-decay=inf", "lr_decay must be a finite number >= 0, got inf"),
+        ("--epochs=nan", "epochs must be a finite number >= 0, got nan"),
+        ("--epochs=inf", "epochs must be a finite number >= 0, got inf"),
+        ("--seed=-1", "seed must be >= 0"),
+    ],
+)
+def test_non_finite_schedules_and_negative_seeds_are_refused(override, message):
+    with pytest.raises(ConfigError, match=message):
+        apply_overrides(TrainConfig(), [override])

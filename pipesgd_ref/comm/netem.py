@@ -194,7 +194,9 @@ def parse_size(text: str | int) -> int:
 
 
 def format_bytes(n: float) -> str:
-    """SI size: 812 -> "812 B", 4000 -> "4.0 KB", 16e6 -> "16.0 MB"."""
+    """SI size: 812 -> "812 B", 4000 -> "4.0 KB", 16e6 -> "16.0 MB", 0.125 -> "0.125 B"."""
+    if 0 < abs(n) < 1:  # a bandwidth of a few bits per second
+        return f"{n:.3g} B"
     if abs(n) < 1000:
         return f"{n:.0f} B"
     for unit in ("KB", "MB", "GB", "TB"):
