@@ -484,6 +484,9 @@ def load_config_file(path: str | Path, base: TrainConfig | None = None) -> Train
         raise ConfigError(
             f"config file {str(path)!r} is a directory; --config takes a .toml or .json file"
         )
+    if path.exists() and not path.is_file():  # /dev/zero, a FIFO: reading might never end
+        raise ConfigError(f"config file {str(path)!r} is not a regular file; --config takes a "
+                          f".toml or .json file")  # fmt: skip
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist")
     try:
@@ -508,6 +511,12 @@ def load_config_file(path: str | Path, base: TrainConfig | None = None) -> Train
         raise ConfigError(f"config file {str(path)!r}: expected a table of keys at the top")
     if set(data) == {"train"} and isinstance(data["train"], dict):
         data = data["train"]
+    elif isinstance(data.get("train"), dict):
+        others = ", ".join(repr(k) for k in data if k != "train")
+        raise ConfigError(
+            f"config file {str(path)!r}: a [train] table and other keys beside it ({others}); "
+            f"put every key inside [train], or write them all flat without it"
+        )
     return apply_dict(base or TrainConfig(), data)
 
 

@@ -10,21 +10,29 @@ functions) or real sockets in threads, with small timeouts, and checks three thi
 The measured detection times are printed: `pytest -s` shows them.
 """
 
+import json
 import logging
 import multiprocessing as mp
 import os
 import re
 import signal
 import socket
+import struct
 import threading
 import time
 
 import numpy as np
 import pytest
 
-from pipesgd_ref.comm.rendezvous import JobSpec, RendezvousError, init_process_group
+from pipesgd_ref.comm.rendezvous import (
+    CAUSE_WAIT_SECONDS,
+    Communicator,
+    JobSpec,
+    RendezvousError,
+    init_process_group,
+)
 from pipesgd_ref.comm.ring import allreduce, barrier, broadcast
-from pipesgd_ref.comm.transport import CommError, Kind, Link
+from pipesgd_ref.comm.transport import CommError, Frame, Kind, Link, PeerAborted
 from pipesgd_ref.launch import (
     JobEnv,
     LaunchError,
@@ -109,6 +117,186 @@ def test_rank_killed_mid_allreduce_is_named_by_every_rank(tmp_path):
         text = failed.errors[rank]
         assert blamed(text) == victim, f"rank {rank} should blame rank {victim}: {text}"
     assert_nothing_left_alive(tmp_path, expected=p)
+
+
+def _killed_while_downstream_sleeps(comm, victim, sleeper, n, pid_dir):
+    write_pid(pid_dir)
+    x = np.ones(n, np.float32)
+    allreduce(comm, x)
+    if comm.rank == victim:
+        os.kill(os.getpid(), signal.SIGKILL)
+    if comm.rank == sleeper:
+        # The victim's right neighbour hears of nothing for a while (as on a loaded machine):
+        # the news that reaches rank 0 first is the victim's left neighbour's, who then exits.
+        time.sleep(1.0)
+    allreduce(comm, x)
+
+
+@pytest.mark.timeout(60)
+def test_a_neighbour_that_passed_the_failure_on_and_exited_is_not_blamed(tmp_path):
+    """The CI failure of issue 18, made certain: rank 2 is killed; rank 1 (sending to it) sees
+    the reset, passes the news on and exits, long before rank 3 (the other way round the ring)
+    notices. Rank 0 then sees rank 1 close its connection: it must still blame rank 2, as the
+    news rank 1 sent both ways before closing says."""
+    p, victim, sleeper = 4, 2, 3
+    args = (victim, sleeper, 100_000, tmp_path)
+    failed, elapsed = run_failing(p, _killed_while_downstream_sleeps, args)
+    record(f"SIGKILL of rank {victim}, rank {sleeper} asleep (timeout {TIMEOUT} s)", elapsed)
+    assert elapsed < 1.0 + 2 * TIMEOUT, f"took {elapsed:.2f} s; bound 1 s asleep + 2 x timeout"
+    assert "died with exit code -9" in failed.errors[victim], failed.errors[victim]
+    blames = {r: blamed(t) for r, t in failed.errors.items() if r != victim}
+    assert blames == {0: victim, 1: victim, 3: victim}, f"who blamed whom: {blames}\n{failed}"
+    assert failed.cause == victim, failed
+    assert_nothing_left_alive(tmp_path, expected=p)
+
+
+def _news_frame(origin: int, reason: str) -> bytes:
+    payload = json.dumps({"origin": origin, "reason": reason}).encode()
+    return Frame(kind=Kind.ABORT, nbytes=len(payload)).pack() + payload
+
+
+def tcp_pair() -> tuple[socket.socket, socket.socket]:
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        a = socket.create_connection(server.getsockname(), timeout=2)
+        b, _ = server.accept()
+    return a, b
+
+
+@pytest.mark.timeout(30)
+def test_a_send_refused_by_a_close_reports_the_news_sent_before_it():
+    """A peer that fails because of another rank sends ABORT on the link this rank only sends
+    on, then closes (with our data unread: a reset). The failed send reports that news,
+    naming the rank at fault, not the peer that closed."""
+    a, b = tcp_pair()
+    tx = Link(a, rank=0, peer=1, timeout=2)
+    try:
+        a.sendall(b"x" * 1000)  # unread by the peer: its close is a reset
+        b.sendall(_news_frame(2, "rank 1: rank 2 closed the connection during allreduce #2"))
+        b.close()
+        time.sleep(0.05)
+        with pytest.raises(PeerAborted) as info:
+            for _ in range(3):  # the first send may still go into the socket buffer
+                tx.send(Frame(kind=Kind.DATA), b"y" * 100_000, "allreduce #2 step 0")
+        text = str(info.value)
+        assert info.value.origin == 2 and blamed(text) == 2, text
+        assert text.startswith(
+            "rank 0: rank 2 failed, so allreduce #2 step 0 cannot finish "
+            "(news from rank 1, which then closed the connection)"
+        ), text
+    finally:
+        tx.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_send_refused_by_a_silent_close_blames_the_peer():
+    a, b = tcp_pair()
+    tx = Link(a, rank=0, peer=1, timeout=2)
+    try:
+        a.sendall(b"x" * 1000)
+        b.close()  # died: no news
+        time.sleep(0.05)
+        with pytest.raises(CommError) as info:
+            for _ in range(3):
+                tx.send(Frame(kind=Kind.DATA), b"y" * 100_000, "allreduce #2 step 0")
+        assert type(info.value).__name__ == "PeerClosed" and info.value.origin == 1, info.value
+        assert blamed(str(info.value)) == 1, info.value
+    finally:
+        tx.close()
+
+
+def _ring_of_sockets(p_left: int, p_right: int):
+    """Rank 1's view of a ring: its left link (from rank p_left) and right link (to rank
+    p_right), each with the test holding the other end."""
+    (left_far, left_near), (right_near, right_far) = tcp_pair(), tcp_pair()
+    left = Link(left_near, rank=1, peer=p_left, timeout=TIMEOUT)
+    right = Link(right_near, rank=1, peer=p_right, timeout=TIMEOUT)
+    comm = Communicator(JobSpec(1, 4, timeout=TIMEOUT), left, right)
+    return comm, left_far, right_far
+
+
+def _closed_mid_frame(comm, left_far) -> CommError:
+    """The left neighbour sends a header and part of its payload, then resets."""
+    left_far.sendall(Frame(kind=Kind.DATA, op=1, dtype=1, seq=1, nbytes=400, total_len=100).pack()
+                     + b"z" * 100)  # fmt: skip
+    left_far.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    left_far.close()
+    frame = comm.left.recv_header("allreduce #1 step 0")
+    with pytest.raises(CommError) as info:
+        comm.left.recv_payload_into(frame, memoryview(bytearray(400)), "allreduce #1 step 0")
+    assert comm.left.mid_frame
+    return info.value
+
+
+@pytest.mark.timeout(30)
+def test_a_close_mid_frame_waits_for_news_from_the_other_side():
+    comm, left_far, right_far = _ring_of_sockets(0, 2)
+    try:
+        error = _closed_mid_frame(comm, left_far)
+        threading.Timer(0.2, right_far.sendall, (_news_frame(3, "rank 2: rank 3 failed"),)).start()
+        start = time.monotonic()
+        cause = comm.explain(error)
+        elapsed = time.monotonic() - start
+        assert isinstance(cause, PeerAborted) and cause.origin == 3, cause
+        assert blamed(str(cause)) == 3 and "after rank 0 closed the connection" in str(cause)
+        assert 0.15 < elapsed < 1.0, f"the news came after 0.2 s; explain took {elapsed:.2f} s"
+    finally:
+        comm.close()
+        right_far.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_close_mid_frame_without_news_blames_the_neighbour_within_the_bound():
+    comm, left_far, right_far = _ring_of_sockets(0, 2)
+    try:
+        error = _closed_mid_frame(comm, left_far)
+        start = time.monotonic()
+        assert comm.explain(error) is error
+        elapsed = time.monotonic() - start
+        bound = min(CAUSE_WAIT_SECONDS, TIMEOUT / 2)
+        assert bound - 0.05 < elapsed < bound + 0.5, f"waited {elapsed:.2f} s, bound {bound} s"
+        right_far.close()  # the other neighbour gone too: no news can come, no waiting
+        start = time.monotonic()
+        assert comm.explain(error) is error
+        assert time.monotonic() - start < 0.5
+    finally:
+        comm.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_close_between_frames_blames_the_neighbour_at_once():
+    """A neighbour that passes a failure on sends ABORT before closing; one that closes
+    between frames without it is the cause: no waiting."""
+    comm, left_far, right_far = _ring_of_sockets(0, 2)
+    try:
+        left_far.close()
+        with pytest.raises(CommError) as info:
+            comm.left.recv_header("allreduce #1 step 0")
+        start = time.monotonic()
+        assert comm.explain(info.value) is info.value and info.value.origin == 0
+        assert time.monotonic() - start < 0.1
+    finally:
+        comm.close()
+        right_far.close()
+
+
+@pytest.mark.timeout(30)
+def test_news_from_the_right_stops_a_wait_on_the_left():
+    """check_news, polled while waiting on the left neighbour, raises the news that the right
+    neighbour sent back; a right neighbour that merely finished and closed is no failure."""
+    comm, left_far, right_far = _ring_of_sockets(0, 2)
+    try:
+        comm.check_news("allreduce #1 step 0")  # nothing: no error
+        right_far.sendall(_news_frame(3, "rank 2: rank 3 closed the connection"))
+        time.sleep(0.05)
+        with pytest.raises(PeerAborted) as info:
+            comm.check_news("allreduce #1 step 0")
+        assert info.value.origin == 3 and blamed(str(info.value)) == 3, info.value
+        right_far.close()
+        time.sleep(0.05)
+        comm.check_news("allreduce #1 step 0")  # closed without news: for the send to find
+    finally:
+        comm.close()
+        left_far.close()
 
 
 # --- 2. a stopped rank -----------------------------------------------------------------------

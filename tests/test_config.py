@@ -362,3 +362,17 @@ def test_check_memory_refuses_a_model_beyond_this_machine(monkeypatch):
 def test_non_finite_schedules_and_negative_seeds_are_refused(override, message):
     with pytest.raises(ConfigError, match=message):
         apply_overrides(TrainConfig(), [override])
+
+
+def test_config_file_that_is_not_a_regular_file():
+    with pytest.raises(ConfigError, match="'/dev/null' is not a regular file"):
+        load_config_file("/dev/null")
+
+
+def test_config_file_with_a_train_table_and_more(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text("[train]\nlr = 0.1\n[other]\nx = 1\n")
+    with pytest.raises(
+        ConfigError, match=r"a \[train\] table and other keys beside it \('other'\)"
+    ):
+        load_config_file(path)

@@ -30,16 +30,20 @@ import numpy as np
 
 from pipesgd_ref.comm.netem import LinkModel
 from pipesgd_ref.comm.transport import (
+    POLL_SECONDS,
     CommError,
     Kind,
     Link,
+    PeerAborted,
     PeerClosed,
-    PeerTimeout,
-    ProtocolError,
 )
 
 log = logging.getLogger("pipesgd.rendezvous")
 HELLO_TIMEOUT = 5.0  # a connection that has not said hello by then is dropped
+# A left neighbour that closed in the middle of a frame may have died, or may have failed
+# because of another rank without being able to say so (its frame to us was stuck half sent):
+# news naming that rank is waited for this long (at most half the timeout) on the other link.
+CAUSE_WAIT_SECONDS = 1.0
 
 
 class RendezvousError(CommError):
@@ -112,21 +116,69 @@ class Communicator:
         return self.left.bytes_received if self.left else 0
 
     def abort(self, error: BaseException) -> bool:
-        """Tell the right neighbour that this collective failed, and why, so the news goes
-        round the ring and every rank's error names the rank at fault (best effort: the
-        job is failing anyway). True when the news was sent."""
+        """Tell both neighbours that this collective failed, and why (an ABORT naming the rank
+        at fault), before anything is closed, so the news goes round the ring both ways and
+        every rank's error names the rank at fault: a neighbour that sees this rank close
+        finds the news before the close (Link.take_news), never only the close. Best effort:
+        the job is failing anyway. True when the news was sent on some link."""
+        told = False
+        broken = getattr(error, "link", None)  # the link the error happened on
+        # Left first: this rank never sends data on it, so the news goes out at once; the right
+        # link may first have to finish the frame on the wire.
+        for link in (self.left, self.right):
+            if link is None or link is broken:
+                continue  # that link itself is broken: nothing can be sent on it
+            sender = link._sender
+            if sender is not None and not sender.cancel(wait=1.0):
+                continue  # a frame is stuck half-sent: another header would garble the stream
+            told = link.send_abort(error, default_origin=self.rank) or told
+        return told
+
+    def check_news(self, doing: str) -> None:
+        """Raise PeerAborted if the right neighbour has sent news of a failure back along the
+        ring (it arrives on the right link, which otherwise carries nothing towards this
+        rank). Called while this rank waits on its left neighbour, so news travels both ways
+        round the ring, not only with the data."""
         right = self.right
         if right is None:
-            return False
-        if (
-            isinstance(error, (PeerClosed, PeerTimeout, ProtocolError))
-            and error.origin == right.peer
-        ):
-            return False  # the right link itself is broken: nothing can be sent on it
-        sender = right._sender
-        if sender is not None and not sender.cancel(wait=1.0):
-            return False  # a frame is stuck half-sent: another header would garble the stream
-        return right.send_abort(error, default_origin=self.rank)
+            return
+        try:
+            news = right.take_news(0.0)
+        except PeerClosed:
+            return  # gone without news: it finished, or its own send will tell (Link.send)
+        if news is not None:
+            origin, reason = news
+            raise PeerAborted(
+                f"rank {self.rank}: rank {origin} failed, so {doing} cannot finish "
+                f"(news from rank {right.peer}): {reason}",
+                origin=origin,
+            )
+
+    def explain(self, error: CommError) -> CommError:
+        """The error to report for `error`: itself, unless the left neighbour closed the
+        connection in the middle of a frame, and news naming another rank arrives on the
+        right link within CAUSE_WAIT_SECONDS. A neighbour that passes a failure on sends its
+        ABORT between frames, before it closes; one that closes mid-frame died, unless its
+        frame to us was stuck (then it told its left neighbour, and the news comes round)."""
+        link = error.link if isinstance(error, PeerClosed) else None
+        right = self.right
+        if link is None or link is not self.left or not link.mid_frame or right is None:
+            return error
+        deadline = time.monotonic() + min(CAUSE_WAIT_SECONDS, self.timeout / 2)
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                news = right.take_news(min(left, POLL_SECONDS))
+            except PeerClosed:
+                return error  # the right neighbour is gone too: no news can come
+            if news is not None:
+                origin, reason = news
+                return PeerAborted(
+                    f"rank {self.rank}: rank {origin} failed, so {error.doing} cannot finish "
+                    f"(news from rank {right.peer}, after rank {link.peer} closed the "
+                    f"connection mid-frame): {reason}",
+                    origin=origin,
+                )
+        return error
 
     def close(self) -> None:
         for link in (self.left, self.right, self.server, *self.clients.values()):

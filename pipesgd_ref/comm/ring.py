@@ -168,15 +168,19 @@ def broadcast(
 
 
 def _aborting_on_error(comm: Communicator, fn, *args) -> None:
-    """Run a collective; on a communication failure tell the ring before raising."""
+    """Run a collective; on a communication failure tell both neighbours before raising (the
+    cause, once a neighbour's close is told apart from the failure it passed on)."""
     try:
         fn(*args)
     except CommError as e:
-        if comm.abort(e):
+        cause = comm.explain(e)
+        if comm.abort(cause):
             # Keep our sockets open a moment: the news goes round the ring in milliseconds,
-            # while closing now would make our left neighbour see a reset instead of the reason.
+            # while closing now would make a neighbour see a reset instead of the reason.
             time.sleep(ABORT_LINGER_SECONDS)
-        raise
+        if cause is e:
+            raise
+        raise cause from None
 
 
 def _ring_broadcast(comm: Communicator, array: np.ndarray, root: int, segment_bytes: int):
@@ -215,7 +219,12 @@ def _at(header: Frame, step: int, part: int) -> Frame:
 
 def _recv_checked(comm, want: Frame, step: int, part: int, out: np.ndarray, doing, sender):
     """Receive the next frame from the left into `out`, after checking it belongs here."""
-    stop = sender.heartbeat if sender is not None else (lambda: None)
+
+    def stop() -> None:  # each idle slice of the wait: raise if this rank should stop waiting
+        if sender is not None:
+            sender.heartbeat()  # raises the sending thread's error, if it had one
+        comm.check_news(doing)  # news of a failure may come from the right, too
+
     got = comm.left.recv_header(doing, stop)
     while got.kind == Kind.HEARTBEAT:  # the left neighbour is alive and waiting: keep waiting
         got = comm.left.recv_header(doing, stop)

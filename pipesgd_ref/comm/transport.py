@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import queue
+import select
 import socket
 import struct
 import threading
@@ -57,6 +58,9 @@ INLINE_SEND_BYTES = 64 << 10  # frames up to this size skip the sending thread w
 # A rank that has sent ABORT keeps its sockets open this long: closing at once could make a
 # neighbour see a connection reset (with unread data) before, and instead of, the reason.
 ABORT_LINGER_SECONDS = 0.25
+# A send that fails on a closed connection looks, this long at most, for the ABORT the peer
+# sent before it closed (already received: TCP delivers the bytes before the reset).
+NEWS_WAIT_SECONDS = 0.1
 
 
 class Kind(IntEnum):
@@ -65,7 +69,7 @@ class Kind(IntEnum):
     REFUSE = 3  # acceptor -> connector: refused, JSON {reason}
     CONTROL = 4  # JSON payload (rendezvous store)
     DATA = 5  # array payload of a collective
-    ABORT = 6  # JSON {origin, reason}: a rank failed; passed along the ring so all ranks know
+    ABORT = 6  # JSON {origin, reason}: a rank failed; sent both ways round the ring (see abort)
     HEARTBEAT = 7  # "I am alive, waiting on my own left neighbour": resets the peer's timeout
 
 
@@ -91,11 +95,16 @@ class CommError(RuntimeError):
     """A communication failure; the message names the ranks and what to do.
 
     `origin` is the rank the failure points at (the silent or dead peer), when there is one.
+    `link` is the Link it happened on, when one Link raised it (None otherwise): that link is
+    broken, so no news of the failure is sent on it. `doing` says what was under way.
     """
 
-    def __init__(self, message: str, origin: int | None = None):
+    def __init__(self, message: str, origin: int | None = None, link: Link | None = None,
+                 doing: str = ""):  # fmt: skip
         super().__init__(message)
         self.origin = origin
+        self.link = link
+        self.doing = doing
 
 
 class PeerTimeout(CommError):
@@ -219,6 +228,11 @@ class Link:
         self.bytes_sent = 0
         self.bytes_received = 0
         self._sender: _Sender | None = None
+        # True while a frame is half read: the receive stream is not at a frame boundary, so
+        # no ABORT can be looked for in it (see take_news).
+        self.mid_frame = False
+        self._news_lock = threading.Lock()  # news is read by the main or the sending thread
+        self._news_ended = False  # the peer closed this direction: no news can come any more
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # headers must not wait
         # Blocking calls that give up after POLL_SECONDS (see _recv_exact_into and _send_all).
         sock.settimeout(None)
@@ -227,12 +241,14 @@ class Link:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, slice_)
 
     # --- errors -------------------------------------------------------------------------
-    def _timeout_error(self, doing: str) -> PeerTimeout:
+    def _timeout_error(self, doing: str, timeout: float) -> PeerTimeout:
         return PeerTimeout(
-            f"rank {self.rank}: no data from rank {self.peer} for {self.timeout:.1f} s during "
+            f"rank {self.rank}: no data from rank {self.peer} for {timeout:.1f} s during "
             f"{doing}; is rank {self.peer} alive (stopped, hung, or overloaded)? "
             f"raise --timeout to wait longer",
             origin=self.peer,
+            link=self,
+            doing=doing,
         )
 
     def _closed_error(self, doing: str, detail: str = "") -> PeerClosed:
@@ -241,10 +257,39 @@ class Link:
             f"rank {self.rank}: rank {self.peer} closed the connection during {doing}{more}; "
             f"it probably exited or crashed: look for its error above",
             origin=self.peer,
+            link=self,
+            doing=doing,
+        )
+
+    def _send_failed(self, doing: str, error: OSError) -> CommError:
+        """The error for a send that the peer's closed connection refused. A peer that failed
+        because of another rank sends ABORT, naming that rank, on every link before it closes:
+        here it arrives on the direction this rank does not send in, before the reset, so a
+        neighbour's exit is never taken for the cause when it only passed the failure on."""
+        closed = self._closed_error(doing, str(error))
+        try:
+            news = self.take_news(NEWS_WAIT_SECONDS)
+        except CommError:
+            return closed  # closed without a word: the peer itself is the cause
+        if news is None:
+            return closed
+        origin, reason = news
+        return PeerAborted(
+            f"rank {self.rank}: rank {origin} failed, so {doing} cannot finish (news from rank "
+            f"{self.peer}, which then closed the connection): {reason}",
+            origin=origin,
+            link=self,
+            doing=doing,
         )
 
     # --- receiving ------------------------------------------------------------------------
-    def _recv_exact_into(self, view: memoryview, doing: str, stop: Callable[[], None]) -> None:
+    def _recv_exact_into(
+        self,
+        view: memoryview,
+        doing: str,
+        stop: Callable[[], None],
+        timeout: float | None = None,
+    ) -> None:
         """Fill `view` from the socket: zero-copy recv_into, waiting in slices of POLL_SECONDS.
 
         The socket is in blocking mode with SO_RCVTIMEO = POLL_SECONDS, and MSG_WAITALL asks the
@@ -252,34 +297,42 @@ class Link:
         per segment, where a Python-level timeout would cost a poll() and a recv() per packet.
         """
         got, total = 0, len(view)
-        deadline = time.monotonic() + self.timeout
+        timeout = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
         while got < total:
             try:
                 n = self.sock.recv_into(view[got:], total - got, socket.MSG_WAITALL)
             except (BlockingIOError, TimeoutError):  # the slice ended with nothing new
                 stop()  # raises if another thread of this rank has failed
                 if time.monotonic() > deadline:
-                    raise self._timeout_error(doing) from None
+                    raise self._timeout_error(doing, timeout) from None
                 continue
             except OSError as e:  # reset, broken pipe, closed under us
                 raise self._closed_error(doing, str(e)) from None
             if n == 0:
                 raise self._closed_error(doing, f"after {got} of {total} bytes")
             got += n
-            deadline = time.monotonic() + self.timeout  # progress: the peer is alive
+            self.mid_frame = True  # until the frame's last byte is read
+            deadline = time.monotonic() + timeout  # progress: the peer is alive
         self.bytes_received += total
 
-    def recv_header(self, doing: str, stop: Callable[[], None] = lambda: None) -> Frame:
+    def recv_header(
+        self, doing: str, stop: Callable[[], None] = lambda: None, timeout: float | None = None
+    ) -> Frame:
         raw = bytearray(HEADER.size)
-        self._recv_exact_into(memoryview(raw), doing, stop)
+        self._recv_exact_into(memoryview(raw), doing, stop, timeout)
         try:
-            return decode_header(bytes(raw), self.max_frame_bytes)
+            frame = decode_header(bytes(raw), self.max_frame_bytes)
         except ProtocolError as e:
             raise ProtocolError(
                 f"rank {self.rank}: bad frame from rank {self.peer} during {doing}: {e}; is "
                 f"another program (or another job) talking to this port?",
                 origin=self.peer,
+                link=self,
+                doing=doing,
             ) from None
+        self.mid_frame = frame.nbytes > 0  # its payload is still to be read
+        return frame
 
     def recv_payload_into(
         self, frame: Frame, out: memoryview, doing: str, stop: Callable[[], None] = lambda: None
@@ -292,6 +345,7 @@ class Link:
                 f"this rank expected {len(out)}"
             )
         self._recv_exact_into(out, doing, stop)
+        self.mid_frame = False
         if frame.deliver_at:
             wait_until(frame.deliver_at, max_wait=self.model.message_time(frame.nbytes) + 1.0)
 
@@ -302,6 +356,7 @@ class Link:
             raise ProtocolError(f"rank {self.rank}: control message of {frame.nbytes} bytes")
         buf = bytearray(frame.nbytes)
         self._recv_exact_into(memoryview(buf), doing, lambda: None)
+        self.mid_frame = False
         if frame.kind == Kind.REFUSE:
             reason = json.loads(buf.decode()).get("reason", "?")
             raise CommError(
@@ -355,7 +410,7 @@ class Link:
         except (BlockingIOError, TimeoutError):
             sent = 0
         except OSError as e:
-            raise self._closed_error(doing, str(e)) from None
+            raise self._send_failed(doing, e) from None
         self.bytes_sent += HEADER.size + len(body)
         return _drop_sent(parts, sent)
 
@@ -383,10 +438,12 @@ class Link:
                         f"{self.timeout:.1f} s during {doing}; is it alive? raise --timeout to "
                         f"wait longer",
                         origin=self.peer,
+                        link=self,
+                        doing=doing,
                     ) from None
                 continue
             except OSError as e:
-                raise self._closed_error(doing, str(e)) from None
+                raise self._send_failed(doing, e) from None
             deadline = time.monotonic() + self.timeout
             parts = _drop_sent(parts, sent)
 
@@ -414,6 +471,38 @@ class Link:
         origin = news.get("origin")
         return (origin if isinstance(origin, int) else None), str(news.get("reason", "?"))
 
+    def take_news(self, wait: float) -> tuple[int | None, str] | None:
+        """(rank at fault, reason) of an ABORT that the peer sent on this link, within `wait`
+        seconds; None when none came (or the stream is mid-frame, where none can be read).
+
+        For a link this rank only sends on (the ring's right link; a worker's link to the
+        server between two pulls): the peer sends nothing back but ABORT, so the first frame
+        that arrives is the news. Raises PeerClosed when the peer closed the connection
+        without any (a peer that fails because of another rank always sends it first)."""
+        if self._news_ended:
+            raise self._closed_error("news", "closed without an ABORT")
+        if self.mid_frame:
+            return None
+        with self._news_lock:  # both threads of a rank may look: one reads, the other waits
+            try:
+                readable, _, _ = select.select([self.sock], [], [], max(wait, 0.0))
+            except (OSError, ValueError):  # closed by this rank meanwhile
+                return None
+            if not readable:
+                return None
+            try:
+                frame = self.recv_header("news", timeout=1.0)
+                while frame.kind == Kind.HEARTBEAT:
+                    frame = self.recv_header("news", timeout=1.0)
+                if frame.kind != Kind.ABORT:
+                    return None  # not news: this link carries data (nothing more is read)
+                return self.read_abort(frame, "news")
+            except PeerClosed:
+                self._news_ended = True
+                raise
+            except CommError:
+                return None  # garbage or silence: no news
+
     def start_sender(self) -> _Sender:
         """A background thread that sends queued frames in order, so a rank can send to one
         neighbour while its main thread receives from another."""
@@ -439,6 +528,10 @@ class _Sender:
         self.jobs: queue.SimpleQueue = queue.SimpleQueue()
         self.error: BaseException | None = None
         self.pending = 0
+        # True from a frame's first byte on the wire to its last (whichever thread sent the
+        # first): another header may go out only between frames, or it garbles the stream.
+        self.half_sent = False
+        self.cancelled = False  # error is cancel()'s, not a failed send: the link still works
         self._idle = threading.Condition()
         self.thread = threading.Thread(
             target=self._run, name=f"send-{link.rank}->{link.peer}", daemon=True
@@ -451,15 +544,25 @@ class _Sender:
             if job is None:
                 return
             frame, payload, doing = job
-            if self.error is None:  # after a failure, drop the rest: the collective is lost
+            with self._idle:
+                # After a failure, drop the rest: the collective is lost. But finish a frame
+                # that put() started, after a cancel too: the ABORT that follows needs the
+                # stream between frames.
+                go = self.error is None or (frame is None and self.cancelled)
+                if go:
+                    self.half_sent = True
+            failed = False
+            if go:
                 try:
                     if frame is None:  # the rest of a frame put() started (payload: its parts)
                         self.link.send_rest(payload, doing)
                     else:
                         self.link.send(frame, payload, doing)
                 except BaseException as e:  # handed to the main thread by check()
-                    self.error = e
+                    self.error, self.cancelled, failed = e, False, True
             with self._idle:
+                if go:  # a frame that failed part way stays half sent: nothing may follow it
+                    self.half_sent = failed
                 self.pending -= 1
                 self._idle.notify_all()
 
@@ -482,6 +585,8 @@ class _Sender:
                 frame, payload = None, rest  # the sending thread finishes this frame
         with self._idle:
             self.pending += 1
+            if frame is None:
+                self.half_sent = True  # its first bytes are on the wire already
         self.jobs.put((frame, payload, doing))
 
     def check(self) -> None:
@@ -500,13 +605,16 @@ class _Sender:
     def cancel(self, wait: float) -> bool:
         """Drop every frame not yet started; wait up to `wait` s for the one on the wire.
         True when the link is between frames (safe to send one more)."""
-        if self.error is None:
-            self.error = CommError("sending cancelled: the collective failed")
         deadline = time.monotonic() + wait
         with self._idle:
-            while self.pending and time.monotonic() < deadline:
+            if self.error is None:
+                self.error = CommError("sending cancelled: the collective failed")
+                self.cancelled = True
+            # Frames not started are dropped whenever the thread gets to them; only the one
+            # on the wire is waited for (a busy machine may take long to run that thread).
+            while self.half_sent and time.monotonic() < deadline:
                 self._idle.wait(0.05)
-            return self.pending == 0
+            return not self.half_sent
 
     def flush(self, timeout: float) -> None:
         """Wait until every queued frame is on the wire (or raise the error that stopped it)."""
@@ -525,6 +633,7 @@ class _Sender:
                         f"rank {self.link.rank}: could not hand data to rank {self.link.peer} "
                         f"for {timeout:.1f} s; is it alive? raise --timeout to wait longer",
                         origin=self.link.peer,
+                        link=self.link,
                     )
                 self._idle.wait(min(left, POLL_SECONDS))
         self.check()
