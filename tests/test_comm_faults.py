@@ -670,11 +670,13 @@ def test_detect_env_reads_each_launcher(env, rank, size, source):
     assert job == JobEnv(rank, size, "10.0.0.7", 23456, _default_token("10.0.0.7", 23456), source)
 
 
-def test_detect_env_defaults_and_nothing():
+def test_detect_env_nothing_and_no_default_address():
     assert detect_env({}) is None
     assert detect_env({"MASTER_ADDR": "10.0.0.7", "PATH": "/bin"}) is None
-    job = detect_env({"RANK": "0", "WORLD_SIZE": "1"})
-    assert (job.master_addr, job.master_port) == ("127.0.0.1", 29500)
+    # A rank without the store's address is an error, never 127.0.0.1:29500 silently (more
+    # cases: tests/test_launch_env.py).
+    with pytest.raises(LaunchError, match="MASTER_ADDR and MASTER_PORT expected, but not set"):
+        detect_env({"RANK": "0", "WORLD_SIZE": "1"})
 
 
 @pytest.mark.parametrize(
@@ -690,7 +692,7 @@ def test_detect_env_defaults_and_nothing():
         ({"RANK": "", "WORLD_SIZE": "2"}, "must be integers"),
         ({"RANK": "4", "WORLD_SIZE": "4"}, "rank 4 is outside 0..3"),
         ({"RANK": "-1", "WORLD_SIZE": "4"}, "rank -1 is outside 0..3"),
-        ({"SLURM_PROCID": "0", "SLURM_NTASKS": "0"}, "SLURM job: rank 0 is outside"),
+        ({"SLURM_PROCID": "0", "SLURM_NTASKS": "0"}, "SLURM job: SLURM_NTASKS=0, but the world"),
         ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": "http"}, "MASTER_PORT='http' is not"),
         ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": ""}, "MASTER_PORT='' is not a port"),
     ],

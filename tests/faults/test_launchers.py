@@ -303,7 +303,7 @@ def test_real_torchrun(tmp_path, tmp_path_factory):
 def test_port_under_torchrun_and_its_override():
     """The store's port: MASTER_PORT; + 1 under torchrun's agent store; PIPESGD_MASTER_PORT
     over both."""
-    env = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": "29500"}
+    env = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
     assert detect_env(env).master_port == 29500
     agent = env | {"TORCHELASTIC_USE_AGENT_STORE": "True"}
     assert detect_env(agent).master_port == 29501

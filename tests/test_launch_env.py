@@ -1,0 +1,115 @@
+"""The launcher's small contracts: a job described by the environment says what is missing
+(as torch's env:// does: "MASTER_ADDR expected, but not set") instead of waiting out a timeout
+for a store at a default address; a world size below 1 is named as such; and a fixed
+--master-port can be used again right after a clean run (its closed connections linger in
+TIME_WAIT for about 60 s, which must not make the port look busy).
+"""
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pipesgd_ref.launch import LaunchError, detect_env, free_port, launch_local
+
+REPO = Path(__file__).resolve().parents[1]
+ADDR, PORT = {"MASTER_ADDR": "10.0.0.7"}, {"MASTER_PORT": "23456"}
+# (rank variables, the launcher's name) for each convention detect_env reads
+CONVENTIONS = [
+    ({"RANK": "1", "WORLD_SIZE": "2"}, "torchrun"),
+    ({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"}, "Open MPI"),
+    ({"PMI_RANK": "1", "PMI_SIZE": "2"}, "MPICH/Hydra"),
+    ({"SLURM_PROCID": "1", "SLURM_NTASKS": "2"}, "SLURM"),
+]
+IDS = [source for _, source in CONVENTIONS]
+
+
+@pytest.mark.parametrize("ranks, source", CONVENTIONS, ids=IDS)
+@pytest.mark.parametrize(
+    "given, missing",
+    [
+        (PORT, "MASTER_ADDR"),
+        (ADDR, "MASTER_PORT"),
+        ({}, "MASTER_ADDR and MASTER_PORT"),
+        ({"MASTER_ADDR": ""} | PORT, "MASTER_ADDR"),  # empty: as good as not set
+    ],
+    ids=["no-addr", "no-port", "neither", "empty-addr"],
+)
+def test_a_rank_without_the_stores_address_is_an_error(ranks, source, given, missing):
+    with pytest.raises(LaunchError) as info:
+        detect_env(ranks | given)
+    text = str(info.value)
+    assert text.startswith(f"{source} job: {missing} expected, but not set: "), text
+    assert "same on every rank" in text, text  # says what to set, not only what is wrong
+    if source == "Open MPI":
+        assert "mpirun -x MASTER_ADDR=" in text, text
+
+
+@pytest.mark.parametrize("ranks, source", CONVENTIONS, ids=IDS)
+def test_the_stores_address_when_given(ranks, source):
+    job = detect_env(ranks | ADDR | PORT)
+    assert (job.rank, job.world_size, job.source) == (1, 2, source)
+    assert (job.master_addr, job.master_port) == ("10.0.0.7", 23456)
+
+
+def test_pipesgd_master_port_stands_in_for_master_port():
+    job = detect_env({"RANK": "0", "WORLD_SIZE": "2", "PIPESGD_MASTER_PORT": "31000"} | ADDR)
+    assert job.master_port == 31000
+    with pytest.raises(LaunchError, match="^torchrun job: MASTER_ADDR expected, but not set"):
+        detect_env({"RANK": "0", "WORLD_SIZE": "2", "PIPESGD_MASTER_PORT": "31000"})
+
+
+@pytest.mark.parametrize("size", ["0", "-3"])
+@pytest.mark.parametrize("ranks, source", CONVENTIONS, ids=IDS)
+def test_a_world_size_below_1_is_named_as_such(ranks, source, size):
+    rank_var, size_var = list(ranks)
+    env = {rank_var: "0", size_var: size} | ADDR | PORT
+    with pytest.raises(LaunchError) as info:
+        detect_env(env)
+    text = str(info.value)
+    assert text.startswith(f"{source} job: {size_var}={size}, but the world size must be at "
+                           f"least 1"), text  # fmt: skip
+    assert "outside 0.." not in text, text
+
+
+@pytest.mark.timeout(120)
+def test_train_under_a_rank_without_master_addr_is_one_line_and_exit_2(tmp_path):
+    """`RANK=0 WORLD_SIZE=2 pipesgd train`, no MASTER_*: one line and rc 2 at once, not a
+    rendezvous timeout at 127.0.0.1:29500."""
+    launchers = ("MASTER_", "PIPESGD_MASTER", "OMPI_", "PMI_", "SLURM_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(launchers)}
+    path = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env |= {"RANK": "0", "WORLD_SIZE": "2", "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
+    start = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "pipesgd_ref", "train", "--preset=tiny", "--world-size=2",
+         "--steps=3", "--timeout=60", "--no-progress", f"--out={tmp_path / 'out'}"],
+        env=env, cwd=REPO, capture_output=True, text=True, timeout=100,
+    )  # fmt: skip
+    elapsed = time.monotonic() - start
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("pipesgd: error: torchrun job: MASTER_ADDR and MASTER_PORT "
+                                  "expected, but not set"), done.stderr  # fmt: skip
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+    assert elapsed < 50, f"took {elapsed:.1f} s: it waited for a store (--timeout 60)"
+    assert not (tmp_path / "out").exists()
+
+
+def _nothing(comm):
+    return comm.rank
+
+
+@pytest.mark.timeout(120)
+def test_a_fixed_master_port_is_free_again_right_after_a_clean_run():
+    """The store closes its connections first, so they sit in TIME_WAIT on the store's port
+    for about 60 s after the job; the next job on that port must start at once anyway (the
+    probe and the store bind with SO_REUSEADDR, as torchrun's store does)."""
+    port = free_port()
+    for run in range(3):
+        start = time.monotonic()
+        assert launch_local(2, _nothing, start_method="fork", master_port=port,
+                            timeout=10.0) == [0, 1], f"run {run}"  # fmt: skip
+        assert time.monotonic() - start < 30, f"run {run} took {time.monotonic() - start:.1f} s"
