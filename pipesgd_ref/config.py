@@ -234,6 +234,28 @@ def slowest_frame(cfg: TrainConfig, n_params: int) -> tuple[str, int, float]:
     return what, nbytes, model.message_time(nbytes)
 
 
+def emulated_allreduce_seconds(cfg: TrainConfig, n_params: int) -> float:
+    """Seconds one ring AllReduce of n_params float32 values spends on cfg's emulated link:
+    2 (p - 1) steps, each a chunk of ceil(n / p) values in the codec's wire bytes, cut into
+    segments of at most SEGMENT_BYTES // 4 values that pipeline on the wire, each with its
+    header: 2 (p - 1) (alpha + (wire bytes + segments x header) / B). 0 for an ideal link or
+    p = 1. What a thread that waits for a whole AllReduce must allow beyond --timeout (each
+    ring hop is bounded by --timeout, the sum of 2 (p - 1) of them is not)."""
+    from pipesgd_ref.codecs import get_codec
+    from pipesgd_ref.comm.netem import LinkModel
+    from pipesgd_ref.comm.ring import SEGMENT_BYTES
+    from pipesgd_ref.comm.transport import HEADER_BYTES
+
+    model, p = LinkModel.from_strings(cfg.latency, cfg.bandwidth), cfg.world_size
+    if p == 1 or not model.enabled:
+        return 0.0
+    values = -(-n_params // p)  # the largest chunk: ceil(n / p)
+    per_segment = max(1, SEGMENT_BYTES // 4)
+    segments = max(1, -(-values // per_segment))
+    nbytes = get_codec(cfg.codec, "numpy").wire_bytes(values) + segments * HEADER_BYTES
+    return 2 * (p - 1) * model.message_time(nbytes)  # 2 (p - 1) (alpha + b / B)
+
+
 def _size(nbytes: int) -> str:
     from pipesgd_ref.comm.netem import format_bytes
 
@@ -530,6 +552,7 @@ __all__ = [
     "check_idle_options",
     "check_link_against_timeout",
     "check_memory",
+    "emulated_allreduce_seconds",
     "field_names",
     "load_config_file",
     "n_params_of",

@@ -376,3 +376,22 @@ def test_config_file_with_a_train_table_and_more(tmp_path):
         ConfigError, match=r"a \[train\] table and other keys beside it \('other'\)"
     ):
         load_config_file(path)
+
+
+def test_emulated_allreduce_seconds_is_2_p_minus_1_chunk_times():
+    """What the pipe's compute thread must wait beyond --timeout for a whole AllReduce: with
+    world size 4 and 2333 bit/s, each frame of 700 B takes 2.4 s (within --timeout 4), the
+    AllReduce 6 of them, 14.4 s: more than the 2 x 4 + 5 s the pipe allowed (issue 18)."""
+    from pipesgd_ref.config import emulated_allreduce_seconds
+
+    cfg = TrainConfig.preset("tiny").replace(world_size=4, bandwidth="2333bit", timeout=4.0)
+    chunk = -(-650 // 4) * 4 + 48  # 163 float32 values and one header
+    assert emulated_allreduce_seconds(cfg, 650) == pytest.approx(6 * chunk / (2333 / 8))
+    assert emulated_allreduce_seconds(cfg, 650) > 2 * cfg.timeout + 5
+    q8 = emulated_allreduce_seconds(cfg.replace(codec="q8"), 650)
+    assert q8 == pytest.approx(6 * (4 + 163 + 48) / (2333 / 8))
+    assert emulated_allreduce_seconds(cfg.replace(world_size=1), 650) == 0.0
+    assert emulated_allreduce_seconds(cfg.replace(bandwidth="inf"), 650) == 0.0
+    big = emulated_allreduce_seconds(cfg.replace(bandwidth="1Gbit"), 4 * 10**9)  # 2 MiB pieces
+    segments = -(-(10**9) // ((2 << 20) // 4))
+    assert big == pytest.approx(6 * (4 * 10**9 + segments * 48) / 125e6)
