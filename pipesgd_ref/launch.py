@@ -226,7 +226,7 @@ def _worker_main(
     # First: a signal from now on asks the job to stop (no KeyboardInterrupt traceback), and
     # this process never outlives the launcher (lifetime.py).
     worker_signals(plan)
-    bind_to_parent(parent, grace, lambda: plan.request(signal.SIGTERM))
+    work_done = bind_to_parent(parent, grace, lambda: plan.request(signal.SIGTERM))
     logging_setup.worker_init(spec.rank)
     if pin:
         pin_to_core(spec.rank)
@@ -247,8 +247,9 @@ def _worker_main(
     finally:
         if comm is not None:
             comm.close()
-        if os.getppid() != parent:  # the launcher is gone (lifetime.bind_to_parent): nobody
-            # reads the results, and exiting as usual would wait for them to be read
+        work_done.set()  # an orphan may exit now (lifetime.bind_to_parent)
+        if os.getppid() != parent:  # the launcher is gone: nobody reads the results, and
+            # exiting as usual would wait for them to be read
             os._exit(EXIT_ORPHANED)
 
 

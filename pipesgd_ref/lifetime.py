@@ -195,20 +195,25 @@ def worker_signals(plan) -> None:
 PR_SET_PDEATHSIG = 1
 
 
-def bind_to_parent(parent_pid: int, grace: float, on_orphan: Callable[[], None]) -> None:
-    """Make this worker stop when its launcher dies, even by SIGKILL.
+def bind_to_parent(parent_pid: int, grace: float, on_orphan: Callable[[], None]) -> threading.Event:
+    """Make this worker stop when its launcher dies, even by SIGKILL; returns the event the
+    worker sets once its work is done (all that is left is handing its result over).
 
-    The kernel sends SIGTERM to this process when its parent dies (PR_SET_PDEATHSIG, Linux),
-    which asks the job to stop (worker_signals); a thread also notices the new parent, calls
-    `on_orphan`, and ends the process if it is still alive `grace` seconds later. Where prctl
-    is missing (macOS), the thread alone notices, within POLL_S. A parent that died before
-    the call is noticed at once. The worker, once stopped, exits without handing its result
-    to the launcher's queue, whose reader is gone (launch._worker_main)."""
+    The kernel sends SIGTERM to this process when its parent thread dies (PR_SET_PDEATHSIG,
+    Linux), which asks the job to stop (worker_signals). A thread also watches for a new
+    parent process (POLL_S; where prctl is missing, macOS, it alone notices), calls
+    `on_orphan`, and ends the process once the work is done, or `grace` seconds later: the
+    result can no longer be handed over, and exiting as usual would wait for the launcher's
+    queue to take it. (PR_SET_PDEATHSIG fires when the forking thread dies, while the rest
+    of the launcher may still be dying: the parent process id then has not changed yet, so
+    the worker cannot tell at that moment that it is orphaned; the watcher can, later.)"""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
     except (OSError, AttributeError):
         pass
+
+    done = threading.Event()
 
     def watch():
         while os.getppid() == parent_pid:
@@ -216,10 +221,11 @@ def bind_to_parent(parent_pid: int, grace: float, on_orphan: Callable[[], None])
         log.warning("the launcher (pid %d) is gone: stopping, then exiting within %.0f s",
                     parent_pid, grace)  # fmt: skip
         on_orphan()
-        time.sleep(grace)
+        done.wait(grace)
         os._exit(EXIT_ORPHANED)
 
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+    return done
 
 
 POLL_S = 0.2
