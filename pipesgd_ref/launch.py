@@ -43,6 +43,8 @@ from typing import Any
 from pipesgd_ref.comm.netem import LinkModel
 from pipesgd_ref.comm.rendezvous import JobSpec, init_process_group, new_token
 from pipesgd_ref.comm.transport import CommError
+from pipesgd_ref.config import ConfigError
+from pipesgd_ref.data import DataError
 from pipesgd_ref.lifetime import (
     EXIT_ORPHANED,
     JobStopped,
@@ -235,7 +237,8 @@ def _worker_main(
         comm = init_process_group(spec, star=star)
         value = target(comm, *args)
         results.put(("ok", spec.rank, value))
-    except (CommError, JobError) as e:  # our own errors say what happened and what to do
+    except (CommError, JobError, ConfigError, DataError) as e:  # ours say what happened and
+        # what to do (a ConfigError or DataError: found where only a worker could find it)
         # and whom they blame: a communication error names the peer at fault (None: unknown);
         # any other error of ours is this rank's own (a bad gradient, a diverged run)
         origin = getattr(e, "origin", None) if isinstance(e, CommError) else spec.rank

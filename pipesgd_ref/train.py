@@ -397,8 +397,11 @@ def _histogram(values: list[int] | None) -> dict[str, int] | None:
 def _check_inputs(cfg: TrainConfig) -> None:
     """The data and the checkpoint to resume from, checked in this process: a bad spec is one
     line here rather than an error in every worker."""
+    from pipesgd_ref.config import check_before_run
+
     data = load_dataset(cfg.dataset)
     MinibatchSampler(data.n_train, cfg.world_size, cfg.batch_size, cfg.seed)
+    check_before_run(cfg, data)  # the model fits in memory, the link delivers a frame in time
     if cfg.resume:
         from pipesgd_ref.algorithms.worker import WorkerSetup
         from pipesgd_ref.config import ConfigError

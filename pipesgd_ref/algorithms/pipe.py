@@ -48,7 +48,10 @@ class _CommThread:
     """AllReduces (step, buffer) pairs in the order they are handed over."""
 
     def __init__(self, comm: Communicator, timeline: Timeline, setup: WorkerSetup, codec=None):
+        from pipesgd_ref.config import emulated_allreduce_seconds
+
         self.comm = comm
+        self.allreduce_s = emulated_allreduce_seconds(setup.cfg, setup.params.size)
         self.setup = setup  # where the buffers live: its `average` fits them
         self.timeline = timeline
         self.codec = codec
@@ -82,7 +85,9 @@ class _CommThread:
     def wait(self, expected_step: int):
         """Block until the AllReduce of `expected_step` is done; return its averaged buffer."""
         try:  # the ring's own timeouts bound this wait; the margin is a guard against bugs
-            item = self.done.get(timeout=2 * self.comm.timeout + 5)
+            # (each hop is bounded by the timeout, a whole AllReduce on a slow emulated link
+            # only by its 2 (p - 1) hops: `allreduce_s`)
+            item = self.done.get(timeout=2 * self.comm.timeout + 5 + self.allreduce_s)
         except queue.Empty:
             raise JobError(
                 f"rank {self.comm.rank}: the AllReduce of step {expected_step} never finished "
