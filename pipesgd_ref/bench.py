@@ -26,13 +26,13 @@ import socket
 import statistics
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import numpy as np
 
 from pipesgd_ref.comm.netem import LinkModel, format_bytes
 from pipesgd_ref.comm.ring import allreduce, barrier
 from pipesgd_ref.launch import free_port, join_from_env, launch_local
+from pipesgd_ref.outputs import write_text_atomic
 from pipesgd_ref.timing import ring_allreduce_time
 
 
@@ -232,6 +232,24 @@ def gloo_available() -> bool:
 # --- the benchmark ----------------------------------------------------------------------------
 
 
+def link_problem(world_size: int, sizes: list[int], model: LinkModel, timeout: float,
+                 codec: str = "none") -> str | None:  # fmt: skip
+    """None when the emulated link carries the benchmark's largest ring frame within
+    `timeout`; otherwise the sentence that says why not (netem.frame_problem), for the CLI to
+    print before any rank starts: the frame is a segment of the largest chunk, ceil(n / p)
+    float32 values capped at SEGMENT_BYTES (comm/ring.py), in the codec's wire bytes."""
+    from pipesgd_ref.codecs import get_codec
+    from pipesgd_ref.comm.netem import frame_problem
+    from pipesgd_ref.comm.ring import SEGMENT_BYTES
+    from pipesgd_ref.comm.transport import HEADER_BYTES
+
+    if world_size < 2 or not model.enabled:
+        return None
+    values = min(-(-max(sizes) // 4 // world_size), max(1, SEGMENT_BYTES // 4))
+    nbytes = get_codec(codec, "numpy").wire_bytes(values) + HEADER_BYTES
+    return frame_problem(model, nbytes, timeout, what="a ring segment")
+
+
 def bench_allreduce(
     world_size: int,
     sizes: list[int],
@@ -296,8 +314,7 @@ def bench_allreduce(
         "host": socket.gethostname(),
     }
     if json_path:
-        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(json.dumps(result, indent=2) + "\n")
+        write_text_atomic(json_path, json.dumps(result, indent=2) + "\n")
         print_fn(f"wrote {json_path}")
     return result
 
@@ -334,7 +351,7 @@ def bench_allreduce_joined(
             rows.append({"size_bytes": nbytes, "time_s": t, "busbw": busbw, "verified_rank0": ok})
         result = {"world_size": p, "rows": rows}
         if json_path:
-            Path(json_path).write_text(json.dumps(result, indent=2) + "\n")
+            write_text_atomic(json_path, json.dumps(result, indent=2) + "\n")
         return result
     finally:
         comm.close()

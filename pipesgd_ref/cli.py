@@ -22,13 +22,24 @@ the target accuracy (of each method's repeat that reached it soonest).
 RANK/WORLD_SIZE, mpirun's or srun's variables, with MASTER_ADDR/MASTER_PORT; see launch.py),
 runs as that one rank of it: every rank runs the same command, rank 0 prints and writes --out.
 
-Bad input (unknown key, wrong type, impossible value, missing data file) prints one line that
-says what is wrong and exits with status 2, never a traceback.
+Bad input (unknown key, wrong type, impossible value, missing data file, an unusable output
+path) prints one line that says what is wrong and exits with status 2, never a traceback.
+
+Outputs are checked before any work (pipesgd_ref/outputs.py): train's and reference's --out,
+compare's --out, bench's --json, predict's --json/--plot/--out are created and tried for
+writing first; a folder holding an earlier run's results is refused unless --overwrite (or
+--resume of that folder), and a lock keeps a second job off a folder in use until the first
+one ends. Local worker counts beyond a sane bound for this machine's cores
+(`local_worker_limit`) are refused unless --allow-many-workers (or PIPESGD_ALLOW_MANY_WORKERS=1).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
+import math
+import os
 import sys
 
 from pipesgd_ref.comm.transport import CommError
@@ -36,6 +47,7 @@ from pipesgd_ref.config import (
     ConfigError,
     TrainConfig,
     apply_overrides,
+    check_idle_options,
     field_names,
     load_config_file,
 )
@@ -45,14 +57,78 @@ from pipesgd_ref.lifetime import JobStopped
 from pipesgd_ref.train import TrainingDiverged, run_reference, run_training, run_training_joined
 
 EXIT_USAGE = 2
+ALLOW_MANY_ENV = "PIPESGD_ALLOW_MANY_WORKERS"  # =1: the same as --allow-many-workers
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+# OSErrors that a path the user gave causes (a last resort: outputs.py checks paths before the
+# work); any other OSError is a bug or a network fault and keeps its traceback.
+PATH_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.ENOENT, errno.ENOTDIR, errno.EISDIR,
+                         errno.EEXIST, errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.ENAMETOOLONG,
+                         errno.ELOOP, errno.EFBIG, errno.ETXTBSY})  # fmt: skip
 BIND_HELP = (
     "interface for this rank's listeners when joining a job from the environment "
     "(default: loopback for a loopback MASTER_ADDR, else all interfaces)"
 )
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is the one line every other error is (no usage block):
+    "pipesgd: error: WHAT (see `pipesgd COMMAND --help`)", exit status 2."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"pipesgd: error: {message} (see `{self.prog} --help`)\n")
+
+
+def _log_level(text: str) -> str:
+    """--log-level: a level name, any case (argparse type)."""
+    if text.strip().upper() not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(
+            f"unknown log level {text!r}: expected one of {', '.join(LOG_LEVELS)}"
+        )
+    return text.strip().upper()
+
+
+def _seconds(text: str) -> float:
+    """--timeout: a positive, finite number of seconds (argparse type)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(
+            f"expected a positive number of seconds, e.g. 60, got {text!r}"
+        )
+    return value
+
+
+def add_many_workers_flag(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--allow-many-workers", action="store_true",
+                    help=f"start more local workers than {local_worker_limit()} (this machine's "
+                    f"bound; also {ALLOW_MANY_ENV}=1)")  # fmt: skip
+
+
+def local_worker_limit() -> int:
+    """The most worker processes one command starts on this machine without
+    --allow-many-workers: max(64, 16 per core). Beyond it a typo (--world-size 100000) would
+    start processes until the machine gives out, long before the first step."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(64, 16 * cores)
+
+
+def check_local_workers(n: int, allow: bool, what: str) -> None:
+    """ConfigError when `n` local processes exceed local_worker_limit() and nothing allows it."""
+    limit = local_worker_limit()
+    if n > limit and not (allow or os.environ.get(ALLOW_MANY_ENV, "") not in ("", "0")):
+        raise ConfigError(
+            f"{what} would start {n} processes on this machine, more than {limit} (16 per core, "
+            f"at least 64); lower --world-size, or pass --allow-many-workers to start them anyway"
+        )
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="pipesgd",
         description="Pipe-SGD reference implementation: train, compare, predict.",
         epilog="Config keys (as --key=value): " + ", ".join(field_names()),
@@ -72,16 +148,22 @@ def _parser() -> argparse.ArgumentParser:
                    help="runs of each method, the one that reaches the target soonest kept "
                    "(default 2, 1 with --quick)")  # fmt: skip
     c.add_argument("--out", dest="out_dir", default="runs/compare", help="where to write results")
+    c.add_argument("--overwrite", action="store_true", help="replace the results already in --out")
+    add_many_workers_flag(c)
     t = sub.add_parser(
         "train",
         help="train with --algo in worker processes over TCP (local, or one rank of a job "
         "that torchrun, mpirun or srun started)",
     )
     common(t)
-    t.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
+    t.add_argument("--log-level", default="INFO", type=_log_level,
+                   help="DEBUG, INFO, WARNING, ERROR")  # fmt: skip
     t.add_argument("--bind", default=None, help=BIND_HELP)
+    t.add_argument("--overwrite", action="store_true", help="replace the results already in --out")
+    add_many_workers_flag(t)
     r = sub.add_parser("reference", help="train with a one-process oracle")
     common(r)
+    r.add_argument("--overwrite", action="store_true", help="replace the results already in --out")
     g = sub.add_parser("config", help="print the resolved configuration as JSON")
     common(g)
     from pipesgd_ref.predict import add_parser as add_predict_parser
@@ -96,12 +178,14 @@ def _parser() -> argparse.ArgumentParser:
     ar.add_argument("--bandwidth", default=None, help="emulated bandwidth, e.g. 1Gbit, 125MB")
     ar.add_argument("--reps", type=int, default=10, help="timed repeats per size")
     ar.add_argument("--warmup", type=int, default=2, help="untimed repeats per size")
-    ar.add_argument("--timeout", type=float, default=60.0, help="communication timeout, s")
+    ar.add_argument("--timeout", type=_seconds, default=60.0, help="communication timeout, s")
     ar.add_argument("--json", dest="json_path", default=None, help="also write results here")
     ar.add_argument("--no-gloo", action="store_true", help="skip torch/gloo even if installed")
     ar.add_argument("--codec", default="none", help="none, trunc16, bf16, q8: compress each hop")
-    ar.add_argument("--log-level", default="WARNING", help="DEBUG, INFO, WARNING, ERROR")
+    ar.add_argument("--log-level", default="WARNING", type=_log_level,
+                    help="DEBUG, INFO, WARNING, ERROR")  # fmt: skip
     ar.add_argument("--bind", default=None, help=BIND_HELP)
+    add_many_workers_flag(ar)
     return p
 
 
@@ -131,9 +215,38 @@ def _split_overrides(rest: list[str]) -> list[str]:
 
 def resolve_config(args: argparse.Namespace, rest: list[str]) -> TrainConfig:
     cfg = TrainConfig.preset(args.preset)
+    if args.config == "":
+        raise ConfigError("--config is empty; give a .toml or .json file of config keys")
     if args.config:
         cfg = load_config_file(args.config, base=cfg)
     return apply_overrides(cfg, _split_overrides(rest))
+
+
+def _claimed(path: str, overwrite: bool, resume: str = "", flag: str = "--out"):
+    """The results folder of this command, checked, created and locked for the whole command
+    (outputs.claim_out_dir); nothing when there is none."""
+    if not path:
+        return contextlib.nullcontext()
+    from pipesgd_ref.outputs import claim_out_dir
+
+    return claim_out_dir(path, overwrite=overwrite, resume=resume, flag=flag)
+
+
+def _check_faults(n_ranks: int, cfg: TrainConfig | None) -> None:
+    """PIPESGD_FAULT, parsed and checked against the job here, in one line (each worker would
+    otherwise fail on its own, or a fault for a rank outside the job would never fire)."""
+    from pipesgd_ref import faults
+
+    try:
+        faults.check(n_ranks, steps=None if cfg is None else _fixed_steps(cfg),
+                     ps_async=cfg is not None and cfg.algo == "ps-async")  # fmt: skip
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def _fixed_steps(cfg: TrainConfig) -> int | None:
+    """The run's steps when they are known without loading the data (no --epochs, no --resume)."""
+    return cfg.steps if cfg.epochs <= 0 and not cfg.resume else None
 
 
 def cmd_compare(args: argparse.Namespace, cfg: TrainConfig) -> int:
@@ -148,6 +261,8 @@ def cmd_compare(args: argparse.Namespace, cfg: TrainConfig) -> int:
 
     if args.repeats is not None and args.repeats < 1:
         raise ConfigError(f"--repeats must be at least 1, got {args.repeats}")
+    check_local_workers(cfg.world_size + 1, args.allow_many_workers, "compare")  # ps: + server
+    _check_faults(cfg.world_size + 1, None)
     configure_parent_logging("WARNING")
     more = {"repeats": REPEATS}
     if args.quick:
@@ -156,17 +271,34 @@ def cmd_compare(args: argparse.Namespace, cfg: TrainConfig) -> int:
                                         "repeats": 1}  # fmt: skip
     if args.repeats is not None:
         more["repeats"] = args.repeats
-    run_compare(cfg, out=args.out_dir, progress=not args.no_progress, **more)
+    with _claimed(args.out_dir, args.overwrite):
+        run_compare(cfg, out=args.out_dir, progress=not args.no_progress, **more)
     return 0
 
 
+def _bench_memory(world_size: int, sizes: list[int]) -> None:
+    """Refuse sizes whose buffers cannot fit: every rank holds the array and about as much again
+    in flight (chunks, codec buffers)."""
+    try:
+        ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # not a POSIX sysconf
+        return
+    from pipesgd_ref.comm.netem import format_bytes
+
+    need = 2 * max(sizes) * world_size
+    if need > ram:
+        raise ConfigError(
+            f"--sizes {format_bytes(max(sizes))} on {world_size} ranks needs about "
+            f"{format_bytes(need)} of memory (2 copies a rank), this machine has "
+            f"{format_bytes(ram)}; choose smaller --sizes or fewer ranks"
+        )
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
-    from pipesgd_ref.bench import bench_allreduce, bench_allreduce_joined
+    from pipesgd_ref.bench import bench_allreduce, bench_allreduce_joined, link_problem
     from pipesgd_ref.comm.netem import LinkModel, parse_size
-    from pipesgd_ref.launch import detect_env
     from pipesgd_ref.logs import configure_parent_logging
 
-    configure_parent_logging(args.log_level)
     try:
         sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
         model = LinkModel.from_strings(args.latency, args.bandwidth)
@@ -178,9 +310,25 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise ConfigError(f"sizes must be whole float32 arrays (multiples of 4 bytes): {sizes}")
     if args.codec not in ("none", "trunc16", "bf16", "q8"):
         raise ConfigError(f"--codec must be none, trunc16, bf16 or q8, got {args.codec!r}")
+    if os.environ.get("PIPESGD_FAULT"):
+        raise ConfigError("PIPESGD_FAULT is set, but bench allreduce injects no faults (only "
+                          "`pipesgd train` does); unset it")  # fmt: skip
+    job = detect_env()  # one rank of a job started by torchrun, mpirun or srun, or None
+    ranks = job.world_size if job is not None else args.world_size
+    if job is None:
+        check_local_workers(args.world_size, args.allow_many_workers, "bench allreduce")
+    slow = link_problem(ranks, sizes, model, args.timeout, args.codec if job is None else "none")
+    if slow is not None:  # a frame that cannot arrive in time: say so now, not after a timeout
+        raise ConfigError(slow)
+    _bench_memory(1 if job is not None else ranks, sizes)
+    if args.json_path and (job is None or job.rank == 0):  # a joined job: rank 0 writes it
+        from pipesgd_ref.outputs import prepare_file
+
+        prepare_file(args.json_path, "--json")
+    configure_parent_logging(args.log_level)
     kwargs = dict(model=model, reps=args.reps, warmup=args.warmup, timeout=args.timeout,
                   json_path=args.json_path)  # fmt: skip
-    if detect_env() is not None:  # one rank of a job started by torchrun, mpirun or srun
+    if job is not None:
         bench_allreduce_joined(sizes, bind=args.bind, **kwargs)
     else:
         bench_allreduce(args.world_size, sizes, with_gloo=not args.no_gloo, codec=args.codec,
@@ -188,47 +336,82 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = _parser()
-    args, rest = parser.parse_known_args(argv)
+def cmd_train(args: argparse.Namespace, cfg: TrainConfig) -> int:
+    from pipesgd_ref.logs import configure_parent_logging
+    from pipesgd_ref.train import n_ranks
+
+    check_idle_options(cfg)  # an option that would do nothing in this run: refused, saying why
+    job = detect_env()  # one rank of a job started by torchrun, mpirun or srun, or None
+    if job is None:
+        check_local_workers(n_ranks(cfg), args.allow_many_workers, "train")
+    _check_faults(job.world_size if job is not None else n_ranks(cfg), cfg)
+    configure_parent_logging(args.log_level)
+    # Only rank 0 of a joined job writes --out: the other ranks leave it alone.
+    out = cfg.out if job is None or job.rank == 0 else ""
+    with _claimed(out, args.overwrite, cfg.resume):
+        if job is not None:
+            run_training_joined(cfg, progress=not args.no_progress, bind=args.bind)
+        else:
+            run_training(cfg, progress=not args.no_progress)
+    return 0
+
+
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, rest: list[str]) -> int:
+    """The command of `args`; raises the errors main() prints as one line."""
     if args.command in ("bench", "predict"):
         if rest:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
-        try:
-            if args.command == "predict":
-                from pipesgd_ref.predict import cmd_predict
+        if args.command == "predict":
+            from pipesgd_ref.predict import cmd_predict
 
-                return cmd_predict(args)
-            return cmd_bench(args)
-        except (ConfigError, LaunchError, CommError) as e:
-            print(f"pipesgd: error: {e}", file=sys.stderr)
-            return EXIT_USAGE
-    try:
-        cfg = resolve_config(args, rest)
-        if args.command == "config":
-            import json
+            if args.this_machine:  # it starts --world-size processes here to measure them
+                check_local_workers(args.world_size, args.allow_many_workers, "predict")
+            return cmd_predict(args)
+        return cmd_bench(args)
+    cfg = resolve_config(args, rest)
+    if args.command == "config":
+        import json
 
-            print(json.dumps(cfg.to_dict(), indent=2))
-            return 0
-        if args.command == "reference":
+        print(json.dumps(cfg.to_dict(), indent=2))
+        return 0
+    if args.command == "reference":
+        with _claimed(cfg.out, args.overwrite, cfg.resume):
             run_reference(cfg, progress=not args.no_progress)
-            return 0
-        if args.command == "train":
-            from pipesgd_ref.logs import configure_parent_logging
+        return 0
+    if args.command == "train":
+        return cmd_train(args, cfg)
+    return cmd_compare(args, cfg)
 
-            configure_parent_logging(args.log_level)
-            if detect_env() is not None:  # one rank of a job started by torchrun, mpirun or srun
-                run_training_joined(cfg, progress=not args.no_progress, bind=args.bind)
-            else:
-                run_training(cfg, progress=not args.no_progress)
-            return 0
-        return cmd_compare(args, cfg)
-    except (ConfigError, DataError, TrainingDiverged, JobError, LaunchError, CommError) as e:
-        print(f"pipesgd: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
+
+USER_ERRORS = (ConfigError, DataError, TrainingDiverged, JobError, LaunchError, CommError)
+
+
+def _error(message: object) -> int:
+    print(f"pipesgd: error: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    first = (sys.argv[1:] if argv is None else argv)[:1]
+    if first and first[0].startswith("-") and first[0] not in ("-h", "--help"):
+        # argparse would only say that the command is missing, not what it could not read
+        return _error(f"unknown option {first[0]!r} before the command; write `pipesgd COMMAND "
+                      f"[options]` (see `pipesgd --help`)")  # fmt: skip
+    args, rest = parser.parse_known_args(argv)
+    try:
+        return _run(parser, args, rest)
+    except USER_ERRORS as e:
+        return _error(e)
     except JobStopped as e:  # a signal stopped the job: one line, and 128 + its number
         print(f"pipesgd: {e}", file=sys.stderr)
         return e.exit_code
+    except OSError as e:
+        # The last resort for a path the checks before the work could not foresee (a disk
+        # that filled up, a folder removed under the run); any other OSError is a bug.
+        if e.errno not in PATH_ERRNOS or e.filename is None:
+            raise
+        return _error(f"{e.filename}: {e.strerror}")
     except KeyboardInterrupt:
         print("pipesgd: interrupted", file=sys.stderr)
         return 130

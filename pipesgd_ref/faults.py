@@ -70,6 +70,26 @@ def parse(spec: str) -> list[Fault]:
     return faults
 
 
+def check(n_ranks: int, steps: int | None = None, ps_async: bool = False, environ=None) -> None:
+    """Refuse a PIPESGD_FAULT that would inject nothing in a job of `n_ranks` ranks running
+    `steps` steps (None: not known yet): a rank outside the job, or a step the run never
+    reaches (ps-async's server, rank 0, counts updates: `steps` x its workers). ValueError
+    naming the fault; the CLI calls this before any worker starts."""
+    spec = (os.environ if environ is None else environ).get(ENV, "")
+    for f in parse(spec):
+        if f.rank >= n_ranks:
+            raise ValueError(
+                f"{ENV}: {f.action}@{f.rank}:{f.step} names rank {f.rank}, but the job has ranks "
+                f"0..{n_ranks - 1}; it would never fire"
+            )
+        last = None if steps is None else steps * (n_ranks - 1 if ps_async and f.rank == 0 else 1)
+        if last is not None and f.step >= last:
+            raise ValueError(
+                f"{ENV}: {f.action}@{f.rank}:{f.step} is at step {f.step}, but the run has steps "
+                f"0..{last - 1}; it would never fire"
+            )
+
+
 _PLAN: dict[str, list[Fault]] = {}
 
 

@@ -66,6 +66,9 @@ from pipesgd_ref.timing import COMPARE_RUNS, Calibration, Prediction
 PAYS = 1.1  # pipe must beat sync by this factor to be worth its staleness (PAPER.md section 5)
 BASELINE = "ps-sync"  # the speedup column's reference, as in the paper's comparison
 CODEC_CHOICES = ("trunc16", "bf16", "q8")
+# The timing models step through the ring schedule of every worker: p = 4096 predicts in about a
+# second, 8192 in tens of seconds (a sweep to it took 36 s), 100000 not within minutes.
+MAX_WORLD = 4096
 TIMING_CAP = 1 << 20  # float32 values timed for per-byte costs: 4 MB, past the caches
 
 # The uncompressed runs of `pipesgd compare`; --codecs adds a pipe run for each codec.
@@ -107,6 +110,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     r.add_argument("--plot", default=None, help="write the sweep's figure here (.png, .pdf)")
     r.add_argument("--json", dest="json_path", default=None, help="write the predictions here")
     r.add_argument("--out", dest="out_dir", default=None, help="folder for the JSON and figure")
+    from pipesgd_ref.cli import add_many_workers_flag
+
+    add_many_workers_flag(n)  # --this-machine starts --world-size processes
     return p
 
 
@@ -226,6 +232,12 @@ def scenario_from_args(args) -> Scenario:
     if args.world_size < 1:
         raise ConfigError(
             f"--world-size must be >= 1 (the number of workers), got {args.world_size}"
+        )
+    if args.world_size > MAX_WORLD:
+        raise ConfigError(
+            f"--world-size {args.world_size}: predictions go up to {MAX_WORLD} workers (the "
+            f"timing model steps through every worker's ring schedule; beyond that it takes "
+            f"minutes)"
         )
     if args.width < 1:
         raise ConfigError(f"--width must be >= 1 (1 = synchronous, 2 = Pipe-SGD), got {args.width}")
@@ -569,6 +581,28 @@ def plot_sweep(
     return save_figure(fig, path)
 
 
+def _prepare_outputs(args, plot_path, json_path) -> None:
+    """--out, --plot and --json checked and their folders made (outputs.py), and the figure's
+    suffix one matplotlib writes: an error now, not after the calibration."""
+    from pipesgd_ref.outputs import prepare_file, prepare_out_dir
+    from pipesgd_ref.plots import figure_formats
+
+    if args.out_dir is not None:
+        prepare_out_dir(args.out_dir, overwrite=True)  # predict's files are replaced freely
+    if plot_path:
+        flag = "--plot" if args.plot else "--out"
+        prepare_file(plot_path, flag)
+        formats = figure_formats()
+        suffix = Path(plot_path).suffix[1:].lower()
+        if formats and suffix not in formats:
+            raise ConfigError(
+                f"{flag} {str(plot_path)!r}: matplotlib cannot write a {suffix or 'suffix-less'} "
+                f"file; end the name in one of .{', .'.join(formats)}"
+            )
+    if json_path:
+        prepare_file(json_path, "--json" if args.json_path else "--out")
+
+
 def cmd_predict(args) -> int:
     """`pipesgd predict`: print (and write) the predictions; 0 on success, ConfigError on bad
     input (the CLI prints it as one line and exits 2)."""
@@ -578,6 +612,11 @@ def cmd_predict(args) -> int:
             sweep = timing.sweep_values(args.sweep)
         except ValueError as e:
             raise ConfigError(f"--sweep: {e}") from None
+        if sweep[0] == "world_size" and sweep[1][-1] > MAX_WORLD:
+            raise ConfigError(
+                f"--sweep {args.sweep}: predictions go up to world_size {MAX_WORLD} (the timing "
+                f"model steps through every worker's ring schedule; beyond that it takes minutes)"
+            )
     if args.plot and not sweep:
         raise ConfigError(
             "--plot draws a sweep: add --sweep, e.g. --sweep bandwidth=100Mbit..100Gbit"
@@ -585,6 +624,7 @@ def cmd_predict(args) -> int:
     out = Path(args.out_dir) if args.out_dir else None
     plot_path = args.plot or (out / "predict_sweep.png" if out and sweep else None)
     json_path = args.json_path or (out / "predict.json" if out else None)
+    _prepare_outputs(args, plot_path, json_path)  # before the model is timed: never lost
 
     s = scenario_from_args(args)
     if s.cores_per_worker is None:

@@ -1,6 +1,7 @@
 """The `pipesgd` command: the main job runs, bad input exits 2 with one clear line."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -128,3 +129,122 @@ def test_a_yes_no_field_alone_is_a_flag():
     args, rest = _parser().parse_known_args(["train", "--skip-nonfinite", "--steps=3"])
     cfg = resolve_config(args, rest)
     assert cfg.skip_nonfinite and cfg.steps == 3
+
+
+# --- outputs: checked before the work, locked while in use, written atomically -------------
+
+TINY_REF = ["reference", "--preset", "tiny", "--no-progress", "--steps=3"]
+
+
+def test_an_earlier_run_is_kept_unless_overwrite(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main([*TINY_REF, f"--out={out}"]) == 0
+    first = (out / "summary.json").read_text()
+    assert main([*TINY_REF, f"--out={out}", "--lr=0.2"]) == 2
+    err = capsys.readouterr().err
+    assert "already holds an earlier run's results (summary.json)" in err and "--overwrite" in err
+    assert (out / "summary.json").read_text() == first, "the refused run touched the results"
+    assert main([*TINY_REF, f"--out={out}", "--lr=0.2", "--overwrite"]) == 0
+    assert json.loads((out / "summary.json").read_text())["config"]["lr"] == 0.2
+
+
+def test_resume_in_place_is_not_an_earlier_run(tmp_path):
+    common = ["train", "--preset=tiny", "--algo=sync", "--no-progress"]
+    assert main([*common, "--steps=4", f"--out={tmp_path}"]) == 0
+    assert main([*common, "--steps=6", f"--out={tmp_path}", f"--resume={tmp_path}"]) == 0
+    assert json.loads((tmp_path / "summary.json").read_text())["steps"] == 2
+
+
+def test_the_lock_is_released_and_a_stale_one_taken_over(tmp_path, capsys):
+    from pipesgd_ref.outputs import LOCK_FILE, lock_out_dir
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / LOCK_FILE).write_text("999999999\n")  # left by a job that was SIGKILLed
+    assert main([*TINY_REF, f"--out={out}"]) == 0
+    assert not (out / LOCK_FILE).exists(), "the lock outlived its command"
+    with lock_out_dir(out):  # a live job (this process) holds the folder
+        assert main([*TINY_REF, f"--out={out}", "--overwrite"]) == 2
+    assert f"in use by another pipesgd job (pid {os.getpid()})" in capsys.readouterr().err
+    with lock_out_dir(out):  # released on exit: it can be taken again at once
+        pass
+
+
+def test_a_refused_run_leaves_no_folder_behind(tmp_path, capsys):
+    out = tmp_path / "new" / "run"
+    assert main([*TINY_REF, f"--out={out}", "--dataset=mnist:/nonexistent"]) == 2
+    assert "/nonexistent" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists(), "the folders made for --out were left behind"
+
+
+def test_prepare_file_refuses_what_cannot_be_replaced_atomically(tmp_path):
+    from pipesgd_ref.outputs import OutputError, prepare_file
+
+    (tmp_path / "f").write_text("x")
+    os.mkfifo(tmp_path / "fifo")
+    for bad, words in [(tmp_path, "is a folder"), (tmp_path / "f" / "x.json", "is under"),
+                       (tmp_path / "fifo", "not a regular file"), ("", "is empty"),
+                       (tmp_path / ("n" * 250), "too long")]:  # fmt: skip
+        with pytest.raises(OutputError, match=words):
+            prepare_file(bad, "--json")
+    assert prepare_file(tmp_path / "a" / "b.json") == tmp_path / "a" / "b.json"
+    assert (tmp_path / "a").is_dir() and not list((tmp_path / "a").iterdir())
+
+
+def test_atomic_writes_leave_no_temporary_files(tmp_path):
+    from pipesgd_ref.outputs import write_text_atomic
+
+    write_text_atomic(tmp_path / "r.json", "1")
+    write_text_atomic(tmp_path / "r.json", "2")
+    assert (tmp_path / "r.json").read_text() == "2" and len(list(tmp_path.iterdir())) == 1
+    pytest.importorskip("matplotlib")
+    from pipesgd_ref.plots import pyplot, save_figure
+
+    fig, ax = pyplot().subplots()
+    ax.plot([0, 1])
+    save_figure(fig, tmp_path / "fig.pdf")
+    assert (tmp_path / "fig.pdf").read_bytes().startswith(b"%PDF")  # the format of the name
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fig.pdf", "r.json"]
+
+
+def test_a_path_error_at_the_end_is_one_line_and_a_bug_keeps_its_traceback(monkeypatch, capsys):
+    import errno
+
+    import pipesgd_ref.cli as cli
+
+    def disk_full(*_, **__):
+        raise OSError(errno.ENOSPC, "No space left on device", "/data/run/summary.json")
+
+    monkeypatch.setattr(cli, "run_reference", disk_full)
+    assert main(["reference", "--preset=tiny", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err == "pipesgd: error: /data/run/summary.json: No space left on device\n", err
+
+    def bug(*_, **__):
+        raise ConnectionResetError(errno.ECONNRESET, "Connection reset by peer")
+
+    monkeypatch.setattr(cli, "run_reference", bug)
+    with pytest.raises(ConnectionResetError):
+        main(["reference", "--preset=tiny", "--no-progress"])
+
+
+def test_many_local_workers_need_an_override(monkeypatch):
+    from pipesgd_ref.cli import ALLOW_MANY_ENV, check_local_workers, local_worker_limit
+    from pipesgd_ref.config import ConfigError
+
+    limit = local_worker_limit()
+    assert limit >= 64 and limit >= 16 * len(os.sched_getaffinity(0))
+    check_local_workers(limit, allow=False, what="train")
+    with pytest.raises(ConfigError, match="--allow-many-workers"):
+        check_local_workers(limit + 1, allow=False, what="train")
+    check_local_workers(limit + 1, allow=True, what="train")
+    monkeypatch.setenv(ALLOW_MANY_ENV, "1")
+    check_local_workers(limit + 1, allow=False, what="train")
+
+
+def test_a_usage_error_is_one_line(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "allreduce", "--world-size", "two"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "invalid int value: 'two'" in err and "usage" not in err

@@ -109,7 +109,7 @@ def test_digits_every_algorithm_reaches_95_percent_and_pipe_tracks_sync(tmp_path
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--world-size=5000"], "larger than the training set"),
+        (["--world-size=5000", "--allow-many-workers"], "larger than the training set"),
         (["--width=0"], "width must be >= 1"),
         (["--lr=0"], "lr must be a positive"),
         (["--dataset=cifar"], "unknown dataset"),

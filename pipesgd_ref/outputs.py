@@ -1,0 +1,307 @@
+"""Where results go, checked before any work: a run's outputs are never lost at its end.
+
+Every command that writes (train and reference --out, compare --out, bench --json, predict
+--json/--plot/--out) hands its paths here before the first worker starts:
+
+    prepare_out_dir(path, overwrite, resume)   a results folder: made if missing, writable, and
+                                                not an earlier run's unless --overwrite (or
+                                                --resume of that very folder)
+    prepare_file(path)                          one file: its folder made and writable, the name
+                                                free for a regular file
+    claim_out_dir(path, overwrite, resume)      prepare_out_dir + a lock held for the whole
+                                                command (a context manager; cli.py wraps every
+                                                command that writes a run folder in one)
+
+A path that cannot be used is an OutputError (a ConfigError: the CLI prints one line and exits
+2). Why before the work: a run's results exist only in memory until its end, so an --out found
+unusable then (a file, a path under a file, an unwritable folder) costs the whole run.
+
+The lock. DIR/.pipesgd.lock holds the pid of the job using DIR, and that job holds an flock on
+it: the kernel drops an flock when its holder dies, however it dies, so a lock left by a killed
+job is stale by construction and is simply taken over (no pid guessing). Workers forked by the
+job inherit the open lock, so a folder stays taken while any of them still runs.
+
+Writes themselves stay atomic (a temporary file in the same folder, then os.replace):
+`write_text_atomic` here, train.write_json, checkpoint.save, plots.save_figure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import stat
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from pipesgd_ref.config import ConfigError
+
+LOCK_FILE = ".pipesgd.lock"
+# Files whose presence makes a folder an earlier run's results (train and reference:
+# summary.json, checkpoint.npz; compare: compare.json and one such folder per run).
+RUN_MARKERS = ("summary.json", "checkpoint.npz", "compare.json")
+_SCAN_DEPTH = 2  # compare's folders: DIR/LABEL/summary.json, DIR/LABEL/repeat-K/summary.json
+_TMP_EXTRA = 16  # characters an atomic write adds to a name: ".NAME.XXXXXXXX.tmp"
+_SCAN_LIMIT = 1000  # entries looked at, at most: --out pointed at a big folder stays fast
+
+
+class OutputError(ConfigError):
+    """An output path that cannot be used; the message names it and says what to do."""
+
+
+def _shown(path: Path | str) -> str:
+    return repr(str(path))
+
+
+def _blocking_file(path: Path) -> Path | None:
+    """The nearest existing ancestor-or-self of `path` when it is not a folder (a path "under
+    a file"), else None."""
+    for p in (path, *path.parents):
+        try:
+            os.lstat(p)
+        except FileNotFoundError:
+            continue
+        except OSError:  # a name too long, a loop of links: mkdir says which, next
+            return None
+        return None if p.is_dir() else p
+    return None
+
+
+def _why(e: OSError) -> str:
+    return e.strerror or str(e)
+
+
+def _make_dir(path: Path, flag: str) -> list[Path]:
+    """Create `path` (and missing parents) as a writable folder; the folders it created, the
+    deepest last."""
+    if str(path) == "":
+        raise OutputError(f"{flag} is empty; give a folder name")
+    blocker = _blocking_file(path)
+    if blocker == path:
+        raise OutputError(f"{flag} {_shown(path)} is a file, not a folder; give a folder name "
+                          f"(or remove the file)")  # fmt: skip
+    if blocker is not None:
+        raise OutputError(f"{flag} {_shown(path)} is under {_shown(blocker)}, which is a file, "
+                          f"not a folder; choose another path")  # fmt: skip
+    missing = [p for p in (path, *path.parents) if not os.path.lexists(p)][::-1]
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OutputError(f"{flag} {_shown(path)}: cannot create the folder ({_why(e)}); "
+                          f"choose a writable path") from None  # fmt: skip
+    _probe_writable(path, flag)
+    return missing
+
+
+def _probe_writable(folder: Path, flag: str) -> None:
+    """Create and remove a file in `folder`: the one test of writability that also holds for
+    read-only mounts, full disks' directory entries and ACLs (os.access does not)."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".pipesgd-probe-", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise OutputError(f"{flag} {_shown(folder)}: cannot write there ({_why(e)}); choose a "
+                          f"writable folder") from None  # fmt: skip
+
+
+def earlier_run(folder: Path) -> Path | None:
+    """A file that makes `folder` an earlier run's results (RUN_MARKERS, in the folder or up to
+    _SCAN_DEPTH levels below it), or None."""
+    seen = 0
+    level = [folder]
+    for _ in range(_SCAN_DEPTH + 1):
+        below = []
+        for d in level:
+            for name in RUN_MARKERS:
+                if (d / name).exists():
+                    return d / name
+            try:
+                entries = list(os.scandir(d))
+            except OSError:
+                continue
+            for entry in entries:
+                seen += 1
+                if seen > _SCAN_LIMIT:
+                    return None
+                if entry.is_dir(follow_symlinks=False):
+                    below.append(Path(entry.path))
+        level = below
+    return None
+
+
+def _same_folder(a: str | Path, b: Path) -> bool:
+    try:
+        return Path(a).resolve() == b.resolve()
+    except OSError:
+        return False
+
+
+def _refuse_earlier_run(folder: Path, overwrite: bool, resume: str | Path, flag: str) -> None:
+    if overwrite or (resume and _same_folder(resume, folder)):
+        return
+    found = earlier_run(folder)
+    if found is not None:
+        raise OutputError(
+            f"{flag} {_shown(folder)} already holds an earlier run's results "
+            f"({found.relative_to(folder)}); pass --overwrite to replace them, "
+            f"--resume={folder} to continue that run, or choose another {flag}"
+        )
+
+
+def prepare_out_dir(
+    path: str | Path, overwrite: bool = False, resume: str | Path = "", flag: str = "--out"
+) -> Path:
+    """Check and create the results folder `path` (OutputError when unusable); refuse a
+    folder with an earlier run's results unless `overwrite`, or `resume` names it."""
+    folder = Path(path)
+    _make_dir(folder, flag)
+    _refuse_earlier_run(folder, overwrite, resume, flag)
+    return folder
+
+
+def prepare_file(path: str | Path, flag: str = "--json") -> Path:
+    """Check that `path` can be written (atomically: its folder writable, the name free or a
+    regular file) and create its folder; OutputError when not."""
+    target = Path(path)
+    if str(path) == "":
+        raise OutputError(f"{flag} is empty; give a file name")
+    try:
+        mode = os.stat(target).st_mode
+    except OSError:  # missing (the usual case), or a name the mkdir below will explain
+        mode = None
+    if mode is not None and stat.S_ISDIR(mode):
+        raise OutputError(f"{flag} {_shown(target)} is a folder; give a file name, e.g. "
+                          f"{target / 'results.json'}")  # fmt: skip
+    if mode is not None and not stat.S_ISREG(mode):
+        # A device or a pipe: os.replace would put a regular file in its place.
+        raise OutputError(f"{flag} {_shown(target)} is not a regular file; give a file name")
+    parent = target.parent
+    blocker = _blocking_file(parent)
+    if blocker is not None:
+        raise OutputError(f"{flag} {_shown(target)} is under {_shown(blocker)}, which is a "
+                          f"file, not a folder; choose another path")  # fmt: skip
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OutputError(f"{flag} {_shown(target)}: cannot create its folder {_shown(parent)} "
+                          f"({_why(e)}); choose a writable path") from None  # fmt: skip
+    _probe_writable(parent, flag)
+    try:
+        name_max = os.pathconf(parent, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        name_max = 255
+    # The atomic write's temporary name is the file's plus a few characters (_TMP_EXTRA).
+    if len(os.fsencode(target.name)) + _TMP_EXTRA > name_max:
+        raise OutputError(f"{flag}: the file name {target.name[:40]!r}... is too long for its "
+                          f"folder ({name_max} bytes at most, {_TMP_EXTRA} kept for the "
+                          f"temporary file); choose a shorter name")  # fmt: skip
+    return target
+
+
+def write_text_atomic(path: str | Path, text: str) -> Path:
+    """Write `text` to `path` through a temporary file in the same folder and os.replace: a
+    reader (or a crash) sees the old file or the new one, never half of one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+# --- the lock ------------------------------------------------------------------------------
+
+
+def _holder(lock: Path) -> str:
+    try:
+        pid = lock.read_text().strip()
+    except OSError:
+        return "another pipesgd job"
+    return f"another pipesgd job (pid {pid})" if pid.isdigit() else "another pipesgd job"
+
+
+@contextlib.contextmanager
+def lock_out_dir(folder: str | Path, flag: str = "--out") -> Iterator[Path]:
+    """Hold DIR/.pipesgd.lock (an flock, with this pid inside) for the duration; OutputError
+    at once when another live job holds it. The file is removed on release."""
+    lock = Path(folder) / LOCK_FILE
+    while True:
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            raise OutputError(f"{flag} {_shown(folder)}: cannot create {LOCK_FILE} "
+                              f"({_why(e)})") from None  # fmt: skip
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(fd)
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise OutputError(f"{flag} {_shown(folder)}: cannot lock {LOCK_FILE} "
+                                  f"({_why(e)})") from None  # fmt: skip
+            raise OutputError(
+                f"{flag} {_shown(folder)} is in use by {_holder(lock)}; wait for it to end, "
+                f"or choose another {flag}"
+            ) from None
+        # The holder before us may have removed the file between our open and our flock: then
+        # we locked a file nobody else will ever open. Lock the one at the path, or try again.
+        try:
+            same = os.fstat(fd).st_ino == os.stat(lock).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        yield Path(folder)
+    finally:
+        # Unlink before unlocking: a job that opens the path from now on gets a new file.
+        with contextlib.suppress(OSError):
+            os.unlink(lock)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def claim_out_dir(
+    path: str | Path, overwrite: bool = False, resume: str | Path = "", flag: str = "--out"
+) -> Iterator[Path]:
+    """The results folder of one command, from before its first worker to its end: checked
+    and created (prepare_out_dir), locked (lock_out_dir), released on every exit. Folders it
+    created that are still empty at the end (a command that failed before writing) are
+    removed again, so a refused run leaves nothing behind."""
+    folder = Path(path)
+    created = _make_dir(folder, flag)
+    try:
+        with lock_out_dir(folder, flag):
+            _refuse_earlier_run(folder, overwrite, resume, flag)
+            yield folder
+    finally:
+        for d in reversed(created):
+            try:
+                d.rmdir()  # only when empty
+            except OSError:
+                break
+
+
+__all__ = [
+    "LOCK_FILE",
+    "OutputError",
+    "RUN_MARKERS",
+    "claim_out_dir",
+    "earlier_run",
+    "lock_out_dir",
+    "prepare_file",
+    "prepare_out_dir",
+    "write_text_atomic",
+]

@@ -1,0 +1,680 @@
+"""Bad input never costs a run: every user error is one line and exit status 2.
+
+Each case runs `python -m pipesgd_ref ...` in a fresh process (the exact stderr a user sees,
+and a hang fails after TIMEOUT seconds instead of blocking) from an empty working folder
+inside tmp_path, and asserts:
+
+    - exit status 2
+    - stderr is exactly one line, "pipesgd: error: ...", holding the case's words (the input it
+      names), and no "Traceback" on either stream
+    - nothing written: tmp_path holds after the run exactly what it held before
+    - no process left: none in the command's process group, none working inside tmp_path
+
+The table is the issue's list (issue 18) and more: someone who mistypes, someone who points
+the tool at the wrong file, someone who wants it to crash. A word starting with "!" must NOT
+appear in the line (a message that misleads, e.g. "does not exist" for a folder).
+Placeholders: {tmp} is tmp_path, {port} a port the test holds open. Files to create are
+{relative path: bytes | DIR | FIFO | LOCKED | a function of the path}; LOCKED is a folder whose
+.pipesgd.lock this test holds (a live job).
+
+Most cases fail before any worker starts; the whole file takes about a minute on 2 cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+import zipfile
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipesgd_ref.launch import ENV_CONVENTIONS
+
+TIMEOUT = 60  # seconds a case may take before it counts as a hang
+DIR, FIFO, LOCKED = "<dir>", "<fifo>", "<locked>"
+TINY = "--preset tiny --no-progress"
+# Variables that describe a job (torchrun, mpirun, srun) or inject faults: scrubbed from every
+# case's environment, so only the case's own env decides.
+JOB_VARS = {v for rank, size, _ in ENV_CONVENTIONS for v in (rank, size)} | {
+    "MASTER_ADDR", "MASTER_PORT", "PIPESGD_MASTER_PORT", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+    "PIPESGD_FAULT", "PIPESGD_ALLOW_MANY_WORKERS", "TORCHELASTIC_USE_AGENT_STORE",
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    argv: str  # after `pipesgd`, shell-quoted; {tmp} and {port} are filled in
+    words: tuple[str, ...]  # the line must hold each ("!word": must not)
+    env: dict[str, str] = field(default_factory=dict)
+    files: dict[str, object] = field(default_factory=dict)
+
+
+def C(id: str, argv: str, *words: str, env=None, files=None) -> Case:  # noqa: N802 - a table row
+    return Case(id, argv, words, env or {}, files or {})
+
+
+# --- files a case points the tool at --------------------------------------------------------
+
+
+def _idx(shape: tuple[int, ...], code: int = 0x08) -> bytes:
+    """An IDX file by hand (data.read_idx's layout): 2 zero bytes, the type code, ndim, then
+    ndim big-endian uint32 sizes and the items (uint8 zeros)."""
+    head = bytes([0, 0, code, len(shape)]) + b"".join(n.to_bytes(4, "big") for n in shape)
+    return head + bytes(int(np.prod(shape)))
+
+
+def _mnist(n_train: int, n_test: int, rows: int = 28) -> dict[str, bytes]:
+    return {
+        "train-images-idx3-ubyte": _idx((n_train, rows, rows)),
+        "train-labels-idx1-ubyte": _idx((n_train,)),
+        "t10k-images-idx3-ubyte": _idx((n_test, rows, rows)),
+        "t10k-labels-idx1-ubyte": _idx((n_test,)),
+    }
+
+
+def _in(folder: str, files: dict[str, object]) -> dict[str, object]:
+    return {f"{folder}/{name}": content for name, content in files.items()}
+
+
+def _tiny_params(fill: float = 0.0) -> np.ndarray:
+    from pipesgd_ref.config import TrainConfig
+    from pipesgd_ref.data import load_dataset
+    from pipesgd_ref.models import build_model
+
+    cfg = TrainConfig.preset("tiny")
+    data = load_dataset(cfg.dataset)
+    model = build_model(cfg.model, data.n_features, data.n_classes, cfg.hidden, cfg.backend)
+    return np.full(model.n_params, fill, np.float32)
+
+
+def _checkpoint(size: int | None = None, fill: float = 0.0, next_step: int = 10, **changes):
+    """A writer of a checkpoint of the tiny preset with these config changes: `size` weights
+    (default: the tiny model's) of value `fill`."""
+
+    def write(path: Path) -> None:
+        from pipesgd_ref.checkpoint import save
+        from pipesgd_ref.config import TrainConfig
+
+        cfg = TrainConfig.preset("tiny").replace(**changes)
+        p = _tiny_params(fill) if size is None else np.full(size, fill, np.float32)
+        save(path.parent, cfg, p, next_step, {})
+
+    return write
+
+
+def _truncated_checkpoint(path: Path) -> None:
+    _checkpoint()(path)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def _npz_without_keys(path: Path) -> None:
+    with open(path, "wb") as f:
+        np.savez(f, weights=np.zeros(3))
+
+
+def _npz_with_bad_config(path: Path) -> None:
+    with open(path, "wb") as f:
+        np.savez(f, params=_tiny_params(), next_step=np.int64(3), pending_steps=np.zeros(0, int),
+                 pending=np.zeros((0, 650), np.float32), config=np.array("{not json"))  # fmt: skip
+
+
+def _zip_not_npz(path: Path) -> None:
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("hello.txt", "not an array")
+
+
+PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4
+NON_UTF8 = b"lr = 0.1\n# caf\xe9 \xff\xfe\n"
+CKPT = "ck/checkpoint.npz"
+
+# --- the table ------------------------------------------------------------------------------
+# fmt: off
+
+TRAIN = [
+    # the issue's cases
+    C("train-log-level-LOUD", f"train {TINY} --log-level LOUD", "--log-level", "LOUD"),
+    C("train-synthetic-2e9-samples", f"train {TINY} --dataset=synthetic:samples=2000000000",
+      "samples"),
+    C("train-latency-1e12s", f"train {TINY} --latency=1e12s", "latency"),
+    C("train-latency-10s-timeout-3", f"train {TINY} --latency=10s --timeout=3",
+      "timeout", "!never finished"),
+    C("train-bandwidth-1Kbit-timeout-3", f"train {TINY} --bandwidth=1Kbit --timeout=3",
+      "timeout", "!never finished"),
+    C("train-bandwidth-1bit-timeout-3", f"train {TINY} --bandwidth=1bit --timeout=3", "timeout"),
+    C("train-config-dir", f"train {TINY} --config {{tmp}}/cfgdir.toml", "cfgdir",
+      "!does not exist", files={"cfgdir.toml": DIR}),
+    C("train-config-non-utf8", f"train {TINY} --config {{tmp}}/latin1.toml", "latin1.toml",
+      files={"latin1.toml": NON_UTF8}),
+    C("train-error-feedback-without-codec", f"train {TINY} --error-feedback", "codec"),
+    C("train-width-3-with-sync", f"train {TINY} --algo=sync --width=3", "width"),
+    C("train-fault-rank-outside-job", f"train {TINY} --world-size=4", "PIPESGD_FAULT",
+      "kill@7:3", env={"PIPESGD_FAULT": "kill@7:3"}),
+    C("train-RANK-without-MASTER_ADDR", f"train {TINY} --timeout=5", "MASTER_ADDR",
+      env={"RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": "29555"}),
+    C("train-RANK-without-MASTER_PORT", f"train {TINY} --timeout=5", "MASTER_PORT",
+      env={"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}),
+    C("train-WORLD_SIZE-0", f"train {TINY}", "WORLD_SIZE", "!0..-1",
+      env={"RANK": "0", "WORLD_SIZE": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29555"}),
+    C("train-world-size-100000", f"train {TINY} --world-size=100000", "100000",
+      "--allow-many-workers"),
+    C("train-resume-truncated-checkpoint", f"train {TINY} --resume={{tmp}}/ck", "checkpoint",
+      files={CKPT: _truncated_checkpoint}),
+    C("train-resume-empty-checkpoint", f"train {TINY} --resume={{tmp}}/ck", "checkpoint",
+      files={CKPT: b""}),
+    C("train-resume-garbage-checkpoint", f"train {TINY} --resume={{tmp}}/ck", "checkpoint",
+      files={CKPT: b"\x00garbage\xff" * 100}),
+    C("train-resume-wrong-size-params", f"train {TINY} --resume={{tmp}}/ck", "checkpoint",
+      files={CKPT: _checkpoint(size=10)}),
+    C("train-resume-nonfinite-params", f"train {TINY} --resume={{tmp}}/ck", "checkpoint",
+      files={CKPT: _checkpoint(fill=np.nan)}),
+    C("train-resume-other-codec", f"train {TINY} --resume={{tmp}}/ck", "codec",
+      files={CKPT: _checkpoint(codec="q8")}),
+    C("train-resume-npz-without-keys", f"train {TINY} --resume={{tmp}}/ck", "checkpoint",
+      files={CKPT: _npz_without_keys}),
+    C("train-resume-npz-bad-config", f"train {TINY} --resume={{tmp}}/ck", "checkpoint",
+      files={CKPT: _npz_with_bad_config}),
+    C("train-resume-zip-not-npz", f"train {TINY} --resume={{tmp}}/ck", "checkpoint",
+      files={CKPT: _zip_not_npz}),
+    C("train-resume-checkpoint-is-a-dir", f"train {TINY} --resume={{tmp}}/ck", "checkpoint",
+      files={CKPT: DIR}),
+    C("train-resume-other-model", f"train {TINY} --resume={{tmp}}/ck", "model",
+      files={CKPT: _checkpoint(size=10, model="mlp", hidden=(8,))}),
+    C("train-resume-missing", f"train {TINY} --resume={{tmp}}/nothing-here", "nothing-here"),
+    C("train-mnist-0-images", f"train {TINY} --dataset=mnist:{{tmp}}/m0", "MNIST",
+      files=_in("m0", _mnist(0, 0))),
+    C("train-mnist-0-test-images", f"train {TINY} --dataset=mnist:{{tmp}}/m1", "MNIST",
+      files=_in("m1", _mnist(100, 0))),
+    C("train-mnist-dir-is-a-file", f"train {TINY} --dataset=mnist:{{tmp}}/mfile", "mfile",
+      files={"mfile": b"x"}),
+    C("train-mnist-images-is-a-dir", f"train {TINY} --dataset=mnist:{{tmp}}/m2", "MNIST",
+      files=_in("m2", {**_mnist(10, 10), "train-images-idx3-ubyte": DIR})),
+    C("train-mnist-png-as-idx", f"train {TINY} --dataset=mnist:{{tmp}}/m3", "t10k-images",
+      files=_in("m3", {**_mnist(10, 10), "t10k-images-idx3-ubyte": PNG})),
+    # outputs, checked before any work
+    C("train-out-is-a-file", f"train {TINY} --out={{tmp}}/afile", "--out", "afile",
+      files={"afile": b"not a folder"}),
+    C("train-out-under-a-file", f"train {TINY} --out={{tmp}}/afile/run", "--out", "afile",
+      files={"afile": b"not a folder"}),
+    C("train-out-unwritable", f"train {TINY} --out=/proc/1/pipesgd-run", "--out",
+      "/proc/1/pipesgd-run"),
+    C("train-out-earlier-run", f"train {TINY} --out={{tmp}}/done", "--out", "done",
+      "--overwrite", files={"done/summary.json": b"{}"}),
+    C("train-out-earlier-checkpoint", f"train {TINY} --out={{tmp}}/done", "--overwrite",
+      files={"done/checkpoint.npz": _checkpoint()}),
+    C("train-out-in-use", f"train {TINY} --out={{tmp}}/busy", "--out", "busy", "in use",
+      files={"busy": LOCKED}),
+    C("train-out-name-too-long", f"train {TINY} --out={{tmp}}/{'x' * 300}", "--out"),
+    C("train-out-unicode-under-a-file", f"train {TINY} --out={{tmp}}/ñame/rün", "ñame",
+      files={"ñame": b"a file"}),
+    # mistyped flags and values
+    C("train-unknown-key", f"train {TINY} --lrr=0.1", "lrr", "lr"),
+    C("train-positional-junk", f"train {TINY} fast", "fast"),
+    C("train-flag-without-value", f"train {TINY} --lr", "--lr"),
+    C("train-lr-comma-decimal", f"train {TINY} --lr=0,1", "lr", "0,1"),
+    C("train-lr-nan", f"train {TINY} --lr=nan", "lr"),
+    C("train-lr-inf", f"train {TINY} --lr=inf", "lr"),
+    C("train-steps-float", f"train {TINY} --steps=10.5", "steps", "10.5"),
+    C("train-steps-negative", f"train {TINY} --steps=-5", "steps"),
+    C("train-world-size-0", f"train {TINY} --world-size=0", "world_size"),
+    C("train-world-size-text", f"train {TINY} --world-size=four", "world_size", "four"),
+    C("train-batch-size-huge", f"train {TINY} --batch-size=1000000", "1000000"),
+    C("train-hidden-zero", f"train {TINY} --model=mlp --hidden=0", "hidden"),
+    C("train-hidden-huge", f"train {TINY} --model=mlp --hidden=1000000000000", "hidden"),
+    C("train-seed-negative", f"train {TINY} --seed=-1", "seed"),
+    C("train-algo-unknown", f"train {TINY} --algo=allreduce", "algo", "allreduce"),
+    C("train-codec-unknown", f"train {TINY} --codec=zip", "codec", "zip"),
+    C("train-device-unknown", f"train {TINY} --device=tpu", "device", "tpu"),
+    C("train-bandwidth-unreadable", f"train {TINY} --bandwidth=fast", "fast"),
+    C("train-latency-negative", f"train {TINY} --latency=-1ms", "latency"),
+    C("train-timeout-0", f"train {TINY} --timeout=0", "timeout"),
+    C("train-timeout-inf", f"train {TINY} --timeout=inf --steps=3", "timeout"),
+    C("train-master-port-70000", f"train {TINY} --master-port=70000", "master_port"),
+    C("train-master-port-in-use", f"train {TINY} --master-port={{port}}", "port"),
+    C("train-skip-nonfinite-maybe", f"train {TINY} --skip-nonfinite=maybe", "maybe"),
+    C("train-target-accuracy-2", f"train {TINY} --target-accuracy=2", "target_accuracy"),
+    C("train-checkpoint-every-negative", f"train {TINY} --checkpoint-every=-1",
+      "checkpoint_every"),
+    C("train-preset-unknown", "train --preset huge", "huge"),
+    C("train-preset-empty", "train --preset=", "preset"),
+    C("train-dataset-empty", f"train {TINY} --dataset=", "dataset"),
+    C("train-dataset-unicode", f"train {TINY} --dataset=ünïcødé", "ünïcødé"),
+    C("train-config-png", f"train {TINY} --config {{tmp}}/pic.png", "pic.png",
+      files={"pic.png": PNG}),
+    C("train-config-png-named-toml", f"train {TINY} --config {{tmp}}/pic.toml", "pic.toml",
+      files={"pic.toml": PNG}),
+    C("train-config-json-list", f"train {TINY} --config {{tmp}}/list.json", "list.json",
+      files={"list.json": b"[1, 2, 3]"}),
+    C("train-config-empty-string", f"train {TINY} --config=", "config"),
+    C("train-fault-malformed", f"train {TINY}", "PIPESGD_FAULT", env={"PIPESGD_FAULT": "kill"}),
+    C("train-fault-unknown-action", f"train {TINY}", "explode",
+      env={"PIPESGD_FAULT": "explode@1:2"}),
+    C("train-fault-step-never-reached", f"train {TINY} --steps=20", "PIPESGD_FAULT",
+      env={"PIPESGD_FAULT": "kill@1:500"}),
+    C("train-RANK-not-a-number", f"train {TINY}", "RANK",
+      env={"RANK": "zero", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29555"}),
+    C("train-RANK-outside-WORLD_SIZE", f"train {TINY}", "rank",
+      env={"RANK": "5", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29555"}),
+    C("train-RANK-without-WORLD_SIZE", f"train {TINY}", "WORLD_SIZE", env={"RANK": "0"}),
+    C("train-MASTER_PORT-99999", f"train {TINY}", "MASTER_PORT",
+      env={"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "99999"}),
+    C("train-joined-world-size-mismatch", f"train {TINY} --world-size=4", "WORLD_SIZE",
+      env={"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29555"}),
+]
+
+REFERENCE = [
+    C("reference-out-is-a-file", f"reference {TINY} --out={{tmp}}/afile", "afile",
+      files={"afile": b"x"}),
+    C("reference-out-under-a-file", f"reference {TINY} --out={{tmp}}/afile/r", "afile",
+      files={"afile": b"x"}),
+    C("reference-out-earlier-run", f"reference {TINY} --out={{tmp}}/done", "--overwrite",
+      files={"done/summary.json": b"{}"}),
+    C("reference-out-in-use", f"reference {TINY} --out={{tmp}}/busy", "in use",
+      files={"busy": LOCKED}),
+    C("reference-width-0", f"reference {TINY} --width=0", "width"),
+    C("reference-lr-text", f"reference {TINY} --lr=fast", "lr", "fast"),
+    C("reference-config-dir", f"reference {TINY} --config={{tmp}}/c.json", "c.json",
+      "!does not exist", files={"c.json": DIR}),
+    C("reference-synthetic-2e9-samples", f"reference {TINY} "
+      "--dataset=synthetic:samples=2000000000", "samples"),
+    C("reference-synthetic-unknown-option", f"reference {TINY} --dataset=synthetic:rows=5",
+      "rows"),
+    C("reference-mnist-0-images", f"reference {TINY} --dataset=mnist:{{tmp}}/m0", "MNIST",
+      files=_in("m0", _mnist(0, 0))),
+]
+
+COMPARE = [
+    C("compare-out-is-a-file", "compare --quick --no-progress --out {tmp}/afile", "afile",
+      files={"afile": b"x"}),
+    C("compare-out-under-a-file", "compare --quick --no-progress --out {tmp}/afile/c", "afile",
+      files={"afile": b"x"}),
+    C("compare-out-unwritable", "compare --quick --no-progress --out /proc/1/pipesgd-cmp",
+      "/proc/1/pipesgd-cmp"),
+    C("compare-out-earlier-compare", "compare --quick --no-progress --out {tmp}/old",
+      "compare.json", "--overwrite", files={"old/compare.json": b"{}"}),
+    C("compare-out-earlier-run-inside", "compare --quick --no-progress --out {tmp}/old",
+      "--overwrite", files={"old/pipe/summary.json": b"{}"}),
+    C("compare-out-in-use", "compare --quick --no-progress --out {tmp}/busy", "in use",
+      files={"busy": LOCKED}),
+    C("compare-repeats-0", "compare --quick --no-progress --out {tmp}/c --repeats 0",
+      "--repeats"),
+    C("compare-repeats-text", "compare --quick --no-progress --out {tmp}/c --repeats two",
+      "--repeats", "two"),
+    C("compare-bandwidth-unreadable", "compare --quick --no-progress --out {tmp}/c "
+      "--bandwidth=fast", "fast"),
+    C("compare-world-size-100000", "compare --quick --no-progress --out {tmp}/c "
+      "--world-size=100000", "--allow-many-workers"),
+    C("compare-preset-unknown", "compare --preset nope --out {tmp}/c", "nope"),
+    C("compare-fault-rank-outside", "compare --quick --no-progress --out {tmp}/c", "kill@9:1",
+      env={"PIPESGD_FAULT": "kill@9:1"}),
+]
+
+CONFIG = [
+    C("config-dir", "config --config {tmp}/d.toml", "d.toml", "!does not exist",
+      files={"d.toml": DIR}),
+    C("config-non-utf8", "config --config {tmp}/latin1.json", "latin1.json",
+      files={"latin1.json": NON_UTF8}),
+    C("config-png", "config --config {tmp}/pic.png", "pic.png", files={"pic.png": PNG}),
+    C("config-yaml-suffix", "config --config {tmp}/run.yaml", "run.yaml",
+      files={"run.yaml": b"lr: 0.1\n"}),
+    C("config-toml-syntax", "config --config {tmp}/bad.toml", "bad.toml",
+      files={"bad.toml": b"lr = = 0.1\n"}),
+    C("config-toml-wrong-type", "config --config {tmp}/t.toml", "lr", "fast",
+      files={"t.toml": b'lr = "fast"\n'}),
+    C("config-toml-unknown-key", "config --config {tmp}/t.toml", "lrr",
+      files={"t.toml": b"lrr = 0.1\n"}),
+    C("config-json-empty", "config --config {tmp}/e.json", "e.json", files={"e.json": b""}),
+    C("config-missing", "config --config {tmp}/nope.toml", "nope.toml"),
+    C("config-without-value", "config --config", "--config"),
+    C("config-unknown-key", "config --frobnicate=1", "frobnicate"),
+    C("config-preset-unicode", "config --preset läptop", "läptop"),
+]
+
+PREDICT = [
+    C("predict-json-dir", "predict --json {tmp}/adir", "--json", "adir", files={"adir": DIR}),
+    C("predict-json-under-a-file", "predict --json {tmp}/afile/p.json", "--json", "afile",
+      files={"afile": b"x"}),
+    C("predict-json-fifo", "predict --json {tmp}/pipe.json", "--json", "pipe.json",
+      files={"pipe.json": FIFO}),
+    C("predict-json-unwritable", "predict --json /proc/1/pipesgd/p.json", "--json"),
+    C("predict-out-is-a-file", "predict --out {tmp}/afile", "--out", "afile",
+      files={"afile": b"x"}),
+    C("predict-plot-under-a-file", "predict --sweep bandwidth=1Gbit..10Gbit "
+      "--plot {tmp}/afile/p.png", "--plot", "afile", files={"afile": b"x"}),
+    C("predict-plot-unknown-suffix", "predict --sweep bandwidth=1Gbit..10Gbit "
+      "--plot {tmp}/p.xyz", "--plot", "xyz"),
+    C("predict-plot-without-sweep", "predict --plot {tmp}/p.png", "--plot", "--sweep"),
+    C("predict-world-size-0", "predict --world-size 0", "--world-size"),
+    C("predict-world-size-text", "predict --world-size four", "--world-size", "four"),
+    C("predict-world-size-100000", "predict --world-size 100000", "--world-size", "100000"),
+    C("predict-this-machine-100000", "predict --this-machine --world-size 100000", "100000"),
+    C("predict-sweep-world-size-1e9", "predict --sweep world_size=2..1000000000", "--sweep"),
+    C("predict-bandwidth-unreadable", "predict --bandwidth fast", "--bandwidth", "fast"),
+    C("predict-latency-negative", "predict --latency=-1ms", "latency"),
+    C("predict-sweep-junk", "predict --sweep junk", "--sweep", "junk"),
+    C("predict-sweep-zero-bandwidth", "predict --sweep bandwidth=0bit..1Gbit", "--sweep"),
+    C("predict-params-0", "predict --params 0 --t-comp 10ms", "--params"),
+    C("predict-params-without-t-comp", "predict --params 25M", "--t-comp"),
+    C("predict-codecs-unknown", "predict --codecs zip", "zip"),
+    C("predict-width-0", "predict --width 0", "--width"),
+    C("predict-model-unknown", "predict --model resnet", "resnet"),
+    C("predict-dataset-unknown", "predict --dataset imagenet", "imagenet"),
+    C("predict-ps-pulls-unknown", "predict --ps-pulls foo", "foo"),
+    C("predict-unknown-flag", "predict --frobnicate", "--frobnicate"),
+]
+
+BENCH = [
+    C("bench-timeout-0", "bench allreduce --timeout 0", "--timeout", "'0'"),
+    C("bench-timeout-negative", "bench allreduce --timeout=-5", "--timeout", "-5"),
+    C("bench-timeout-nan", "bench allreduce --timeout nan", "--timeout", "nan"),
+    C("bench-timeout-inf", "bench allreduce --timeout inf", "--timeout", "inf"),
+    C("bench-timeout-text", "bench allreduce --timeout soon", "--timeout", "soon"),
+    C("bench-json-dir", "bench allreduce --json {tmp}/adir", "--json", "adir",
+      files={"adir": DIR}),
+    C("bench-json-under-a-file", "bench allreduce --json {tmp}/afile/b.json", "--json",
+      "afile", files={"afile": b"x"}),
+    C("bench-json-unwritable", "bench allreduce --json /proc/1/pipesgd/b.json", "--json"),
+    C("bench-json-name-too-long", f"bench allreduce --json {{tmp}}/{'b' * 250}.json", "--json"),
+    C("bench-world-size-100000", "bench allreduce --world-size 100000", "100000",
+      "--allow-many-workers"),
+    C("bench-world-size-0", "bench allreduce --world-size 0", "--world-size"),
+    C("bench-sizes-not-float32", "bench allreduce --sizes 3B", "sizes"),
+    C("bench-sizes-empty", "bench allreduce --sizes ,", "--sizes"),
+    C("bench-sizes-beyond-memory", "bench allreduce --sizes 100TB", "--sizes"),
+    C("bench-sizes-unreadable", "bench allreduce --sizes big", "big"),
+    C("bench-reps-0", "bench allreduce --reps 0", "--reps"),
+    C("bench-codec-unknown", "bench allreduce --codec zip", "zip"),
+    C("bench-latency-unreadable", "bench allreduce --latency soon", "soon"),
+    C("bench-log-level-LOUD", "bench allreduce --log-level LOUD", "--log-level", "LOUD"),
+    C("bench-bandwidth-1Kbit-timeout-3", "bench allreduce --bandwidth 1Kbit --timeout 3 "
+      "--sizes 4KB --no-gloo", "timeout", "!never finished"),
+    C("bench-fault-set", "bench allreduce --world-size 2", "PIPESGD_FAULT",
+      env={"PIPESGD_FAULT": "kill@1:1"}),
+    C("bench-WORLD_SIZE-0", "bench allreduce", "WORLD_SIZE",
+      env={"RANK": "0", "WORLD_SIZE": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29555"}),
+    C("bench-missing-benchmark", "bench", "BENCHMARK"),
+    C("bench-unknown-benchmark", "bench allgather", "allgather"),
+    C("bench-extra-argument", "bench allreduce --lr=0.1", "--lr=0.1"),
+]
+
+TOP = [
+    C("no-command", "", "COMMAND"),
+    C("unknown-command", "trian --steps 5", "trian"),
+    C("help-typo", "--hepl", "--hepl"),
+]
+
+# fmt: on
+CASES = TRAIN + REFERENCE + COMPARE + CONFIG + PREDICT + BENCH + TOP
+
+
+# --- the runner -----------------------------------------------------------------------------
+
+
+def _make(tmp: Path, files: dict[str, object], stack: ExitStack) -> None:
+    from pipesgd_ref.outputs import lock_out_dir
+
+    for name, content in files.items():
+        path = tmp / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if content in (DIR, LOCKED):
+            path.mkdir(exist_ok=True)
+            if content == LOCKED:  # this test is the live job holding the folder
+                stack.enter_context(lock_out_dir(path))
+        elif content == FIFO:
+            os.mkfifo(path)
+        elif callable(content):
+            content(path)
+        else:
+            path.write_bytes(content)
+
+
+def _tree(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*")}
+
+
+def _stat(pid: str) -> tuple[str, int] | None:
+    """(state, process group) of a pid from /proc, or None when it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2 :].split()  # after "pid (comm) "
+    return fields[0], int(fields[2])
+
+
+def left_behind(group: int, root: Path) -> list[str]:
+    """Live processes (not zombies) of the command's process group, or working in `root`."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        st = _stat(pid)
+        if st is None or st[0] == "Z" or int(pid) == os.getpid():
+            continue
+        try:
+            cwd = os.readlink(f"/proc/{pid}/cwd")
+        except OSError:
+            cwd = ""
+        if st[1] == group or cwd.startswith(str(root)):
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                cmd = "?"
+            found.append(f"pid {pid}: {cmd.strip()}")
+    return found
+
+
+def _wait(proc: subprocess.Popen, argv: list[str], group: int) -> tuple[bytes, bytes]:
+    try:
+        return proc.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(group, signal.SIGKILL)
+        _, err = proc.communicate()
+        pytest.fail(f"pipesgd {shlex.join(argv)} still ran after {TIMEOUT} s (a hang); "
+                    f"stderr ends:\n{err.decode(errors='replace')[-2000:]}")  # fmt: skip
+
+
+def _text(b: bytes) -> str:
+    return b.decode("utf-8", errors="replace")
+
+
+def _case_env(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in JOB_VARS} | env
+
+
+def run_pipesgd(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[int, str, str, int]:
+    """(exit status, stdout, stderr, process group) of `python -m pipesgd_ref argv`, in its
+    own session (so a hang's whole group can be killed); a hang fails the test."""
+    proc = subprocess.Popen([sys.executable, "-m", "pipesgd_ref", *argv], cwd=cwd,
+                            env=_case_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)  # fmt: skip
+    out, err = _wait(proc, argv, proc.pid)
+    return proc.returncode, _text(out), _text(err), proc.pid
+
+
+# A fork server: one interpreter that imports the package once (numpy, numba, sklearn: most of
+# the half second a `python -m pipesgd_ref` takes to start) and forks a child per case. The
+# child is what `python -m pipesgd_ref ARGV` is after its imports: its own session, working
+# folder, environment, stdout and stderr, `raise SystemExit(main(argv))` with Python's own
+# traceback for anything main lets out. 170 cases take about a third of the time this way;
+# test_the_real_entry_point runs a sample of them through `python -m pipesgd_ref` itself.
+FORK_SERVER = r"""
+import json, os, sys, traceback
+import pipesgd_ref.bench, pipesgd_ref.compare, pipesgd_ref.predict, pipesgd_ref.train
+from pipesgd_ref.cli import main
+from pipesgd_ref.data import load_dataset
+
+load_dataset("digits")  # imports sklearn's loader
+print("ready", flush=True)
+for line in sys.stdin:
+    req = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        os.setsid()
+        os.chdir(req["cwd"])
+        os.environ.clear()
+        os.environ.update(req["env"])
+        for fd, name, flags in ((0, os.devnull, os.O_RDONLY),
+                                (1, req["out"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
+                                (2, req["err"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)):
+            os.dup2(os.open(name, flags, 0o644), fd)
+        try:
+            rc = main(req["argv"])
+        except SystemExit as e:
+            rc = e.code
+        except BaseException:
+            traceback.print_exc()
+            rc = 1
+        if rc is not None and not isinstance(rc, int):
+            print(rc, file=sys.stderr)
+            rc = 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc or 0)
+    print(pid, flush=True)
+    print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
+"""
+
+
+class ForkServer:
+    def __init__(self, io_dir: Path):
+        self.io = io_dir
+        self.proc = subprocess.Popen([sys.executable, "-c", FORK_SERVER], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)  # fmt: skip
+        assert self.proc.stdout.readline().strip() == "ready", "the fork server did not start"
+
+    def run(self, argv: list[str], env: dict[str, str], cwd: Path) -> tuple[int, str, str, int]:
+        """As run_pipesgd, in a child of the fork server."""
+        out, err = self.io / "stdout", self.io / "stderr"
+        req = {"argv": argv, "env": _case_env(env), "cwd": str(cwd), "out": str(out),
+               "err": str(err)}  # fmt: skip
+        self.proc.stdin.write(json.dumps(req) + "\n")
+        self.proc.stdin.flush()
+        pid = int(self.proc.stdout.readline())
+        ready, _, _ = select.select([self.proc.stdout], [], [], TIMEOUT)
+        if not ready:
+            os.killpg(pid, signal.SIGKILL)
+            self.proc.stdout.readline()
+            pytest.fail(f"pipesgd {shlex.join(argv)} still ran after {TIMEOUT} s (a hang); "
+                        f"stderr ends:\n{_text(err.read_bytes())[-2000:]}")  # fmt: skip
+        rc = int(self.proc.stdout.readline())
+        return rc, _text(out.read_bytes()), _text(err.read_bytes()), pid
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def fork_server(tmp_path_factory):
+    server = ForkServer(tmp_path_factory.mktemp("fork-server-io"))
+    yield server
+    server.close()
+
+
+def check_case(case: Case, tmp_path: Path, run) -> None:
+    """Run `case` with `run` (run_pipesgd or a ForkServer's run) and assert everything the
+    module docstring lists."""
+    cwd = tmp_path / "cwd"  # the command's working folder: must stay empty
+    cwd.mkdir()
+    with ExitStack() as stack:
+        _make(tmp_path, case.files, stack)
+        argv_text = case.argv.replace("{tmp}", str(tmp_path))
+        if "{port}" in argv_text:  # a port in use: this test listens on it
+            sock = stack.enter_context(socket.socket())
+            sock.bind(("127.0.0.1", 0))
+            sock.listen()
+            argv_text = argv_text.replace("{port}", str(sock.getsockname()[1]))
+        argv = shlex.split(argv_text)
+        before = _tree(tmp_path)
+        rc, out, err, group = run(argv, case.env, cwd)
+        after = _tree(tmp_path)
+    shown = f"pipesgd {shlex.join(argv)}" + (f" with {case.env}" if case.env else "")
+    lines = err.splitlines()
+    assert "Traceback" not in err and "Traceback" not in out, (
+        f"{shown}: a traceback instead of one line:\n{err[-3000:]}"
+    )
+    assert rc == 2, f"{shown}: exit status {rc}, want 2; stderr:\n{err[-2000:]}"
+    assert len(lines) == 1 and lines[0].startswith("pipesgd: error: "), (
+        f"{shown}: want one line 'pipesgd: error: ...' on stderr, got {len(lines)}:\n{err[-2000:]}"
+    )
+    line = lines[0]
+    for word in case.words:
+        if word.startswith("!"):
+            assert word[1:] not in line, f"{shown}: the line says {word[1:]!r}, misleading: {line}"
+        else:
+            assert word in line, f"{shown}: the line does not name {word!r}: {line}"
+    assert after == before, (
+        f"{shown}: wrote {sorted(after - before)}, removed {sorted(before - after)}"
+    )
+    deadline = time.monotonic() + 5.0  # a process on its way out gets a moment
+    while (stray := left_behind(group, tmp_path)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not stray, f"{shown}: processes left behind: {stray}"
+
+
+@pytest.mark.timeout(TIMEOUT + 30)
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input_is_one_line_and_exit_2(case: Case, tmp_path: Path, fork_server):
+    check_case(case, tmp_path, fork_server.run)
+
+
+# One case of each kind through the real entry point, `python -m pipesgd_ref`, start-up and all.
+REAL = ("no-command", "train-log-level-LOUD", "train-config-non-utf8", "train-out-in-use",
+        "train-resume-truncated-checkpoint", "reference-out-earlier-run", "compare-out-is-a-file",
+        "config-dir", "predict-json-dir", "bench-timeout-0", "bench-json-dir")  # fmt: skip
+
+
+@pytest.mark.timeout(TIMEOUT + 30)
+@pytest.mark.parametrize("case", [c for c in CASES if c.id in REAL], ids=lambda c: c.id)
+def test_the_real_entry_point(case: Case, tmp_path: Path):
+    check_case(case, tmp_path, run_pipesgd)
+
+
+def test_the_table_is_large_and_covers_every_command():
+    commands = {c.argv.split()[0] if c.argv else "" for c in CASES}
+    assert {"train", "reference", "compare", "config", "predict", "bench"} <= commands
+    assert len(CASES) >= 80 and len({c.id for c in CASES}) == len(CASES)
+
+
+# --- inputs that are not errors: the run must end well ---------------------------------------
+
+
+def _train_ok(tmp_path: Path, *args: str) -> dict:
+    out = tmp_path / "run"
+    rc, _, err, group = run_pipesgd(["train", *TINY.split(), f"--out={out}", *args], {}, tmp_path)
+    assert rc == 0 and "Traceback" not in err, f"train {' '.join(args)}: rc {rc}:\n{err[-3000:]}"
+    assert not left_behind(group, tmp_path)
+    return json.loads((out / "summary.json").read_text())
+
+
+def test_one_step_is_a_run(tmp_path):
+    """--steps 1 is not an error: it trains one step and writes summary.json (issue 18:
+    it crashed in train._log_outcome after training, rc 1, no summary)."""
+    summary = _train_ok(tmp_path, "--steps=1")
+    assert summary["steps"] == 1
+
+
+def test_a_tiny_fraction_of_an_epoch_is_a_run(tmp_path):
+    """--epochs 0.0001: fewer samples than one step; at least one step is run."""
+    summary = _train_ok(tmp_path, "--epochs=0.0001")
+    assert summary["steps"] >= 1
+
+
+def test_resume_with_one_step_left(tmp_path):
+    first = tmp_path / "first"
+    rc, _, err, _ = run_pipesgd(["train", *TINY.split(), "--algo=sync", "--steps=5",
+                                 f"--out={first}"], {}, tmp_path)  # fmt: skip
+    assert rc == 0, err[-3000:]
+    summary = _train_ok(tmp_path, "--algo=sync", "--steps=6", f"--resume={first}")
+    assert summary["steps"] == 1
