@@ -43,6 +43,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 
 log = logging.getLogger("pipesgd.lifetime")
 
@@ -80,7 +81,7 @@ class StopPlan:
 
     def entering(self, rank: int, step: int) -> bool:
         """At the top of `step` on `rank`: True to run it, False to stop before it."""
-        with self._lock:
+        with self._locked():
             if step >= self._stop_at.value:
                 return False
             self._entered[rank] = step
@@ -89,7 +90,7 @@ class StopPlan:
     def request(self, signum: int = signal.SIGTERM) -> int:
         """Ask every rank to stop after the step the furthest rank is in; returns stop_at.
         A second request changes nothing."""
-        with self._lock:
+        with self._locked():
             if self._stop_at.value == NEVER:
                 self._stop_at.value = max(self._entered) + 1
                 self._signum.value = signum
@@ -105,12 +106,27 @@ class StopPlan:
     def started(self) -> bool:
         """Whether any rank has entered a step (a job that never does, a benchmark or a
         calibration, has no step to finish: stopping it means ending it)."""
-        with self._lock:
+        with self._locked():
             return max(self._entered) >= 0
 
     @property
     def signum(self) -> int:
         return self._signum.value
+
+    @contextmanager
+    def _locked(self):
+        """The plan's lock, held for a few instructions. A rank SIGKILLed while it held it
+        would leave it held: after LOCK_WAIT_S the others go on without it (the dead rank's
+        closed connections then end the job as any death does)."""
+        got = self._lock.acquire(timeout=LOCK_WAIT_S)
+        try:
+            yield
+        finally:
+            if got:
+                self._lock.release()
+
+
+LOCK_WAIT_S = 1.0
 
 
 class LocalStop:
@@ -184,10 +200,21 @@ def worker_signals(plan) -> None:
     reaches every process of its group: each then asks, and no worker prints a
     KeyboardInterrupt traceback)."""
     set_plan(plan)
+    asked = threading.Event()
+    received: list[int] = []
 
     def on_signal(signum, frame):
-        plan.request(signum)
+        # Not plan.request here: a handler runs in the main thread between two bytecodes,
+        # perhaps inside plan.entering, which holds the plan's lock; taking it again would
+        # wait forever. A thread of its own asks instead.
+        received.append(signum)
+        asked.set()
 
+    def ask():
+        asked.wait()
+        plan.request(received[0])
+
+    threading.Thread(target=ask, name="stop-request", daemon=True).start()
     for sig in STOP_SIGNALS:
         signal.signal(sig, on_signal)
 

@@ -320,3 +320,42 @@ def test_max_restarts_is_refused_in_a_joined_rank(monkeypatch, capsys):
     assert main(["train", "--preset=tiny", "--world-size=2", "--max-restarts=1"]) == 2
     err = capsys.readouterr().err
     assert "--max-restarts 1" in err and "torchrun" in err and len(err.splitlines()) == 1
+
+
+def test_a_rank_killed_while_holding_the_plans_lock_does_not_stall_the_others():
+    ctx = mp.get_context("fork")
+    plan = StopPlan(ctx, 2)
+    holder = ctx.Process(target=_take_the_lock_and_die, args=(plan,))
+    holder.start()
+    holder.join(timeout=30)
+    t0 = time.monotonic()
+    assert plan.entering(0, 0)  # after the wait, without the lock
+    assert 0.5 < time.monotonic() - t0 < 10
+
+
+def _take_the_lock_and_die(plan):
+    plan._lock.acquire()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_signal_inside_entering_does_not_deadlock_the_worker():
+    """The worker's handler asks for the stop from a thread of its own: a handler that took
+    the plan's lock itself would wait forever when the signal lands inside `entering`."""
+    from pipesgd_ref import lifetime
+
+    plan = StopPlan(mp.get_context("fork"), 1)
+    old = {sig: signal.getsignal(sig) for sig in lifetime.STOP_SIGNALS}
+    try:
+        lifetime.worker_signals(plan)
+        with plan._locked():  # as if the signal came while entering() held the lock
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.2)  # the handler has run by now, in this thread
+        deadline = time.monotonic() + 10
+        while plan.stop_at is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert plan.stop_at == 0 and plan.signum == signal.SIGTERM
+        assert not plan.entering(0, 0)
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+        lifetime.set_plan(lifetime._NeverStop())
