@@ -549,30 +549,46 @@ for line in sys.stdin:
 class ForkServer:
     def __init__(self, io_dir: Path):
         self.io = io_dir
+        self.proc = None
+        self._start()
+
+    def _start(self) -> None:
         self.proc = subprocess.Popen([sys.executable, "-c", FORK_SERVER], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True)  # fmt: skip
         assert self.proc.stdout.readline().strip() == "ready", "the fork server did not start"
 
+    def _line(self, argv: list[str]) -> str:
+        line = self.proc.stdout.readline()
+        if not line:  # the server itself is gone (killed from outside?): the next case restarts it
+            status = self.proc.wait(timeout=10)
+            self.proc = None
+            pytest.fail(f"the fork server died (exit status {status}) running pipesgd "
+                        f"{shlex.join(argv)}")  # fmt: skip
+        return line
+
     def run(self, argv: list[str], env: dict[str, str], cwd: Path) -> tuple[int, str, str, int]:
         """As run_pipesgd, in a child of the fork server."""
+        if self.proc is None or self.proc.poll() is not None:
+            self._start()
         out, err = self.io / "stdout", self.io / "stderr"
         req = {"argv": argv, "env": _case_env(env), "cwd": str(cwd), "out": str(out),
                "err": str(err)}  # fmt: skip
         self.proc.stdin.write(json.dumps(req) + "\n")
         self.proc.stdin.flush()
-        pid = int(self.proc.stdout.readline())
+        pid = int(self._line(argv))
         ready, _, _ = select.select([self.proc.stdout], [], [], TIMEOUT)
         if not ready:
             os.killpg(pid, signal.SIGKILL)
-            self.proc.stdout.readline()
+            self._line(argv)
             pytest.fail(f"pipesgd {shlex.join(argv)} still ran after {TIMEOUT} s (a hang); "
                         f"stderr ends:\n{_text(err.read_bytes())[-2000:]}")  # fmt: skip
-        rc = int(self.proc.stdout.readline())
+        rc = int(self._line(argv))
         return rc, _text(out.read_bytes()), _text(err.read_bytes()), pid
 
     def close(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait(timeout=30)
+        if self.proc is not None:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")
