@@ -310,7 +310,8 @@ def check_idle_options(cfg: TrainConfig) -> None:
             f"--warmup-steps {cfg.warmup_steps} with --width 1: a pipe of width 1 is synchronous "
             f"throughout; drop --warmup-steps, or use --width 2 or more"
         )
-    if cfg.algo == "pipe" and cfg.epochs == 0 and cfg.width > cfg.steps:
+    # (the default width 2 stays allowed with --steps 1: a one-step run is a run)
+    if cfg.algo == "pipe" and cfg.epochs == 0 and cfg.width > max(cfg.steps, 2):
         problems.append(
             f"--width {cfg.width} with --steps {cfg.steps}: the pipeline never fills (every "
             f"update would wait until after the last step); use --width <= --steps"
