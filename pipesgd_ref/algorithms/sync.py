@@ -60,4 +60,3 @@ def sync_worker(
     extra = {"nonfinite_skipped": skipped, "stopped_at": end if end < w.steps else None}
     return WorkerResult(comm.rank, w.host(w.params), losses, step_end, timeline.events,
                         comm.bytes_sent, extra)  # fmt: skip
-
