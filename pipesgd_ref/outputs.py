@@ -82,17 +82,25 @@ def _make_dir(path: Path, flag: str) -> list[Path]:
     if blocker == path:
         raise OutputError(f"{flag} {_shown(path)} is a file, not a folder; give a folder name "
                           f"(or remove the file)")  # fmt: skip
-    if blocker is not None:
-        raise OutputError(f"{flag} {_shown(path)} is under {_shown(blocker)}, which is a file, "
-                          f"not a folder; choose another path")  # fmt: skip
     missing = [p for p in (path, *path.parents) if not os.path.lexists(p)][::-1]
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise OutputError(f"{flag} {_shown(path)}: cannot create the folder ({_why(e)}); "
-                          f"choose a writable path") from None  # fmt: skip
-    _probe_writable(path, flag)
+    _writable_folder(path, flag, path)
     return missing
+
+
+def _writable_folder(folder: Path, flag: str, named: Path) -> None:
+    """Create `folder` (and missing parents) and check that it is writable; `named` is the
+    path the user gave under `flag` (the folder itself, or a file in it), for the errors."""
+    blocker = _blocking_file(folder)
+    if blocker is not None:
+        raise OutputError(f"{flag} {_shown(named)} is under {_shown(blocker)}, which is a "
+                          f"file, not a folder; choose another path")  # fmt: skip
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        what = "the folder" if named == folder else f"its folder {_shown(folder)}"
+        raise OutputError(f"{flag} {_shown(named)}: cannot create {what} ({_why(e)}); "
+                          f"choose a writable path") from None  # fmt: skip
+    _probe_writable(folder, flag)
 
 
 def _probe_writable(folder: Path, flag: str) -> None:
@@ -179,16 +187,7 @@ def prepare_file(path: str | Path, flag: str = "--json") -> Path:
         # A device or a pipe: os.replace would put a regular file in its place.
         raise OutputError(f"{flag} {_shown(target)} is not a regular file; give a file name")
     parent = target.parent
-    blocker = _blocking_file(parent)
-    if blocker is not None:
-        raise OutputError(f"{flag} {_shown(target)} is under {_shown(blocker)}, which is a "
-                          f"file, not a folder; choose another path")  # fmt: skip
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise OutputError(f"{flag} {_shown(target)}: cannot create its folder {_shown(parent)} "
-                          f"({_why(e)}); choose a writable path") from None  # fmt: skip
-    _probe_writable(parent, flag)
+    _writable_folder(parent, flag, target)
     try:
         name_max = os.pathconf(parent, "PC_NAME_MAX")
     except (OSError, ValueError):
