@@ -45,22 +45,41 @@ def proc_stat(pid: int | str) -> list[str]:
 
 
 def session_processes() -> set[int]:
-    """Live processes of this test's session that run this Python (the job's workers are
-    forked into it; a shell or a sleep that something else started in the session is not one
-    of them)."""
-    sid, found = os.getsid(0), set()
+    """Live processes of this test's session that run this Python and are this test's: its
+    descendants (the job's workers are forked from it), or orphans, re-parented out of the
+    session (a worker that outlived its launcher). A shell or a sleep that something else
+    started in the session is not one of them, nor another pytest run from a shell of the
+    session (a stress run beside other work), nor that run's workers."""
+    sid, me = os.getsid(0), os.getpid()
     python = os.readlink("/proc/self/exe")
+    parent, session, candidates = {}, {}, []
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        try:
+            fields = proc_stat(pid)  # state, parent, group, session...
+        except OSError:  # exited meanwhile
+            continue
+        parent[pid], session[pid] = int(fields[1]), int(fields[3])
+        if pid == me or fields[0] == "Z" or session[pid] != sid:
             continue
         try:
-            fields = proc_stat(entry.name)
-            exe = os.readlink(f"/proc/{entry.name}/exe")
+            if os.readlink(f"/proc/{pid}/exe") == python:
+                candidates.append(pid)
         except OSError:  # exited meanwhile (or a kernel thread)
             continue
-        if fields[0] != "Z" and int(fields[3]) == sid and exe == python:  # state, session id
-            found.add(int(entry.name))
-    return found
+
+    def ours(pid: int) -> bool:
+        if session.get(parent.get(pid), None) != sid:
+            return True  # orphaned: its parent is gone from the session (init, a subreaper)
+        while pid in parent and pid > 1:
+            pid = parent[pid]
+            if pid == me:
+                return True
+        return False
+
+    return {pid for pid in candidates if ours(pid)}
 
 
 def left_behind(before: set[int], wait_s: float = 5.0) -> str:
