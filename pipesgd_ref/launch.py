@@ -12,8 +12,9 @@ From the environment (`detect_env`), so the same command runs under the launcher
     mpirun (MPICH, Intel MPI: Hydra)   PMI_RANK, PMI_SIZE
     srun (SLURM)         SLURM_PROCID, SLURM_NTASKS
 
-MASTER_ADDR and MASTER_PORT (default 127.0.0.1 and 29500) say where rank 0's rendezvous store
-listens; under mpirun pass them with `-x MASTER_ADDR=... -x MASTER_PORT=...`. Under torchrun
+MASTER_ADDR and MASTER_PORT say where rank 0's rendezvous store listens, and must be set (a
+default would only leave every rank on another host waiting for a store that is not there);
+under mpirun pass them with `-x MASTER_ADDR=... -x MASTER_PORT=...`. Under torchrun
 itself, whose agent keeps its own store on MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE=True), the
 store listens on MASTER_PORT + 1; PIPESGD_MASTER_PORT, when set, overrides the port everywhere.
 The job token comes from PIPESGD_JOB_TOKEN; every rank must have the same one.
@@ -21,7 +22,8 @@ The job token comes from PIPESGD_JOB_TOKEN; every rank must have the same one.
 Failure handling: if a worker fails, the launcher reports every failed rank's error, headed by
 the rank they point to, gives the others `grace` seconds to notice on their own (no longer when
 all that is left is stopped or blamed by the others), then stops whatever is left: no orphan
-processes.
+processes. Signals (lifetime.py): SIGINT, SIGTERM and SIGHUP stop every worker before one
+common step; a worker never outlives its launcher, a SIGKILLed one included.
 """
 
 from __future__ import annotations
