@@ -687,6 +687,7 @@ def test_a_tiny_fraction_of_an_epoch_is_a_run(tmp_path):
     assert summary["steps"] >= 1
 
 
+@pytest.mark.slow
 def test_resume_with_one_step_left(tmp_path):
     first = tmp_path / "first"
     rc, _, err, _ = run_pipesgd(["train", *TINY.split(), "--algo=sync", "--steps=5",

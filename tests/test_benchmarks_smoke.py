@@ -13,6 +13,7 @@ import pytest
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
+@pytest.mark.slow
 def test_timing_model_accuracy_quick(tmp_path):
     out = tmp_path / "accuracy.json"
     cmd = [sys.executable, str(BENCHMARKS / "timing_model_accuracy.py"), "--quick", "--json", out]
@@ -120,6 +121,7 @@ def test_soak_short(tmp_path):
     assert report["trace"]["loads"], f"trace.json of the run did not load\n{log}"
 
 
+@pytest.mark.slow
 def test_kernels_gpu_in_the_simulator(tmp_path):
     """No GPU here: the script runs its checks in Numba's CUDA simulator at tiny sizes (the
     session's conftest sets NUMBA_ENABLE_CUDASIM=1, which the subprocess inherits)."""

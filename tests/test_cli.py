@@ -11,6 +11,7 @@ from pipesgd_ref.cli import main
 from pipesgd_ref.config import TrainConfig
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_compare_quick_runs_and_writes_results(tmp_path, capsys):
     """The main job end to end, made cheap: a 64-32-10 MLP, 2 workers, no emulated link.
@@ -38,6 +39,7 @@ def test_compare_quick_runs_and_writes_results(tmp_path, capsys):
     assert result["checks"][0]["check"] == "every run reaches the target"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_compare_quick_default_problem_reaches_the_target(tmp_path, capsys):
     """`pipesgd compare --quick` exactly as a user types it (about a minute): the default

@@ -323,6 +323,7 @@ def stopped_run(tmp_path_factory):
     return failed, elapsed, pid_dir
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_stopped_rank_is_timed_out_and_cleaned_up(stopped_run):
     failed, elapsed, pid_dir = stopped_run
@@ -364,6 +365,7 @@ def _stopped_job_slow_detector(comm, victim, n, skew):
     allreduce(comm, x)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_every_rank_blames_the_stopped_rank():
     failed, elapsed = run_failing(4, _stopped_job_slow_detector, (2, 1000, 0.5), grace=1.5)

@@ -345,6 +345,7 @@ def test_run_compare_end_to_end_on_a_tiny_problem(tmp_path):
         assert (tmp_path / f"{name}.png").is_file(), name
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_run_compare_repeats_each_method_and_keeps_the_soonest(tmp_path):
     """Two repeats of two methods: every repeat has its folder and its figures in compare.json,

@@ -32,6 +32,7 @@ def _job(comm, n, codec_name, op, seed, segment_bytes, warm_up=False):
     return x, comm.bytes_sent - sent0
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @settings(max_examples=25)
 @given(
@@ -81,6 +82,7 @@ def test_bytes_on_the_wire(codec, ratio):
         assert sent < 2 * (p - 1) / p * M / ratio * 1.01 + extra
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_digits_pipe_accuracy_with_compression(tmp_path):
     """trunc16 within 0.5 point of the uncompressed run; q8 within 1 point."""

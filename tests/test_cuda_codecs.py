@@ -157,6 +157,7 @@ def check_against_numpy(name: str, stochastic: bool, x: np.ndarray, dst: np.ndar
 # --- the codecs, bitwise against NumPy --------------------------------------------------------
 
 
+@pytest.mark.slow
 @needs_cuda
 @pytest.mark.parametrize("name,stochastic", VARIANTS, ids=ids)
 @given(

@@ -100,6 +100,7 @@ def test_backend_is_registered():
         assert callable(getattr(backend, name)), f"cuda backend lacks {name}"
 
 
+@pytest.mark.slow
 @FEW
 @given(tiny_dense_shapes, seeds)
 @example((3, 17, 5), 0)  # X (3, 17) @ W (17, 5): ragged in every dimension
@@ -109,6 +110,7 @@ def test_dense_forward(shape, seed):
     check_dense_forward(shape, seed)
 
 
+@pytest.mark.slow
 @FEW
 @given(tiny_dense_shapes, seeds, st.booleans())
 @example((3, 17, 5), 0, True)
@@ -154,6 +156,7 @@ def test_add_into_scale_sgd_step(n, seed, alpha):
     assert_close(dev.to_host(p), want, f"add_into/scale/sgd_step n={n} alpha={alpha}", 1e-6, 1e-6)
 
 
+@pytest.mark.slow
 @FEW
 @given(
     st.sampled_from([0, 1, 3, 5]),

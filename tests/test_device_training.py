@@ -251,6 +251,7 @@ def test_device_allreduce_refuses_host_arrays():
 # --- the worker on the device --------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_worker_setup_on_the_device(tmp_path):
     """The pieces the loops use, on one process: the same gradient as the CPU (batch staged
     through pinned buffers), NaN caught by the device-side sum, zeroing, the mean of the good

@@ -130,6 +130,7 @@ def test_a_model_is_timed_here(capsys):
     assert list(table_rows(out)) == LABELS
 
 
+@pytest.mark.slow
 def test_this_machine_calibrates_here(tmp_path, capsys):
     """--this-machine starts p = 2 processes (a few seconds)."""
     path = tmp_path / "p.json"

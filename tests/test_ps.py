@@ -62,6 +62,7 @@ def steady_workers(monkeypatch):
 # --- ps-sync ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("model", ["softmax", "mlp"])
 def test_ps_sync_equals_sync_sgd_bitwise(model):
@@ -485,6 +486,7 @@ def _fail_at(monkeypatch, worker, step, how):
     monkeypatch.setattr(WorkerSetup, "loss_and_grad", failing)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(
     "method, how",

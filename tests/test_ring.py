@@ -81,6 +81,7 @@ def _allreduce_job(comm, n, dtype, op, in_place, seed, segment_bytes):
 lengths = st.one_of(st.sampled_from([0, 1, 2, 3, 5, 7, 11, 13, 97]), st.integers(0, 300))
 
 
+@pytest.mark.slow
 @settings(max_examples=30)
 @given(
     p=st.integers(1, 6),

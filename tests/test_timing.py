@@ -647,6 +647,7 @@ def test_compute_time_never_falls_as_workers_are_added(cal, table, k1, k2):
 # --- calibration on this machine -----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_calibrate_smoke():
     """Calibrate the tiny preset (2 workers: launches two processes, a few seconds)."""
     from pipesgd_ref.config import TrainConfig

@@ -38,6 +38,7 @@ def assert_matches_oracle(results, want, p):
                                rtol=1e-5)  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @settings(max_examples=12)
 @given(
@@ -85,6 +86,7 @@ def test_train_writes_summary_and_trace(tmp_path):
     assert {e["pid"] for e in spans} == {0, 1}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_digits_every_algorithm_reaches_95_percent_and_pipe_tracks_sync(tmp_path):
     """Default configuration (laptop preset, 400 steps): every method reaches 95% test
@@ -172,6 +174,7 @@ def _run_until_checkpoint_then_kill(out, argv, min_step):
     return step
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("algo, width", [("sync", 1), ("pipe", 2), ("pipe", 3)])
 def test_resume_after_a_crash_equals_an_uninterrupted_run(algo, width, tmp_path):

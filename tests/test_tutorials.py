@@ -17,6 +17,7 @@ def test_there_are_tutorials():
     assert len(TUTORIALS) >= 2, f"expected the tutorials in tutorials/, found {TUTORIALS}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", TUTORIALS, ids=[p.stem for p in TUTORIALS])
 def test_tutorial_runs(path):
     env = {**os.environ, "PIPESGD_TUTORIAL_SMALL": "1", "MPLBACKEND": "Agg"}

@@ -189,6 +189,7 @@ def check_job(outputs, out: Path, algo: str, ranks: int, source: str, tmp_path_f
         )
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_torchrun_style_variables(tmp_path, tmp_path_factory):
     """RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, as torchrun (or a person) sets
@@ -204,6 +205,7 @@ def test_torchrun_style_variables(tmp_path, tmp_path_factory):
     check_job(outputs, out, "pipe", 4, "torchrun", tmp_path_factory)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_slurm_variables_as_srun_sets_them(tmp_path, tmp_path_factory):
     """`srun --ntasks=4` on one node: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID,
@@ -224,6 +226,7 @@ def test_slurm_variables_as_srun_sets_them(tmp_path, tmp_path_factory):
     check_job(outputs, out, "sync", 4, "SLURM", tmp_path_factory)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_mpich_hydra_variables(tmp_path, tmp_path_factory):
     """MPICH's (and Intel MPI's) Hydra: PMI_RANK, PMI_SIZE, MPI_LOCALRANKID. No token set:
@@ -255,6 +258,7 @@ def find_open_mpi_mpirun() -> tuple[str | None, str]:
     return path, ""
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_open_mpi_mpirun(tmp_path, tmp_path_factory):
     """A real `mpirun -n 4` (Open MPI): it sets OMPI_COMM_WORLD_RANK/SIZE, and passes
@@ -310,6 +314,7 @@ def test_port_under_torchrun_and_its_override():
     assert detect_env(agent | {"PIPESGD_MASTER_PORT": "31000"}).master_port == 31000
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_ps_sync_joined(tmp_path, tmp_path_factory):
     """ps-sync over 5 ranks (4 workers + the server at rank 0, star links): the same mean loss

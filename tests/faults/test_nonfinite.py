@@ -80,6 +80,7 @@ def test_parse_reads_every_action_and_refuses_bad_specs():
             faults.parse(bad)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
     "algo, action", [("sync", "nan"), ("pipe", "inf"), ("ps-sync", "inf"), ("ps-async", "nan")]
