@@ -57,12 +57,16 @@ class JobStopped(Exception):
     step no rank ran (None where unknown)."""
 
     def __init__(self, signum: int, results=None, stop_at: int | None = None):
-        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        super().__init__(f"stopped by {signal.Signals(signum).name}")  # (train.py says more)
         self.signum = signum
         self.results = results
         self.stop_at = stop_at
         self.cfg = None  # set by train.py: the config of the run that was stopped
         self.restarts: list[dict] = []  # and the restarts before it
+
+    @property
+    def signal_name(self) -> str:
+        return signal.Signals(self.signum).name
 
     @property
     def exit_code(self) -> int:
@@ -188,11 +192,6 @@ def entering(rank: int, step: int) -> bool:
 def stop_at() -> int | None:
     """The first step no rank runs, once this job was asked to stop; else None."""
     return _PLAN.stop_at
-
-
-def stop_signal() -> int:
-    """The signal that stopped this job, 0 if none."""
-    return _PLAN.signum
 
 
 def worker_signals(plan) -> None:

@@ -496,7 +496,7 @@ def run_training(
     summary["restarts"] = restarts
     summary["stopped"] = None
     if stopped is not None:
-        summary["stopped"] = {"signal": signal_name(stopped.signum), "at_step": stopped.stop_at}
+        summary["stopped"] = {"signal": stopped.signal_name, "at_step": stopped.stop_at}
     else:
         _log_outcome(cfg, summary, wall, log)
     if cfg.out:
@@ -511,18 +511,11 @@ def run_training(
     return summary, results
 
 
-def signal_name(signum: int) -> str:
-    import signal
-
-    return signal.Signals(signum).name
-
-
 def _stopped_line(cfg: TrainConfig, stopped, summary: dict | None, local: bool = True) -> str:
     """The one line a stopped job ends with: which signal, where, and how to go on (local:
     a job of local workers, whose results are missing only where some were killed)."""
-    name = signal_name(stopped.signum)
     where = f" before step {stopped.stop_at}" if stopped.stop_at is not None else ""
-    line = f"{cfg.algo}: stopped by {name}{where}"
+    line = f"{cfg.algo}: stopped by {stopped.signal_name}{where}"
     if summary is not None:
         line += f" ({summary['steps']} steps run)"
     if local and stopped.results is None:
@@ -674,9 +667,8 @@ def run_training_joined(
         try:
             result = _train_job(comm, cfg, progress)
         except CommError:
-            if not plan.signum:
+            if not plan.signum:  # else a peer that stopped first closed: that is the stop
                 raise
-            result = None
         if plan.signum:  # the others may be gone: no gather, no summary
             stopped = JobStopped(plan.signum, None, plan.stop_at)
             line = _stopped_line(cfg, stopped, None, local=False)
