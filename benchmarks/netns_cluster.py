@@ -230,7 +230,7 @@ def tcp_goodput(rate_bps: float, mtu: int = 1500) -> float:
 
 def parse_rate(text: str) -> float:
     """Bits/s of a tc-style rate ("100mbit", "1gbit", "500kbit")."""
-    from pipesgd_ref.comm.netem import parse_bandwidth
+    from pipesgd_ref.units import parse_bandwidth
 
     return parse_bandwidth(text) * 8
 
@@ -361,7 +361,7 @@ class NetnsCluster:
         self.down()
 
     def describe(self) -> str:
-        from pipesgd_ref.comm.netem import format_bandwidth
+        from pipesgd_ref.units import format_bandwidth
 
         shaper = "netem" if self.netem else "tbf (this kernel has no netem: no added delay)"
         return (
@@ -516,8 +516,8 @@ def compare_allreduce(cluster: NetnsCluster, sizes: list[int], reps: int = 5, wa
                       timeout: float = 60.0) -> tuple[list[Row], Network]:  # fmt: skip
     """The AllReduce of every size across the namespaces, modelled, and emulated on loopback."""
     from pipesgd_ref.bench import measure_gamma
-    from pipesgd_ref.comm.netem import format_bytes
     from pipesgd_ref.timing import ring_allreduce_time
+    from pipesgd_ref.units import format_bytes
 
     p, B = cluster.world_size, cluster.bandwidth
     # A job of its own for the probe: its median of PROBE_REPS (a few ms each) stays put where
@@ -592,7 +592,7 @@ def compare_training(cluster: NetnsCluster, net: Network, overrides=TRAIN_OVERRI
     """`pipesgd train` across the namespaces, modelled and emulated on loopback: the Row of
     iteration times, and the two summaries."""
     cfg = train_config(cluster.world_size, overrides)
-    from pipesgd_ref.comm.netem import format_bytes
+    from pipesgd_ref.units import format_bytes
 
     across = train_across(cluster, overrides, timeout)
     emulated = train_emulated(cluster.world_size, net.latency, net.bandwidth, overrides, timeout)
@@ -614,7 +614,7 @@ def format_table(rows: list[Row]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pipesgd_ref.comm.netem import format_seconds, parse_latency, parse_size
+    from pipesgd_ref.units import format_seconds, parse_latency, parse_size
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--world-size", type=int, default=4, help="namespaces (hosts), default 4")

@@ -19,10 +19,10 @@ import json
 import sys
 from pathlib import Path
 
-from pipesgd_ref.comm.netem import parse_bandwidth, parse_latency
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.timing import ring_allreduce_time
 from pipesgd_ref.train import run_training
+from pipesgd_ref.units import parse_bandwidth, parse_latency
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -106,9 +106,9 @@ import time
 from pathlib import Path
 
 from pipesgd_ref import timing
-from pipesgd_ref.comm.netem import format_bytes
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.train import run_training
+from pipesgd_ref.units import format_bytes
 
 GRID_MINUTES = 40  # the docstring's estimate, printed at the start of a default run
 

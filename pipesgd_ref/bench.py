@@ -29,11 +29,12 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from pipesgd_ref.comm.netem import LinkModel, format_bytes
+from pipesgd_ref.comm.netem import LinkModel
 from pipesgd_ref.comm.ring import allreduce, barrier
 from pipesgd_ref.launch import free_port, join_from_env, launch_local
 from pipesgd_ref.outputs import write_text_atomic
 from pipesgd_ref.timing import ring_allreduce_time
+from pipesgd_ref.units import format_bytes
 
 
 @dataclass

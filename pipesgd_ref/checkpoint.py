@@ -25,7 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pipesgd_ref.config import ConfigError, TrainConfig
+from pipesgd_ref.config import TrainConfig
+from pipesgd_ref.errors import ConfigError
 
 FILE = "checkpoint.npz"
 KEYS = ("params", "next_step", "pending_steps", "pending", "config")  # what save writes

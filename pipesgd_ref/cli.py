@@ -42,22 +42,26 @@ import math
 import os
 import sys
 
-from pipesgd_ref.comm.transport import CommError
 from pipesgd_ref.config import (
-    ConfigError,
     TrainConfig,
     apply_overrides,
     check_idle_options,
     field_names,
     load_config_file,
 )
-from pipesgd_ref.data import DataError
-from pipesgd_ref.launch import JobError, LaunchError, detect_env
-from pipesgd_ref.lifetime import JobStopped
-from pipesgd_ref.train import TrainingDiverged, run_reference, run_training, run_training_joined
+from pipesgd_ref.errors import (
+    CommError,
+    ConfigError,
+    DataError,
+    JobError,
+    JobStopped,
+    LaunchError,
+    TrainingDiverged,
+)
+from pipesgd_ref.launch import add_many_workers_flag, check_local_workers, detect_env
+from pipesgd_ref.train import run_reference, run_training, run_training_joined
 
 EXIT_USAGE = 2
-ALLOW_MANY_ENV = "PIPESGD_ALLOW_MANY_WORKERS"  # =1: the same as --allow-many-workers
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 # OSErrors that a path the user gave causes (a last resort: outputs.py checks paths before the
 # work); any other OSError is a bug or a network fault and keeps its traceback.
@@ -98,33 +102,6 @@ def _seconds(text: str) -> float:
             f"expected a positive number of seconds, e.g. 60, got {text!r}"
         )
     return value
-
-
-def add_many_workers_flag(sp: argparse.ArgumentParser) -> None:
-    sp.add_argument("--allow-many-workers", action="store_true",
-                    help=f"start more local workers than {local_worker_limit()} (this machine's "
-                    f"bound; also {ALLOW_MANY_ENV}=1)")  # fmt: skip
-
-
-def local_worker_limit() -> int:
-    """The most worker processes one command starts on this machine without
-    --allow-many-workers: max(64, 16 per core). Beyond it a typo (--world-size 100000) would
-    start processes until the machine gives out, long before the first step."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    return max(64, 16 * cores)
-
-
-def check_local_workers(n: int, allow: bool, what: str) -> None:
-    """ConfigError when `n` local processes exceed local_worker_limit() and nothing allows it."""
-    limit = local_worker_limit()
-    if n > limit and not (allow or os.environ.get(ALLOW_MANY_ENV, "") not in ("", "0")):
-        raise ConfigError(
-            f"{what} would start {n} processes on this machine, more than {limit} (16 per core, "
-            f"at least 64); lower --world-size, or pass --allow-many-workers to start them anyway"
-        )
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -283,7 +260,7 @@ def _bench_memory(world_size: int, sizes: list[int]) -> None:
         ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):  # not a POSIX sysconf
         return
-    from pipesgd_ref.comm.netem import format_bytes
+    from pipesgd_ref.units import format_bytes
 
     need = 2 * max(sizes) * world_size
     if need > ram:
@@ -296,8 +273,9 @@ def _bench_memory(world_size: int, sizes: list[int]) -> None:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from pipesgd_ref.bench import bench_allreduce, bench_allreduce_joined, link_problem
-    from pipesgd_ref.comm.netem import LinkModel, parse_size
+    from pipesgd_ref.comm.netem import LinkModel
     from pipesgd_ref.logs import configure_parent_logging
+    from pipesgd_ref.units import parse_size
 
     try:
         sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]

@@ -18,14 +18,12 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from pipesgd_ref.errors import ConfigError
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
-
-
-class ConfigError(ValueError):
-    """A configuration a person wrote is wrong; the message says what and how to fix it."""
 
 
 @dataclass(frozen=True)
@@ -142,7 +140,7 @@ class TrainConfig:
             problems.append(f"algo must be one of {', '.join(ALGOS)}, got {self.algo!r}")
         if not 0 <= self.master_port <= 65535:
             problems.append(f"master_port must be 0..65535 (0 = any free), got {self.master_port}")
-        from pipesgd_ref.comm.netem import MAX_SECONDS
+        from pipesgd_ref.units import MAX_SECONDS
 
         if not 0 < self.timeout <= MAX_SECONDS:  # NaN fails too
             problems.append(
@@ -257,7 +255,7 @@ def emulated_allreduce_seconds(cfg: TrainConfig, n_params: int) -> float:
 
 
 def _size(nbytes: int) -> str:
-    from pipesgd_ref.comm.netem import format_bytes
+    from pipesgd_ref.units import format_bytes
 
     return format_bytes(nbytes)
 
@@ -267,7 +265,8 @@ def check_link_against_timeout(cfg: TrainConfig, n_params: int) -> None:
     emulated link within --timeout, or every wait on it would end in a timeout that blames a
     healthy peer (or, before this check, in a worker sleeping for hours). Raises ConfigError
     naming the frame, the latency, the bandwidth and the timeout."""
-    from pipesgd_ref.comm.netem import format_bandwidth, format_seconds, too_slow_advice
+    from pipesgd_ref.comm.netem import too_slow_advice
+    from pipesgd_ref.units import format_bandwidth, format_seconds
 
     what, nbytes, seconds = slowest_frame(cfg, n_params)
     if seconds <= cfg.timeout:
@@ -544,7 +543,6 @@ def load_config_file(path: str | Path, base: TrainConfig | None = None) -> Train
 
 
 __all__ = [
-    "ConfigError",
     "PRESETS",
     "TrainConfig",
     "apply_dict",

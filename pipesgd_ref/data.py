@@ -33,6 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
+from pipesgd_ref.errors import DataError
+
 SPLIT_SEED = 0  # the digits train/test permutation; a constant so the split never moves
 SYNTHETIC_DEFAULTS = {"samples": 4096, "features": 32, "classes": 10, "seed": 0}
 DATASET_CHOICES = "digits, synthetic[:samples=N,features=D,classes=K,seed=S], mnist:PATH"
@@ -52,10 +54,6 @@ IDX_DTYPES = {
     0x0E: np.dtype(">f8"),
 }
 _CALIBRATION_SAMPLES = 2048  # teacher logit scales are measured on this many extra inputs
-
-
-class DataError(ValueError):
-    """A bad dataset spec or a missing / corrupt data file; the message says what to do."""
 
 
 @dataclass(frozen=True, eq=False, repr=False)  # eq/repr off: arrays compare and print badly

@@ -28,6 +28,7 @@ common step; a worker never outlives its launcher, a SIGKILLed one included.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import hashlib
 import logging
@@ -44,12 +45,17 @@ from typing import Any
 
 from pipesgd_ref.comm.netem import LinkModel
 from pipesgd_ref.comm.rendezvous import JobSpec, init_process_group, new_token
-from pipesgd_ref.comm.transport import CommError
-from pipesgd_ref.config import ConfigError
-from pipesgd_ref.data import DataError
+from pipesgd_ref.errors import (
+    CommError,
+    ConfigError,
+    DataError,
+    JobError,
+    JobStopped,
+    LaunchError,
+    WorkerFailed,
+)
 from pipesgd_ref.lifetime import (
     EXIT_ORPHANED,
-    JobStopped,
     LauncherSignals,
     StopPlan,
     bind_to_parent,
@@ -66,14 +72,6 @@ ENV_CONVENTIONS = (
     ("PMI_RANK", "PMI_SIZE", "MPICH/Hydra"),
     ("SLURM_PROCID", "SLURM_NTASKS", "SLURM"),
 )
-
-
-class JobError(RuntimeError):
-    """An error inside a worker whose message says it all (no traceback is shown)."""
-
-
-class LaunchError(RuntimeError):
-    """The job's environment is inconsistent, or workers failed; the message says which."""
 
 
 @dataclass(frozen=True)
@@ -163,16 +161,6 @@ KILL_WAIT_S = 10.0  # how long a SIGKILLed worker is waited for before the launc
 STOP_GRACE_S = 30.0  # after a stop signal: how long workers get to finish their step
 
 
-class WorkerFailed(LaunchError):
-    """One or more workers failed; `errors` maps rank -> its error text, `cause` is the rank
-    most errors point to (None when they name no one)."""
-
-    def __init__(self, errors: dict[int, str], summary: str, cause: int | None = None):
-        super().__init__(summary)
-        self.errors = errors
-        self.cause = cause
-
-
 def culprit(blamed: dict[int, int | None]) -> int | None:
     """The rank that the failed ranks' errors point to most often (ties: the lowest rank)."""
     votes = [r for r in blamed.values() if r is not None and r >= 0]
@@ -256,6 +244,38 @@ def _worker_main(
         if os.getppid() != parent:  # the launcher is gone: nobody reads the results, and
             # exiting as usual would wait for them to be read
             os._exit(EXIT_ORPHANED)
+
+
+# --- how many local processes one command may start -------------------------------------------
+
+ALLOW_MANY_ENV = "PIPESGD_ALLOW_MANY_WORKERS"  # =1: the same as --allow-many-workers
+
+
+def add_many_workers_flag(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--allow-many-workers", action="store_true",
+                    help=f"start more local workers than {local_worker_limit()} (this machine's "
+                    f"bound; also {ALLOW_MANY_ENV}=1)")  # fmt: skip
+
+
+def local_worker_limit() -> int:
+    """The most worker processes one command starts on this machine without
+    --allow-many-workers: max(64, 16 per core). Beyond it a typo (--world-size 100000) would
+    start processes until the machine gives out, long before the first step."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(64, 16 * cores)
+
+
+def check_local_workers(n: int, allow: bool, what: str) -> None:
+    """ConfigError when `n` local processes exceed local_worker_limit() and nothing allows it."""
+    limit = local_worker_limit()
+    if n > limit and not (allow or os.environ.get(ALLOW_MANY_ENV, "") not in ("", "0")):
+        raise ConfigError(
+            f"{what} would start {n} processes on this machine, more than {limit} (16 per core, "
+            f"at least 64); lower --world-size, or pass --allow-many-workers to start them anyway"
+        )
 
 
 def launch_local(

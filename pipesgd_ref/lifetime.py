@@ -51,28 +51,6 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 NEVER = 1 << 62  # stop_at before any stop is asked for
 
 
-class JobStopped(Exception):
-    """The job was stopped by a signal (not a failure). `signum` is the signal; `results` the
-    workers' results when every rank finished its last step, else None; `stop_at` the first
-    step no rank ran (None where unknown)."""
-
-    def __init__(self, signum: int, results=None, stop_at: int | None = None):
-        super().__init__(f"stopped by {signal.Signals(signum).name}")  # (train.py says more)
-        self.signum = signum
-        self.results = results
-        self.stop_at = stop_at
-        self.cfg = None  # set by train.py: the config of the run that was stopped
-        self.restarts: list[dict] = []  # and the restarts before it
-
-    @property
-    def signal_name(self) -> str:
-        return signal.Signals(self.signum).name
-
-    @property
-    def exit_code(self) -> int:
-        return 128 + self.signum  # the shell's convention: 130 SIGINT, 143 SIGTERM
-
-
 class StopPlan:
     """The shared stop decision of one local job (see the module docstring): made in the
     launcher, handed to every worker process (it pickles for spawn, and forks)."""

@@ -43,6 +43,7 @@ __all__ = [
     "LOGGER_NAME",
     "WorkerLogging",
     "configure_parent_logging",
+    "tag_log_lines",
     "get_logger",
     "trace",
     "trace_enabled",
@@ -239,3 +240,10 @@ def trace(fmt: str, *args: object) -> None:
     trace("iter %d | rank %d -> %d | chunk %d | %s", seq, rank, peer, chunk, "1.2 MB")"""
     if trace_enabled():
         _trace_logger.info(fmt, *args, stacklevel=2)
+
+
+def tag_log_lines(rank: int) -> None:
+    """Tag this process's log lines "[rank r]" instead of "[main]", as a local worker's are
+    (a rank joined by torchrun, mpirun or srun logs through the parent's handlers)."""
+    for handler in logging.getLogger(LOGGER_NAME).handlers:
+        handler.addFilter(_RankTag(rank))

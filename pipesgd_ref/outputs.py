@@ -36,7 +36,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from pipesgd_ref.config import ConfigError
+from pipesgd_ref.errors import OutputError
 
 LOCK_FILE = ".pipesgd.lock"
 # Files whose presence makes a folder an earlier run's results (train and reference:
@@ -45,10 +45,6 @@ RUN_MARKERS = ("summary.json", "checkpoint.npz", "compare.json")
 _SCAN_DEPTH = 2  # compare's folders: DIR/LABEL/summary.json, DIR/LABEL/repeat-K/summary.json
 _TMP_EXTRA = 16  # characters an atomic write adds to a name: ".NAME.XXXXXXXX.tmp"
 _SCAN_LIMIT = 1000  # entries looked at, at most: --out pointed at a big folder stays fast
-
-
-class OutputError(ConfigError):
-    """An output path that cannot be used; the message names it and says what to do."""
 
 
 def _shown(path: Path | str) -> str:
@@ -295,7 +291,6 @@ def claim_out_dir(
 
 __all__ = [
     "LOCK_FILE",
-    "OutputError",
     "RUN_MARKERS",
     "claim_out_dir",
     "earlier_run",

@@ -59,9 +59,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pipesgd_ref import timing
-from pipesgd_ref.comm.netem import format_bandwidth, format_bytes, format_seconds
-from pipesgd_ref.config import ConfigError, TrainConfig
+from pipesgd_ref.config import TrainConfig
+from pipesgd_ref.errors import ConfigError
 from pipesgd_ref.timing import COMPARE_RUNS, Calibration, Prediction
+from pipesgd_ref.units import format_bandwidth, format_bytes, format_seconds
 
 PAYS = 1.1  # pipe must beat sync by this factor to be worth its staleness (PAPER.md section 5)
 BASELINE = "ps-sync"  # the speedup column's reference, as in the paper's comparison
@@ -110,7 +111,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     r.add_argument("--plot", default=None, help="write the sweep's figure here (.png, .pdf)")
     r.add_argument("--json", dest="json_path", default=None, help="write the predictions here")
     r.add_argument("--out", dest="out_dir", default=None, help="folder for the JSON and figure")
-    from pipesgd_ref.cli import add_many_workers_flag
+    from pipesgd_ref.launch import add_many_workers_flag
 
     add_many_workers_flag(n)  # --this-machine starts --world-size processes
     return p
@@ -197,7 +198,7 @@ def _model_config(args) -> TrainConfig:
 
 
 def _time_model(cfg: TrainConfig) -> tuple[int, float, float]:
-    from pipesgd_ref.data import DataError
+    from pipesgd_ref.errors import DataError
 
     try:
         # one worker's compute does not depend on p: time it on a 1-worker shard, so a world
@@ -248,7 +249,7 @@ def scenario_from_args(args) -> Scenario:
             "--cores-per-worker describes a cluster; --this-machine uses this machine's cores "
             "as they are: drop one of the two"
         )
-    from pipesgd_ref.comm.netem import parse_bandwidth, parse_latency
+    from pipesgd_ref.units import parse_bandwidth, parse_latency
 
     latency = _parse(parse_latency, args.latency, "--latency")
     bandwidth = _parse(parse_bandwidth, args.bandwidth, "--bandwidth")
@@ -363,7 +364,7 @@ def _calibrate_cluster(
 def _calibrate_here(cfg: TrainConfig, hop: float | None) -> tuple[Calibration, float]:
     """timing.calibrate for cfg's p processes on this machine; also returns the streamed
     bandwidth (it caps every emulated bandwidth of a sweep, as it caps the base one)."""
-    from pipesgd_ref.data import DataError
+    from pipesgd_ref.errors import DataError
 
     network = timing.network_figures()
     if hop is not None:  # given: skip measuring it

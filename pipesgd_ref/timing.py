@@ -966,7 +966,7 @@ def calibrate(
 
 def describe(cal: Calibration) -> str:
     """One paragraph of the calibrated figures, in the units people read."""
-    from pipesgd_ref.comm.netem import format_bandwidth, format_bytes, format_seconds
+    from pipesgd_ref.units import format_bandwidth, format_bytes, format_seconds
 
     codecs = ", ".join(
         f"{k}: r={r:.2f} e={e * 1e9:.2f} d={d * 1e9:.2f} ns/B"
@@ -1007,7 +1007,7 @@ def speedups(preds: dict, baseline: str = "ps-sync") -> dict:
 def sweep_values(spec: str) -> tuple[str, list[float]]:
     """'bandwidth=100Mbit..100Gbit' -> ('bandwidth', [bytes/s ...], log-spaced, 13 points);
     'world_size=2..64' -> ('world_size', [2, 3, 4, ..., 64] in powers of two and between)."""
-    from pipesgd_ref.comm.netem import parse_bandwidth, parse_latency
+    from pipesgd_ref.units import parse_bandwidth, parse_latency
 
     if "=" not in spec or ".." not in spec:
         raise ValueError(

@@ -29,9 +29,11 @@ from typing import Any
 import numpy as np
 
 from pipesgd_ref.algorithms.reference import delayed_sgd, model_grad_fn
-from pipesgd_ref.algorithms.worker import TrainingDiverged, WorkerResult, steps_for
+from pipesgd_ref.algorithms.worker import WorkerResult, steps_for
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.data import MinibatchSampler, load_dataset
+from pipesgd_ref.errors import TrainingDiverged
+from pipesgd_ref.logs import tag_log_lines
 from pipesgd_ref.models import build_model
 
 
@@ -404,7 +406,7 @@ def _check_inputs(cfg: TrainConfig) -> None:
     check_before_run(cfg, data)  # the model fits in memory, the link delivers a frame in time
     if cfg.resume:
         from pipesgd_ref.algorithms.worker import WorkerSetup
-        from pipesgd_ref.config import ConfigError
+        from pipesgd_ref.errors import ConfigError
 
         setup = WorkerSetup.build(cfg, 0, cfg.world_size)  # loads and checks the checkpoint
         if setup.start_step >= setup.steps:
@@ -422,7 +424,7 @@ def _check_device(cfg: TrainConfig) -> None:
     (a context is what a forked child must never inherit; the workers are spawned anyway)."""
     if cfg.device != "cuda":
         return
-    from pipesgd_ref.config import ConfigError
+    from pipesgd_ref.errors import ConfigError
     from pipesgd_ref.ops.cuda_support import gpu_problem
 
     problem = gpu_problem()
@@ -464,7 +466,7 @@ def run_training(
     after one common step (lifetime.py): the partial run's summary is written as usual, marked
     "stopped", and JobStopped is raised for the command's exit code."""
     from pipesgd_ref.config import link_model
-    from pipesgd_ref.lifetime import JobStopped
+    from pipesgd_ref.errors import JobStopped
     from pipesgd_ref.trace import chrome_trace
 
     _check_inputs(cfg)  # bad data specs fail here, in one line, before any fork
@@ -536,8 +538,8 @@ def _launch_with_restarts(cfg: TrainConfig, launch: dict, job_args: tuple, log):
     Returns (the config of the last run, its results, the restarts as summary.json lists
     them); JobStopped carries the same three as .cfg, .results, .restarts."""
     from pipesgd_ref import checkpoint, faults
-    from pipesgd_ref.launch import WorkerFailed, launch_local
-    from pipesgd_ref.lifetime import JobStopped
+    from pipesgd_ref.errors import JobStopped, WorkerFailed
+    from pipesgd_ref.launch import launch_local
 
     ran, restarts = cfg, []
     fault_env = os.environ.get(faults.ENV)
@@ -616,10 +618,10 @@ def run_training_joined(
     bind: the interface this rank's listeners use (default: loopback when MASTER_ADDR is
     loopback, else all interfaces).
     """
-    from pipesgd_ref.comm.transport import CommError
     from pipesgd_ref.config import link_model
-    from pipesgd_ref.launch import ENV_CONVENTIONS, LaunchError, detect_env, join_from_env
-    from pipesgd_ref.lifetime import JobStopped, LocalStop, worker_signals
+    from pipesgd_ref.errors import CommError, JobStopped, LaunchError
+    from pipesgd_ref.launch import ENV_CONVENTIONS, detect_env, join_from_env
+    from pipesgd_ref.lifetime import LocalStop, worker_signals
     from pipesgd_ref.trace import chrome_trace
 
     job = detect_env()
@@ -629,7 +631,7 @@ def run_training_joined(
             "start this under mpirun or srun (or run `pipesgd train` alone for local workers)"
         )
     if cfg.max_restarts:
-        from pipesgd_ref.config import ConfigError
+        from pipesgd_ref.errors import ConfigError
 
         raise ConfigError(
             f"--max-restarts {cfg.max_restarts} restarts a job of local workers; this rank "
@@ -660,7 +662,7 @@ def run_training_joined(
     comm = join_from_env(timeout=cfg.timeout, bind=bind, model=model, star=is_ps(cfg.algo))
     try:
         t0 = time.perf_counter()  # "the job formed", on this rank's clock
-        _tag_log_lines(comm.rank)
+        tag_log_lines(comm.rank)
         if comm.rank == 0:
             log(f"{_describe(cfg, model)}; {ranks} ranks joined from {job.source} variables "
                 f"at {job.master_addr}:{job.master_port}")  # fmt: skip
@@ -697,14 +699,6 @@ def run_training_joined(
         write_json(out / "trace.json", chrome_trace(result.events, labels={0: label}))
         log(f"wrote {out / 'summary.json'} and {out / 'trace.json'} (rank 0's spans only)")
     return summary, result
-
-
-def _tag_log_lines(rank: int) -> None:
-    """Tag this process's log lines "[rank r]" instead of "[main]", as a local worker's are."""
-    from pipesgd_ref.logs import LOGGER_NAME, _RankTag
-
-    for handler in logging.getLogger(LOGGER_NAME).handlers:
-        handler.addFilter(_RankTag(rank))
 
 
 def fingerprint(params: np.ndarray) -> float:

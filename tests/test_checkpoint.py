@@ -11,7 +11,8 @@ import pytest
 from pipesgd_ref import checkpoint
 from pipesgd_ref.algorithms.worker import WorkerSetup
 from pipesgd_ref.cli import main
-from pipesgd_ref.config import ConfigError, TrainConfig
+from pipesgd_ref.config import TrainConfig
+from pipesgd_ref.errors import ConfigError
 
 # The tiny preset: softmax regression on digits, 64 x 10 weights + 10 biases.
 CFG = TrainConfig.preset("tiny").replace(steps=20)

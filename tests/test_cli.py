@@ -180,7 +180,8 @@ def test_a_refused_run_leaves_no_folder_behind(tmp_path, capsys):
 
 
 def test_prepare_file_refuses_what_cannot_be_replaced_atomically(tmp_path):
-    from pipesgd_ref.outputs import OutputError, prepare_file
+    from pipesgd_ref.errors import OutputError
+    from pipesgd_ref.outputs import prepare_file
 
     (tmp_path / "f").write_text("x")
     os.mkfifo(tmp_path / "fifo")
@@ -231,8 +232,8 @@ def test_a_path_error_at_the_end_is_one_line_and_a_bug_keeps_its_traceback(monke
 
 
 def test_many_local_workers_need_an_override(monkeypatch):
-    from pipesgd_ref.cli import ALLOW_MANY_ENV, check_local_workers, local_worker_limit
-    from pipesgd_ref.config import ConfigError
+    from pipesgd_ref.errors import ConfigError
+    from pipesgd_ref.launch import ALLOW_MANY_ENV, check_local_workers, local_worker_limit
 
     limit = local_worker_limit()
     assert limit >= 64 and limit >= 16 * len(os.sched_getaffinity(0))

@@ -32,16 +32,9 @@ from pipesgd_ref.comm.rendezvous import (
     init_process_group,
 )
 from pipesgd_ref.comm.ring import allreduce, barrier, broadcast
-from pipesgd_ref.comm.transport import CommError, Frame, Kind, Link, PeerAborted
-from pipesgd_ref.launch import (
-    JobEnv,
-    LaunchError,
-    WorkerFailed,
-    _default_token,
-    detect_env,
-    free_port,
-    launch_local,
-)
+from pipesgd_ref.comm.transport import Frame, Kind, Link
+from pipesgd_ref.errors import CommError, LaunchError, PeerAborted, WorkerFailed
+from pipesgd_ref.launch import JobEnv, _default_token, detect_env, free_port, launch_local
 
 TIMEOUT = 2.0  # the communication timeout inside the workers
 

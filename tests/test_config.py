@@ -6,14 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipesgd_ref.config import (
-    PRESETS,
-    ConfigError,
-    TrainConfig,
-    apply_overrides,
-    field_names,
-    load_config_file,
-)
+from pipesgd_ref.config import PRESETS, TrainConfig, apply_overrides, field_names, load_config_file
+from pipesgd_ref.errors import ConfigError
 
 
 def test_every_field_has_a_comment():

@@ -16,7 +16,6 @@ from hypothesis.extra import numpy as hnp
 
 from pipesgd_ref.data import (
     MNIST_FILES,
-    DataError,
     Dataset,
     MinibatchSampler,
     load_dataset,
@@ -27,6 +26,7 @@ from pipesgd_ref.data import (
     shard_indices,
     write_idx,
 )
+from pipesgd_ref.errors import DataError
 from strategies import seeds, world_sizes
 
 FAST = settings(max_examples=40)  # deadline and derandomisation: tests/conftest.py profiles

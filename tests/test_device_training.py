@@ -27,7 +27,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipesgd_ref.config import ConfigError, TrainConfig
+from pipesgd_ref.config import TrainConfig
+from pipesgd_ref.errors import ConfigError
 from pipesgd_ref.train import run_training
 
 REPO = Path(__file__).resolve().parents[1]
@@ -257,7 +258,8 @@ def test_worker_setup_on_the_device(tmp_path):
     through pinned buffers), NaN caught by the device-side sum, zeroing, the mean of the good
     ranks, and weights and checkpoints that come back as host arrays."""
     from pipesgd_ref import checkpoint
-    from pipesgd_ref.algorithms.worker import TrainingDiverged, WorkerSetup
+    from pipesgd_ref.algorithms.worker import WorkerSetup
+    from pipesgd_ref.errors import TrainingDiverged
     from pipesgd_ref.models.layout import on_device
 
     cfg = tiny(model="softmax", hidden=(), device="cuda", out=str(tmp_path))

@@ -11,16 +11,14 @@ import time
 
 import pytest
 
-from pipesgd_ref.comm.netem import (
-    LinkEmulator,
-    LinkModel,
+from pipesgd_ref.comm.netem import LinkEmulator, LinkModel, wait_until
+from pipesgd_ref.units import (
     format_bandwidth,
     format_bytes,
     format_seconds,
     parse_bandwidth,
     parse_latency,
     parse_size,
-    wait_until,
 )
 
 # --- parsing ---------------------------------------------------------------------------------
@@ -335,7 +333,7 @@ def test_frame_problem_names_frame_link_and_timeout():
 def test_a_frame_slower_than_the_timeout_is_refused_without_sleeping():
     """A frame on the wire honours the timeout: --bandwidth 1bit --timeout 3 once slept for
     hours; now the sender raises a CommError (one line in the job's report) at once."""
-    from pipesgd_ref.comm.transport import CommError
+    from pipesgd_ref.errors import CommError
 
     clock = FakeClock()
     emulator = LinkEmulator(LinkModel(0.0, 1 / 8, timeout=3.0), clock=clock, sleep=clock.sleep)

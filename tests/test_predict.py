@@ -15,7 +15,7 @@ import pytest
 
 from pipesgd_ref import predict as predict_cmd
 from pipesgd_ref import timing
-from pipesgd_ref.config import ConfigError
+from pipesgd_ref.errors import ConfigError
 from pipesgd_ref.predict import PAYS, crossings, parse_codecs, parse_count
 from pipesgd_ref.timing import COMPARE_RUNS, Calibration
 

@@ -16,16 +16,10 @@ from pipesgd_ref.algorithms.worker import WorkerSetup
 from pipesgd_ref.codecs import get_codec
 from pipesgd_ref.comm.netem import LinkModel
 from pipesgd_ref.comm.ps import ParameterServer, PSClient, ServerNIC
-from pipesgd_ref.comm.transport import (
-    HEADER_BYTES,
-    CollectiveMismatch,
-    Frame,
-    Kind,
-    Link,
-    PeerAborted,
-)
-from pipesgd_ref.config import ConfigError, TrainConfig
-from pipesgd_ref.launch import WorkerFailed, launch_local
+from pipesgd_ref.comm.transport import HEADER_BYTES, Frame, Kind, Link
+from pipesgd_ref.config import TrainConfig
+from pipesgd_ref.errors import CollectiveMismatch, ConfigError, PeerAborted, WorkerFailed
+from pipesgd_ref.launch import launch_local
 
 STEPS = 20
 CONFIGS = {

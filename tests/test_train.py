@@ -420,7 +420,7 @@ def test_a_worker_failing_before_the_start_ends_the_job_naming_it(algo, monkeypa
     parameter server's start message) never becomes a hang."""
     import time
 
-    from pipesgd_ref.launch import WorkerFailed
+    from pipesgd_ref.errors import WorkerFailed
     from pipesgd_ref.train import run_training
 
     codec = WorkerSetup.codec

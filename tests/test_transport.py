@@ -27,18 +27,14 @@ from pipesgd_ref.comm.transport import (
     HEADER,
     MAGIC,
     VERSION,
-    CollectiveMismatch,
-    CommError,
     Frame,
     Kind,
     Link,
     Op,
-    PeerClosed,
-    PeerTimeout,
-    ProtocolError,
     as_bytes,
     decode_header,
 )
+from pipesgd_ref.errors import CollectiveMismatch, CommError, PeerClosed, PeerTimeout, ProtocolError
 
 U16, U32, U64 = 2**16 - 1, 2**32 - 1, 2**64 - 1
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipesgd_ref.comm.netem import LinkModel, format_bandwidth, format_bytes, format_seconds
+from pipesgd_ref.comm.netem import LinkModel
 from pipesgd_ref.comm.ring import (
     SEGMENT_BYTES,
     all_gather_chunks,
@@ -45,6 +45,7 @@ from pipesgd_ref.comm.ring import (
 from pipesgd_ref.comm.transport import HEADER
 from pipesgd_ref.launch import launch_local
 from pipesgd_ref.plots import pyplot, save_figure
+from pipesgd_ref.units import format_bandwidth, format_bytes, format_seconds
 
 SMALL = os.environ.get("PIPESGD_TUTORIAL_SMALL") == "1"  # CI: fewer sizes, same lessons
 OUT = Path(__file__).resolve().parent / "out"  # figures go here (git-ignored)

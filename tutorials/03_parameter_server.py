@@ -34,13 +34,13 @@ import numpy as np
 from pipesgd_ref.algorithms import reference
 from pipesgd_ref.algorithms.ps import ps_sync_worker
 from pipesgd_ref.algorithms.worker import WorkerSetup
-from pipesgd_ref.comm.netem import format_bandwidth, format_bytes, format_seconds
 from pipesgd_ref.comm.transport import HEADER_BYTES
 from pipesgd_ref.config import TrainConfig, link_model
 from pipesgd_ref.launch import launch_local
 from pipesgd_ref.plots import pyplot, save_figure
 from pipesgd_ref.trace import median_duration
 from pipesgd_ref.train import run_training
+from pipesgd_ref.units import format_bandwidth, format_bytes, format_seconds
 
 SMALL = os.environ.get("PIPESGD_TUTORIAL_SMALL") == "1"  # CI: fewer steps, same lessons
 OUT = Path(__file__).resolve().parent / "out"  # figures go here (git-ignored)

@@ -31,16 +31,11 @@ from pathlib import Path
 
 from pipesgd_ref import timing
 from pipesgd_ref.bench import measure_p2p
-from pipesgd_ref.comm.netem import (
-    LinkModel,
-    format_bandwidth,
-    format_bytes,
-    format_seconds,
-    parse_bandwidth,
-)
+from pipesgd_ref.comm.netem import LinkModel
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.plots import pyplot, save_figure
 from pipesgd_ref.train import run_training
+from pipesgd_ref.units import format_bandwidth, format_bytes, format_seconds, parse_bandwidth
 
 SMALL = os.environ.get("PIPESGD_TUTORIAL_SMALL") == "1"  # CI: fewer sizes and steps
 OUT = Path(__file__).resolve().parent / "out"  # figures go here (git-ignored)

@@ -38,7 +38,7 @@ import numpy as np
 from pipesgd_ref.algorithms.worker import WorkerSetup
 from pipesgd_ref.codecs import get_codec
 from pipesgd_ref.comm.compressed import simulate_compressed_allreduce
-from pipesgd_ref.comm.netem import LinkModel, format_bandwidth, format_bytes, format_seconds
+from pipesgd_ref.comm.netem import LinkModel
 from pipesgd_ref.comm.ring import (
     SEGMENT_BYTES,
     all_gather_chunks,
@@ -53,6 +53,7 @@ from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.launch import launch_local
 from pipesgd_ref.plots import pyplot, save_figure
 from pipesgd_ref.train import run_training
+from pipesgd_ref.units import format_bandwidth, format_bytes, format_seconds
 
 SMALL = os.environ.get("PIPESGD_TUTORIAL_SMALL") == "1"  # CI: smaller runs, same lessons
 OUT = Path(__file__).resolve().parent / "out"  # figures go here (git-ignored)

@@ -37,9 +37,9 @@ import time
 from pathlib import Path
 
 from pipesgd_ref import timing
-from pipesgd_ref.comm.netem import format_bandwidth, format_bytes, format_seconds
 from pipesgd_ref.compare import CHECKS, calibrate_for, quick_config, run_compare
 from pipesgd_ref.config import TrainConfig, link_model
+from pipesgd_ref.units import format_bandwidth, format_bytes, format_seconds
 
 SMALL = os.environ.get("PIPESGD_TUTORIAL_SMALL") == "1"  # CI: a smaller model, same regime
 OUT = Path(__file__).resolve().parent / "out" / "09"  # compare.json, runs, figures (git-ignored)

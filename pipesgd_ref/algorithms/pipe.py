@@ -39,7 +39,7 @@ from pipesgd_ref.algorithms.worker import Timeline, WorkerResult, WorkerSetup
 from pipesgd_ref.comm.rendezvous import Communicator
 from pipesgd_ref.comm.ring import barrier
 from pipesgd_ref.config import TrainConfig
-from pipesgd_ref.launch import JobError
+from pipesgd_ref.errors import JobError
 
 _STOP = None  # tells the communication thread to finish
 

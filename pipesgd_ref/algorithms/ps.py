@@ -66,7 +66,7 @@ from pipesgd_ref.algorithms.worker import Timeline, WorkerResult, WorkerSetup
 from pipesgd_ref.comm.ps import ParameterServer, PSClient, worker_of
 from pipesgd_ref.comm.rendezvous import Communicator
 from pipesgd_ref.config import TrainConfig
-from pipesgd_ref.launch import JobError
+from pipesgd_ref.errors import JobError
 
 
 def ps_sync_worker(

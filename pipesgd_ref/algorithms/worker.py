@@ -35,15 +35,12 @@ import numpy as np
 from pipesgd_ref import faults
 from pipesgd_ref.config import TrainConfig, check_memory
 from pipesgd_ref.data import Dataset, MinibatchSampler, load_dataset
-from pipesgd_ref.launch import JobError, local_rank
+from pipesgd_ref.errors import TrainingDiverged
+from pipesgd_ref.launch import local_rank
 from pipesgd_ref.models import MLP, build_model
 from pipesgd_ref.ops import OP_NAMES
 
 log = logging.getLogger("pipesgd.worker")
-
-
-class TrainingDiverged(JobError):
-    """The loss became NaN or Inf: the run stopped instead of training on garbage."""
 
 
 def steps_for(cfg: TrainConfig, sampler: MinibatchSampler) -> int:

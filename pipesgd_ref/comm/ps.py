@@ -133,16 +133,18 @@ from pipesgd_ref.comm.transport import (
     CODE_OF_DTYPE,
     HEADER_BYTES,
     POLL_SECONDS,
-    CollectiveMismatch,
-    CommError,
     Frame,
     Kind,
     Link,
     Op,
+    as_bytes,
+)
+from pipesgd_ref.errors import (
+    CollectiveMismatch,
+    CommError,
     PeerAborted,
     PeerTimeout,
     ProtocolError,
-    as_bytes,
 )
 from pipesgd_ref.logs import trace
 

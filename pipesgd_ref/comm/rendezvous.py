@@ -29,14 +29,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pipesgd_ref.comm.netem import LinkModel
-from pipesgd_ref.comm.transport import (
-    POLL_SECONDS,
-    CommError,
-    Kind,
-    Link,
-    PeerAborted,
-    PeerClosed,
-)
+from pipesgd_ref.comm.transport import POLL_SECONDS, Kind, Link
+from pipesgd_ref.errors import CommError, PeerAborted, PeerClosed
 
 log = logging.getLogger("pipesgd.rendezvous")
 HELLO_TIMEOUT = 5.0  # a connection that has not said hello by then is dropped

@@ -42,14 +42,12 @@ from pipesgd_ref.comm.transport import (
     ABORT_LINGER_SECONDS,
     CODE_OF_DTYPE,
     DTYPE_CODES,
-    CollectiveMismatch,
-    CommError,
     Frame,
     Kind,
     Op,
-    PeerAborted,
     as_bytes,
 )
+from pipesgd_ref.errors import CollectiveMismatch, CommError, PeerAborted
 from pipesgd_ref.logs import trace, trace_enabled
 
 SEGMENT_BYTES = 2 << 20  # 2 MiB: amortises a frame and a wake-up, small enough to pipeline

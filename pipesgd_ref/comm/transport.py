@@ -46,6 +46,14 @@ import numpy as np
 
 from pipesgd_ref import faults
 from pipesgd_ref.comm.netem import LinkEmulator, LinkModel, wait_until
+from pipesgd_ref.errors import (
+    CollectiveMismatch,
+    CommError,
+    PeerAborted,
+    PeerClosed,
+    PeerTimeout,
+    ProtocolError,
+)
 
 MAGIC = b"PSGD"
 VERSION = 1
@@ -89,42 +97,6 @@ DTYPE_CODES = {
     4: np.dtype(np.int32),
 }
 CODE_OF_DTYPE = {dt: code for code, dt in DTYPE_CODES.items()}
-
-
-class CommError(RuntimeError):
-    """A communication failure; the message names the ranks and what to do.
-
-    `origin` is the rank the failure points at (the silent or dead peer), when there is one.
-    `link` is the Link it happened on, when one Link raised it (None otherwise): that link is
-    broken, so no news of the failure is sent on it. `doing` says what was under way.
-    """
-
-    def __init__(self, message: str, origin: int | None = None, link: Link | None = None,
-                 doing: str = ""):  # fmt: skip
-        super().__init__(message)
-        self.origin = origin
-        self.link = link
-        self.doing = doing
-
-
-class PeerTimeout(CommError):
-    """A peer sent nothing for the whole timeout (stopped, hung, or far too slow)."""
-
-
-class PeerClosed(CommError):
-    """A peer closed its connection (it exited or crashed)."""
-
-
-class ProtocolError(CommError):
-    """A peer sent bytes that are not a valid frame (garbage, truncated, wrong version)."""
-
-
-class CollectiveMismatch(CommError):
-    """Two ranks are in different collectives (sequence, op, dtype or length differ)."""
-
-
-class PeerAborted(CommError):
-    """Another rank failed and the news reached this rank along the ring."""
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ import pytest
 
 from pipesgd_ref import faults
 from pipesgd_ref.config import TrainConfig
-from pipesgd_ref.launch import WorkerFailed
+from pipesgd_ref.errors import WorkerFailed
 from pipesgd_ref.train import run_training
 
 TIMEOUT = 2.0  # --timeout of every job here: how long a silent peer is waited for
