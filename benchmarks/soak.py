@@ -24,7 +24,7 @@ Checks (printed as PASS / FAIL lines):
                  was 0.83x to 0.90x its median, so 0.7 leaves room for that noise and still
                  catches a slowdown that grows with the run (a list scanned every step)
     trace        trace.json loads, and each rank kept the spans of at most HEAD_STEPS +
-                 TAIL_STEPS (+ width, for stragglers) steps (algorithms.worker.Timeline)
+                 TAIL_STEPS (+ width, for stragglers) steps (trace.Timeline)
 
 What to expect: the workers' memory still grows by ~90 bytes a step (1.1% over 18,000 steps):
 each keeps its loss and the end time of every step in two lists of Python floats, which
@@ -49,8 +49,8 @@ import threading
 import time
 from pathlib import Path
 
-from pipesgd_ref.algorithms.worker import Timeline
 from pipesgd_ref.config import TrainConfig
+from pipesgd_ref.trace import Timeline
 
 RSS_BOUND = 0.05  # relative growth of resident memory after warm-up
 THROUGHPUT_BOUND = 0.7  # slowest window after warm-up / median window

@@ -44,7 +44,8 @@ from typing import Any
 
 from pipesgd_ref import timing
 from pipesgd_ref.config import TrainConfig
-from pipesgd_ref.train import run_training, write_json
+from pipesgd_ref.outputs import write_json
+from pipesgd_ref.train import run_training
 
 # The paper's headline and the bars: (faster run, slower run, minimum ratio of their
 # wall-clock times to the target accuracy).

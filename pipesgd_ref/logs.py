@@ -47,6 +47,7 @@ __all__ = [
     "get_logger",
     "trace",
     "trace_enabled",
+    "progress_bar",
 ]
 
 LOGGER_NAME = "pipesgd"
@@ -247,3 +248,13 @@ def tag_log_lines(rank: int) -> None:
     (a rank joined by torchrun, mpirun or srun logs through the parent's handlers)."""
     for handler in logging.getLogger(LOGGER_NAME).handlers:
         handler.addFilter(_RankTag(rank))
+
+
+def progress_bar(total: int, label: str, enabled: bool = True):
+    """The one progress bar of the commands: a tqdm bar of `total` steps named `label`, on
+    stderr when it is a terminal (disable=None), a silent stand-in otherwise or when not
+    `enabled`; gone from the screen once closed (leave=False), so the log lines stay."""
+    from tqdm.auto import tqdm  # here: only a command that shows progress pays the import
+
+    return tqdm(total=total, desc=label, unit="step", disable=None if enabled else True,
+                leave=False)  # fmt: skip

@@ -22,7 +22,7 @@ job is stale by construction and is simply taken over (no pid guessing). Workers
 job inherit the open lock, so a folder stays taken while any of them still runs.
 
 Writes themselves stay atomic (a temporary file in the same folder, then os.replace):
-`write_text_atomic` here, train.write_json, checkpoint.save, plots.save_figure.
+`write_text_atomic` and `write_json` here, checkpoint.save, plots.save_figure.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import json
 import os
 import stat
 import tempfile
@@ -297,5 +298,12 @@ __all__ = [
     "lock_out_dir",
     "prepare_file",
     "prepare_out_dir",
+    "write_json",
     "write_text_atomic",
 ]
+
+
+def write_json(path: str | Path, payload: dict) -> None:
+    """`payload` as indented JSON, written atomically (`write_text_atomic`): summary.json,
+    trace.json, compare.json, predict's --json."""
+    write_text_atomic(path, json.dumps(payload, indent=2) + "\n")

@@ -689,7 +689,7 @@ def cmd_predict(args) -> int:
                     file=sys.stderr,
                 )
     if json_path:
-        from pipesgd_ref.train import write_json
+        from pipesgd_ref.outputs import write_json
 
         write_json(Path(json_path), payload)
         print(f"wrote {json_path}")

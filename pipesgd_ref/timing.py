@@ -535,9 +535,9 @@ def usable_cores() -> int:
 
 def time_compute(cfg, reps: int = 10) -> tuple[int, float, float]:
     """(n_params, t_comp, t_update) of cfg's model and batch size, timed in this process."""
-    from pipesgd_ref.algorithms.worker import WorkerSetup
+    from pipesgd_ref.algorithms.worker import Worker
 
-    w = WorkerSetup.build(cfg.replace(resume=""), 0, cfg.world_size)
+    w = Worker.build(cfg.replace(resume=""), 0, cfg.world_size)
     grads = np.empty_like(w.params)
     step = iter(range(10**9))
     with _one_blas_thread():  # as in a worker (launch.pin_to_core): one core, one BLAS thread
@@ -560,10 +560,10 @@ def _one_blas_thread():
 
 def _compute_job(comm, cfg, reps: int) -> tuple[list[float], list[float]]:
     """(wall times, CPU times) of `reps` steps of this rank, every step started together."""
-    from pipesgd_ref.algorithms.worker import WorkerSetup
+    from pipesgd_ref.algorithms.worker import Worker
     from pipesgd_ref.comm.ring import barrier
 
-    w = WorkerSetup.build(cfg.replace(resume=""), comm.rank, comm.world_size)
+    w = Worker.build(cfg.replace(resume=""), comm.rank, comm.world_size)
     grads = np.empty_like(w.params)
     w.loss_and_grad(0, grads)
     times, cpu = [], []
@@ -715,10 +715,10 @@ def _busy_compute_job(comm, cfg, reps: int, hop_bytes: int = 4) -> tuple[list[fl
     import queue
     import threading
 
-    from pipesgd_ref.algorithms.worker import WorkerSetup
+    from pipesgd_ref.algorithms.worker import Worker
     from pipesgd_ref.comm.ring import allreduce, barrier
 
-    w = WorkerSetup.build(cfg.replace(resume=""), comm.rank, comm.world_size)
+    w = Worker.build(cfg.replace(resume=""), comm.rank, comm.world_size)
     grads = np.empty_like(w.params)
     codec = w.codec()
     w.loss_and_grad(0, grads)

@@ -1,11 +1,16 @@
 """Per-rank timelines -> a Chrome trace, and the timing figures of a run.
 
+`Timeline`: spans of work (compute, allreduce, update, push/pull) per thread of one rank, in
+microseconds of a clock shared by the processes of one machine (perf_counter is
+CLOCK_MONOTONIC on Linux); they become the Chrome trace (`chrome_trace`) and the timing
+medians of summary.json.
+
 The trace (trace.json) opens in https://ui.perfetto.dev or chrome://tracing: one process row
 per rank (pid = rank), one thread row per activity (compute, comm, server), spans of type
 "X" in microseconds since the first event. Pipe-SGD's overlap is visible at a glance: the
 comm row of a pipe run is busy while the compute row is.
 
-A long run's timeline keeps only its first and last steps (algorithms.worker.Timeline); the
+A long run's timeline keeps only its first and last steps (`Timeline`); the
 trace marks where the middle was left out with an instant event ("steps not traced").
 """
 
@@ -14,8 +19,74 @@ from __future__ import annotations
 import bisect
 import itertools
 import statistics
+import threading
+import time
+from collections import deque
+from contextlib import contextmanager
 
 THREAD_IDS = {"compute": 1, "comm": 2, "server": 3}
+
+
+class Timeline:
+    """Spans of work on one rank, as Chrome trace events (ph "X", microseconds).
+
+    Bounded, so that a long run's memory stays flat: it keeps every span of the first
+    HEAD_STEPS steps (start-up, warm-up, fill) and of the last TAIL_STEPS steps recorded
+    (steady state, drain), by the step number a span carries, and counts in `dropped` the
+    spans of the middle it let go. A span costs a few hundred bytes and a step has three or
+    four, so 20,000 steps would otherwise grow each worker by tens of MB (and hidden_fraction's
+    work with it). A run of up to TAIL_STEPS steps keeps every span; the medians of
+    summary.json then come from at most HEAD_STEPS + TAIL_STEPS steps, mostly steady state.
+    """
+
+    HEAD_STEPS = 100
+    TAIL_STEPS = 2000
+    SPANS_PER_STEP = 16  # a guard: spans that all carry one step number stay bounded too
+
+    def __init__(self, rank: int):
+        self.rank = rank
+        self.dropped = 0  # spans of the middle of the run that were let go
+        self.newest = -1  # the highest step number recorded past the head
+        # (name, thread, start s, end s, step): tuples while the run goes on, dicts at the end
+        self._head: list[tuple] = []
+        self._tail: deque[tuple] = deque()
+        # Two threads record (compute and comm) and the trim pops, so one lock; with it a
+        # span still records a little faster than the dict per span of before (measured).
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def span(self, name: str, thread: str, step: int):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._record((name, thread, start, time.perf_counter(), step))
+
+    def _record(self, span: tuple) -> None:
+        step = span[4]
+        with self._lock:
+            if step < self.HEAD_STEPS and len(self._head) < self.HEAD_STEPS * self.SPANS_PER_STEP:
+                self._head.append(span)
+                return
+            self.newest = max(self.newest, step)
+            tail = self._tail
+            tail.append(span)
+            # Oldest first: spans arrive in about step order (a comm span lags a step or two;
+            # one that lags by more than the tail is dropped at once).
+            while tail and (tail[0][4] <= self.newest - self.TAIL_STEPS
+                            or len(tail) > self.TAIL_STEPS * self.SPANS_PER_STEP):  # fmt: skip
+                tail.popleft()
+                self.dropped += 1
+
+    @property
+    def events(self) -> list[dict]:
+        """The kept spans as Chrome trace events: the head's, then the tail's, each in the
+        order they ended (built anew on each call: read it once, when the run is over)."""
+        with self._lock:
+            spans = [*self._head, *self._tail]
+        return [{"name": name, "ph": "X", "pid": self.rank, "tid": thread, "ts": start * 1e6,
+                 "dur": (end - start) * 1e6, "args": {"step": step}}
+                for name, thread, start, end, step in spans]  # fmt: skip
 
 
 def chrome_trace(events: list[dict], labels: dict[int, str] | None = None) -> dict:

@@ -1,27 +1,23 @@
-"""Run a training job from a TrainConfig and summarise it.
+"""Run a training job from a TrainConfig: the runners.
 
-`run_training` runs cfg.algo in worker processes over TCP (sync, pipe; the parameter server
-methods join as they land); `run_training_joined` runs it as one rank of a job that torchrun,
-mpirun or srun started on several hosts (`pipesgd train` picks it when the environment
-describes a job); `run_reference` runs the one-process oracle of the same config, the
-yardstick the distributed run is compared against.
+`run_training` runs cfg.algo (sync, pipe, ps-sync, ps-async) in local worker processes, and
+restarts it from its checkpoint after a failure (--max-restarts); `run_training_joined` runs
+it as one rank of a job that torchrun, mpirun or srun started on several hosts (`pipesgd
+train` picks it when the environment describes a job); `run_reference` runs the one-process
+oracle of the same config, the yardstick the distributed run is compared against.
 
-The summary (a dict, written as DIR/summary.json when `cfg.out` is set) holds: algo,
-world_size, width, steps, wall_time_s, final_train_loss, test_accuracy, steps_to_target and
-time_to_target_s (first evaluation at or above cfg.target_accuracy), loss_curve (a list of
-{step, wall_time_s, loss}), eval_curve (a list of {step, wall_time_s, test_accuracy}), config.
+Every rank of a job runs `_train_job`: it builds the rank's `Worker` once (the data, model,
+w_0 or the checkpoint's weights) and hands it to the method; rank 0 also records the run
+(summary.Recorder) and evaluates on the test set after training. Each runner writes, when
+`cfg.out` is set, DIR/summary.json (summary.py says what it holds) and DIR/trace.json.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import math
 import os
-import statistics
 import time
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,12 +25,19 @@ from typing import Any
 import numpy as np
 
 from pipesgd_ref.algorithms.reference import delayed_sgd, model_grad_fn
-from pipesgd_ref.algorithms.worker import WorkerResult, steps_for
+from pipesgd_ref.algorithms.worker import Worker, diverged, is_ps, steps_for
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.data import MinibatchSampler, load_dataset
-from pipesgd_ref.errors import TrainingDiverged
-from pipesgd_ref.logs import tag_log_lines
+from pipesgd_ref.logs import progress_bar, tag_log_lines
 from pipesgd_ref.models import build_model
+from pipesgd_ref.outputs import write_json
+from pipesgd_ref.summary import (
+    Recorder,
+    gather_for_summary,
+    reaching_target,
+    summarise,
+    summary_of_gathered,
+)
 
 
 def run_reference(
@@ -57,7 +60,7 @@ def run_reference(
 
     loss_curve: list[dict] = []
     eval_curve: list[dict] = []
-    bar = _progress_bar(steps, label, enabled=progress)
+    bar = progress_bar(steps, label, enabled=progress)
     samples_per_step = cfg.world_size * cfg.batch_size
     start = time.perf_counter()
 
@@ -70,11 +73,7 @@ def run_reference(
     def on_step(step: int, params: np.ndarray, loss: float) -> None:
         if not math.isfinite(loss):
             bar.close()
-            raise TrainingDiverged(
-                f"{label}: the training loss is {loss} at step {step}; the run diverged. "
-                f"Lower --lr (now {cfg.lr}) or, with staleness {cfg.width - 1}, remember the "
-                f"largest stable step size is smaller than for synchronous SGD"
-            )
+            raise diverged(label, f"the training loss is {loss} at step {step}", cfg)
         elapsed = time.perf_counter() - start
         loss_curve.append({"step": step, "wall_time_s": elapsed, "loss": loss})
         bar.update(1)
@@ -127,34 +126,6 @@ def run_reference(
     return summary
 
 
-def reaching_target(eval_curve: list[dict], target: float) -> dict[str, Any]:
-    """target_accuracy, steps_to_target and time_to_target_s of a summary: the first
-    evaluation of `eval_curve` ({step, wall_time_s, test_accuracy}) at or above `target`."""
-    reached = next((e for e in eval_curve if e["test_accuracy"] >= target), None)
-    return {
-        "target_accuracy": target,
-        "steps_to_target": reached["step"] if reached else None,
-        "time_to_target_s": reached["wall_time_s"] if reached else None,
-    }
-
-
-def write_json(path: Path, payload: dict) -> None:
-    """Write atomically (temp file + rename): a reader never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=2) + "\n")
-    os.replace(tmp, path)
-
-
-def _progress_bar(total: int, label: str, enabled: bool):
-    """A tqdm bar on stderr when it is a terminal (disable=None); a silent stand-in otherwise."""
-    from tqdm.auto import tqdm
-
-    return tqdm(
-        total=total, desc=label, unit="step", disable=None if enabled else True, leave=False
-    )
-
-
 # --- distributed runs ----------------------------------------------------------------------
 
 
@@ -172,248 +143,69 @@ def _worker_fn(algo: str):
     return {"ps-sync": ps_sync_worker, "ps-async": ps_async_worker}[algo]
 
 
-def is_ps(algo: str) -> bool:
-    """Parameter-server methods run one more process: rank 0 is the server."""
-    return algo.startswith("ps-")
-
-
 def n_ranks(cfg: TrainConfig) -> int:
     """Processes in a job of cfg: one per worker, plus the server for ps-sync and ps-async."""
     return cfg.world_size + 1 if is_ps(cfg.algo) else cfg.world_size
 
 
-SNAPSHOT_BUDGET = 1 << 30  # bytes of weight copies rank 0 may keep for the evaluation
-
-
-class _Recorder:
-    """Rank 0's view of a run, called after every update: a progress bar (iterations, loss,
-    samples/s; optional), a loss line per epoch, and a copy of the weights every
-    cfg.eval_every steps. The copies are evaluated on the test set only after training
-    (`eval_curve`): evaluating during the run would slow rank 0, and with it every rank, by
-    exactly the time it took, and distort the times it measures."""
-
-    def __init__(self, cfg: TrainConfig, total: int, per_epoch: int, per_step: int, bar: bool,
-                 label: str | None = None, n_params: int = 0):  # fmt: skip
-        from tqdm.auto import tqdm
-
-        self.cfg = cfg
-        self.steps, self.steps_per_epoch = total, per_epoch  # in updates of rank 0
-        self.per_step = per_step  # updates per step: p for ps-async's server, else 1
-        self.bar = tqdm(total=total, desc=label or cfg.algo, unit="step",
-                        disable=None if bar else True, leave=False)  # fmt: skip
-        self.log = logging.getLogger("pipesgd.train")
-        self.every = cfg.eval_every * per_step  # updates between snapshots (0: none)
-        self.snapshots: list[tuple[int, float, int]] = []  # (step, perf_counter, row of store)
-        self.store = np.empty((0, 0), np.float32)
-        if self.every:
-            rows = total // self.every
-            if n_params * 4 * rows > SNAPSHOT_BUDGET:  # thin out rather than run out of memory
-                thin = math.ceil(n_params * 4 * rows / SNAPSHOT_BUDGET)
-                self.every *= thin
-                rows = total // self.every
-                self.log.warning(
-                    "keeping a copy of the weights every %d steps instead of every %d (memory "
-                    "budget %d MB): the time to target is that coarse",
-                    self.every // per_step, cfg.eval_every, SNAPSHOT_BUDGET >> 20,
-                )  # fmt: skip
-            # Allocated and touched now, before training: a copy during the run is then a
-            # plain memcpy, not page faults on fresh memory that would slow rank 0, and
-            # with it every rank that waits for it.
-            self.store = np.empty((rows, n_params), np.float32)
-            self.store.fill(0.0)  # np.zeros would only map the pages; fill touches them
-        self.start = time.perf_counter()
-
-    def __call__(self, step: int, params: np.ndarray, loss: float) -> None:
-        now = time.perf_counter()
-        done = step + 1
-        if self.every and done % self.every == 0 and len(self.snapshots) < len(self.store):
-            row = len(self.snapshots)
-            self.store[row] = params
-            self.snapshots.append((done // self.per_step, now, row))
-        self.bar.update(1)
-        rate = self.cfg.world_size * self.cfg.batch_size * done / max(now - self.start, 1e-9)
-        self.bar.set_postfix(loss=f"{loss:.4f}", samples_s=f"{rate / self.per_step:.0f}")
-        if done % self.steps_per_epoch == 0 and done < self.steps:
-            self.log.info("epoch %d (step %d): loss %.4f", done // self.steps_per_epoch,
-                          done // self.per_step, loss)  # fmt: skip
-
-    def eval_curve(self, model, data) -> list[dict]:
-        """[{step, time (perf_counter s), test_accuracy}] of the snapshots, evaluated now."""
-        return [
-            {"step": step, "time": when, "test_accuracy": model.accuracy(self.store[row],
-                                                                         data.X_test, data.y_test)}
-            for step, when, row in self.snapshots
-        ]  # fmt: skip
-
-    def close(self) -> None:
-        self.bar.close()
-
-
-def _train_job(comm, cfg: TrainConfig, show_progress: bool, label: str | None = None):
-    from pipesgd_ref.algorithms.worker import WorkerSetup
-
-    recorder = setup = None
+def _train_job(comm, cfg: TrainConfig, show_progress: bool, label: str | None = None,
+               worker: Worker | None = None):  # fmt: skip
+    """One rank's part of a job: its Worker, built once here (a joined rank brings the one it
+    checked its inputs with) and handed to cfg.algo's method, which trains with it. Rank 0
+    also records the run (a progress bar, weight snapshots) and, after training, evaluates the
+    snapshots and the final weights on the test set, into its result's extra: the summary
+    needs neither model nor data then, and the evaluation costs the run nothing."""
+    # Why once: a Worker loads the data and the checkpoint and builds w_0; building it again
+    # (the recorder's sizes, then the method) would delay this rank's first step, and with
+    # it every rank's.
+    worker = worker or Worker.for_rank(cfg, comm.rank)
+    recorder = None
     if comm.rank == 0:
-        # Built once, here: the recorder needs its sizes, and the worker (or the server) of
-        # rank 0 trains with it (a second build delayed rank 0's first step by 60-140 ms).
-        setup = WorkerSetup.build(cfg, 0, cfg.world_size)
         # ps-async's server counts one update per push: p per step.
         per_step = cfg.world_size if cfg.algo == "ps-async" else 1
-        recorder = _Recorder(cfg, setup.steps * per_step, setup.sampler.steps_per_epoch * per_step,
-                             per_step, show_progress, label, setup.params.size)  # fmt: skip
-        model, data = setup.model, setup.data  # the host model (--device cuda replaces it)
+        recorder = Recorder(cfg, worker.steps * per_step, worker.sampler.steps_per_epoch * per_step,
+                            per_step, show_progress, label, worker.params.size)  # fmt: skip
+        model, data = worker.model, worker.data  # the host model (--device cuda replaces it)
     try:
-        result = _worker_fn(cfg.algo)(comm, cfg, recorder, setup)
+        result = _worker_fn(cfg.algo)(comm, cfg, recorder, worker)
     finally:
         if recorder is not None:
             recorder.close()
     if recorder is not None:  # after training: the evaluation costs the run nothing
         result.extra["eval_curve"] = recorder.eval_curve(model, data)
+        result.extra["test_accuracy"] = model.accuracy(result.params, data.X_test, data.y_test)
         # where this run began: the checkpoint it resumed may be overwritten by now (a
         # restart resumes from the folder it writes to)
-        result.extra["start_step"] = setup.start_step
+        result.extra["start_step"] = worker.start_step
     return result
 
 
-COMM_SPANS = ("allreduce", "push", "pull")  # the timeline spans that are communication
+def _check_inputs(cfg: TrainConfig, worker: Worker | None = None) -> None:
+    """The data and the checkpoint to resume from, checked before any worker waits: a bad spec
+    is one line here rather than an error in every worker. `worker`: the Worker this process
+    trains with (a joined rank: its data and checkpoint are loaded once, by Worker.build);
+    without one (the launcher of local workers, which trains nothing) they are read here for
+    the check alone."""
+    from pipesgd_ref.config import check_before_run, n_params_of
+    from pipesgd_ref.errors import ConfigError
 
-
-def summarise(cfg: TrainConfig, results: list[WorkerResult], wall: float) -> dict[str, Any]:
-    """summary.json: what happened, measured."""
-    from pipesgd_ref.trace import hidden_fraction
-
-    events = [e for r in results for e in r.events]
-    answer = results[0]  # rank 0: a ring rank, or the parameter server (its weights count)
-    workers = results[1:] if is_ps(cfg.algo) else results
-    ends = np.array(workers[0].step_end)
-    return _summary(
-        cfg,
-        wall,
-        answer,
-        worker_losses=np.array([r.losses for r in workers]),
-        ends=ends,
-        start=min(e["ts"] for e in events) / 1e6 if events else ends[0],
-        compute_s=_durations(events, ("compute",)),
-        comm_s=_durations(events, COMM_SPANS),
-        hidden=hidden_fraction(events, COMM_SPANS),
-        bytes_sent=[r.bytes_sent for r in results],
-        identical=all(np.array_equal(r.params, answer.params) for r in results),
-    )
-
-
-def _durations(events: list[dict], names: tuple[str, ...]) -> list[float]:
-    """Lengths in seconds of the spans called one of `names`."""
-    return [e["dur"] / 1e6 for e in events if e["name"] in names]
-
-
-def _median(values) -> float | None:
-    return float(statistics.median(values)) if len(values) else None
-
-
-def _summary(
-    cfg: TrainConfig,
-    wall: float,
-    answer: WorkerResult,
-    *,
-    worker_losses: np.ndarray,
-    ends: np.ndarray,
-    start: float,
-    compute_s,
-    comm_s,
-    hidden: float | None,
-    bytes_sent: list[int],
-    identical: bool,
-) -> dict[str, Any]:
-    """The summary from what it is made of, however that was collected (all WorkerResults in
-    one process, or gathered over the ring in a joined job): rank 0's result `answer`, every
-    worker's per-step losses (n_workers x steps), worker 0's step ends and the trace's start
-    (perf_counter s, rank 0's clock), the compute and communication span lengths (s) of every
-    rank, the share of communication hidden under computation, and per rank the bytes sent."""
-    from pipesgd_ref.algorithms.worker import WorkerSetup
-
-    setup = WorkerSetup.build(cfg.replace(resume=""), 0, cfg.world_size)  # the model and data
-    start_step = answer.extra.get("start_step", 0)
-    steps = worker_losses.shape[1]
-    skip = min(steps - 1, cfg.warmup_steps + cfg.width + 1)  # steady state only
-    iter_times = np.diff(ends[skip:]) if steps - skip > 1 else np.diff(ends)
-    if not len(iter_times) and steps:  # one step: its time from the first span's start
-        iter_times = np.array([ends[-1] - start])
-    # the oracle's "mean worker loss" (a NaN loss left out by --skip-nonfinite is not averaged)
-    with warnings.catch_warnings():  # a step where every loss was NaN stays NaN, silently
-        warnings.simplefilter("ignore", RuntimeWarning)
-        losses = np.nanmean(worker_losses, axis=0)
-        tail = losses[-max(1, steps // 20) :]
-        final_loss = float(np.nanmean(tail))
-    test_accuracy = setup.model.accuracy(answer.params, setup.data.X_test, setup.data.y_test)
-    eval_curve = [
-        {"step": e["step"], "wall_time_s": float(e["time"] - start),
-         "test_accuracy": e["test_accuracy"]}
-        for e in answer.extra.get("eval_curve", [])
-    ]  # fmt: skip
-    return {
-        "algo": cfg.algo,
-        "world_size": cfg.world_size,
-        "width": cfg.width,
-        "codec": cfg.codec,
-        "error_feedback": cfg.error_feedback,
-        "codec_pull": cfg.codec_pull if is_ps(cfg.algo) else None,
-        "steps": steps,
-        "wall_time_s": wall,
-        "iter_time_s": float(np.median(iter_times)) if len(iter_times) else None,
-        "t_comp_s": _median(compute_s),
-        "t_comm_s": _median(comm_s),
-        "comm_hidden_fraction": hidden,
-        "final_train_loss": final_loss,
-        "test_accuracy": test_accuracy,
-        **reaching_target(eval_curve, cfg.target_accuracy),
-        "bytes_sent_per_rank": bytes_sent,
-        "params_identical_on_all_ranks": identical,
-        "staleness_histogram": _histogram(answer.extra.get("staleness")),
-        # --skip-nonfinite: each step (ps-async: update) where gradients were left out, and
-        # whose (ranks; in ps methods worker i is rank i + 1)
-        "nonfinite_skipped": [
-            {"step": int(t), "ranks": [int(r) for r in ranks]}
-            for t, ranks in answer.extra.get("nonfinite_skipped", [])
-        ],
-        "config": cfg.to_dict(),
-        "loss_curve": [
-            {
-                "step": start_step + t,
-                "wall_time_s": float(ends[t] - start),
-                "loss": float(losses[t]),
-            }
-            for t in range(steps)
-        ],
-        "eval_curve": eval_curve,
-    }
-
-
-def _histogram(values: list[int] | None) -> dict[str, int] | None:
-    """{staleness: count} of the applied gradients (ps-async), keys as strings for JSON."""
-    if values is None:
-        return None
-    counts = np.bincount(np.asarray(values, dtype=np.int64)) if values else np.zeros(0, int)
-    return {str(k): int(c) for k, c in enumerate(counts) if c}
-
-
-def _check_inputs(cfg: TrainConfig) -> None:
-    """The data and the checkpoint to resume from, checked in this process: a bad spec is one
-    line here rather than an error in every worker."""
-    from pipesgd_ref.config import check_before_run
-
-    data = load_dataset(cfg.dataset)
-    MinibatchSampler(data.n_train, cfg.world_size, cfg.batch_size, cfg.seed)
+    if worker is not None:
+        data, start_step, steps = worker.data, worker.start_step, worker.steps
+    else:
+        data = load_dataset(cfg.dataset)
+        sampler = MinibatchSampler(data.n_train, cfg.world_size, cfg.batch_size, cfg.seed)
+        start_step, steps = 0, steps_for(cfg, sampler)
     check_before_run(cfg, data)  # the model fits in memory, the link delivers a frame in time
-    if cfg.resume:
-        from pipesgd_ref.algorithms.worker import WorkerSetup
-        from pipesgd_ref.errors import ConfigError
+    if cfg.resume and worker is None:
+        from pipesgd_ref import checkpoint
 
-        setup = WorkerSetup.build(cfg, 0, cfg.world_size)  # loads and checks the checkpoint
-        if setup.start_step >= setup.steps:
-            raise ConfigError(
-                f"--resume {cfg.resume}: the checkpoint is already at step {setup.start_step} "
-                f"of {setup.steps}; nothing to do (raise --steps to train further)"
-            )
+        # n_params: a checkpoint of another model's size is refused here, in one line
+        _, start_step, _ = checkpoint.load(cfg.resume, cfg, n_params=n_params_of(cfg, data))
+    if cfg.resume and start_step >= steps:
+        raise ConfigError(
+            f"--resume {cfg.resume}: the checkpoint is already at step {start_step} of "
+            f"{steps}; nothing to do (raise --steps to train further)"
+        )
 
 
 def _check_device(cfg: TrainConfig) -> None:
@@ -476,7 +268,7 @@ def run_training(
     start = time.perf_counter()
     # fork: fast, and the workers share the parent's imports. --device cuda: spawn, because a
     # CUDA context does not survive a fork; each worker is a fresh interpreter that makes its
-    # own (WorkerSetup.to_device), and this process never makes one.
+    # own (Worker.to_device), and this process never makes one.
     start_method = "spawn" if cfg.device == "cuda" else "fork"
     if start_method == "fork":
         load_before_fork(cfg)
@@ -585,9 +377,10 @@ def _checkpoint_step(path: Path) -> int:
 
 def load_before_fork(cfg: TrainConfig) -> None:
     """Import and load in this process what every forked worker of cfg would otherwise load
-    on its own: Numba and the codecs (0.3 s a process, measured; four workers on two cores
-    made a 20-step run of the tiny preset take 1.1-1.6 s instead of 0.5-0.7 s) and the
-    algorithm's module. Forked workers inherit it all."""
+    on its own: Numba and the codecs, and the algorithm's module. Forked workers inherit it
+    all. Why: each worker would pay the import itself, all of them at once on the same cores
+    when there are more workers than cores, and a short run's wall time is then mostly imports
+    (the measured cost is in benchmarks/RESULTS.md, load_before_fork)."""
     from pipesgd_ref.codecs import get_codec
 
     get_codec(cfg.codec, cfg.codec_backend)
@@ -608,7 +401,7 @@ def run_training_joined(
     Each rank runs the same per-rank job as a local worker (`_train_job`), so a joined run
     ends with the same weights as `run_training` of the same config: bitwise for sync, pipe
     and ps-sync. Rank 0 then writes --out: summary.json (same keys as a local run) from what it
-    gathers from every rank without pickle (`_gather_for_summary`: ring AllReduces of float64
+    gathers from every rank without pickle (`summary.gather_for_summary`: ring AllReduces of float64
     arrays), trace.json of rank 0's spans only (the others' stay on their hosts), and, for
     sync and pipe, checkpoint.npz as in a local run.
 
@@ -650,7 +443,10 @@ def run_training_joined(
             f"{cfg.algo} with --world-size={cfg.world_size} needs {ranks} ({need}); start "
             f"{ranks} ranks, or {fix}"
         )
-    _check_inputs(cfg)  # a bad data spec: one line on every rank, before any rank waits
+    # This rank's Worker, built once: its data and checkpoint are checked now (a bad spec is
+    # one line on every rank, before any rank waits) and it trains in _train_job.
+    worker = Worker.for_rank(cfg, job.rank)
+    _check_inputs(cfg, worker)
     _check_device(cfg)
     model = link_model(cfg)
     # SIGINT, SIGTERM, SIGHUP: stop at the top of the next step (lifetime.LocalStop; the
@@ -667,7 +463,7 @@ def run_training_joined(
             log(f"{_describe(cfg, model)}; {ranks} ranks joined from {job.source} variables "
                 f"at {job.master_addr}:{job.master_port}")  # fmt: skip
         try:
-            result = _train_job(comm, cfg, progress)
+            result = _train_job(comm, cfg, progress, worker=worker)
         except CommError:
             if not plan.signum:  # else a peer that stopped first closed: that is the stop
                 raise
@@ -678,12 +474,12 @@ def run_training_joined(
             raise stopped
         wall = time.perf_counter() - t0
         # Every rank takes part in the gather (they are collectives); only rank 0 reads it.
-        gathered = _gather_for_summary(comm, result, t0)
+        gathered = gather_for_summary(comm, result, t0)
     finally:
         comm.close()
     if comm.rank != 0:
         return None, result
-    summary = _summary_of_gathered(cfg, wall, result, gathered, t0)
+    summary = summary_of_gathered(cfg, wall, result, gathered, t0)
     _log_outcome(cfg, summary, wall, log)
     if not is_ps(cfg.algo) and not summary["params_identical_on_all_ranks"]:
         # (A parameter server's workers keep the weights they last pulled: they may differ.)
@@ -699,81 +495,3 @@ def run_training_joined(
         write_json(out / "trace.json", chrome_trace(result.events, labels={0: label}))
         log(f"wrote {out / 'summary.json'} and {out / 'trace.json'} (rank 0's spans only)")
     return summary, result
-
-
-def fingerprint(params: np.ndarray) -> float:
-    """48 bits of the SHA-256 of the weights' bytes, as a float64 (exact: below 2^53): two
-    ranks' weights are bitwise equal when their fingerprints are (up to a 2^-48 collision)."""
-    digest = hashlib.sha256(np.ascontiguousarray(params).tobytes()).digest()
-    return float(int.from_bytes(digest[:6], "big"))
-
-
-def allgather(comm, mine: np.ndarray) -> list[np.ndarray]:
-    """Every rank's 1-D float64 array (any length, possibly 0), on every rank, without
-    pickle: two ring AllReduces of zero-padded arrays. First the lengths (rank r writes its
-    length at index r, the others zeros), then the arrays laid end to end, each rank writing
-    only its own slice. x + 0 = x exactly in floating point (infinities too), so each sum is
-    the concatenation, bit for bit, whatever order the ring adds in."""
-    from pipesgd_ref.comm.ring import allreduce
-
-    p, r = comm.world_size, comm.rank
-    lengths = np.zeros(p)
-    lengths[r] = mine.size
-    allreduce(comm, lengths)
-    bounds = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-    flat = np.zeros(int(bounds[-1]))
-    flat[bounds[r] : bounds[r + 1]] = mine
-    allreduce(comm, flat)
-    return [flat[bounds[i] : bounds[i + 1]] for i in range(p)]
-
-
-# The per-rank numbers of `_gather_for_summary`, in this order.
-_SCALARS = ("fingerprint", "bytes_sent", "hidden_s", "comm_s", "first_span")
-
-
-def _gather_for_summary(comm, result: WorkerResult, t0: float) -> dict[str, list[np.ndarray]]:
-    """What rank 0's summary needs from every rank, via `allgather` (float64 arrays, no
-    pickle): per rank the _SCALARS (the weights' fingerprint, bytes sent, the communication
-    time hidden under computation and its total, the first span's start), its per-step losses
-    and step ends, and the lengths of its compute and communication spans. Times are seconds
-    since this rank's t0; the whole gather is a few AllReduces of about 8 x steps bytes per
-    rank. Rank 0's own events stay whole (trace.json); the others' never leave their hosts."""
-    from pipesgd_ref.trace import hidden_fraction
-
-    events = result.events
-    comm_s = _durations(events, COMM_SPANS)
-    hidden = (hidden_fraction(events, COMM_SPANS) or 0.0) * sum(comm_s)
-    first = min(e["ts"] for e in events) / 1e6 - t0 if events else np.inf  # inf: no spans
-    scalars = [fingerprint(result.params), result.bytes_sent, hidden, sum(comm_s), first]
-    return {
-        "scalars": allgather(comm, np.array(scalars, np.float64)),
-        "losses": allgather(comm, np.asarray(result.losses, np.float64)),
-        "step_end": allgather(comm, np.asarray(result.step_end, np.float64) - t0),
-        "compute_s": allgather(comm, np.array(_durations(events, ("compute",)), np.float64)),
-        "comm_s": allgather(comm, np.array(comm_s, np.float64)),
-    }
-
-
-def _summary_of_gathered(
-    cfg: TrainConfig, wall: float, answer: WorkerResult, gathered: dict, t0: float
-) -> dict[str, Any]:
-    """Rank 0's summary of a joined job: `_summary` from rank 0's own result and what
-    `_gather_for_summary` brought from the others (times moved onto rank 0's clock)."""
-    scalars = [dict(zip(_SCALARS, row, strict=True)) for row in gathered["scalars"]]
-    workers = range(1, len(scalars)) if is_ps(cfg.algo) else range(len(scalars))
-    ends = gathered["step_end"][workers[0]] + t0
-    first = min(s["first_span"] for s in scalars)
-    comm_total = sum(s["comm_s"] for s in scalars)
-    return _summary(
-        cfg,
-        wall,
-        answer,
-        worker_losses=np.array([gathered["losses"][r] for r in workers]),
-        ends=ends,
-        start=t0 + first if math.isfinite(first) else ends[0],
-        compute_s=np.concatenate(gathered["compute_s"]),
-        comm_s=np.concatenate(gathered["comm_s"]),
-        hidden=sum(s["hidden_s"] for s in scalars) / comm_total if comm_total > 0 else None,
-        bytes_sent=[int(s["bytes_sent"]) for s in scalars],
-        identical=all(s["fingerprint"] == scalars[0]["fingerprint"] for s in scalars),
-    )

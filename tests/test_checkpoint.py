@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from pipesgd_ref import checkpoint
-from pipesgd_ref.algorithms.worker import WorkerSetup
+from pipesgd_ref.algorithms.worker import Worker
 from pipesgd_ref.cli import main
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.errors import ConfigError
@@ -91,8 +91,8 @@ def test_wrong_size_for_the_model(good):
     with pytest.raises(ConfigError, match=f"holds {N_PARAMS + 1} parameters but this run's "
                                           f"model has {N_PARAMS}"):  # fmt: skip
         checkpoint.load(good, CFG, n_params=N_PARAMS)
-    with pytest.raises(ConfigError, match="model has 650"):  # WorkerSetup passes the size
-        WorkerSetup.build(CFG.replace(resume=str(good)), 0, CFG.world_size)
+    with pytest.raises(ConfigError, match="model has 650"):  # Worker passes the size
+        Worker.build(CFG.replace(resume=str(good)), 0, CFG.world_size)
 
 
 def test_pending_of_the_wrong_shape(good):

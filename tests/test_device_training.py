@@ -11,7 +11,7 @@ on a real GPU, and the `gpu` test below trains a real-sized model as well.
     device ring device_allreduce == the host ring, bitwise, over real processes, lengths 0, 1,
                 p + 1 and odd ones, several segments per chunk; a device rank and host ranks
                 in one ring; a codec (on the host copy) as the host's compressed ring
-    worker      WorkerSetup on the device: batch staging, the finiteness check on the device,
+    worker      Worker on the device: batch staging, the finiteness check on the device,
                 zeroing, the mean of the good ranks, weights and checkpoints back on the host
     no GPU      `pipesgd train --device cuda` without a GPU: exit 2 and one line saying why
 """
@@ -258,15 +258,15 @@ def test_worker_setup_on_the_device(tmp_path):
     through pinned buffers), NaN caught by the device-side sum, zeroing, the mean of the good
     ranks, and weights and checkpoints that come back as host arrays."""
     from pipesgd_ref import checkpoint
-    from pipesgd_ref.algorithms.worker import WorkerSetup
+    from pipesgd_ref.algorithms.worker import Worker
     from pipesgd_ref.errors import TrainingDiverged
     from pipesgd_ref.models.layout import on_device
 
     cfg = tiny(model="softmax", hidden=(), device="cuda", out=str(tmp_path))
-    cpu = WorkerSetup.build(cfg, 1, 2)
+    cpu = Worker.build(cfg, 1, 2)
     host_grads = cpu.new_buffer()
     cpu_loss = cpu.loss_and_grad(3, host_grads)
-    w = WorkerSetup.build(cfg, 1, 2)
+    w = Worker.build(cfg, 1, 2)
     assert not w.on_device and isinstance(w.params, np.ndarray), "build must not touch a GPU"
     w.to_device(1)
     from numba import cuda
@@ -290,7 +290,7 @@ def test_worker_setup_on_the_device(tmp_path):
     grads[5] = np.nan  # what PIPESGD_FAULT=nan does to a device gradient
     with pytest.raises(TrainingDiverged, match=r"rank 1 .*step 3 has 1 NaN/Inf"):
         w.gradient_ok(grads, 3, loss, rank=1)
-    skipping = WorkerSetup.build(cfg.replace(skip_nonfinite=True), 1, 2)
+    skipping = Worker.build(cfg.replace(skip_nonfinite=True), 1, 2)
     skipping.to_device(1)
     assert not skipping.gradient_ok(grads, 3, loss, rank=1)
     w.zero(grads)

@@ -12,7 +12,7 @@ import pytest
 
 from pipesgd_ref.algorithms.ps import ps_async_worker, ps_sync_worker
 from pipesgd_ref.algorithms.reference import async_ps_sgd, model_grad_fn, sync_sgd
-from pipesgd_ref.algorithms.worker import WorkerSetup
+from pipesgd_ref.algorithms.worker import Worker
 from pipesgd_ref.codecs import get_codec
 from pipesgd_ref.comm.netem import LinkModel
 from pipesgd_ref.comm.ps import ParameterServer, PSClient, ServerNIC
@@ -30,7 +30,7 @@ CONFIGS = {
 
 def oracle(cfg, n_workers):
     """(grad_fn, w_0) of the one-process oracles for `n_workers` workers of `cfg`."""
-    setup = WorkerSetup.build(cfg, 0, n_workers)
+    setup = Worker.build(cfg, 0, n_workers)
     return model_grad_fn(setup.model, setup.data, setup.sampler), setup.params
 
 
@@ -44,13 +44,13 @@ def steady_workers(monkeypatch):
     """Every gradient takes at least 1 ms, so that async workers interleave (a tiny model's
     step is ~0.1 ms: one worker would finish before another has started). Forked workers
     inherit the patch."""
-    compute = WorkerSetup.loss_and_grad
+    compute = Worker.loss_and_grad
 
     def slowed(self, step, grads, params=None):
         time.sleep(1e-3)
         return compute(self, step, grads, params)
 
-    monkeypatch.setattr(WorkerSetup, "loss_and_grad", slowed)
+    monkeypatch.setattr(Worker, "loss_and_grad", slowed)
 
 
 # --- ps-sync ---------------------------------------------------------------------------------
@@ -149,7 +149,7 @@ def test_ps_async_with_one_worker_is_sequential_sgd():
 def codec_oracle(cfg, n_workers, base=None):
     """(grad_fn, w_0) of the oracles for compressed pushes: every worker's gradient is replaced
     by decode(encode(g)), where g has that worker's residual added first with error feedback
-    (and the residual becomes g - decode(encode(g))), as WorkerSetup.feed_back does. `base`:
+    (and the residual becomes g - decode(encode(g))), as Worker.feed_back does. `base`:
     the (grad_fn, w_0) to wrap (default: oracle(cfg, n_workers))."""
     grad_fn, w0 = base or oracle(cfg, n_workers)
     codec = get_codec(cfg.codec, cfg.backend)
@@ -434,18 +434,18 @@ def test_emulated_ps_sync_a_late_worker_0_does_not_delay_the_pushes_before_it():
     the pushes queued in the order read)."""
     cfg = TrainConfig.preset("tiny").replace(steps=12, model="mlp", hidden=(64,))
     p, model = 3, LinkModel(latency=0.2e-3, bandwidth=4e6)
-    compute = WorkerSetup.loss_and_grad
+    compute = Worker.loss_and_grad
 
     def late_worker_0(self, step, grads, params=None):
         if self.worker == 0:
             time.sleep(30e-3)
         return compute(self, step, grads, params)
 
-    setup = WorkerSetup.build(cfg, 0, p)
+    setup = Worker.build(cfg, 0, p)
     push_bytes = 4 * (setup.params.size + 1) + HEADER_BYTES  # the gradient and its loss
     pull_bytes = 4 * setup.params.size + HEADER_BYTES
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(WorkerSetup, "loss_and_grad", late_worker_0)
+        patch.setattr(Worker, "loss_and_grad", late_worker_0)
         for _attempt in range(2):  # five processes on two shared cores: one retry for load
             results = launch_local(p + 1, ps_sync_worker, (cfg,), start_method="fork",
                                    star=True, model=model, timeout=10, job_timeout=50)  # fmt: skip
@@ -465,8 +465,8 @@ def test_emulated_ps_sync_a_late_worker_0_does_not_delay_the_pushes_before_it():
 
 
 def _fail_at(monkeypatch, worker, step, how):
-    """Make `worker` fail at `step` (in every forked rank's copy of WorkerSetup)."""
-    compute = WorkerSetup.loss_and_grad
+    """Make `worker` fail at `step` (in every forked rank's copy of Worker)."""
+    compute = Worker.loss_and_grad
 
     def failing(self, t, grads, params=None):
         if self.worker == worker and t == step:
@@ -477,7 +477,7 @@ def _fail_at(monkeypatch, worker, step, how):
             raise RuntimeError(f"worker {worker} exploded at step {step}")
         return compute(self, t, grads, params)
 
-    monkeypatch.setattr(WorkerSetup, "loss_and_grad", failing)
+    monkeypatch.setattr(Worker, "loss_and_grad", failing)
 
 
 @pytest.mark.slow

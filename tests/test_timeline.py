@@ -1,4 +1,4 @@
-"""The bounded Timeline (algorithms.worker) and the trace figures computed from it (trace.py).
+"""The bounded Timeline and the trace figures computed from it (both in trace.py).
 
 A long run keeps the spans of its first HEAD_STEPS and last TAIL_STEPS steps, so its memory
 stays flat; hidden_fraction is checked against the plain pairwise definition."""
@@ -13,8 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipesgd_ref.algorithms.worker import Timeline
-from pipesgd_ref.trace import chrome_trace, hidden_fraction, median_duration, step_gaps
+from pipesgd_ref.trace import Timeline, chrome_trace, hidden_fraction, median_duration, step_gaps
 from strategies import seeds
 
 

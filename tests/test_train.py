@@ -10,14 +10,14 @@ from hypothesis import strategies as st
 from pipesgd_ref.algorithms.pipe import pipe_worker
 from pipesgd_ref.algorithms.reference import delayed_sgd, model_grad_fn, sync_sgd
 from pipesgd_ref.algorithms.sync import sync_worker
-from pipesgd_ref.algorithms.worker import WorkerSetup
+from pipesgd_ref.algorithms.worker import Worker
 from pipesgd_ref.cli import main
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.launch import launch_local
 
 
 def oracle(cfg: TrainConfig, staleness: int, warmup: int = 0):
-    w = WorkerSetup.build(cfg, 0, cfg.world_size)
+    w = Worker.build(cfg, 0, cfg.world_size)
     grad_fn = model_grad_fn(w.model, w.data, w.sampler)
     if staleness == 0 and warmup == 0:
         return sync_sgd(grad_fn, w.model.init_params(cfg.seed), cfg.world_size, w.steps, cfg.lr_at)
@@ -284,13 +284,13 @@ def test_recorder_thins_snapshots_to_the_memory_budget(monkeypatch, caplog, per_
     (120 bytes): every 4th step is kept instead, 3 copies, and a warning says so."""
     from types import SimpleNamespace
 
-    import pipesgd_ref.train as train
+    from pipesgd_ref import summary
 
-    monkeypatch.setattr(train, "SNAPSHOT_BUDGET", 3 * 40)
+    monkeypatch.setattr(summary, "SNAPSHOT_BUDGET", 3 * 40)
     cfg = TrainConfig.preset("tiny").replace(eval_every=1, steps=12)
     total = 12 * per_step
     with caplog.at_level("WARNING", logger="pipesgd.train"):
-        rec = train._Recorder(cfg, total, total, per_step, False, n_params=10)
+        rec = summary.Recorder(cfg, total, total, per_step, False, n_params=10)
     assert rec.store.shape == (3, 10), "preallocated for the copies kept, no more"
     assert "every 4 steps instead of every 1" in caplog.text, caplog.text
     for update in range(total):
@@ -304,15 +304,15 @@ def test_recorder_thins_snapshots_to_the_memory_budget(monkeypatch, caplog, per_
 
 
 def test_recorder_within_budget_keeps_every_copy(monkeypatch):
-    import pipesgd_ref.train as train
+    from pipesgd_ref import summary
 
-    monkeypatch.setattr(train, "SNAPSHOT_BUDGET", 12 * 40)
-    rec = train._Recorder(TrainConfig.preset("tiny").replace(eval_every=1), 12, 12, 1, False,
-                          n_params=10)  # fmt: skip
+    monkeypatch.setattr(summary, "SNAPSHOT_BUDGET", 12 * 40)
+    rec = summary.Recorder(TrainConfig.preset("tiny").replace(eval_every=1), 12, 12, 1, False,
+                           n_params=10)  # fmt: skip
     assert rec.store.shape == (12, 10) and rec.every == 1
     rec.close()
-    rec = train._Recorder(TrainConfig.preset("tiny").replace(eval_every=0), 12, 12, 1, False,
-                          n_params=10)  # fmt: skip
+    rec = summary.Recorder(TrainConfig.preset("tiny").replace(eval_every=0), 12, 12, 1, False,
+                           n_params=10)  # fmt: skip
     assert rec.store.size == 0 and rec.every == 0, "eval_every 0: no copies at all"
     rec.close()
 
@@ -325,7 +325,7 @@ def test_a_run_over_the_snapshot_budget_evaluates_fewer_steps(monkeypatch):
     from pipesgd_ref.models import build_model
 
     assert build_model("softmax", 64, 10, ()).n_params == 650
-    monkeypatch.setattr(train, "SNAPSHOT_BUDGET", 3 * 2600)
+    monkeypatch.setattr("pipesgd_ref.summary.SNAPSHOT_BUDGET", 3 * 2600)  # read by rank 0
     cfg = TrainConfig.preset("tiny").replace(algo="sync", steps=12, eval_every=1)
     summary, _ = train.run_training(cfg, progress=False, log=lambda *_: None)
     assert [e["step"] for e in summary["eval_curve"]] == [4, 8, 12]
@@ -346,7 +346,7 @@ def test_workers_start_step_zero_together(algo, monkeypatch):
 
     from pipesgd_ref.train import run_training
 
-    codec = WorkerSetup.codec
+    codec = Worker.codec
 
     def late_codec(self):  # the last thing a worker does before its loop
         made = codec(self)
@@ -354,7 +354,7 @@ def test_workers_start_step_zero_together(algo, monkeypatch):
             time.sleep(1.0)
         return made
 
-    monkeypatch.setattr(WorkerSetup, "codec", late_codec)  # the forked ranks inherit it
+    monkeypatch.setattr(Worker, "codec", late_codec)  # the forked ranks inherit it
     cfg = TrainConfig.preset("tiny").replace(algo=algo, world_size=3, steps=6, eval_every=3)
     summary, results = run_training(cfg, progress=False, log=lambda *_: None)
     workers = results[1:] if algo.startswith("ps") else results  # rank 0 serves
@@ -363,33 +363,74 @@ def test_workers_start_step_zero_together(algo, monkeypatch):
     assert summary["loss_curve"][0]["wall_time_s"] < 0.5, summary["loss_curve"][0]
 
 
-def test_rank_zero_trains_with_the_setup_it_built_for_the_recorder(monkeypatch):
-    """Rank 0 builds its WorkerSetup once (the recorder's sizes, then the worker's training),
+def test_rank_zero_trains_with_the_worker_it_built_for_the_recorder(monkeypatch):
+    """Rank 0 builds its Worker once (the recorder's sizes, then the worker's training),
     and evaluates with the host model even where the worker replaced it (--device cuda)."""
     from pipesgd_ref import train
+    from pipesgd_ref.algorithms.worker import WorkerResult
 
     built, got = [], []
-    build = WorkerSetup.build.__func__
+    build = Worker.build.__func__
 
     def counting_build(cls, cfg, worker, n_workers):
         built.append(worker)
         return build(cls, cfg, worker, n_workers)
 
-    def fake_worker(comm, cfg, progress, setup):
-        got.append(setup)
-        host_model = setup.model
-        setup.model = None  # as to_device does: the recorder must keep the host model
-        progress(0, setup.params, 1.0)
-        return train.WorkerResult(0, setup.params, [1.0], [0.0], [], 0, {"host": host_model})
+    def fake_worker(comm, cfg, progress, worker):
+        got.append(worker)
+        host_model = worker.model
+        worker.model = None  # as to_device does: the recorder must keep the host model
+        progress(0, worker.params, 1.0)
+        return WorkerResult(0, worker.params, [1.0], [0.0], [], 0, {"host": host_model})
 
-    monkeypatch.setattr(WorkerSetup, "build", classmethod(counting_build))
+    monkeypatch.setattr(Worker, "build", classmethod(counting_build))
     monkeypatch.setattr(train, "_worker_fn", lambda algo: fake_worker)
     cfg = TrainConfig.preset("tiny").replace(steps=1, eval_every=1)
     comm = type("Comm", (), {"rank": 0, "world_size": cfg.world_size})()
     result = train._train_job(comm, cfg, False)
-    assert built == [0], f"rank 0 built {len(built)} setups"
+    assert built == [0], f"rank 0 built {len(built)} Workers"
     assert got[0] is not None and got[0].cfg == cfg
     assert [e["step"] for e in result.extra["eval_curve"]] == [1]  # after step 0
+    host = result.extra["host"]
+    want = host.accuracy(result.params, got[0].data.X_test, got[0].data.y_test)
+    assert result.extra["test_accuracy"] == want, "rank 0 evaluates the final weights"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("algo", ["sync", "pipe", "ps-sync"])
+def test_each_process_builds_one_worker_and_the_launcher_none(algo, tmp_path, monkeypatch):
+    """A Worker loads the data and the checkpoint and builds w_0: every rank of a job builds
+    exactly one, the launcher (which checks the inputs, then summarises) builds none, and a
+    resumed run is no different (its launcher reads the checkpoint once, to check it)."""
+    import os
+
+    from pipesgd_ref.train import run_training
+
+    log = tmp_path / "builds.txt"
+    build = Worker.build.__func__
+
+    def logging_build(cls, cfg, worker, n_workers):
+        with open(log, "a") as f:  # the forked ranks inherit this patch; a file sees them all
+            f.write(f"{os.getpid()} {worker}\n")
+        return build(cls, cfg, worker, n_workers)
+
+    monkeypatch.setattr(Worker, "build", classmethod(logging_build))
+    out = tmp_path / "run"
+    cfg = TrainConfig.preset("tiny").replace(algo=algo, world_size=2, steps=4, out=str(out))
+    ranks = 3 if algo.startswith("ps") else 2
+    for run in (cfg, cfg.replace(steps=6, resume=str(out))):
+        log.write_text("")
+        summary, results = run_training(run, progress=False, log=lambda *_: None)
+        builds = [line.split() for line in log.read_text().splitlines()]
+        pids = [pid for pid, _ in builds]
+        assert len(builds) == ranks and len(set(pids)) == ranks, (
+            f"{algo}: {ranks} ranks should build one Worker each, got (pid, worker) {builds}"
+        )
+        assert str(os.getpid()) not in pids, f"{algo}: the launcher built a Worker: {builds}"
+        # worker indices: one per rank; a parameter server keeps its weights as worker 0's
+        want = [0, 0, 1] if algo.startswith("ps") else [0, 1]
+        assert sorted(int(w) for _, w in builds) == want, builds
+        assert 0.0 <= summary["test_accuracy"] <= 1.0 and len(results) == ranks
 
 
 def test_load_before_fork_leaves_the_workers_nothing_to_import():
@@ -423,14 +464,14 @@ def test_a_worker_failing_before_the_start_ends_the_job_naming_it(algo, monkeypa
     from pipesgd_ref.errors import WorkerFailed
     from pipesgd_ref.train import run_training
 
-    codec = WorkerSetup.codec
+    codec = Worker.codec
 
     def failing_codec(self):
         if self.worker == 1:
             raise RuntimeError("no codec for worker 1 (a test)")
         return codec(self)
 
-    monkeypatch.setattr(WorkerSetup, "codec", failing_codec)  # the forked ranks inherit it
+    monkeypatch.setattr(Worker, "codec", failing_codec)  # the forked ranks inherit it
     cfg = TrainConfig.preset("tiny").replace(algo=algo, world_size=3, steps=6, timeout=30.0)
     start = time.monotonic()
     with pytest.raises(WorkerFailed, match="no codec for worker 1") as info:

@@ -33,7 +33,7 @@ import numpy as np
 
 from pipesgd_ref.algorithms import reference
 from pipesgd_ref.algorithms.ps import ps_sync_worker
-from pipesgd_ref.algorithms.worker import WorkerSetup
+from pipesgd_ref.algorithms.worker import Worker
 from pipesgd_ref.comm.transport import HEADER_BYTES
 from pipesgd_ref.config import TrainConfig, link_model
 from pipesgd_ref.launch import launch_local
@@ -191,7 +191,7 @@ print(f"each ps-sync worker sent {[w.bytes_sent for w in sync_workers]} = steps 
 # %%
 def oracle(cfg: TrainConfig, n_workers: int):
     """(grad_fn, w_0) of the one-process oracles for `n_workers` workers of `cfg`."""
-    setup = WorkerSetup.build(cfg, 0, n_workers)
+    setup = Worker.build(cfg, 0, n_workers)
     return reference.model_grad_fn(setup.model, setup.data, setup.sampler), setup.params
 
 
@@ -494,7 +494,7 @@ print("all checks passed")
 #    for the *last* worker even though it is fairer?
 # 3. Shard the weights over S servers, each holding n/S of them. What crosses each server's
 #    link per round? Write the ps-sync cost for S = p and compare it with the ring's.
-# 4. Make worker 0 slower (sleep 2 ms in `WorkerSetup.loss_and_grad` when `self.worker == 0`,
+# 4. Make worker 0 slower (sleep 2 ms in `Worker.loss_and_grad` when `self.worker == 0`,
 #    as tests/test_ps.py does) and rerun ps-async on digits. What happens to the staleness
 #    histogram, and to worker 0's share of the arrival order? What would ps-sync's iteration
 #    time be?

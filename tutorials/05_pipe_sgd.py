@@ -33,7 +33,7 @@ import numpy as np
 
 from pipesgd_ref.algorithms import reference
 from pipesgd_ref.algorithms.pipe import pipe_worker
-from pipesgd_ref.algorithms.worker import WorkerSetup
+from pipesgd_ref.algorithms.worker import Worker
 from pipesgd_ref.config import TrainConfig, link_model
 from pipesgd_ref.launch import launch_local
 from pipesgd_ref.models import build_model
@@ -358,7 +358,7 @@ checks = []
 for p_, K, warmup in cases:
     cfg = TrainConfig.preset("tiny").replace(world_size=p_, width=K, warmup_steps=warmup,
                                              steps=oracle_steps)  # fmt: skip
-    setup = WorkerSetup.build(cfg, 0, p_)  # also loads the data before the fork
+    setup = Worker.build(cfg, 0, p_)  # also loads the data before the fork
     grad_fn = reference.model_grad_fn(setup.model, setup.data, setup.sampler)
     want = reference.delayed_sgd(grad_fn, setup.params, p_, oracle_steps, cfg.lr_at,
                                  staleness=K - 1, warmup_steps=warmup)  # fmt: skip

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipesgd_ref.algorithms.worker import WorkerSetup
+from pipesgd_ref.algorithms.worker import Worker
 from pipesgd_ref.codecs import get_codec
 from pipesgd_ref.comm.compressed import simulate_compressed_allreduce
 from pipesgd_ref.comm.netem import LinkModel
@@ -109,11 +109,11 @@ for name in ("none", "trunc16", "q8"):
 #
 # `encode(values, codes)` and `decode(codes, values)` work on caller-owned buffers of
 # `wire_bytes(n)` bytes. Here is one real gradient: worker 0's first minibatch of the
-# `laptop` preset (digits, MLP 64-64-10), from `WorkerSetup`, exactly what a worker computes.
+# `laptop` preset (digits, MLP 64-64-10), from `Worker`, exactly what a worker computes.
 
 # %%
 laptop = TrainConfig.preset("laptop")
-setup = WorkerSetup.build(laptop, 0, laptop.world_size)
+setup = Worker.build(laptop, 0, laptop.world_size)
 grad = np.empty_like(setup.params)
 setup.loss_and_grad(0, grad)
 print(f"{setup.model}: gradient of {grad.size} float32 ({format_bytes(4 * grad.size)}), "
@@ -278,7 +278,7 @@ def worker_gradients(p: int) -> list[np.ndarray]:
     cfg = laptop.replace(world_size=p)
     grads = []
     for r in range(p):
-        w = WorkerSetup.build(cfg, r, p)
+        w = Worker.build(cfg, r, p)
         g = np.empty_like(w.params)
         w.loss_and_grad(0, g)
         grads.append(g)

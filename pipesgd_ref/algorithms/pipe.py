@@ -20,7 +20,7 @@ steady state: max(t_comp + t_update, T_allreduce). The oracle is `reference.dela
 
 NumPy, Numba (nogil) and socket calls release the GIL, so the two threads truly run at once.
 
---device cuda: the K buffers and the weights live on the GPU (WorkerSetup.to_device); the
+--device cuda: the K buffers and the weights live on the GPU (Worker.to_device); the
 communication thread makes the worker's GPU current in itself (CUDA contexts are per thread)
 and runs the device ring (comm/device_ring.py). Both threads issue work on the default stream,
 which orders a buffer's copies after the kernels that wrote it.
@@ -35,11 +35,12 @@ import time
 import numpy as np
 
 from pipesgd_ref import checkpoint, lifetime
-from pipesgd_ref.algorithms.worker import Timeline, WorkerResult, WorkerSetup
+from pipesgd_ref.algorithms.worker import Worker, WorkerResult
 from pipesgd_ref.comm.rendezvous import Communicator
 from pipesgd_ref.comm.ring import barrier
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.errors import JobError
+from pipesgd_ref.trace import Timeline
 
 _STOP = None  # tells the communication thread to finish
 
@@ -47,12 +48,12 @@ _STOP = None  # tells the communication thread to finish
 class _CommThread:
     """AllReduces (step, buffer) pairs in the order they are handed over."""
 
-    def __init__(self, comm: Communicator, timeline: Timeline, setup: WorkerSetup, codec=None):
+    def __init__(self, comm: Communicator, timeline: Timeline, worker: Worker, codec=None):
         from pipesgd_ref.config import emulated_allreduce_seconds
 
         self.comm = comm
-        self.allreduce_s = emulated_allreduce_seconds(setup.cfg, setup.params.size)
-        self.setup = setup  # where the buffers live: its `average` fits them
+        self.allreduce_s = emulated_allreduce_seconds(worker.cfg, worker.params.size)
+        self.worker = worker  # where the buffers live: its `average` fits them
         self.timeline = timeline
         self.codec = codec
         self.skipped: list[tuple[int, list[int]]] = []  # (step, ranks left out)
@@ -62,7 +63,7 @@ class _CommThread:
         self.thread.start()
 
     def _run(self) -> None:
-        with self.setup.device_scope():  # --device cuda: the worker's GPU, in this thread too
+        with self.worker.device_scope():  # --device cuda: the worker's GPU, in this thread too
             self._loop()
 
     def _loop(self) -> None:
@@ -70,7 +71,7 @@ class _CommThread:
             step, buf, ok = item
             try:
                 with self.timeline.span("allreduce", "comm", step):
-                    bad = self.setup.average(self.comm, buf, self.codec, ok)  # host or device
+                    bad = self.worker.average(self.comm, buf, self.codec, ok)  # host or device
                     if bad:  # --skip-nonfinite: their gradients were left out of the mean
                         self.skipped.append((step, bad))
             except BaseException as e:  # handed to the compute thread, which re-raises
@@ -105,19 +106,22 @@ class _CommThread:
 
 
 def pipe_worker(
-    comm: Communicator, cfg: TrainConfig, progress=None, setup: WorkerSetup | None = None
+    comm: Communicator, cfg: TrainConfig, progress=None, worker: Worker | None = None
 ) -> WorkerResult:
-    w = setup or WorkerSetup.build(cfg, comm.rank, comm.world_size)
-    w.to_device(comm.rank)  # --device cuda: weights, buffers (and resumed gradients) on the GPU
+    """One rank of Pipe-SGD of width cfg.width. `worker`: this process's runtime, built once
+    by the caller (train.py's per-rank job); built here when a caller runs the method
+    directly."""
+    worker = worker or Worker.build(cfg, comm.rank, comm.world_size)
+    worker.to_device(comm.rank)  # --device cuda: weights, buffers, resumed gradients on the GPU
     K, s, warmup = cfg.width, cfg.width - 1, cfg.warmup_steps
     timeline = Timeline(comm.rank)
     # K buffers: K-1 gradients in flight, one being computed. Buffer t % K is reused at step
     # t + K; its gradient was applied at step t + K - 1 at the latest.
-    buffers = [w.new_buffer() for _ in range(K)]
-    codec = w.codec()
-    comm_thread = _CommThread(comm, timeline, w, codec)
+    buffers = [worker.new_buffer() for _ in range(K)]
+    codec = worker.codec()
+    comm_thread = _CommThread(comm, timeline, worker, codec)
     # Averaged gradients already back (from a checkpoint, or fetched early to write one).
-    ready: dict = dict(w.pending)
+    ready: dict = dict(worker.pending)
 
     def averaged(step: int):
         return ready.pop(step) if step in ready else comm_thread.wait(step)
@@ -126,7 +130,7 @@ def pipe_worker(
         """The steps whose averaged gradients are not yet applied when step `end` is next:
         the s before it (none of the warm-up's), computed in this run or restored (a run
         resumed from a final, drained checkpoint has none of the steps before its start)."""
-        return [u for u in range(max(warmup, end - s), end) if u >= w.start_step or u in ready]
+        return [u for u in range(max(warmup, end - s), end) if u >= worker.start_step or u in ready]
 
     def save_with_in_flight(end: int) -> None:
         """The checkpoint before step `end`: the gradients in flight are part of the state,
@@ -136,35 +140,35 @@ def pipe_worker(
             if u not in ready:
                 ready[u] = comm_thread.wait(u)
         if comm.rank == 0:
-            w.save_checkpoint(end, {u: ready[u] for u in pending})
+            worker.save_checkpoint(end, {u: ready[u] for u in pending})
 
     losses, step_end = [], []
     stopped_at = None  # where a signal stopped the job (every rank stops before one step)
     barrier(comm)  # every rank starts step 0 together, before the comm thread's first AllReduce
     try:
-        for t in range(w.start_step, w.steps):
+        for t in range(worker.start_step, worker.steps):
             if not lifetime.entering(comm.rank, t):
                 stopped_at = t
                 break
             buf = buffers[t % K]
             with timeline.span("compute", "compute", t):
-                loss, ok = w.compute(t, buf, codec, comm.rank)  # g_t, on the current w_t
+                loss, ok = worker.compute(t, buf, codec, comm.rank)  # g_t, on the current w_t
             comm_thread.start_allreduce(t, buf, ok)  # AllReduce(g_t) starts now
             if t < warmup:  # warm-up: synchronous, the fresh gradient
                 avg = averaged(t)
                 with timeline.span("update", "compute", t):
-                    w.sgd_step(avg, t)
-            elif t >= warmup + s and (t - s >= w.start_step or t - s in ready):
+                    worker.sgd_step(avg, t)
+            elif t >= warmup + s and (t - s >= worker.start_step or t - s in ready):
                 # steady state: avg(g_{t-s}) ran during this compute (after a resume from a
                 # final, drained checkpoint, g_{t-s} was already applied: the pipe refills)
                 avg = averaged(t - s)
                 with timeline.span("update", "compute", t):
-                    w.sgd_step(avg, t)
+                    worker.sgd_step(avg, t)
             # else: fill, nothing has arrived yet
             losses.append(loss)
             step_end.append(time.perf_counter())
             if progress is not None:
-                progress(t, w.params_host(), loss)  # on the GPU: a copy, rank 0 only
+                progress(t, worker.params_host(), loss)  # on the GPU: a copy, rank 0 only
             if checkpoint.due(cfg, t):  # so that a resumed run applies the same gradients
                 save_with_in_flight(t + 1)
         if stopped_at is not None:
@@ -174,14 +178,14 @@ def pipe_worker(
                 save_with_in_flight(stopped_at)
         else:
             # Drain: the gradients still in flight, oldest first, as the oracle applies them.
-            for j, t_grad in enumerate(in_flight(w.steps)):
+            for j, t_grad in enumerate(in_flight(worker.steps)):
                 avg = averaged(t_grad)
-                with timeline.span("update", "compute", w.steps + j):
-                    w.sgd_step(avg, w.steps + j)
+                with timeline.span("update", "compute", worker.steps + j):
+                    worker.sgd_step(avg, worker.steps + j)
             if comm.rank == 0 and cfg.out:
-                w.save_checkpoint(w.steps)  # after the drain: nothing in flight
+                worker.save_checkpoint(worker.steps)  # after the drain: nothing in flight
     finally:
         comm_thread.stop()
-    return WorkerResult(comm.rank, w.host(w.params), losses, step_end, timeline.events,
+    return WorkerResult(comm.rank, worker.host(worker.params), losses, step_end, timeline.events,
                         comm.bytes_sent, {"nonfinite_skipped": comm_thread.skipped,
                                           "stopped_at": stopped_at})  # fmt: skip

@@ -29,7 +29,7 @@ comm/ps.py.
 
 Compression (--codec trunc16 | bf16 | q8, --error-feedback): workers push encoded gradients,
 [codes: wire_bytes(n)][loss: float32] (comm/ps.py), after error feedback
-(WorkerSetup.feed_back, in the compute span; the encoding is in the push span). The server
+(Worker.feed_back, in the compute span; the encoding is in the push span). The server
 decodes each push (ps-sync: decode-adds into the sum in worker order; ps-async: decodes, then
 applies); the pulls stay float32 unless --codec-pull says otherwise. Oracles: as above with each
 worker's gradient replaced by decode(encode(g)) (plus each worker's residual, with error
@@ -62,31 +62,32 @@ from __future__ import annotations
 import time
 
 from pipesgd_ref import checkpoint, faults, lifetime
-from pipesgd_ref.algorithms.worker import Timeline, WorkerResult, WorkerSetup
+from pipesgd_ref.algorithms.worker import Worker, WorkerResult
 from pipesgd_ref.comm.ps import ParameterServer, PSClient, worker_of
 from pipesgd_ref.comm.rendezvous import Communicator
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.errors import JobError
+from pipesgd_ref.trace import Timeline
 
 
 def ps_sync_worker(
-    comm: Communicator, cfg: TrainConfig, progress=None, setup: WorkerSetup | None = None
+    comm: Communicator, cfg: TrainConfig, progress=None, setup: Worker | None = None
 ) -> WorkerResult:
-    """One rank of synchronous parameter-server SGD (rank 0: the server; `setup`: its
-    WorkerSetup, where the caller has built it already)."""
+    """One rank of synchronous parameter-server SGD (rank 0: the server; `setup`: this
+    rank's Worker, where the caller has built it already)."""
     if comm.rank == 0:
         return _serve(comm, cfg, "ps-sync", progress, setup)
-    return _work(comm, cfg, "ps-sync", progress)
+    return _work(comm, cfg, "ps-sync", progress, setup)
 
 
 def ps_async_worker(
-    comm: Communicator, cfg: TrainConfig, progress=None, setup: WorkerSetup | None = None
+    comm: Communicator, cfg: TrainConfig, progress=None, setup: Worker | None = None
 ) -> WorkerResult:
-    """One rank of asynchronous parameter-server SGD (rank 0: the server; `setup`: its
-    WorkerSetup, where the caller has built it already)."""
+    """One rank of asynchronous parameter-server SGD (rank 0: the server; `setup`: this
+    rank's Worker, where the caller has built it already)."""
     if comm.rank == 0:
         return _serve(comm, cfg, "ps-async", progress, setup)
-    return _work(comm, cfg, "ps-async", progress)
+    return _work(comm, cfg, "ps-async", progress, setup)
 
 
 def n_workers_of(comm: Communicator, method: str) -> int:
@@ -103,17 +104,17 @@ def n_workers_of(comm: Communicator, method: str) -> int:
 
 def pull_codec(cfg: TrainConfig):
     """The codec the weights are pulled back with (--codec-pull), on this run's backend."""
-    from pipesgd_ref.codecs import get_codec  # here, as WorkerSetup.codec: numba loads lazily
+    from pipesgd_ref.codecs import get_codec  # here, as Worker.codec: numba loads lazily
 
     return get_codec(cfg.codec_pull, cfg.codec_backend)
 
 
 def _serve(
-    comm: Communicator, cfg: TrainConfig, method: str, progress, setup: WorkerSetup | None
+    comm: Communicator, cfg: TrainConfig, method: str, progress, setup: Worker | None
 ) -> WorkerResult:
     n = n_workers_of(comm, method)
     # the server never computes: w_0, the model, steps
-    setup = setup or WorkerSetup.build(cfg, 0, n)
+    setup = setup or Worker.build(cfg, 0, n)
     timeline = Timeline(comm.rank)
     server = ParameterServer(comm.clients, setup.params, timeline, codec=setup.codec(),
                              pulls=cfg.ps_pulls, pull_codec=pull_codec(cfg),
@@ -159,10 +160,12 @@ def _serve(
                         sum(link.bytes_sent for link in links) - sent0, extra)  # fmt: skip
 
 
-def _work(comm: Communicator, cfg: TrainConfig, method: str, progress) -> WorkerResult:
+def _work(
+    comm: Communicator, cfg: TrainConfig, method: str, progress, setup: Worker | None = None
+) -> WorkerResult:
     n = n_workers_of(comm, method)
     worker = worker_of(comm.rank)
-    w = WorkerSetup.build(cfg, worker, n)  # the same w_0 as the server's: same seed
+    w = setup or Worker.build(cfg, worker, n)  # the same w_0 as the server's: same seed
     timeline = Timeline(comm.rank)
     codec = w.codec()
     client = PSClient(comm.server, w.params.size, w.params.dtype, codec=codec,

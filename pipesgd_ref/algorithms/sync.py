@@ -9,7 +9,7 @@
 Iteration time t_comp + T_allreduce + t_update: compute and communication alternate, each
 idle while the other works. The oracle is `reference.sync_sgd` (equal to large-batch SGD).
 
---device cuda: the same loop on GPU arrays (WorkerSetup.to_device); the AllReduce is the device
+--device cuda: the same loop on GPU arrays (Worker.to_device); the AllReduce is the device
 ring (comm/device_ring.py), bitwise the host ring's on the same gradients.
 """
 
@@ -18,45 +18,48 @@ from __future__ import annotations
 import time
 
 from pipesgd_ref import checkpoint, lifetime
-from pipesgd_ref.algorithms.worker import Timeline, WorkerResult, WorkerSetup
+from pipesgd_ref.algorithms.worker import Worker, WorkerResult
 from pipesgd_ref.comm.rendezvous import Communicator
 from pipesgd_ref.comm.ring import barrier
 from pipesgd_ref.config import TrainConfig
+from pipesgd_ref.trace import Timeline
 
 
 def sync_worker(
-    comm: Communicator, cfg: TrainConfig, progress=None, setup: WorkerSetup | None = None
+    comm: Communicator, cfg: TrainConfig, progress=None, worker: Worker | None = None
 ) -> WorkerResult:
-    w = setup or WorkerSetup.build(cfg, comm.rank, comm.world_size)
-    w.to_device(comm.rank)  # --device cuda: weights and buffers on this rank's GPU
+    """One rank of synchronous SGD. `worker`: this process's runtime, built once by the
+    caller (train.py's per-rank job); built here when a caller runs the method directly."""
+    worker = worker or Worker.build(cfg, comm.rank, comm.world_size)
+    worker.to_device(comm.rank)  # --device cuda: weights and buffers on this rank's GPU
     timeline = Timeline(comm.rank)
-    grads = w.new_buffer()  # preallocated once (beside the weights): the hot loop allocates nothing
-    codec = w.codec()
+    grads = worker.new_buffer()  # preallocated once, beside the weights: the loop allocates none
+    codec = worker.codec()
     losses, step_end = [], []
     skipped = []  # --skip-nonfinite: (step, ranks left out)
     barrier(comm)  # every rank starts step 0 together: the run's clock starts with training
-    end = w.steps  # the first step not run: w.steps, or where a signal stopped the job
-    for t in range(w.start_step, w.steps):
+    end = worker.steps  # the first step not run: worker.steps, or where a signal stopped the job
+    for t in range(worker.start_step, worker.steps):
         if not lifetime.entering(comm.rank, t):  # a signal: every rank stops before this step
             end = t
             break
         with timeline.span("compute", "compute", t):
-            loss, ok = w.compute(t, grads, codec, comm.rank)  # ok False: left out (zeros)
+            loss, ok = worker.compute(t, grads, codec, comm.rank)  # ok False: left out (zeros)
         with timeline.span("allreduce", "comm", t):
             # the sync point: every rank waits for every rank (host ring, or the device ring)
-            bad = w.average(comm, grads, codec, ok)
+            bad = worker.average(comm, grads, codec, ok)
             if bad:  # --skip-nonfinite: their gradients were left out of the mean
                 skipped.append((t, bad))
         with timeline.span("update", "compute", t):
-            w.sgd_step(grads, t)
+            worker.sgd_step(grads, t)
         losses.append(loss)
         step_end.append(time.perf_counter())
         if progress is not None:
-            progress(t, w.params_host(), loss)  # on the GPU: a copy, rank 0 only
+            progress(t, worker.params_host(), loss)  # on the GPU: a copy, rank 0 only
         if comm.rank == 0 and checkpoint.due(cfg, t):  # every replica is the same: one writes
-            w.save_checkpoint(t + 1)
+            worker.save_checkpoint(t + 1)
     if comm.rank == 0 and cfg.out:
-        w.save_checkpoint(end)
-    extra = {"nonfinite_skipped": skipped, "stopped_at": end if end < w.steps else None}
-    return WorkerResult(comm.rank, w.host(w.params), losses, step_end, timeline.events,
+        worker.save_checkpoint(end)
+    extra = {"nonfinite_skipped": skipped, "stopped_at": end if end < worker.steps else None}
+    return WorkerResult(comm.rank, worker.host(worker.params), losses, step_end, timeline.events,
                         comm.bytes_sent, extra)  # fmt: skip

@@ -1,21 +1,26 @@
 """What every distributed training method shares, inside one worker process.
 
-- `WorkerSetup`: the identical start on every rank. Data, model and initial weights come from
-  the config and the seed alone, so no broadcast is needed: every rank builds the same w_0.
-- `Timeline`: spans of work (compute, allreduce, update, push/pull) per thread, in microseconds
-  of a clock shared by the processes of one machine (perf_counter is CLOCK_MONOTONIC on Linux);
-  they become the Chrome trace (trace.py) and the timing medians of summary.json.
+- `Worker`: the worker's runtime, built once per worker process (`Worker.for_rank`, by
+  train.py's per-rank job) and handed to the method (sync, pipe, ps): its data and shard,
+  model, weights and step count, and the steps every method takes the same way (the gradient
+  and its finiteness check, error feedback, the AllReduce of the ring methods, the update,
+  checkpoints, the device). Data, model and initial weights come from the config and the seed
+  alone, so no broadcast is needed: every rank builds the same w_0.
 - `WorkerResult`: what a worker hands back to the launcher when it is done.
+- `diverged`: the one error of a run whose loss or weights are no longer finite.
 
 A worker trains on its own shard: worker index `worker` (0..n_workers-1) draws minibatch
-(worker, step) from the sampler, exactly as the one-process oracles do.
+(worker, step) from the sampler, exactly as the one-process oracles do. A parameter
+server's rank 0 holds a Worker too (worker index 0): its weights, model and steps; it never
+computes a gradient.
 
---device cuda (`WorkerSetup.to_device`, sync and pipe): the weights, the gradient buffers and
+--device cuda (`Worker.to_device`, sync and pipe): the weights, the gradient buffers and
 the activations live on GPU rank mod (visible GPUs); each minibatch goes over through reusable
 pinned host buffers; the update runs there; the ring stages only its chunks through the host
 (comm/device_ring.py). What leaves the worker (its result, checkpoints, the progress callback's
-weights) is copied back to the host. `build` itself never touches a GPU: the launcher builds
-a WorkerSetup too (to check a checkpoint, to evaluate), and must not.
+weights) is copied back to the host. `build` itself never touches a GPU: the worker process
+of a joined job builds its Worker before the rendezvous, and only `to_device`, in the method,
+makes the process's CUDA context.
 """
 
 from __future__ import annotations
@@ -26,7 +31,6 @@ import logging
 import math
 import os
 import threading
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -43,6 +47,11 @@ from pipesgd_ref.ops import OP_NAMES
 log = logging.getLogger("pipesgd.worker")
 
 
+def is_ps(algo: str) -> bool:
+    """Parameter-server methods run one more process: rank 0 is the server."""
+    return algo.startswith("ps-")
+
+
 def steps_for(cfg: TrainConfig, sampler: MinibatchSampler) -> int:
     """cfg.steps, or cfg.epochs passes over each worker's shard when epochs > 0."""
     if cfg.epochs > 0:
@@ -51,7 +60,7 @@ def steps_for(cfg: TrainConfig, sampler: MinibatchSampler) -> int:
 
 
 @dataclass
-class WorkerSetup:
+class Worker:
     cfg: TrainConfig
     worker: int  # this worker's index among the n_workers that compute gradients
     n_workers: int
@@ -66,21 +75,34 @@ class WorkerSetup:
     gpu: int | None = None  # --device cuda: the GPU this worker computes on (to_device sets it)
 
     @classmethod
-    def build(cls, cfg: TrainConfig, worker: int, n_workers: int) -> WorkerSetup:
+    def for_rank(cls, cfg: TrainConfig, rank: int) -> Worker:
+        """The Worker of `rank` in a job of cfg: worker index = rank in the ring methods; in
+        the parameter-server methods rank 0 is the server (index 0, the weights' keeper) and
+        worker i is rank i + 1."""
+        if is_ps(cfg.algo) and rank > 0:
+            from pipesgd_ref.comm.ps import worker_of
+
+            return cls.build(cfg, worker_of(rank), cfg.world_size)
+        return cls.build(cfg, rank, cfg.world_size)
+
+    @classmethod
+    def build(cls, cfg: TrainConfig, worker: int, n_workers: int) -> Worker:
+        """Load the data, build the model and w_0 (or load the checkpoint of --resume, checked
+        against this run's config and model size): everything before the first step."""
         data = load_dataset(cfg.dataset)
         model = build_model(cfg.model, data.n_features, data.n_classes, cfg.hidden, cfg.backend)
         sampler = MinibatchSampler(data.n_train, n_workers, cfg.batch_size, cfg.seed)
         check_memory(cfg, model.n_params)  # a huge --hidden: one line, not the OOM killer
-        setup = cls(cfg, worker, n_workers, data, model, sampler, steps_for(cfg, sampler),
+        built = cls(cfg, worker, n_workers, data, model, sampler, steps_for(cfg, sampler),
                     model.init_params(cfg.seed))  # fmt: skip
         if cfg.resume:
             from pipesgd_ref import checkpoint
 
             # n_params: a checkpoint of another model's size is refused here, in one line
-            setup.params, setup.start_step, setup.pending = checkpoint.load(
+            built.params, built.start_step, built.pending = checkpoint.load(
                 cfg.resume, cfg, n_params=model.n_params
             )
-        return setup
+        return built
 
     # --- the device (--device cuda) ----------------------------------------------------------
 
@@ -199,11 +221,9 @@ class WorkerSetup:
         if self.on_device and pending:
             pending = {t: self.host(g) for t, g in pending.items()}
         if not np.all(np.isfinite(params)):
-            raise TrainingDiverged(
-                f"worker {self.worker}: the weights are no longer finite after step "
-                f"{next_step - 1}; the run diverged (the last good checkpoint is kept). Lower "
-                f"--lr (now {self.cfg.lr})"
-            )
+            raise diverged(f"worker {self.worker}", f"the weights are no longer finite after "
+                           f"step {next_step - 1}", self.cfg, " (the last good checkpoint is "
+                           "kept)")  # fmt: skip
 
         checkpoint.save(self.cfg.out, self.cfg, params, next_step, pending or {})
 
@@ -221,11 +241,8 @@ class WorkerSetup:
         with np.errstate(over="ignore", invalid="ignore"), compute_priority(self.cfg.comm_first):
             loss = self.model.loss_and_grad(self.params if params is None else params, X, y, grads)
         if not math.isfinite(loss) and not self.cfg.skip_nonfinite:
-            raise TrainingDiverged(
-                f"worker {self.worker}: the training loss is {loss} at step {step}; the run "
-                f"diverged. Lower --lr (now {self.cfg.lr}); with staleness the largest stable "
-                f"step size is smaller than for synchronous SGD"
-            )
+            raise diverged(f"worker {self.worker}", f"the training loss is {loss} at step {step}",
+                           self.cfg)  # fmt: skip
         return loss
 
     def compute(self, step: int, grads, codec, rank: int) -> tuple[float, bool]:
@@ -312,6 +329,19 @@ class WorkerSetup:
         self.model.backend.sgd_step(self.params, grads, self.cfg.lr_at(step))
 
 
+def diverged(who: str, what: str, cfg: TrainConfig, kept: str = "") -> TrainingDiverged:
+    """The error of a run whose loss or weights are no longer finite, in one form wherever it
+    is found (a worker's loss or checkpoint, the one-process oracle's loss): who, what, and
+    what to do. Stale gradients (pipe of width K > 1, ps-async) lower the largest stable step
+    size (PAPER.md section 4), so the advice says so where they are in play."""
+    advice = f"Lower --lr (now {cfg.lr})"
+    if cfg.width > 1 or cfg.algo == "ps-async":
+        staleness = f"staleness {cfg.width - 1}" if cfg.width > 1 else "ps-async's staleness"
+        advice += (f"; with {staleness} the largest stable step size is smaller than for "
+                   f"synchronous SGD")  # fmt: skip
+    return TrainingDiverged(f"{who}: {what}; the run diverged{kept}. {advice}")
+
+
 def _one_kernel_at_a_time(backend):
     """The backend with every op behind one lock: Numba's CUDA simulator runs one kernel at a
     time per process (a second thread's launch fails), and Pipe-SGD's two threads both launch
@@ -351,9 +381,10 @@ def compute_priority(low: bool):
     """Run the body at the lowest CPU priority (SCHED_IDLE) when `low` (--comm-first).
 
     Why: p workers on fewer than p cores take turns, and a ring hop (or a parameter server's
-    reply) that wakes up would wait up to a scheduler slice, about a millisecond, for some
-    worker's computation to yield its core; a pipelined AllReduce pays that at every one of its
-    2(p-1) hops, measured here at 8-24% of an iteration. A SCHED_IDLE thread is preempted at
+    reply) that wakes up would wait up to a scheduler slice (of the order of a millisecond)
+    for some worker's computation to yield its core; a pipelined AllReduce pays that at every
+    one of its 2(p-1) hops, so an iteration grows by up to 2(p-1) slices (the measured share
+    is in benchmarks/RESULTS.md, --comm-first). A SCHED_IDLE thread is preempted at
     once by any normal one, and such threads share the cores fairly among themselves, so the
     computations still take turns as before. Linux only; elsewhere, or where the OS refuses,
     nothing changes. An unprivileged thread may not return from SCHED_IDLE (RLIMIT_NICE): it
@@ -376,70 +407,6 @@ def compute_priority(low: bool):
             os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
         except OSError:  # not permitted: stay low, and stop switching
             _PRIORITY["toggle"] = False
-
-
-class Timeline:
-    """Spans of work on one rank, as Chrome trace events (ph "X", microseconds).
-
-    Bounded, so that a long run's memory stays flat: it keeps every span of the first
-    HEAD_STEPS steps (start-up, warm-up, fill) and of the last TAIL_STEPS steps recorded
-    (steady state, drain), by the step number a span carries, and counts in `dropped` the
-    spans of the middle it let go. A span costs a few hundred bytes and a step has three or
-    four, so 20,000 steps would otherwise grow each worker by tens of MB (and hidden_fraction's
-    work with it). A run of up to TAIL_STEPS steps keeps every span; the medians of
-    summary.json then come from at most HEAD_STEPS + TAIL_STEPS steps, mostly steady state.
-    """
-
-    HEAD_STEPS = 100
-    TAIL_STEPS = 2000
-    SPANS_PER_STEP = 16  # a guard: spans that all carry one step number stay bounded too
-
-    def __init__(self, rank: int):
-        from collections import deque
-
-        self.rank = rank
-        self.dropped = 0  # spans of the middle of the run that were let go
-        self.newest = -1  # the highest step number recorded past the head
-        # (name, thread, start s, end s, step): tuples while the run goes on, dicts at the end
-        self._head: list[tuple] = []
-        self._tail: deque[tuple] = deque()
-        # Two threads record (compute and comm) and the trim pops, so one lock; with it a
-        # span still records a little faster than the dict per span of before (measured).
-        self._lock = threading.Lock()
-
-    @contextmanager
-    def span(self, name: str, thread: str, step: int):
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self._record((name, thread, start, time.perf_counter(), step))
-
-    def _record(self, span: tuple) -> None:
-        step = span[4]
-        with self._lock:
-            if step < self.HEAD_STEPS and len(self._head) < self.HEAD_STEPS * self.SPANS_PER_STEP:
-                self._head.append(span)
-                return
-            self.newest = max(self.newest, step)
-            tail = self._tail
-            tail.append(span)
-            # Oldest first: spans arrive in about step order (a comm span lags a step or two;
-            # one that lags by more than the tail is dropped at once).
-            while tail and (tail[0][4] <= self.newest - self.TAIL_STEPS
-                            or len(tail) > self.TAIL_STEPS * self.SPANS_PER_STEP):  # fmt: skip
-                tail.popleft()
-                self.dropped += 1
-
-    @property
-    def events(self) -> list[dict]:
-        """The kept spans as Chrome trace events: the head's, then the tail's, each in the
-        order they ended (built anew on each call: read it once, when the run is over)."""
-        with self._lock:
-            spans = [*self._head, *self._tail]
-        return [{"name": name, "ph": "X", "pid": self.rank, "tid": thread, "ts": start * 1e6,
-                 "dur": (end - start) * 1e6, "args": {"step": step}}
-                for name, thread, start, end, step in spans]  # fmt: skip
 
 
 @dataclass

@@ -44,7 +44,7 @@ worker that expects another pull codec than the server sends gets one naming the
 
 Compressed pushes (--codec, shared/PAPER.md section 3). The pushes are compressed with --codec;
 the pulls stay full-precision unless --codec-pull says otherwise (below). A worker applies error
-feedback (--error-feedback, before encoding: WorkerSetup.feed_back), then encodes its whole
+feedback (--error-feedback, before encoding: Worker.feed_back), then encodes its whole
 gradient as one code. The server decodes every push: ps-sync decode-adds each into the float32
 sum in worker order (codec.add_decoded_into, which is bitwise `sum += decode(codes)`), then
 divides by p; ps-async decodes into one buffer and applies it. The oracle is therefore the
@@ -314,7 +314,7 @@ class ParameterServer:
         self.params = params
         self.n = params.size
         self.dtype_code = CODE_OF_DTYPE[params.dtype]
-        self.timeline = timeline or _NoTimeline()  # algorithms.worker.Timeline, or none
+        self.timeline = timeline or _NoTimeline()  # trace.Timeline, or none
         self.codec, self.codec_id = _codec_and_id(codec, params.dtype)
         # recv_buf: one push, as it arrives; grads: the pushed gradient as float32 values (a
         # view of recv_buf without a codec, a decode buffer with one); loss_buf: the loss.

@@ -20,7 +20,7 @@ from pipesgd_ref.algorithms.pipe import pipe_worker
 from pipesgd_ref.algorithms.ps import ps_async_worker, ps_sync_worker
 from pipesgd_ref.algorithms.reference import delayed_sgd, model_grad_fn, sync_sgd
 from pipesgd_ref.algorithms.sync import sync_worker
-from pipesgd_ref.algorithms.worker import WorkerSetup
+from pipesgd_ref.algorithms.worker import Worker
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.launch import launch_local
 
@@ -53,7 +53,7 @@ def run(algo: str, cfg: TrainConfig, spec: str, monkeypatch):
 def oracle_without(cfg: TrainConfig, bad: dict[int, list[int]], staleness: int):
     """The oracle with rank r's gradient of step t left out for every (t, r) in `bad`: the
     mean over the other ranks (all left out: zero)."""
-    w = WorkerSetup.build(cfg, 0, cfg.world_size)
+    w = Worker.build(cfg, 0, cfg.world_size)
     grad_fn = model_grad_fn(w.model, w.data, w.sampler)
     p = cfg.world_size
 
