@@ -253,7 +253,7 @@ def test_device_allreduce_refuses_host_arrays():
 
 
 @pytest.mark.slow
-def test_worker_setup_on_the_device(tmp_path):
+def test_worker_on_the_device(tmp_path):
     """The pieces the loops use, on one process: the same gradient as the CPU (batch staged
     through pinned buffers), NaN caught by the device-side sum, zeroing, the mean of the good
     ranks, and weights and checkpoints that come back as host arrays."""
@@ -266,39 +266,39 @@ def test_worker_setup_on_the_device(tmp_path):
     cpu = Worker.build(cfg, 1, 2)
     host_grads = cpu.new_buffer()
     cpu_loss = cpu.loss_and_grad(3, host_grads)
-    w = Worker.build(cfg, 1, 2)
-    assert not w.on_device and isinstance(w.params, np.ndarray), "build must not touch a GPU"
-    w.to_device(1)
+    dev = Worker.build(cfg, 1, 2)
+    assert not dev.on_device and isinstance(dev.params, np.ndarray), "build must not touch a GPU"
+    dev.to_device(1)
     from numba import cuda
 
-    assert w.on_device and w.gpu == 1 % len(cuda.gpus)  # the simulator has one GPU: 1 mod 1
-    grads = w.new_buffer()
-    assert on_device(grads) and on_device(w.params)
-    loss = w.loss_and_grad(3, grads)
+    assert dev.on_device and dev.gpu == 1 % len(cuda.gpus)  # the simulator has one GPU: 1 mod 1
+    grads = dev.new_buffer()
+    assert on_device(grads) and on_device(dev.params)
+    loss = dev.loss_and_grad(3, grads)
     assert np.isclose(loss, cpu_loss, rtol=RTOL)
-    assert np.allclose(w.host(grads), host_grads, rtol=RTOL, atol=ATOL)
-    assert w.gradient_ok(grads, 3, loss, rank=1)
-    assert w.model.accuracy(w.params, w.data.X_test, w.data.y_test) == cpu.model.accuracy(
+    assert np.allclose(dev.host(grads), host_grads, rtol=RTOL, atol=ATOL)
+    assert dev.gradient_ok(grads, 3, loss, rank=1)
+    assert dev.model.accuracy(dev.params, dev.data.X_test, dev.data.y_test) == cpu.model.accuracy(
         cpu.params, cpu.data.X_test, cpu.data.y_test
     )
 
-    w.mean_of_good(grads, 4, 1)  # 4 ranks, one left out: x * 4/3 (float32), as on the host
+    dev.mean_of_good(grads, 4, 1)  # 4 ranks, one left out: x * 4/3 (float32), as on the host
     want = host_grads.copy()
     want *= np.float32(4 / 3)
-    assert np.allclose(w.host(grads), want, rtol=RTOL, atol=ATOL)
+    assert np.allclose(dev.host(grads), want, rtol=RTOL, atol=ATOL)
 
     grads[5] = np.nan  # what PIPESGD_FAULT=nan does to a device gradient
     with pytest.raises(TrainingDiverged, match=r"rank 1 .*step 3 has 1 NaN/Inf"):
-        w.gradient_ok(grads, 3, loss, rank=1)
+        dev.gradient_ok(grads, 3, loss, rank=1)
     skipping = Worker.build(cfg.replace(skip_nonfinite=True), 1, 2)
     skipping.to_device(1)
     assert not skipping.gradient_ok(grads, 3, loss, rank=1)
-    w.zero(grads)
-    assert not np.any(w.host(grads))
+    dev.zero(grads)
+    assert not np.any(dev.host(grads))
 
-    params = w.params_host()
+    params = dev.params_host()
     assert isinstance(params, np.ndarray) and np.array_equal(params, cpu.params)
-    w.save_checkpoint(7, {6: w.new_buffer()})
+    dev.save_checkpoint(7, {6: dev.new_buffer()})
     saved, next_step, pending = checkpoint.load(tmp_path, cfg)
     assert next_step == 7 and np.array_equal(saved, cpu.params) and list(pending) == [6]
 

@@ -17,11 +17,13 @@ from pipesgd_ref.launch import launch_local
 
 
 def oracle(cfg: TrainConfig, staleness: int, warmup: int = 0):
-    w = Worker.build(cfg, 0, cfg.world_size)
-    grad_fn = model_grad_fn(w.model, w.data, w.sampler)
+    worker = Worker.build(cfg, 0, cfg.world_size)
+    grad_fn = model_grad_fn(worker.model, worker.data, worker.sampler)
     if staleness == 0 and warmup == 0:
-        return sync_sgd(grad_fn, w.model.init_params(cfg.seed), cfg.world_size, w.steps, cfg.lr_at)
-    return delayed_sgd(grad_fn, w.model.init_params(cfg.seed), cfg.world_size, w.steps,
+        return sync_sgd(
+            grad_fn, worker.model.init_params(cfg.seed), cfg.world_size, worker.steps, cfg.lr_at
+        )
+    return delayed_sgd(grad_fn, worker.model.init_params(cfg.seed), cfg.world_size, worker.steps,
                        cfg.lr_at, staleness=staleness, warmup_steps=warmup)  # fmt: skip
 
 

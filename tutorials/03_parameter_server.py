@@ -191,8 +191,8 @@ print(f"each ps-sync worker sent {[w.bytes_sent for w in sync_workers]} = steps 
 # %%
 def oracle(cfg: TrainConfig, n_workers: int):
     """(grad_fn, w_0) of the one-process oracles for `n_workers` workers of `cfg`."""
-    setup = Worker.build(cfg, 0, n_workers)
-    return reference.model_grad_fn(setup.model, setup.data, setup.sampler), setup.params
+    worker = Worker.build(cfg, 0, n_workers)
+    return reference.model_grad_fn(worker.model, worker.data, worker.sampler), worker.params
 
 
 check_steps = 30 if SMALL else 100

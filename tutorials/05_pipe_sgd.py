@@ -358,9 +358,9 @@ checks = []
 for p_, K, warmup in cases:
     cfg = TrainConfig.preset("tiny").replace(world_size=p_, width=K, warmup_steps=warmup,
                                              steps=oracle_steps)  # fmt: skip
-    setup = Worker.build(cfg, 0, p_)  # also loads the data before the fork
-    grad_fn = reference.model_grad_fn(setup.model, setup.data, setup.sampler)
-    want = reference.delayed_sgd(grad_fn, setup.params, p_, oracle_steps, cfg.lr_at,
+    worker = Worker.build(cfg, 0, p_)  # also loads the data before the fork
+    grad_fn = reference.model_grad_fn(worker.model, worker.data, worker.sampler)
+    want = reference.delayed_sgd(grad_fn, worker.params, p_, oracle_steps, cfg.lr_at,
                                  staleness=K - 1, warmup_steps=warmup)  # fmt: skip
     # fork, not the package's default spawn: see the paragraph above
     results = launch_local(p_, pipe_worker, (cfg,), start_method="fork")

@@ -113,10 +113,10 @@ for name in ("none", "trunc16", "q8"):
 
 # %%
 laptop = TrainConfig.preset("laptop")
-setup = Worker.build(laptop, 0, laptop.world_size)
-grad = np.empty_like(setup.params)
-setup.loss_and_grad(0, grad)
-print(f"{setup.model}: gradient of {grad.size} float32 ({format_bytes(4 * grad.size)}), "
+worker = Worker.build(laptop, 0, laptop.world_size)
+grad = np.empty_like(worker.params)
+worker.loss_and_grad(0, grad)
+print(f"{worker.model}: gradient of {grad.size} float32 ({format_bytes(4 * grad.size)}), "
       f"max |g| = {np.abs(grad).max():.3g}, median |g| = {np.median(np.abs(grad)):.3g}, "
       f"{int((grad == 0).sum())} exact zeros")  # fmt: skip
 
@@ -278,9 +278,9 @@ def worker_gradients(p: int) -> list[np.ndarray]:
     cfg = laptop.replace(world_size=p)
     grads = []
     for r in range(p):
-        w = Worker.build(cfg, r, p)
-        g = np.empty_like(w.params)
-        w.loss_and_grad(0, g)
+        worker = Worker.build(cfg, r, p)
+        g = np.empty_like(worker.params)
+        worker.loss_and_grad(0, g)
         grads.append(g)
     return grads
 

@@ -53,8 +53,8 @@ def run(algo: str, cfg: TrainConfig, spec: str, monkeypatch):
 def oracle_without(cfg: TrainConfig, bad: dict[int, list[int]], staleness: int):
     """The oracle with rank r's gradient of step t left out for every (t, r) in `bad`: the
     mean over the other ranks (all left out: zero)."""
-    w = Worker.build(cfg, 0, cfg.world_size)
-    grad_fn = model_grad_fn(w.model, w.data, w.sampler)
+    worker = Worker.build(cfg, 0, cfg.world_size)
+    grad_fn = model_grad_fn(worker.model, worker.data, worker.sampler)
     p = cfg.world_size
 
     def left_out(params, rank, step):
@@ -64,10 +64,10 @@ def oracle_without(cfg: TrainConfig, bad: dict[int, list[int]], staleness: int):
             g = np.zeros_like(g) if rank in bad[step] else g * g.dtype.type(p / good)
         return loss, g
 
-    params0 = w.model.init_params(cfg.seed)
+    params0 = worker.model.init_params(cfg.seed)
     if staleness == 0:
-        return sync_sgd(left_out, params0, p, w.steps, cfg.lr_at).params
-    return delayed_sgd(left_out, params0, p, w.steps, cfg.lr_at, staleness=staleness).params
+        return sync_sgd(left_out, params0, p, worker.steps, cfg.lr_at).params
+    return delayed_sgd(left_out, params0, p, worker.steps, cfg.lr_at, staleness=staleness).params
 
 
 def test_parse_reads_every_action_and_refuses_bad_specs():
