@@ -225,6 +225,9 @@ def reaching_target(eval_curve: list[dict], target: float) -> dict[str, Any]:
     }
 
 
+# --- a joined job: rank 0's summary from what every rank sends over the ring --------------
+
+
 def fingerprint(params: np.ndarray) -> float:
     """48 bits of the SHA-256 of the weights' bytes, as a float64 (exact: below 2^53): two
     ranks' weights are bitwise equal when their fingerprints are (up to a 2^-48 collision)."""
