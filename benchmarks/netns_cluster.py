@@ -78,7 +78,7 @@ GSO_BYTES = 65536  # the largest packet TCP hands a veth at once (`ip -d link`: 
 REPO = Path(__file__).resolve().parent.parent
 # The p ranks share this machine's cores. Local workers limit BLAS to one thread each
 # (launch.pin_to_core); a joined rank does not, and p ranks x C BLAS threads on C cores spin
-# against each other (a `pipe` step of a 64-1024-10 MLP took 1.5 s instead of 9 ms, measured).
+# against each other (a step a hundred times slower: benchmarks/RESULTS.md).
 ONE_BLAS_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 # What a launcher may have left in our environment (inside sbatch or mpirun, say): no run here
 # may inherit it and join a job it does not belong to.
@@ -521,7 +521,7 @@ def compare_allreduce(cluster: NetnsCluster, sizes: list[int], reps: int = 5, wa
 
     p, B = cluster.world_size, cluster.bandwidth
     # A job of its own for the probe: its median of PROBE_REPS (a few ms each) stays put where
-    # a median of 5 moved 5x under the machine's load (236 us to 1.4 ms, measured).
+    # a median of 5 moved with the machine's load (benchmarks/RESULTS.md).
     probe = allreduce_across(cluster, [PROBE_BYTES], PROBE_REPS, warmup, timeout)[PROBE_BYTES]
     measured = allreduce_across(cluster, sizes, reps, warmup, timeout)
     net = Network(p, probe_alpha(p, probe, PROBE_BYTES, B), B, measure_gamma(), cluster.delay)
