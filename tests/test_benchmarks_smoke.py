@@ -4,6 +4,7 @@ asserted: a timing error on a busy machine is a measurement, not a failure.)"""
 import importlib.util
 import json
 import re
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -102,6 +103,11 @@ def test_grid_calibrates_a_block_again_when_its_calibrations_disagree():
 
 
 def test_soak_short(tmp_path):
+    """300 steps of the soak. What a busy machine cannot change must pass: no descriptor opened
+    and kept, resident memory within the 5% bound (a worker holds about 170 MB, so it takes a
+    leak of some 30 KB a step to cross it in 270 steps; a flat run grows by about 0.1%), the
+    trace bounded and loading. Throughput measures whatever else shares the cores: its verdict
+    must be the one its own figures give, whichever it is."""
     out = tmp_path / "soak.json"
     cmd = [sys.executable, str(BENCHMARKS / "soak.py"), "--steps", "300", "--interval", "0.05",
            "--json", out]  # fmt: skip
@@ -112,6 +118,10 @@ def test_soak_short(tmp_path):
         assert re.search(rf"^(PASS|FAIL|n/a ) {check}: ", done.stdout, re.M), (
             f"no 'PASS/FAIL {check}: ...' line in the output\n{log}"
         )
+    for check in ("memory", "descriptors", "trace"):
+        assert re.search(rf"^PASS {check}: ", done.stdout, re.M), (
+            f"the soak's {check} check did not pass over 300 steps\n{log}"
+        )
     report = json.loads(out.read_text())
     names = [p["process"] for p in report["processes"]]
     assert names == ["launcher", "worker 0", "worker 1", "worker 2", "worker 3"], (
@@ -119,6 +129,26 @@ def test_soak_short(tmp_path):
     )
     assert len(report["windows"]) == 10, f"expected 10 throughput windows\n{log}"
     assert report["trace"]["loads"], f"trace.json of the run did not load\n{log}"
+
+    # The windows tile the 300 steps, in order; the JSON's verdicts are the printed ones.
+    spans = [(w["first_step"], w["last_step"]) for w in report["windows"]]
+    assert spans == [(30 * k, 30 * k + 29) for k in range(10)], f"windows {spans}\n{log}"
+    assert all(w["steps_per_s"] > 0 for w in report["windows"]), log
+    verdicts = {c["check"]: c["passed"] for c in report["checks"]}
+    for check, passed in verdicts.items():
+        word = "n/a " if passed is None else ("PASS" if passed else "FAIL")
+        assert re.search(rf"^{word} {check}: ", done.stdout, re.M), (
+            f"{check}: the JSON says {passed}, the output does not say {word}\n{log}"
+        )
+    # Throughput's verdict from its figures: the slowest window after warm-up (the first 10%
+    # of the steps: window 0) against the median of those windows.
+    rates = [w["steps_per_s"] for w in report["windows"][1:]]
+    ratio = min(rates) / statistics.median(rates)
+    bound = report["bounds"]["slowest_window_over_median"]
+    assert verdicts["throughput"] == (ratio >= bound), (
+        f"throughput: slowest window {ratio:.2f}x the median, bound {bound}x, but the verdict "
+        f"is {verdicts['throughput']}\n{log}"
+    )
 
 
 @pytest.mark.slow

@@ -95,7 +95,7 @@ for name in ("none", "trunc16", "q8"):
 # %% [markdown]
 # ## 1. What the codecs do to a real gradient
 #
-# The codecs of `pipesgd_ref/codecs.py`, for n float32 values:
+# The codecs of `pipesgd_ref/codecs/`, for n float32 values:
 #
 # - **trunc16** keeps the high 16 bits of each float32 (sign, 8-bit exponent, 7 mantissa bits)
 #   and drops the rest: rounding *toward zero*, relative error in (−2^−7, 0] for normal numbers.
