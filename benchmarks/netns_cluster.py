@@ -515,8 +515,8 @@ PROBE_BYTES, PROBE_REPS = 1024, 40
 def compare_allreduce(cluster: NetnsCluster, sizes: list[int], reps: int = 5, warmup: int = 1,
                       timeout: float = 60.0) -> tuple[list[Row], Network]:  # fmt: skip
     """The AllReduce of every size across the namespaces, modelled, and emulated on loopback."""
-    from pipesgd_ref.bench import measure_gamma
     from pipesgd_ref.timing import ring_allreduce_time
+    from pipesgd_ref.timing.calibrate import measure_gamma
     from pipesgd_ref.units import format_bytes
 
     p, B = cluster.world_size, cluster.bandwidth
@@ -578,7 +578,8 @@ def predict_training(net: Network, overrides=TRAIN_OVERRIDES) -> tuple[float, in
     """timing.predict's iteration time of the run on this network (and the model's parameter
     count): t_comp and t_u timed in this process, alpha, B and gamma of the network, the
     cores this process may use."""
-    from pipesgd_ref.timing import Calibration, predict, time_compute, usable_cores
+    from pipesgd_ref.timing import Calibration, predict
+    from pipesgd_ref.timing.calibrate import time_compute, usable_cores
 
     cfg = train_config(net.world_size, overrides)
     n, t_comp, t_update = time_compute(cfg)
