@@ -31,7 +31,7 @@ Then, with the same sizes and the same network:
        B = the shaped rate's TCP payload (`tcp_goodput`: the frames' headers and the ACKs of
        the reverse flow ride the same shaper), alpha from a 1 KB AllReduce across the same
        namespaces (median of 40; T = 2(p-1) alpha there), gamma timed here
-       (bench.measure_gamma).
+       (timing.calibrate.measure_gamma).
     3. emulated: the same AllReduce on loopback with the project's emulation (--latency D
        --bandwidth B, the same figures).
 
@@ -505,7 +505,7 @@ class Network:
     world_size: int
     alpha: float  # s per hop: a 1 KB AllReduce across the namespaces / 2(p-1)
     bandwidth: float  # bytes/s: tcp_goodput of the shaped rate
-    gamma: float  # s per byte added: bench.measure_gamma here
+    gamma: float  # s per byte added: calibrate.measure_gamma here
     latency: float  # s the emulation adds per message: the kernel's delay (netem), else 0
 
 
