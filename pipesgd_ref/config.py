@@ -285,7 +285,7 @@ def check_idle_options(cfg: TrainConfig) -> None:
     """Refuse options that would do nothing in a training run of cfg, naming why.
 
     Not in __post_init__: `pipesgd compare` derives one config per method from the same base
-    (and timing.calibrate one per codec), where e.g. --error-feedback matters for the
+    (and timing.calibrate.calibrate one per codec), where e.g. --error-feedback matters for the
     compressed runs only and --codec-pull for the parameter servers only. Call it on the
     config of one `pipesgd train` (local or a joined rank), before any worker starts."""
     problems = []

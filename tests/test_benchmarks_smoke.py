@@ -1,7 +1,6 @@
 """The benchmarks run end to end at their quick size. (Their figures are read by people, never
 asserted: a timing error on a busy machine is a measurement, not a failure.)"""
 
-import importlib.util
 import json
 import re
 import statistics
@@ -36,70 +35,6 @@ def test_timing_model_accuracy_quick(tmp_path):
             f"{r['network']} {r['method']}: measured {r['measured_s']} s, predicted "
             f"{r['predicted_s']} s; both must be positive"
         )
-
-
-def load_benchmark(name: str):
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_grid_merges_passes_into_the_fastest_run_against_the_merged_calibration():
-    """The default grid's two passes (no processes: made-up rows and calibrations): a point
-    keeps its fastest run of both passes, predicted from its block's merged calibration (the
-    median of its calibrations, figure by figure)."""
-    from pipesgd_ref import timing
-    from pipesgd_ref.timing import Calibration
-
-    grid = load_benchmark("timing_model_accuracy")
-
-    def cal(t_comp):
-        return Calibration(n_params=10_000, t_comp=t_comp, t_update=1e-4, alpha=1e-4,
-                           bandwidth=125e6, gamma=1e-10, cores=2,
-                           t_comp_shared=(t_comp, 2 * t_comp))  # fmt: skip
-
-    slow, fast = cal(0.02), cal(0.01)
-    merged = timing.merged_calibration([slow, fast])
-
-    def row(measured_s, c):
-        pred = timing.predict("sync", 2, c)
-        return {"world_size": 2, "algo": "sync", "codec": "none", "measured_s": measured_s,
-                "measured_all_s": [measured_s], "predicted_s": pred.iter_time_s,
-                "error": pred.iter_time_s / measured_s - 1}  # fmt: skip
-
-    got = grid.merge_passes([row(0.030, slow), row(0.025, fast), row(0.028, slow)], merged, 2)
-    want = timing.predict("sync", 2, merged).iter_time_s
-    between = [timing.predict("sync", 2, c).iter_time_s for c in (fast, slow)]
-    assert between[0] < want < between[1], "the merge is neither calibration"
-    assert got["measured_s"] == 0.025 and got["measured_all_s"] == [0.030, 0.025, 0.028]
-    assert got["predicted_s"] == pytest.approx(want), "from the merged calibration"
-    assert got["error"] == pytest.approx((want - 0.025) / 0.025)
-    assert [q["measured_s"] for q in got["passes"]] == [0.030, 0.025, 0.028]
-    failed = {"world_size": 2, "algo": "sync", "codec": "none", "failed": "OSError: boom"}
-    assert grid.merge_passes([failed, row(0.03, slow)], merged, 2)["measured_s"] == 0.03
-    assert grid.merge_passes([failed, failed], merged, 2)["failed"], "failed in every pass"
-    only = row(0.03, slow)
-    assert grid.merge_passes([only], merged, 2) is only, "one pass: the row as it was"
-
-
-def test_grid_calibrates_a_block_again_when_its_calibrations_disagree():
-    """Two calibrations of a block whose predictions differ by more than 10% for some method
-    (one likely ran in a slow stretch) call for a third; within 10%, or one alone, do not."""
-    import dataclasses
-
-    from pipesgd_ref.timing import Calibration
-
-    grid = load_benchmark("timing_model_accuracy")
-    base = Calibration(n_params=10_000, t_comp=0.01, t_update=1e-4, alpha=1e-4,
-                       bandwidth=125e6, gamma=1e-10, cores=2, t_comp_shared=(0.01, 0.02),
-                       codecs={"trunc16": (2.0, 1e-9, 1e-9), "q8": (4.0, 1e-9, 1e-9)})  # fmt: skip
-    near = dataclasses.replace(base, t_comp=0.0105, t_comp_shared=(0.0105, 0.021))
-    slow = dataclasses.replace(base, t_comp=0.013, t_comp_shared=(0.013, 0.026))
-    assert not grid.calibrations_disagree([base, near], 2, 2)
-    assert grid.calibrations_disagree([base, slow], 2, 2)
-    assert grid.calibrations_disagree([slow, base, near], 2, 2), "any two of them"
-    assert not grid.calibrations_disagree([slow], 2, 2), "one alone agrees with itself"
 
 
 def test_soak_short(tmp_path):

@@ -30,10 +30,10 @@ import time
 from pathlib import Path
 
 from pipesgd_ref import timing
-from pipesgd_ref.bench import measure_p2p
 from pipesgd_ref.comm.netem import LinkModel
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.plots import pyplot, save_figure
+from pipesgd_ref.timing.calibrate import calibrate, measure_p2p
 from pipesgd_ref.train import run_training
 from pipesgd_ref.units import format_bandwidth, format_bytes, format_seconds, parse_bandwidth
 
@@ -219,7 +219,7 @@ check_cfg = TrainConfig(dataset="digits", model="mlp", hidden=(256, 256), world_
                         latency="50us", bandwidth="1Gbit")  # fmt: skip
 p_c = check_cfg.world_size
 t0 = time.perf_counter()
-cal = timing.calibrate(check_cfg)
+cal = calibrate(check_cfg)
 print(f"calibrated in {time.perf_counter() - t0:.1f} s: {timing.describe(cal)}")
 predicted = {"sync": timing.predict("sync", p_c, cal)}
 predicted.update({f"pipe K={K}": timing.predict("pipe", p_c, cal, width=K) for K in (2, 3)})

@@ -39,6 +39,7 @@ from pathlib import Path
 from pipesgd_ref import timing
 from pipesgd_ref.compare import CHECKS, calibrate_for, quick_config, run_compare
 from pipesgd_ref.config import TrainConfig, link_model
+from pipesgd_ref.timing.calibrate import time_compute, usable_cores
 from pipesgd_ref.units import format_bandwidth, format_bytes, format_seconds
 
 SMALL = os.environ.get("PIPESGD_TUTORIAL_SMALL") == "1"  # CI: a smaller model, same regime
@@ -56,7 +57,7 @@ link = link_model(preset)
 # link's 2(p−1)/p·M. Latency and compute left out for now.
 
 # %%
-n_preset, t_comp_1, t_u_1 = timing.time_compute(preset)  # also times one step: section 1
+n_preset, t_comp_1, t_u_1 = time_compute(preset)  # also times one step: section 1
 M = 4 * n_preset
 ps_wire = 2 * p * M / link.bandwidth
 ring_wire = 2 * (p - 1) / p * M / link.bandwidth
@@ -103,7 +104,7 @@ for key in shown:
 # p / cores (`timing.compute_time`).
 
 # %%
-cores = timing.usable_cores()
+cores = usable_cores()
 by_hand = {
     "cluster": timing.Calibration(n_params=n_preset, t_comp=t_comp_1, t_update=t_u_1,
                                   alpha=link.latency, bandwidth=link.bandwidth, gamma=0.0,

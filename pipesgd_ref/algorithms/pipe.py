@@ -44,10 +44,14 @@ from pipesgd_ref.errors import JobError
 _STOP = None  # tells the communication thread to finish
 
 
-class _CommThread:
-    """AllReduces (step, buffer) pairs in the order they are handed over."""
+class CommThread:
+    """AllReduces (step, buffer) pairs in the order they are handed over. `after(step)`, if
+    given, runs in this thread once step's AllReduce is done, before the compute thread hears
+    of it (the calibration times ring hops there, beside the computation)."""
 
-    def __init__(self, comm: Communicator, timeline: Timeline, setup: WorkerSetup, codec=None):
+    def __init__(
+        self, comm: Communicator, timeline: Timeline, setup: WorkerSetup, codec=None, after=None
+    ):
         from pipesgd_ref.config import emulated_allreduce_seconds
 
         self.comm = comm
@@ -55,6 +59,7 @@ class _CommThread:
         self.setup = setup  # where the buffers live: its `average` fits them
         self.timeline = timeline
         self.codec = codec
+        self.after = after
         self.skipped: list[tuple[int, list[int]]] = []  # (step, ranks left out)
         self.todo: queue.SimpleQueue = queue.SimpleQueue()
         self.done: queue.SimpleQueue = queue.SimpleQueue()
@@ -73,6 +78,8 @@ class _CommThread:
                     bad = self.setup.average(self.comm, buf, self.codec, ok)  # host or device
                     if bad:  # --skip-nonfinite: their gradients were left out of the mean
                         self.skipped.append((step, bad))
+                if self.after is not None:
+                    self.after(step)
             except BaseException as e:  # handed to the compute thread, which re-raises
                 self.done.put(e)
                 return
@@ -115,7 +122,7 @@ def pipe_worker(
     # t + K; its gradient was applied at step t + K - 1 at the latest.
     buffers = [w.new_buffer() for _ in range(K)]
     codec = w.codec()
-    comm_thread = _CommThread(comm, timeline, w, codec)
+    comm_thread = CommThread(comm, timeline, w, codec)
     # Averaged gradients already back (from a checkpoint, or fetched early to write one).
     ready: dict = dict(w.pending)
 
