@@ -85,7 +85,7 @@ print(f"if t_c = T_ring: sync {format_seconds(2 * T_ring_bench)} per iteration, 
 #
 # `pipe_worker` (pipesgd_ref/algorithms/pipe.py) runs in every worker process:
 #
-#     compute thread (the worker's main thread)        comm thread (_CommThread)
+#     compute thread (the worker's main thread)        comm thread (CommThread)
 #     for t in range(steps):                            loop:
 #         g_t = grad f(w_t) into buffers[t % K]             (step, buf) = todo.get()
 #         todo.put((t, buffers[t % K]))   ------------>     allreduce(comm, buf, "mean")
@@ -456,7 +456,7 @@ print("all checks passed")
 # 3. In the table of section 2 set `table_warmup = 3`. Which phases change length? Why does a
 #    synchronous warm-up help a run whose learning rate is near the stability edge of
 #    tutorial 06?
-# 4. `_CommThread.wait` asserts that gradients come back in order. Why does the ring
+# 4. `CommThread.wait` asserts that gradients come back in order. Why does the ring
 #    guarantee it, and what would break if two AllReduces could run at once on one ring?
 # 5. Replace `np.empty_like` buffers by one buffer reused every step (K = 1 buffer with
 #    K = 2 in flight). Which check of section 5 fails first, and why?

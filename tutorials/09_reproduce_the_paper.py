@@ -18,7 +18,7 @@
 #
 # 1. the `compare` preset, and why it is communication-heavy: T_ar against t_comp with
 #    `timing.predict`;
-# 2. calibration: `timing.calibrate` measures the figures of the models on this machine,
+# 2. calibration: `timing.calibrate.calibrate` measures the figures of the models on this machine,
 #    `timing.describe` prints them;
 # 3. the predictions of every method, and what bounds each;
 # 4. `run_compare`: the six runs, the table, the checks;
@@ -98,7 +98,7 @@ for key in shown:
 #
 # Is it communication-heavy? `timing.predict(algo, p, cal)` answers from a `Calibration`.
 # The full one comes from measurements (section 2); here we write one by hand from what we
-# know: n, t_comp and t_u just timed in this process (one core, `timing.time_compute`), the
+# know: n, t_comp and t_u just timed in this process (one core, `timing.calibrate.time_compute`), the
 # link's α and B, γ left out. With `cores=10**9` every worker has a core of its own (a
 # cluster); with this machine's cores the 4 workers share them, and t_comp stretches by
 # p / cores (`timing.compute_time`).
@@ -155,8 +155,8 @@ print(f"this tutorial runs: MLP 64-{'-'.join(map(str, cfg.hidden))}-10, batch "
 # %% [markdown]
 # ## 2. Calibration: the models' figures, measured here
 #
-# `timing.calibrate(cfg)` measures, on this machine and for this model and batch
-# (timing.py's docstring has the details):
+# `timing.calibrate.calibrate(cfg)` measures, on this machine and for this model and batch
+# (timing/models.py's docstring has the details):
 #
 # - **t_comp, t_u**: one forward + backward, one SGD update, timed in this process;
 # - **t_comp(k)** for k = 1..p worker processes computing at once, pinned as the workers are:
@@ -386,7 +386,7 @@ print("all checks passed")
 #   AllReduce of its 4.5 MB gradient takes about as long as the shared computation, the
 #   regime where Pipe-SGD gains most. T_ar / t_comp barely depends on the model's size, which
 #   is how a smaller model keeps the regime.
-# - `timing.calibrate` measures the models' figures on this machine (t_comp under core
+# - `timing.calibrate.calibrate` measures the models' figures on this machine (t_comp under core
 #   sharing, the hop cost, loopback's bandwidth, γ, the codecs); `timing.predict_all` turns
 #   them into each method's iteration and its bound.
 # - The checks are the paper's claims as wall-clock ratios: compressed Pipe-SGD ≥ 5.4× sooner
