@@ -11,8 +11,8 @@
 # (PAPER.md section 3); this tutorial builds it up and checks it against measured runs.
 #
 # You will:
-# 1. measure this machine's α (a ping-pong) and B (a stream) with `timing.calibrate.measure_p2p`, and
-#    read off where a message stops being latency-bound;
+# 1. measure this machine's α (a ping-pong) and B (a stream) with
+#    `timing.calibrate.measure_p2p`, and read off where a message stops being latency-bound;
 # 2. compare the ring AllReduce with the parameter server as p grows
 #    (`timing.ring_allreduce_time`, `timing.predict`);
 # 3. see why Pipe-SGD of width K = 2 reaches max(t_comp + t_u, T_ar) and K = 3, 4 do not go
@@ -73,8 +73,8 @@ print(f"ring AllReduce, p = {p_big}: {format_seconds(ring_big)}; "
 #
 #     t(n) = α + n / B
 #
-# `measure_p2p(nbytes, reps)` (timing/calibrate.py) runs two local processes joined by TCP (no emulation) and
-# measures both ends of that line: a 1-byte **ping-pong** (half its round trip is α: the bytes
+# `measure_p2p(nbytes, reps)` (timing/calibrate.py) runs two local processes joined by TCP (no
+# emulation) and measures both ends of that line: a 1-byte **ping-pong** (half its round trip is α: the bytes
 # are nothing) and a **stream** of `reps` messages of `nbytes` back to back (throughput: the
 # latency of one message overlaps the next, so the stream sees B, less a per-message cost).
 
