@@ -74,9 +74,9 @@ print(f"ring AllReduce, p = {p_big}: {format_seconds(ring_big)}; "
 #     t(n) = α + n / B
 #
 # `measure_p2p(nbytes, reps)` (timing/calibrate.py) runs two local processes joined by TCP (no
-# emulation) and measures both ends of that line: a 1-byte **ping-pong** (half its round trip
-# is α: the bytes are nothing) and a **stream** of `reps` messages of `nbytes` back to back (throughput: the
-# latency of one message overlaps the next, so the stream sees B, less a per-message cost).
+# emulation) and measures both ends of that line: a 1-byte **ping-pong** (half its round trip is α:
+# the bytes are nothing) and a **stream** of `reps` messages of `nbytes` back to back (throughput:
+# the latency of one message overlaps the next, so the stream sees B, less a per-message cost).
 
 # %%
 p2p_sizes = [(4 << 10, 100), (256 << 10, 20), (4 << 20, 4)]  # (bytes, messages per stream)

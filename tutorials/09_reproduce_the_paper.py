@@ -96,12 +96,12 @@ for key in shown:
 #   and evaluates them after training, so the time to 96% test accuracy is known to within
 #   two steps without slowing the run.
 #
-# Is it communication-heavy? `timing.predict(algo, p, cal)` answers from a `Calibration`.
-# The full one comes from measurements (section 2); here we write one by hand from what we
-# know: n, t_comp and t_u just timed in this process (one core,
-# `timing.calibrate.time_compute`), the link's α and B, γ left out. With `cores=10**9` every
-# worker has a core of its own (a cluster); with this machine's cores the 4 workers share them, and t_comp stretches by
-# p / cores (`timing.compute_time`).
+# Is it communication-heavy? `timing.predict(algo, p, cal)` answers from a `Calibration`. The full
+# one comes from measurements (section 2); here we write one by hand from what we know: n, t_comp
+# and t_u just timed in this process (one core, `timing.calibrate.time_compute`), the link's α and
+# B, γ left out. With `cores=10**9` every worker has a core of its own (a cluster); with this
+# machine's cores the 4 workers share them, and t_comp stretches by p / cores
+# (`timing.compute_time`).
 
 # %%
 cores = usable_cores()
