@@ -10,12 +10,12 @@ import time
 import numpy as np
 import pytest
 
-from pipesgd_ref.algorithms.ps import ps_async_worker, ps_sync_worker
+from pipesgd_ref.algorithms.ps import ParameterServer, ps_async_worker, ps_sync_worker
 from pipesgd_ref.algorithms.reference import async_ps_sgd, model_grad_fn, sync_sgd
 from pipesgd_ref.algorithms.worker import WorkerSetup
 from pipesgd_ref.codecs import get_codec
-from pipesgd_ref.comm.netem import LinkModel
-from pipesgd_ref.comm.ps import ParameterServer, PSClient, ServerNIC
+from pipesgd_ref.comm.netem import LinkModel, ServerNIC
+from pipesgd_ref.comm.ps import PSClient
 from pipesgd_ref.comm.transport import HEADER_BYTES, Frame, Kind, Link
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.errors import CollectiveMismatch, ConfigError, PeerAborted, WorkerFailed
@@ -404,7 +404,7 @@ def test_the_ingress_wire_takes_pushes_in_the_order_they_departed():
         model = LinkModel(latency=1e-4, bandwidth=1e6)
         emulator = None
 
-    nic = ServerNIC([FakeLink(), FakeLink(), FakeLink()])
+    nic = ServerNIC([FakeLink(), FakeLink(), FakeLink()], header_bytes=HEADER_BYTES)
     wire = 1e-3  # (nbytes + header) / B
     nbytes = round(wire * 1e6) - HEADER_BYTES
 
