@@ -194,8 +194,9 @@ class ServerLinks:
         """Receive worker i's push, computed on `version`; its loss. Under emulation it waits
         behind the pushes read before it (ps-async reads them in the order they arrive)."""
         frame = self._push_header(self.links[i], version, phase)
-        self._read_payload(i, frame, version, phase)
-        self.nic.arrive(frame)
+        with self.timeline.span("recv", "server", version):
+            self._read_payload(i, frame, phase)
+            self.nic.arrive(frame)
         return float(self.loss_buf[0])
 
     def begin_round(self) -> None:
@@ -209,8 +210,9 @@ class ServerLinks:
         frames = self._round
         frames[i] = frames[i] or self._push_header(self.links[i], version, phase)
         self._read_started_headers(version, phase)
-        self._read_payload(i, frames[i], version, phase)
-        self.nic.arrive_in_round(frames, i)
+        with self.timeline.span("recv", "server", version):
+            self._read_payload(i, frames[i], phase)
+            self.nic.arrive_in_round(frames, i)
         return float(self.loss_buf[0])
 
     def end_round(self) -> None:
@@ -232,13 +234,12 @@ class ServerLinks:
         else:
             self.codec.add_decoded_into(self.codes, total)
 
-    def _read_payload(self, i: int, frame: Frame, version: int, phase: str) -> None:
+    def _read_payload(self, i: int, frame: Frame, phase: str) -> None:
         link = self.links[i]
         doing = f"{phase} (the push of worker {worker_of(link.peer)})"
-        with self.timeline.span("recv", "server", version):
-            link.recv_payload_into(frame, as_bytes(self.recv_buf), doing)  # checks nbytes
+        link.recv_payload_into(frame, as_bytes(self.recv_buf), doing)  # checks nbytes
         self._decoded = self.codec is None
-        trace("%s | rank %d -> 0 | push of version %d | %d bytes", phase, link.peer, version,
+        trace("%s | rank %d -> 0 | push of version %d | %d bytes", phase, link.peer, frame.seq,
               frame.nbytes)  # fmt: skip
 
     def _push_header(self, link: Link, version: int, phase: str) -> Frame:
@@ -404,7 +405,7 @@ class PSClient:
 
     def wait_for_start(self, doing: str) -> None:
         """Tell the server this worker is ready, and wait until every worker is
-        (ParameterServer.start_together)."""
+        (ServerLinks.start_together)."""
         self.link.send_json(Kind.CONTROL, {"ready": self.rank}, doing)
         self.link.recv_json(Kind.CONTROL, doing, frame=self._header_from_server(doing))
 
