@@ -127,3 +127,27 @@ def test_timing_model_accuracy_refuses_fewer_than_one_pass_or_repeat(flag):
     assert done.returncode == 2, done.stdout + done.stderr
     assert "--passes and --repeats must be at least 1" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr and "timing models against" not in done.stdout
+
+
+@pytest.mark.slow
+def test_ps_link_model_quick(tmp_path):
+    out = tmp_path / "ps_link.json"
+    cmd = [sys.executable, str(BENCHMARKS / "ps_link_model.py"), "--workers", "2", "--steps",
+           "5", "--repeats", "1", "--json", out]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    log = f"stdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-3000:]}"
+    assert done.returncode == 0, f"ps_link_model.py exited {done.returncode}\n{log}"
+    assert re.search(r"^M = \d+ bytes; worst \|error\| [\d.]+%$", done.stdout, re.M), (
+        f"no 'M = ... bytes; worst |error| ...%' line in the output\n{log}"
+    )
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["pulls"] for r in rows] == ["sequential", "shared"], f"one row per order\n{log}"
+    for r in rows:
+        assert r["measured_s"] > 0 and r["predicted_s"] > 0 and r["t_comp_s"] > 0, (
+            f"{r['pulls']}: measured {r['measured_s']} s, predicted {r['predicted_s']} s, "
+            f"t_c {r['t_comp_s']} s; all must be positive"
+        )
+        # the model pays at least the link: 2 alpha + (p + 1) M / B (the measured figure is
+        # read, not asserted)
+        floor = 2 * r["latency_s"] + (r["world_size"] + 1) * 4 * r["n_params"] / r["bandwidth"]
+        assert r["predicted_s"] > floor, f"{r['pulls']}: the model is below the link\n{log}"
