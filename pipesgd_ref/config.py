@@ -205,7 +205,7 @@ def slowest_frame(cfg: TrainConfig, n_params: int) -> tuple[str, int, float]:
     SEGMENT_BYTES // 4 of them (comm/ring.py), in the codec's wire bytes, plus the header:
     alpha + b / B. Parameter server: a worker waits after its push for the pushes of all p
     workers to cross the server's one ingress wire and then for the p pulls on its egress wire
-    (comm/ps.py's ServerNIC): 2 alpha + p (push + pull) / B, the push wire_bytes(n) + 4 (the
+    (comm/netem.py's ServerNIC): 2 alpha + p (push + pull) / B, the push wire_bytes(n) + 4 (the
     loss), the pull the --codec-pull bytes of the weights, each with its header. None of the
     ring's frames for p = 1: ("", 0, 0.0)."""
     from pipesgd_ref.codecs import get_codec

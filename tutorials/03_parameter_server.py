@@ -61,7 +61,7 @@ def quiet(*_) -> None:
 # ## 0. The back-of-envelope, in code
 #
 # The alpha-beta model (α: per-message latency, B: bandwidth per direction of a full-duplex
-# link, M: gradient bytes), with the formulas of the docstring of `pipesgd_ref/comm/ps.py`:
+# link, M: gradient bytes), with the formulas of the docstring of `pipesgd_ref/algorithms/ps.py`:
 #
 #     ps-sync, two phases (PAPER.md):   2α + 2p·M/B          the server's link, per round
 #     ps-sync, this package:            2α + (p+1)·M/B       pulls sent one after another
@@ -80,7 +80,7 @@ def ps_sync_paper(n_bytes: float, p: int, alpha: float, bandwidth: float) -> flo
 
 
 def ps_sync_sequential(n_bytes: float, p: int, alpha: float, bandwidth: float) -> float:
-    """2 alpha + (p + 1) M / B: the pulls leave one after another (comm/ps.py docstring)."""
+    """2 alpha + (p + 1) M / B: the pulls leave one after another (algorithms/ps.py docstring)."""
     return 2 * alpha + (p + 1) * n_bytes / bandwidth
 
 
@@ -284,13 +284,13 @@ else:
 # Now the cost. `cfg.replace(latency="100us", bandwidth="100MB")` makes every link of the job an
 # emulated one (α = 100 µs, B = 100 MB/s per direction; pipesgd_ref/comm/netem.py). For the
 # parameter server that is not enough: p emulated client links would give the server p NICs.
-# `ServerNIC` (comm/ps.py) makes its pulls share one outgoing wire and re-times its pushes
+# `ServerNIC` (comm/netem.py) makes its pulls share one outgoing wire and re-times its pushes
 # through one incoming wire, as one network card would.
 #
 # The model is made larger (one hidden layer of 1024) so that M/B is a few milliseconds and
 # dominates the software overheads. For p = 1, 2, 4 we measure the ps-sync iteration, the
 # synchronous ring (`algo="sync"`) and the ps-async update rate, and print the formulas of
-# comm/ps.py's docstring next to them, with t_c the median compute span measured in the same
+# algorithms/ps.py's docstring next to them, with t_c the median compute span measured in the same
 # run and the exact frame sizes (header included):
 #
 #     ps-sync:   T_it = t_c + 2α + (p+1)·M/B     (PAPER.md's two phases: t_c + 2α + 2p·M/B)
@@ -326,7 +326,7 @@ print(f"MLP 64-1024-10: {emu_params} params, M = {format_bytes(M_emu)}, "
 
 
 def ps_sync_model(p: int, t_c: float) -> float:
-    """comm/ps.py: t_c + 2 alpha + (p + 1) M / B, with the exact frames (p pulls, one push)."""
+    """t_c + 2 alpha + (p + 1) M / B (algorithms/ps.py), with the exact frames (p pulls, a push)."""
     return t_c + 2 * alpha + (p * pull_emu + push_emu) / bandwidth
 
 

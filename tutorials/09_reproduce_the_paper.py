@@ -90,7 +90,7 @@ for key in shown:
 #   long as computing it *on a two-core machine*, the regime where Pipe-SGD gains most over
 #   synchronous SGD (T = max instead of sum: up to 2×).
 # - **ps_pulls = "shared"**: the server sends a version's p pulls at once, sharing its link,
-#   the conventional server that PAPER.md's 2pM/B models (comm/ps.py; "sequential" sends them
+#   the conventional server that PAPER.md's 2pM/B models (algorithms/ps.py; "sequential" sends them
 #   one after another and pays (p+1)M/B, tutorial 03).
 # - **eval_every 2, target_accuracy 0.96**: rank 0 keeps a copy of the weights every 2 steps
 #   and evaluates them after training, so the time to 96% test accuracy is known to within

@@ -37,7 +37,7 @@ flight the steady-state cycle is bounded by each resource, and by the K-deep dep
 Since max(a, b) >= (a + b)/2, K = 2 already reaches max(t_comp + t_u, T_ar): wider pipelines
 add staleness, never speed. The hidden share of communication is min(T_ar, t_comp + t_u) / T_ar.
 
-Parameter server, synchronous (algorithms/ps.py, comm/ps.py). The server's single link carries
+Parameter server, synchronous (algorithms/ps.py). The server's single link carries
 every push in and every pull out. It sends the p pulls one after another, so worker i has its
 weights (i+1) M/B after the update; the last worker computes and pushes while the earlier pushes
 already cross the (full-duplex) ingress wire; its push arrives M/(rB) later, and the server
@@ -45,7 +45,7 @@ averages p gradients (p M gamma, plus p decodes with a codec) and updates:
 
     T_ps-sync = t_comp + 2 alpha + p M/B + M/(rB) + p M gamma + t_u   (+ p M d with a codec)  (5)
 
-(PAPER.md writes 2pM/B: all pulls sent at once sharing the link; comm/ps.py explains why this
+(PAPER.md writes 2pM/B: all pulls sent at once sharing the link; algorithms/ps.py explains why this
 server pays (p+1) M/B.) With --ps-pulls=shared the server does send them at once: all workers
 have their weights after p M/B, compute together (k = p), and their p pushes queue on the
 ingress wire:
@@ -534,7 +534,7 @@ def predict(
 ) -> Prediction:
     """The predicted iteration time of `algo` on p = world_size workers (a Prediction), from
     its method's function. `width`: Pipe-SGD's K; `ps_pulls`: how ps-sync's server sends its
-    pulls (comm/ps.py): "sequential" or "shared"."""
+    pulls (algorithms/ps.py): "sequential" or "shared"."""
     if algo == "sync":
         return sync(world_size, cal, codec)
     if algo == "pipe":
