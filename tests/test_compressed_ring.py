@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from pipesgd_ref.cli import main
 from pipesgd_ref.codecs import get_codec
-from pipesgd_ref.comm.compressed import simulate_compressed_allreduce
 from pipesgd_ref.comm.ring import allreduce
+from pipesgd_ref.comm.schedule import simulate_compressed_allreduce
 from pipesgd_ref.comm.transport import HEADER_BYTES
 from pipesgd_ref.launch import launch_local
 

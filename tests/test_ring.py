@@ -9,11 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipesgd_ref.comm.netem import LinkModel
-from pipesgd_ref.comm.ring import (
+from pipesgd_ref.comm.ring import allreduce, barrier, broadcast
+from pipesgd_ref.comm.schedule import (
     all_gather_chunks,
-    allreduce,
-    barrier,
-    broadcast,
     chunk_bounds,
     reduce_scatter_chunks,
     segments,

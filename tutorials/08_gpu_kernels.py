@@ -53,11 +53,7 @@ if not ON_GPU:
 
 from numba import cuda, float32  # noqa: E402  (after choosing GPU or simulator)
 
-from pipesgd_ref.comm.ring import (  # noqa: E402
-    chunk_bounds,
-    reduce_scatter_chunks,
-    simulate_allreduce,
-)
+from pipesgd_ref.comm.schedule import chunk_bounds, reduce_scatter_chunks, simulate_allreduce
 from pipesgd_ref.ops import cuda_ops, numpy_ops  # noqa: E402
 from pipesgd_ref.ops.cuda_support import TILE, launch_2d  # noqa: E402
 
