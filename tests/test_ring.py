@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipesgd_ref.comm.netem import LinkModel
-from pipesgd_ref.comm.ring import allreduce, barrier, broadcast
+from pipesgd_ref.comm.ring import allgather, allreduce, barrier, broadcast
 from pipesgd_ref.comm.schedule import (
     all_gather_chunks,
     chunk_bounds,
@@ -18,6 +18,7 @@ from pipesgd_ref.comm.schedule import (
     simulate_allreduce,
 )
 from pipesgd_ref.launch import launch_local
+from strategies import integer_valued, ring_sizes
 
 # --- the index math --------------------------------------------------------------------------
 
@@ -52,9 +53,10 @@ def test_segments_cover_the_range(start, length, per):
     assert all(0 <= b - a <= per for a, b in pieces)
 
 
-@given(st.integers(1, 7), st.integers(0, 40), st.sampled_from(["sum", "mean"]))
-def test_simulation_equals_exact_sum_on_integer_data(p, n, op):
-    arrays = [np.random.default_rng(r).integers(-50, 50, n).astype(np.float64) for r in range(p)]
+@given(ring_sizes(max_n=40), st.sampled_from(["sum", "mean"]))
+def test_simulation_equals_exact_sum_on_integer_data(sizes, op):
+    p, n = sizes
+    arrays = [integer_valued(r, n, bound=50) for r in range(p)]
     want = np.sum(arrays, axis=0) / (p if op == "mean" else 1)
     for got in simulate_allreduce(arrays, op):
         np.testing.assert_array_equal(got, want)
@@ -65,7 +67,7 @@ def test_simulation_equals_exact_sum_on_integer_data(p, n, op):
 
 def _allreduce_job(comm, n, dtype, op, in_place, seed, segment_bytes):
     x = np.random.default_rng([seed, comm.rank]).normal(size=n).astype(dtype)
-    exact = np.random.default_rng([seed + 1, comm.rank]).integers(-1000, 1000, n).astype(dtype)
+    exact = integer_valued([seed + 1, comm.rank], n, dtype)
     allreduce(comm, x, op, segment_bytes=segment_bytes)
     if in_place:
         allreduce(comm, exact, op, segment_bytes=segment_bytes)
@@ -76,29 +78,23 @@ def _allreduce_job(comm, n, dtype, op, in_place, seed, segment_bytes):
     return x, out, np.array_equal(kept, exact)  # the input must be left as it was
 
 
-lengths = st.one_of(st.sampled_from([0, 1, 2, 3, 5, 7, 11, 13, 97]), st.integers(0, 300))
-
-
 @pytest.mark.slow
 @settings(max_examples=30)
 @given(
-    p=st.integers(1, 6),
-    n=lengths,
+    sizes=ring_sizes(max_p=6),
     dtype=st.sampled_from([np.float32, np.float64]),
     op=st.sampled_from(["sum", "mean"]),
     in_place=st.booleans(),
     seed=st.integers(0, 2**16),
     segment_bytes=st.sampled_from([8, 64, 1 << 20]),
 )
-def test_allreduce_over_processes(p, n, dtype, op, in_place, seed, segment_bytes):
+def test_allreduce_over_processes(sizes, dtype, op, in_place, seed, segment_bytes):
+    p, n = sizes
     results = launch_local(
         p, _allreduce_job, (n, dtype, op, in_place, seed, segment_bytes),
         start_method="fork", timeout=10, job_timeout=60,
     )  # fmt: skip
-    exact_inputs = [
-        np.random.default_rng([seed + 1, r]).integers(-1000, 1000, n).astype(dtype)
-        for r in range(p)
-    ]
+    exact_inputs = [integer_valued([seed + 1, r], n, dtype) for r in range(p)]
     want_exact = np.sum(np.array(exact_inputs, np.float64), axis=0)
     if op == "mean":
         want_exact = want_exact / p
@@ -133,6 +129,25 @@ def test_broadcast_and_barrier(p):
         np.testing.assert_array_equal(data, np.arange(10) * (root + 1))
         np.testing.assert_array_equal(x, np.ones(3, np.float32))
         assert seq == 3
+
+
+def _allgather_job(comm):
+    r = comm.rank
+    mine = np.arange(r * 2, dtype=np.float64) + 10 * r  # rank r: 2r values (rank 0: none)
+    if r == 1:
+        mine[0] = np.inf  # x + 0 = x for infinities too
+    return allgather(comm, mine)
+
+
+@pytest.mark.parametrize("p", [1, 3])
+def test_allgather_returns_every_ranks_array_on_every_rank(p):
+    want = [np.arange(r * 2, dtype=np.float64) + 10 * r for r in range(p)]
+    if p > 1:
+        want[1][0] = np.inf
+    for rank, got in enumerate(launch_local(p, _allgather_job, start_method="fork")):
+        assert len(got) == p, f"rank {rank}: {len(got)} arrays for {p} ranks"
+        for r in range(p):
+            np.testing.assert_array_equal(got[r], want[r], err_msg=f"rank {rank}, from rank {r}")
 
 
 def test_spawned_workers():
