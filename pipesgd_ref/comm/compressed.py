@@ -21,6 +21,10 @@ and the mean divides the same error by p.
 
 Memory: the codes of every segment this rank sends are kept until the sending thread has sent
 them, about 2(p-1)/p * M / r bytes per collective.
+
+The loop is the host ring's (comm/schedule.py's `RingReduce`); `CompressedRingReduce` says what
+a segment is on the wire (codes) and how a hop reduces it. Its one-process oracle, bitwise:
+comm/schedule.py's `simulate_compressed_allreduce`.
 """
 
 from __future__ import annotations

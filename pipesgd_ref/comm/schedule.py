@@ -83,7 +83,7 @@ class RingReduce:
     once; at every all-gather step receives each complete segment, puts it into place and
     forwards it unless the right neighbour already has it. Every frame carries its (step,
     segment) and is checked on arrival (frames.recv_checked); sending runs on the link's
-    sending thread, receiving on this one.
+    sending thread, receiving on this one. One object per call: `run()` once.
 
     A variant says what a segment is between the wire and `flat`, by overriding:
 
