@@ -167,10 +167,10 @@ def link_problem(world_size: int, sizes: list[int], model: LinkModel, timeout: f
     """None when the emulated link carries the benchmark's largest ring frame within
     `timeout`; otherwise the sentence that says why not (netem.frame_problem), for the CLI to
     print before any rank starts: the frame is a segment of the largest chunk, ceil(n / p)
-    float32 values capped at SEGMENT_BYTES (comm/ring.py), in the codec's wire bytes."""
+    float32 values capped at SEGMENT_BYTES (comm/schedule.py), in the codec's wire bytes."""
     from pipesgd_ref.codecs import get_codec
     from pipesgd_ref.comm.netem import frame_problem
-    from pipesgd_ref.comm.ring import SEGMENT_BYTES
+    from pipesgd_ref.comm.schedule import SEGMENT_BYTES
     from pipesgd_ref.comm.transport import HEADER_BYTES
 
     if world_size < 2 or not model.enabled:

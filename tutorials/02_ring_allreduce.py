@@ -32,11 +32,10 @@ from pathlib import Path
 import numpy as np
 
 from pipesgd_ref.comm.netem import LinkModel
-from pipesgd_ref.comm.ring import (
+from pipesgd_ref.comm.ring import allreduce, barrier
+from pipesgd_ref.comm.schedule import (
     SEGMENT_BYTES,
     all_gather_chunks,
-    allreduce,
-    barrier,
     chunk_bounds,
     reduce_scatter_chunks,
     segments,

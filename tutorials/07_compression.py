@@ -37,16 +37,15 @@ import numpy as np
 
 from pipesgd_ref.algorithms.worker import WorkerSetup
 from pipesgd_ref.codecs import get_codec
-from pipesgd_ref.comm.compressed import simulate_compressed_allreduce
 from pipesgd_ref.comm.netem import LinkModel
-from pipesgd_ref.comm.ring import (
+from pipesgd_ref.comm.ring import allreduce, barrier
+from pipesgd_ref.comm.schedule import (
     SEGMENT_BYTES,
     all_gather_chunks,
-    allreduce,
-    barrier,
     chunk_bounds,
     reduce_scatter_chunks,
     segments,
+    simulate_compressed_allreduce,
 )
 from pipesgd_ref.comm.transport import HEADER
 from pipesgd_ref.config import TrainConfig
