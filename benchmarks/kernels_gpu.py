@@ -13,7 +13,7 @@ events), its rate, and the fraction of a roofline measured on the same GPU in th
 
 Every kernel's output is first checked against the NumPy reference (ops/numpy_ops.py and the
 NumPy codecs); a mismatch is printed as FAIL and the script exits 1. With --train it also times
-`pipesgd train --device cuda` on an MLP of about 10M parameters against the Numba CPU backend on
+`pipesgd train --device cuda` on an MLP of 8.5M parameters against the Numba CPU backend on
 the same machine, in samples per second.
 
 Without a GPU it says why and exits 0. In Numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1) it
@@ -179,7 +179,7 @@ def memory_rows(n: int, reps: int, rng) -> list[dict]:
 
 
 def train_rows(steps: int) -> list[dict]:
-    """`pipesgd train --device cuda` on an MLP of about 10M parameters (64 -> 2048 x 3 -> 10
+    """`pipesgd train --device cuda` on an MLP of 8.5M parameters (64 -> 2048 x 3 -> 10
     wide enough to be worth a GPU) against the Numba CPU backend, one worker each."""
     from pipesgd_ref.config import TrainConfig
     from pipesgd_ref.train import run_training

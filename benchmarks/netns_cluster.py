@@ -31,7 +31,7 @@ Then, with the same sizes and the same network:
        B = the shaped rate's TCP payload (`tcp_goodput`: the frames' headers and the ACKs of
        the reverse flow ride the same shaper), alpha from a 1 KB AllReduce across the same
        namespaces (median of 40; T = 2(p-1) alpha there), gamma timed here
-       (bench.measure_gamma).
+       (timing.calibrate.measure_gamma).
     3. emulated: the same AllReduce on loopback with the project's emulation (--latency D
        --bandwidth B, the same figures).
 
@@ -78,7 +78,7 @@ GSO_BYTES = 65536  # the largest packet TCP hands a veth at once (`ip -d link`: 
 REPO = Path(__file__).resolve().parent.parent
 # The p ranks share this machine's cores. Local workers limit BLAS to one thread each
 # (launch.pin_to_core); a joined rank does not, and p ranks x C BLAS threads on C cores spin
-# against each other (a `pipe` step of a 64-1024-10 MLP took 1.5 s instead of 9 ms, measured).
+# against each other (a step a hundred times slower: benchmarks/RESULTS.md).
 ONE_BLAS_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 # What a launcher may have left in our environment (inside sbatch or mpirun, say): no run here
 # may inherit it and join a job it does not belong to.
@@ -505,7 +505,7 @@ class Network:
     world_size: int
     alpha: float  # s per hop: a 1 KB AllReduce across the namespaces / 2(p-1)
     bandwidth: float  # bytes/s: tcp_goodput of the shaped rate
-    gamma: float  # s per byte added: bench.measure_gamma here
+    gamma: float  # s per byte added: calibrate.measure_gamma here
     latency: float  # s the emulation adds per message: the kernel's delay (netem), else 0
 
 
@@ -515,13 +515,13 @@ PROBE_BYTES, PROBE_REPS = 1024, 40
 def compare_allreduce(cluster: NetnsCluster, sizes: list[int], reps: int = 5, warmup: int = 1,
                       timeout: float = 60.0) -> tuple[list[Row], Network]:  # fmt: skip
     """The AllReduce of every size across the namespaces, modelled, and emulated on loopback."""
-    from pipesgd_ref.bench import measure_gamma
     from pipesgd_ref.timing import ring_allreduce_time
+    from pipesgd_ref.timing.calibrate import measure_gamma
     from pipesgd_ref.units import format_bytes
 
     p, B = cluster.world_size, cluster.bandwidth
     # A job of its own for the probe: its median of PROBE_REPS (a few ms each) stays put where
-    # a median of 5 moved 5x under the machine's load (236 us to 1.4 ms, measured).
+    # a median of 5 moved with the machine's load (benchmarks/RESULTS.md).
     probe = allreduce_across(cluster, [PROBE_BYTES], PROBE_REPS, warmup, timeout)[PROBE_BYTES]
     measured = allreduce_across(cluster, sizes, reps, warmup, timeout)
     net = Network(p, probe_alpha(p, probe, PROBE_BYTES, B), B, measure_gamma(), cluster.delay)
@@ -578,7 +578,8 @@ def predict_training(net: Network, overrides=TRAIN_OVERRIDES) -> tuple[float, in
     """timing.predict's iteration time of the run on this network (and the model's parameter
     count): t_comp and t_u timed in this process, alpha, B and gamma of the network, the
     cores this process may use."""
-    from pipesgd_ref.timing import Calibration, predict, time_compute, usable_cores
+    from pipesgd_ref.timing import Calibration, predict
+    from pipesgd_ref.timing.calibrate import time_compute, usable_cores
 
     cfg = train_config(net.world_size, overrides)
     n, t_comp, t_update = time_compute(cfg)

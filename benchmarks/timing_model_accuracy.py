@@ -9,9 +9,9 @@ What it measures. For every point of the grid (world size p, network, model, met
 for a few steps with `run_training` (real worker processes over TCP, links emulated) and reads
 the measured steady-state iteration time (summary["iter_time_s"], the median after the warm-up
 steps); beside it, the iteration time `pipesgd_ref.timing.predict` gives from a calibration of
-the same (p, model, network), made just before with `timing.calibrate`. The error of a point is
-(predicted - measured) / measured: the table prints it signed (negative = the model is too
-optimistic), the summary takes its absolute value.
+the same (p, model, network), made just before with `timing.calibrate.calibrate`. The error of a
+point is (predicted - measured) / measured: the table prints it signed (negative = the model is
+too optimistic), the summary takes its absolute value.
 
 The grid (defaults):
     world size    2, 3, 4
@@ -20,7 +20,8 @@ The grid (defaults):
                   1024,1024 (1.13 M, 4.5 MB, the `compare` model), batch 256 per worker:
                   iterations of 10 ms to 2 s. Smaller models (--models 256x256 --batch-size 64)
                   run iterations of a few ms, where per-step software costs the models leave
-                  out (Python, wake-ups on shared cores) are a large share: errors of 30-70%.
+                  out (Python, wake-ups on shared cores) are a large share, and the errors
+                  grow (benchmarks/RESULTS.md).
     method        ps-sync, ps-async, sync, pipe, pipe+trunc16, pipe+q8 (timing.COMPARE_RUNS)
     steps         12 per run (the first width + 1 are warm-up, left out of the median), more
                   (up to 120) where iterations are short, so a run spans 2 s or more
@@ -30,48 +31,22 @@ The grid (defaults):
                   calibrations predict some method more than 10% apart is calibrated a third
                   time after the passes, and merged as the median of three
 
-Why passes. This VM's speed drifts by 15-25% for minutes at a time (its neighbours' load). A
+Why passes. A shared machine's speed drifts for minutes at a time (its neighbours' load). A
 block (p, model, network) calibrated in a slow minute and run in a fast one, or the other way
-round, misses by that much whatever the model: one grid measured p=2 sync on 10 Gbit links at
-42.5 and 43.1 ms in a slow minute, and 33.9 and 34.8 ms minutes later (predicted 31.3). With
-passes each point keeps the fastest of its runs (best-of-N, as each calibration figure already
-was within a minute, taken over minutes), against a prediction from its block's calibrations
-merged figure by figure into their median (timing.merged_calibration). Why the median: each
-compute figure of a calibration is already the fastest of two launches, the statistic of a
-point's fastest of its passes; merging into the fastest over the passes as well made the
-predictions the fastest of four against runs the fastest of two, biased fast.
+round, misses by that much whatever the model. With passes each point keeps the fastest of its
+runs (best-of-N, as each calibration figure already was within a minute, taken over minutes),
+against a prediction from its block's calibrations merged figure by figure into their median
+(calibrate.merged_calibration). Why the median: each compute figure of a calibration is already
+the fastest of two launches, the statistic of a point's fastest of its passes; merging into the
+fastest over the passes as well would make the predictions the fastest of four against runs
+the fastest of two, biased fast.
 
-Measured. Two-pass grids, the earlier models: each pass alone (its own calibration, one run a
-point) had 10 and 13 points over 25% (worst 35.2% and 49.8%); merged into the fastest
-calibration, 7 (worst 30.8%, median 7.1%, bias -6.7%). The same runs re-predicted with the
-median calibration and the parameter server's CPU bound (timing.ps_cpu_bound): 3 over 25%
-(worst 28.5%, median 4.7%, bias -3.2%). A new two-pass grid with the lock-step compute figures
-as well (its ps-async points re-predicted with the bound of worker 0's core, which came after
-it): median 4.4%, worst 38.0%, bias -0.6%, 2 points over 25%. Three passes (39 min) did
-no better: median 4.3%, worst 41.4%, bias -0.6%, 8 points over 25%, every one of them at the
-512x512 model with p = 3 or 4 on loopback or 10 Gbit, where one point's three runs took 19.7,
-28.8 and 16.6 ms: the spread is between runs minutes apart, not between calibrations, and the
-median of three calibrations cannot remove it. Six of those 8 were pipe points over-predicted
-by 25-41%: the busy figure was then the slowest rank of each step, which overstates a pipeline
-whose width gives the ranks a step of slack; as the compute thread's cycle, the next two-pass
-grid had median 4.3%, worst 29.2%, bias -1.2%, one point over 25% (p=4, loopback, 512x512,
-pipe: runs of 23.9 and 16.3 ms, 21.1 predicted).
+Why runs of 2 s. Single iterations of a short point jitter widely within a run, so the medians
+of short runs minutes apart differ by more than the models' error: a run spans 2 s or more (up
+to 120 steps), and each compute figure of a calibration 0.6 s.
 
-Why runs of 2 s. Single iterations of a short point jitter widely: p=4, loopback, 512x512,
-pipe, its iterations spread from 17 ms (10th percentile) to 30 ms (90th) within a run. Five
-runs of 40 steps (the earlier 0.6 s) had medians of 20.8-26.1 ms, five of 120 steps 22.3-24.6
-ms, minutes later on the same machine. The first grid with runs of 2 s or more (up to 120
-steps) and compute figures spanning 0.6 s (was 0.3): median 4.2%, worst 25.2%, bias -1.5%, one
-point over 25% (p=4, 10Gbit, 512x512, ps-async: runs of 22.8 and 23.0 ms against 17.0
-predicted, from calibrations that alone predicted 15.0 and 19.1); the worst pipe point 15.4%
-(was 29.2%). A second such grid, the same code an hour later: median 5.3%, worst 28.3%, bias
--2.3%, 3 points over 25% (p=3 10Gbit 1024x1024 pipe+trunc16 +28.3%, runs of 51.9 and 63.7 ms;
-p=4 10Gbit 512x512 ps-sync -27.6%; p=4 loopback 512x512 pipe -25.4%). With ps-sync's pushes
-crossing the emulated wire in the order they left, its chain through a core
-(timing.ps_sync_core_bound) and the CPU time of a step (t_comp_cpu), two grids in a row:
-median 4.0%, worst 22.8%, bias -1.6%, no point over 25%; and median 4.1%, worst 31.0%, bias
--1.8%, one point over 25% (p=3 loopback 512x512 ps-sync, +31.0%: one of its block's two
-calibrations ran in a slow stretch), every other point within 18.1%.
+Measured: benchmarks/RESULTS.md records the grids (date, commit, command; median, worst and
+bias of the error, the points over 25%) and what each change of the models did to them.
 
 The link figures that depend only on the machine are measured once for the grid: the loopback
 stream bandwidth and the CPU time per byte of a socket's sending and receiving side; everything
@@ -82,15 +57,12 @@ calibrated per (p, model, network), each compute figure the fastest of 2-3 launc
 Targets: median |error| <= 10% and worst |error| <= 25% over the grid. The script prints
 whether they are met, and always exits 0: it is a measurement, not a test.
 
-Run time: a pass takes 17-18 minutes on a 2-core machine (measured: two took 35 min): 144
-training runs of 12-120 steps and 24 calibrations of 20-40 s each (the shared and the busy
-compute launch 2-3 times each); the 100Mbit runs of the larger model are a large part of it
-(ps-sync at (p+1) M/B = 1.8 s an iteration with p = 4). With runs of 0.6 s and compute figures
-of 0.3 s a pass took 13 minutes (two 26, three 39). Each block calibrated a third time (its
-two calibrations disagreeing) adds 20-40 s: in the four grids before it 12-14 blocks of 24 had
-calibrations more than 10% apart for some method. The first grid with the third calibration
-(12 blocks) took 39 min: median 3.8%, worst 22.7%, bias -0.9%, no point over 25%.
---quick takes about 16 s (its calibrations time the default number of steps, not 0.6 s).
+Run time: a pass is 144 training runs of 12-120 steps and 24 calibrations (the shared and the
+busy compute launch 2-3 times each), and each block calibrated a third time (its two
+calibrations disagreeing) adds one more; the 100Mbit runs of the larger model are a large part
+of it (ps-sync pays (p+1) M/B an iteration). The usage lines above give the times on 2 cores;
+benchmarks/RESULTS.md the measured ones. --quick's calibrations time the default number of
+steps, not 0.6 s.
 On a machine shared with other jobs the errors grow: the models assume the cores are this
 benchmark's alone, and one burst of load during a calibration moves every prediction made
 from it.
@@ -107,6 +79,17 @@ from pathlib import Path
 
 from pipesgd_ref import timing
 from pipesgd_ref.config import TrainConfig
+from pipesgd_ref.timing.calibrate import (
+    CAL_SPREAD,
+    against,
+    best_of,
+    calibrate,
+    calibrations_disagree,
+    merge_passes,
+    merged_calibration,
+    network_figures,
+    steps_spanning,
+)
 from pipesgd_ref.train import run_training
 from pipesgd_ref.units import format_bytes
 
@@ -119,9 +102,6 @@ MAX_STEPS = 120  # the most steps a run of a short-iteration point gets (see mea
 MIN_RUN_S = 2.0  # default --min-run: seconds of steady-state iterations a run should span
 CAL_SPAN_S = 0.6  # seconds each compute measurement of a calibration spans
 TARGET_MEDIAN = 0.10  # median |error| over the grid
-# A block whose calibrations predict some method's iteration further apart than this (slowest
-# over fastest) gets one more calibration, and its merge is the median of three.
-CAL_SPREAD = 1.10
 TARGET_WORST = 0.25  # worst |error| over the grid
 
 
@@ -190,13 +170,13 @@ def measure_point(
     min_run_s: float = 0.0,
 ) -> dict:
     """Train cfg with (algo, codec) `repeats` times, once more when two runs disagree by more
-    than 10% (timing.best_of, as the calibration does); the fastest run's iteration time
+    than 10% (best_of, as the calibration does); the fastest run's iteration time
     beside the predicted one. Best of N, as benchmarks usually report: on a shared machine
     other load only ever slows a run down. `min_run_s`: more steps than cfg.steps (up to
     MAX_STEPS) where the predicted iterations are short, so that the median is over about
     that much time: one scheduling hiccup of a few ms is a third of a 10 ms iteration."""
     pred = timing.predict(algo, cfg.world_size, cal, codec, cfg.width)
-    steps = timing.steps_spanning(pred.iter_time_s, min_run_s, cfg.steps, MAX_STEPS)
+    steps = steps_spanning(pred.iter_time_s, min_run_s, cfg.steps, MAX_STEPS)
     cfg = cfg.replace(steps=steps)
     start = time.perf_counter()
 
@@ -207,7 +187,7 @@ def measure_point(
                                  log=quiet)[0])  # fmt: skip
         return runs[-1]["iter_time_s"]
 
-    timing.best_of(run, max(1, repeats))  # a third run when two disagree by more than 10%
+    best_of(run, max(1, repeats))  # a third run when two disagree by more than 10%
     summary = min(runs, key=lambda s: s["iter_time_s"])
     return {
         "measured_s": summary["iter_time_s"],
@@ -219,53 +199,6 @@ def measure_point(
         "measured_t_comm_s": summary["t_comm_s"],
         "comm_hidden_fraction": summary["comm_hidden_fraction"],
         "wall_time_s": time.perf_counter() - start,
-    }
-
-
-def against(pred: timing.Prediction, measured_s: float) -> dict:
-    """A point's prediction beside its measured iteration: the fields a row keeps of it."""
-    return {
-        "predicted_s": pred.iter_time_s,
-        "error": (pred.iter_time_s - measured_s) / measured_s,
-        "bound": pred.bound,
-        "prediction": pred.to_dict(),
-    }
-
-
-def calibrations_disagree(
-    cals: list[timing.Calibration], world_size: int, width: int, spread: float = CAL_SPREAD
-) -> bool:
-    """Whether a block's calibrations (two or more) predict the iteration of some method of
-    the grid more than `spread` apart, the slowest prediction over the fastest: one of them
-    then likely ran in a slow stretch of the machine, and the median of two (their mean) would
-    carry half of it into every prediction of the block."""
-    if len(cals) < 2:
-        return False
-    for algo, codec in timing.COMPARE_RUNS:
-        times = [timing.predict(algo, world_size, c, codec, width).iter_time_s for c in cals]
-        if max(times) > spread * min(times):
-            return True
-    return False
-
-
-def merge_passes(runs: list[dict], cal: timing.Calibration, width: int) -> dict:
-    """One point's rows, one a pass, merged: the fastest measured run of them all against the
-    prediction from `cal` (the block's calibrations merged by timing.merged_calibration).
-    With one pass, the row as it was. Failed only when every pass failed."""
-    if len(runs) == 1:
-        return runs[0]
-    done = [r for r in runs if not r.get("failed")]
-    if not done:
-        return runs[-1]
-    best = min(done, key=lambda r: r["measured_s"])
-    pred = timing.predict(best["algo"], best["world_size"], cal, best["codec"], width)
-    return {
-        **best,
-        "measured_all_s": [t for r in done for t in r["measured_all_s"]],
-        **against(pred, best["measured_s"]),
-        "passes": [
-            {k: r.get(k) for k in ("measured_s", "predicted_s", "error", "failed")} for r in runs
-        ],
     }
 
 
@@ -326,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
           flush=True)  # fmt: skip
     start = time.perf_counter()
     # The loopback stream depends on the machine only: measured once, as calibrate would.
-    machine = timing.network_figures()
+    machine = network_figures()
     stream = machine["stream"]
     print(f"loopback stream between two processes: {stream / 1e6:.0f} MB/s, "
           f"{machine['copy'] * 1e9:.2f} ns of CPU per byte a side", flush=True)  # fmt: skip
@@ -345,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def calibrate_block(p: int, hidden: tuple[int, ...], net: str, which) -> None:
         # as `pipesgd compare` does: pipe's compute is timed next to its communication
-        cal = timing.calibrate(block_config(p, hidden, net), network=machine, span_s=cal_span,
+        cal = calibrate(block_config(p, hidden, net), network=machine, span_s=cal_span,
                                busy_codecs=("none", "trunc16", "q8"))  # fmt: skip
         cals.setdefault((p, hidden, net), []).append(cal)
         calibrations.append({"world_size": p, "network": net, "model": model_name(hidden),
@@ -378,11 +311,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"{CAL_SPREAD - 1:.0%} apart: a third, merged as the median of three",
                   flush=True)  # fmt: skip
             calibrate_block(p, hidden, net, "tie-break")
-    merged = {block: timing.merged_calibration(c) for block, c in cals.items()}
+    merged = {block: merged_calibration(c) for block, c in cals.items()}
     rows = [merge_passes(runs, merged[key[:3]], base.width) for key, runs in got.items()]
     if passes > 1:
         print(f"\n# every point: the fastest run of its {passes} passes against the prediction "
-              f"from its block's merged calibration (timing.merged_calibration)")  # fmt: skip
+              f"from its block's merged calibration (merged_calibration)")  # fmt: skip
         print(HEADER)
         for row in rows:
             print(format_row(row))

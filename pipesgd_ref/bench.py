@@ -8,14 +8,14 @@ For each size M it reports, as nccl-tests does:
 
 beside the alpha-beta prediction 2(p-1)·alpha + 2(p-1)/p·M/B + (p-1)/p·M·gamma, with alpha and
 B from the emulated link (--latency, --bandwidth) or, unemulated, from the point-to-point
-test below, and gamma from timing the reduction (np.add) on this machine.
+test described next, and gamma from timing the reduction (np.add) on this machine.
 
-In the same run it measures the point-to-point TCP limit between two processes on this
-machine (a ping-pong for alpha, a one-way stream for B) and prints busbw as a fraction of it;
-where torch (gloo backend) is installed it times torch.distributed.all_reduce on the same sizes
-and world size, side by side (optional: never a dependency): in the same worker processes, one
-call of ours and one of gloo's in turn, so that a machine whose speed drifts between seconds
-(a shared VM) slows both alike.
+In the same run it measures the point-to-point TCP limit between two processes on this machine
+(timing/calibrate.py: a ping-pong for alpha, a one-way stream for B) and prints busbw as a
+fraction of it; where torch (gloo backend) is installed it times torch.distributed.all_reduce
+on the same sizes and world size, side by side (optional: never a dependency): in the same
+worker processes, one call of ours and one of gloo's in turn, so that a machine whose speed
+drifts between seconds (a shared VM) slows both alike.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from pipesgd_ref.comm.ring import allreduce, barrier
 from pipesgd_ref.launch import free_port, join_from_env, launch_local
 from pipesgd_ref.outputs import write_text_atomic
 from pipesgd_ref.timing import ring_allreduce_time
+from pipesgd_ref.timing.calibrate import measure_gamma, measure_p2p
 from pipesgd_ref.units import format_bytes
 
 
@@ -146,78 +147,6 @@ def _wire(per_rank: list[dict], nbytes: int) -> int:
     return per_rank[0][nbytes]["wire"]
 
 
-# --- point to point: the wire's own limit ------------------------------------------------------
-
-
-def _p2p_job(comm, nbytes: int, reps: int) -> dict:
-    """Rank 0 streams `nbytes` to rank 1 `reps` times, each rep timed on its own after a
-    barrier, with the CPU time the sending and the receiving thread spent on it (bandwidth and
-    the socket path's CPU cost per byte); then 200 one-byte ping-pongs (latency). Uses the ring
-    links directly: right of 0 is 1, left of 0 is 1."""
-    buf = np.zeros(nbytes, np.uint8)
-    small = np.zeros(1, np.uint8)
-    from pipesgd_ref.comm.transport import Frame, Kind
-
-    frame = Frame(kind=Kind.DATA)
-    times, cpu = [], []
-    for _ in range(reps):
-        barrier(comm)
-        cpu_start, start = time.thread_time(), time.perf_counter()
-        if comm.rank == 0:
-            comm.right.send(frame, memoryview(buf))
-        else:
-            got = comm.left.recv_header("p2p")
-            comm.left.recv_payload_into(got, memoryview(buf), "p2p")
-        times.append(time.perf_counter() - start)
-        cpu.append(time.thread_time() - cpu_start)
-    barrier(comm)
-    pings = 200
-    start = time.perf_counter()
-    for _ in range(pings):
-        if comm.rank == 0:
-            comm.right.send(frame, memoryview(small))
-            got = comm.left.recv_header("pong")
-            comm.left.recv_payload_into(got, memoryview(small), "pong")
-        else:
-            got = comm.left.recv_header("ping")
-            comm.left.recv_payload_into(got, memoryview(small), "ping")
-            comm.right.send(frame, memoryview(small))
-    rtt = (time.perf_counter() - start) / pings
-    return {"times": times, "cpu": cpu, "one_way": rtt / 2}
-
-
-def p2p_figures(nbytes: int = 16 << 20, reps: int = 8) -> dict:
-    """Two local processes over TCP: {"bandwidth": bytes/s of the median rep, as the receiver
-    saw it (the fastest is an outlier on a shared machine); "latency": one-way s; "cpu_send",
-    "cpu_recv": CPU s per byte of the sending and the receiving thread (median over reps:
-    kernel copies and TCP, what every byte costs the cores whatever the link)}."""
-    send, recv = launch_local(2, _p2p_job, (nbytes, reps), start_method="fork")
-    return {
-        "bandwidth": nbytes / statistics.median(recv["times"]),
-        "latency": send["one_way"],
-        "cpu_send": statistics.median(send["cpu"]) / nbytes,
-        "cpu_recv": statistics.median(recv["cpu"]) / nbytes,
-    }
-
-
-def measure_p2p(nbytes: int = 16 << 20, reps: int = 8) -> tuple[float, float]:
-    """(bandwidth bytes/s, one-way latency s) between two local processes over TCP."""
-    got = p2p_figures(nbytes, reps)
-    return got["bandwidth"], got["latency"]
-
-
-def measure_gamma(nbytes: int = 16 << 20, reps: int = 5) -> float:
-    """Seconds per byte of the reduction step (dst += src, float32) on this machine."""
-    a = np.ones(nbytes // 4, np.float32)
-    b = np.ones_like(a)
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        np.add(b, a, out=a)
-        times.append(time.perf_counter() - start)
-    return min(times) / nbytes
-
-
 # --- gloo, when torch is installed ------------------------------------------------------------
 
 
@@ -238,10 +167,10 @@ def link_problem(world_size: int, sizes: list[int], model: LinkModel, timeout: f
     """None when the emulated link carries the benchmark's largest ring frame within
     `timeout`; otherwise the sentence that says why not (netem.frame_problem), for the CLI to
     print before any rank starts: the frame is a segment of the largest chunk, ceil(n / p)
-    float32 values capped at SEGMENT_BYTES (comm/ring.py), in the codec's wire bytes."""
+    float32 values capped at SEGMENT_BYTES (comm/schedule.py), in the codec's wire bytes."""
     from pipesgd_ref.codecs import get_codec
     from pipesgd_ref.comm.netem import frame_problem
-    from pipesgd_ref.comm.ring import SEGMENT_BYTES
+    from pipesgd_ref.comm.schedule import SEGMENT_BYTES
     from pipesgd_ref.comm.transport import HEADER_BYTES
 
     if world_size < 2 or not model.enabled:

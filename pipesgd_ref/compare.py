@@ -10,10 +10,10 @@ local worker processes over TCP, through one emulated network:
     pipe+trunc16   Pipe-SGD, 16-bit truncation in the ring (half the bytes)
     pipe+q8        Pipe-SGD, 8-bit quantization in the ring (a quarter of the bytes)
 
-Before the runs, `timing.calibrate` measures this machine (t_comp, t_u, gamma, the codecs, the
-cost of a hop) and `timing.predict` gives each method's iteration time. Each run records its
-timeline (trace.json), its loss at every step, and a copy of the weights every `eval_every`
-steps, evaluated on the test set after training; the first evaluation at or above
+Before the runs, `timing.calibrate.calibrate` measures this machine (t_comp, t_u, gamma, the
+codecs, the cost of a hop) and `timing.predict` gives each method's iteration time. Each run
+records its timeline (trace.json), its loss at every step, and a copy of the weights every
+`eval_every` steps, evaluated on the test set after training; the first evaluation at or above
 `target_accuracy` gives the wall-clock time to target.
 
 Repeats. Every method runs `repeats` times (2 by default, 1 with --quick), in passes: all six
@@ -45,6 +45,7 @@ from typing import Any
 from pipesgd_ref import timing
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.outputs import write_json
+from pipesgd_ref.timing.calibrate import CALIBRATION_REPS, CALIBRATION_TRIES, calibrate
 from pipesgd_ref.train import run_training
 
 # The paper's headline and the issue's bars: (faster run, slower run, minimum ratio of their
@@ -71,13 +72,13 @@ def quick_config(cfg: TrainConfig) -> TrainConfig:
 def calibrate_for(
     cfg: TrainConfig,
     runs=timing.COMPARE_RUNS,
-    reps: int = timing.CALIBRATION_REPS,
-    tries: int = timing.CALIBRATION_TRIES,
+    reps: int = CALIBRATION_REPS,
+    tries: int = CALIBRATION_TRIES,
 ) -> timing.Calibration:
-    """The calibration compare uses: everything timing.calibrate measures, plus Pipe-SGD's
+    """The calibration compare uses: everything calibrate measures, plus Pipe-SGD's
     compute next to its communication for every codec a pipe run of `runs` uses."""
     busy = tuple(sorted({codec for algo, codec in runs if algo == "pipe"}))
-    return timing.calibrate(cfg, busy_codecs=busy, reps=reps, tries=tries)
+    return calibrate(cfg, busy_codecs=busy, reps=reps, tries=tries)
 
 
 def run_config(
@@ -123,8 +124,8 @@ def run_compare(
     log: Callable[[str], None] = print,
     runs=timing.COMPARE_RUNS,
     calibration: timing.Calibration | None = None,
-    calibration_reps: int = timing.CALIBRATION_REPS,
-    calibration_tries: int = timing.CALIBRATION_TRIES,
+    calibration_reps: int = CALIBRATION_REPS,
+    calibration_tries: int = CALIBRATION_TRIES,
     repeats: int = REPEATS,
 ) -> dict[str, Any]:
     """Calibrate, predict, run every method `repeats` times, and report; returns what

@@ -202,15 +202,15 @@ def slowest_frame(cfg: TrainConfig, n_params: int) -> tuple[str, int, float]:
     frame, for a model of n_params float32 parameters.
 
     Ring (sync, pipe): a segment of the largest chunk, ceil(n / p) values and at most
-    SEGMENT_BYTES // 4 of them (comm/ring.py), in the codec's wire bytes, plus the header:
+    SEGMENT_BYTES // 4 of them (comm/schedule.py), in the codec's wire bytes, plus the header:
     alpha + b / B. Parameter server: a worker waits after its push for the pushes of all p
     workers to cross the server's one ingress wire and then for the p pulls on its egress wire
-    (comm/ps.py's ServerNIC): 2 alpha + p (push + pull) / B, the push wire_bytes(n) + 4 (the
+    (comm/netem.py's ServerNIC): 2 alpha + p (push + pull) / B, the push wire_bytes(n) + 4 (the
     loss), the pull the --codec-pull bytes of the weights, each with its header. None of the
     ring's frames for p = 1: ("", 0, 0.0)."""
     from pipesgd_ref.codecs import get_codec
     from pipesgd_ref.comm.netem import LinkModel
-    from pipesgd_ref.comm.ring import SEGMENT_BYTES
+    from pipesgd_ref.comm.schedule import SEGMENT_BYTES
     from pipesgd_ref.comm.transport import HEADER_BYTES
 
     model = LinkModel.from_strings(cfg.latency, cfg.bandwidth)
@@ -241,7 +241,7 @@ def emulated_allreduce_seconds(cfg: TrainConfig, n_params: int) -> float:
     ring hop is bounded by --timeout, the sum of 2 (p - 1) of them is not)."""
     from pipesgd_ref.codecs import get_codec
     from pipesgd_ref.comm.netem import LinkModel
-    from pipesgd_ref.comm.ring import SEGMENT_BYTES
+    from pipesgd_ref.comm.schedule import SEGMENT_BYTES
     from pipesgd_ref.comm.transport import HEADER_BYTES
 
     model, p = LinkModel.from_strings(cfg.latency, cfg.bandwidth), cfg.world_size
@@ -285,7 +285,7 @@ def check_idle_options(cfg: TrainConfig) -> None:
     """Refuse options that would do nothing in a training run of cfg, naming why.
 
     Not in __post_init__: `pipesgd compare` derives one config per method from the same base
-    (and timing.calibrate one per codec), where e.g. --error-feedback matters for the
+    (and timing.calibrate.calibrate one per codec), where e.g. --error-feedback matters for the
     compressed runs only and --codec-pull for the parameter servers only. Call it on the
     config of one `pipesgd train` (local or a joined rank), before any worker starts."""
     problems = []

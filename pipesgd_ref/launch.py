@@ -511,8 +511,8 @@ def local_rank(rank: int, environ: Mapping[str, str] | None = None) -> int:
 def share_cores(n_local: int | None) -> int | None:
     """Give this rank's BLAS its share of the host's cores: cores // n_local threads (at least
     one). Ranks that share a host each starting one BLAS thread per core would take turns on
-    every core: measured here, 4 ranks on 2 cores went from 9 ms to 1.5 s a step. Returns the
-    thread count set, or None where n_local is unknown (then set OMP_NUM_THREADS yourself)."""
+    every core, and a step would take a hundred times longer (benchmarks/RESULTS.md). Returns
+    the thread count set, or None where n_local is unknown (then set OMP_NUM_THREADS yourself)."""
     if not n_local:
         return None
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()

@@ -1,6 +1,6 @@
 """`pipesgd predict`: each method's iteration time from the timing models, before any run.
 
-The models are those of timing.py (shared/PAPER.md section 3): ring AllReduce
+The models are those of timing/models.py (shared/PAPER.md section 3): ring AllReduce
 T_ar = 2(p-1) alpha + 2(p-1)/p M/(rB) + (p-1)/p M gamma (+ codec), sync = t_comp + T_ar + t_u,
 Pipe-SGD of width two = max(t_comp + t_u, T_ar), the parameter server's (p + 1) M/B round, and
 the async server's p M/B link bound. This command fills in their figures and prints, for every
@@ -26,7 +26,7 @@ say: alpha = --latency + --hop-cost (the software cost of one message, 0 unless 
 share a core. That takes a second or two (mostly loading the dataset) and starts no process.
 
 --this-machine instead predicts p worker processes on this machine, as `pipesgd train` runs
-them: timing.calibrate starts p processes to measure how compute slows when they share the
+them: timing/calibrate.py starts p processes to measure how compute slows when they share the
 cores, the hop cost of a tiny ring AllReduce and the bandwidth loopback can stream (which caps
 an emulated --bandwidth above it). A few seconds; a world_size sweep past p extrapolates the
 shared compute from the p measured (timing.compute_time).
@@ -62,6 +62,13 @@ from pipesgd_ref import timing
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.errors import ConfigError
 from pipesgd_ref.timing import COMPARE_RUNS, Calibration, Prediction
+from pipesgd_ref.timing.calibrate import (
+    calibrate,
+    network_figures,
+    time_codecs,
+    time_compute,
+    time_gamma_and_copy,
+)
 from pipesgd_ref.units import format_bandwidth, format_bytes, format_seconds
 
 PAYS = 1.1  # pipe must beat sync by this factor to be worth its staleness (PAPER.md section 5)
@@ -203,7 +210,7 @@ def _time_model(cfg: TrainConfig) -> tuple[int, float, float]:
     try:
         # one worker's compute does not depend on p: time it on a 1-worker shard, so a world
         # size larger than the dataset can hold shards for still predicts
-        return timing.time_compute(cfg.replace(world_size=1))
+        return time_compute(cfg.replace(world_size=1))
     except DataError as e:
         raise ConfigError(f"cannot build the model to time it: {e}") from None
 
@@ -339,8 +346,8 @@ def _calibrate_cluster(
             "t_update": "median of 10 timed sgd_step",
         }
     k = min(n, TIMING_CAP)
-    gamma, copy = timing.time_gamma_and_copy(k)
-    codecs = timing.time_codecs(k, cfg.backend, parse_codecs(args.codecs))  # those predicted
+    gamma, copy = time_gamma_and_copy(k)
+    codecs = time_codecs(k, cfg.backend, parse_codecs(args.codecs))  # those predicted
     return Calibration(
         n_params=n,
         t_comp=t_comp,
@@ -362,15 +369,15 @@ def _calibrate_cluster(
 
 
 def _calibrate_here(cfg: TrainConfig, hop: float | None) -> tuple[Calibration, float]:
-    """timing.calibrate for cfg's p processes on this machine; also returns the streamed
+    """calibrate for cfg's p processes on this machine; also returns the streamed
     bandwidth (it caps every emulated bandwidth of a sweep, as it caps the base one)."""
     from pipesgd_ref.errors import DataError
 
-    network = timing.network_figures()
+    network = network_figures()
     if hop is not None:  # given: skip measuring it
         network["hop"] = hop
     try:
-        cal = timing.calibrate(cfg, network=network)
+        cal = calibrate(cfg, network=network)
     except DataError as e:
         raise ConfigError(f"cannot calibrate {cfg.world_size} workers here: {e}") from None
     return cal, network["stream"]

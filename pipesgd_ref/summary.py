@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from pipesgd_ref.algorithms.worker import WorkerResult, is_ps
+from pipesgd_ref.comm.ring import allgather
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.logs import progress_bar
 from pipesgd_ref.trace import hidden_fraction
@@ -233,25 +234,6 @@ def fingerprint(params: np.ndarray) -> float:
     ranks' weights are bitwise equal when their fingerprints are (up to a 2^-48 collision)."""
     digest = hashlib.sha256(np.ascontiguousarray(params).tobytes()).digest()
     return float(int.from_bytes(digest[:6], "big"))
-
-
-def allgather(comm, mine: np.ndarray) -> list[np.ndarray]:
-    """Every rank's 1-D float64 array (any length, possibly 0), on every rank, without
-    pickle: two ring AllReduces of zero-padded arrays. First the lengths (rank r writes its
-    length at index r, the others zeros), then the arrays laid end to end, each rank writing
-    only its own slice. x + 0 = x exactly in floating point (infinities too), so each sum is
-    the concatenation, bit for bit, whatever order the ring adds in."""
-    from pipesgd_ref.comm.ring import allreduce
-
-    p, r = comm.world_size, comm.rank
-    lengths = np.zeros(p)
-    lengths[r] = mine.size
-    allreduce(comm, lengths)
-    bounds = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-    flat = np.zeros(int(bounds[-1]))
-    flat[bounds[r] : bounds[r + 1]] = mine
-    allreduce(comm, flat)
-    return [flat[bounds[i] : bounds[i + 1]] for i in range(p)]
 
 
 # The per-rank numbers of `gather_for_summary`, in this order.

@@ -20,6 +20,35 @@ lengths = st.one_of(
     st.integers(min_value=0, max_value=300),
 )
 
+# --- the ring (tests/test_ring.py, tests/test_compressed_ring.py) -----------------------------
+
+# Primes: never divisible by any p > 1, so the chunks differ in size.
+RING_PRIMES = (2, 3, 5, 7, 11, 13, 97)
+
+
+def ring_lengths(p: int, max_n: int = 300):
+    """Lengths of a flat array for a ring of p ranks: 0 (every rank still takes every step),
+    1, p-1 (fewer elements than ranks: some chunks are empty), p, p+1 (not divisible by p),
+    primes, and any length up to max_n."""
+    edges = sorted({0, 1, max(p - 1, 0), p, p + 1, *RING_PRIMES})
+    return st.one_of(st.sampled_from(edges), st.integers(0, max_n))
+
+
+@st.composite
+def ring_sizes(draw, max_p: int = 8, max_n: int = 300):
+    """(p, n): a world size 1..max_p (at most 8, world_sizes) and a length for it
+    (ring_lengths). Tests that start p processes per example pass a smaller max_p."""
+    p = draw(st.integers(1, max_p))
+    return p, draw(ring_lengths(p, max_n))
+
+
+def integer_valued(seed, n: int, dtype=np.float64, bound: int = 1000) -> np.ndarray:
+    """n integers in [-bound, bound) as dtype: sums of a few of them are exact in any order
+    (float32 while |sum| < 2^24), so a ring's result can be compared with np.sum bit for bit.
+    `seed` as for np.random.default_rng (an int or a list such as [seed, rank])."""
+    return np.random.default_rng(seed).integers(-bound, bound, n).astype(dtype)
+
+
 # A dense layer's (batch, n_in, n_out), edge sizes included.
 dense_shapes = st.tuples(
     st.sampled_from([0, 1, 2, 3, 5, 17, 64]),

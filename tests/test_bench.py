@@ -2,6 +2,7 @@
 environment. (Figures are checked by reading them, never by timing assertions.)"""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -42,11 +43,43 @@ def test_bench_times_gloo_in_turn_with_ours(tmp_path, capsys):
     assert "ours/gloo" in capsys.readouterr().out
 
 
-def test_bench_emulated_link_prints_the_model(capsys):
-    rc = main(["bench", "allreduce", "--world-size=3", "--sizes=12KB", "--reps=2",
-               "--latency=1ms", "--bandwidth=1Gbit"])  # fmt: skip
+def test_bench_emulated_link_prints_the_model(tmp_path, capsys):
+    """On an emulated link the table's model column is the alpha-beta prediction with the
+    link's alpha and B; every printed figure is a positive, finite number, one row per size
+    asked for, and the printed table and the JSON say the same."""
+    out = tmp_path / "bench.json"
+    rc = main(["bench", "allreduce", "--world-size=3", "--sizes=12KB,24KB", "--reps=2",
+               "--latency=1ms", "--bandwidth=1Gbit", f"--json={out}"])  # fmt: skip
     assert rc == 0
-    assert "latency 1.00 ms" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "latency 1.00 ms" in printed
+    result = json.loads(out.read_text())
+    assert result["link"] == {"latency_s": 1e-3, "bandwidth_Bps": 125e6}
+    assert result["gloo"] is False, "an emulated link is not compared with gloo"
+    gamma = result["gamma_s_per_byte"]
+    assert 0 < gamma < math.inf and 0 < result["p2p_bandwidth_Bps"] < math.inf
+    rows = result["rows"]
+    assert [r["size_bytes"] for r in rows] == [12_000, 24_000], "one row per size asked for"
+    lines = printed.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.split()[:3] == ["size", "time", "ms"])
+    table = lines[header + 1 : header + 1 + len(rows)]
+    for row, line in zip(rows, table, strict=True):
+        size = row["size_bytes"]
+        want = ring_allreduce_time(3, size, 1e-3, 125e6, gamma)
+        assert row["predicted_s"] == want, f"{size} B: the model column is the alpha-beta model"
+        assert row["algbw"] == pytest.approx(size / row["time_s"])
+        assert row["busbw"] == pytest.approx(row["algbw"] * bus_factor(3))
+        assert row["verified"] and row["wire_bytes"] > 0
+        # size (2 fields), time ms, algbw, busbw, of link, model ms, verified, sent MB
+        fields = line.split()
+        assert len(fields) == 9 and fields[7] == "yes", f"a row of the table: {line!r}"
+        time_ms, algbw, busbw, model_ms, sent_mb = (float(fields[i]) for i in (2, 3, 4, 6, 8))
+        for name, value in [("time ms", time_ms), ("model ms", model_ms), ("sent MB", sent_mb)]:
+            assert 0 < value < math.inf, f"{size} B: {name} printed as {value}"
+        assert 0 <= algbw < math.inf and 0 <= busbw < math.inf, line
+        assert time_ms == pytest.approx(row["time_s"] * 1e3, abs=0.006), "table = JSON"
+        assert model_ms == pytest.approx(want * 1e3, abs=0.006), "table = JSON"
+        assert sent_mb == pytest.approx(row["wire_bytes"] / 1e6, abs=0.006), "table = JSON"
 
 
 @pytest.mark.parametrize(

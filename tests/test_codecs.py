@@ -1,4 +1,4 @@
-"""The codecs against their definitions (pipesgd_ref/codecs.py): documented error bounds,
+"""The codecs against their definitions (pipesgd_ref/codecs/): documented error bounds,
 independent rounding oracles, special values, and Numba bitwise equal to the NumPy reference."""
 
 import numpy as np
@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipesgd_ref.codecs import CODECS, get_codec, q8_scale
+from pipesgd_ref.codecs import CODECS, get_codec
+from pipesgd_ref.codecs.reference import q8_scale
 from strategies import lengths, random_array, seeds
 
 BACKENDS = ("numpy", "numba")

@@ -1,4 +1,4 @@
-"""The CUDA codecs (pipesgd_ref/ops/cuda_codecs.py) against the NumPy reference, bit for bit:
+"""The CUDA codecs (pipesgd_ref/codecs/cuda_kernels.py) against the NumPy reference, bit for bit:
 the wire byte for byte (q8's scale included), decode and decode-add bit for bit, NaN payloads
 and the sign of zero included.
 
@@ -21,7 +21,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipesgd_ref.codecs import BACKENDS, CODECS, get_codec, q8_scale
+from pipesgd_ref.codecs import BACKENDS, CODECS, get_codec
+from pipesgd_ref.codecs.reference import q8_scale
 from pipesgd_ref.ops.cuda_support import gpu_problem, simulated
 from strategies import seeds
 
@@ -36,8 +37,9 @@ ids = [n + ("-stochastic" if s else "") for n, s in VARIANTS]
 
 F32_MAX = float(np.finfo(np.float32).max)
 
-# Bit patterns the codecs treat specially (codecs.py, "Special values"): zeros, denormals and
-# rounding ties, the top of the range, Inf, quiet and signaling NaNs (payload in the low half).
+# Bit patterns the codecs treat specially (codecs/__init__.py, "Special values"): zeros,
+# denormals and rounding ties, the top of the range, Inf, quiet and signaling NaNs (payload in
+# the low half).
 SPECIAL_BITS = [
     0x00000000, 0x80000000, 0x00000001, 0x80000001, 0x00018000, 0x007FFFFF, 0x00800000,
     0x3F808000, 0x3F818000, 0x3F807FFF, 0x7F7F7FFF, 0x7F7F8000, 0x7F7FFFFF, 0xFF7FFFFF,
@@ -292,9 +294,9 @@ def test_kernels_have_no_fused_multiply_add():
     script = textwrap.dedent(
         """
         import json
-        from pipesgd_ref.ops import cuda_codecs
+        from pipesgd_ref.codecs import cuda_kernels
         from pipesgd_ref.ops.cuda_support import compile_kernels
-        ptx = compile_kernels(cuda_codecs.KERNELS, cc=(9, 0))
+        ptx = compile_kernels(cuda_kernels.KERNELS, cc=(9, 0))
         print(json.dumps([k for k, p in ptx.items() if "fma." in p]))
         """
     )
@@ -302,7 +304,7 @@ def test_kernels_have_no_fused_multiply_add():
     proc = subprocess.run(
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=240
     )
-    assert proc.returncode == 0, f"compiling cuda_codecs.KERNELS failed:\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, f"compiling cuda_kernels.KERNELS failed:\n{proc.stderr[-3000:]}"
     with_fma = proc.stdout.strip().splitlines()[-1]
     assert with_fma == "[]", f"kernels with a fused multiply-add in their PTX: {with_fma}"
 

@@ -5,7 +5,7 @@ simulated test and still fail to compile on a GPU (numba 0.68's CUDA target, for
 compile `max(float32, float32)`). Compiling to PTX needs no GPU, only the real numba.cuda, so
 the check runs in a subprocess without NUMBA_ENABLE_CUDASIM (this session has the simulator
 on). It covers every module that lists its kernels in `KERNELS`: ops/cuda_ops.py, and
-ops/cuda_codecs.py when that module exists.
+codecs/cuda_kernels.py when that module exists.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ _SCRIPT = textwrap.dedent(
     from pipesgd_ref.ops.cuda_support import compile_kernels
 
     report = {}
-    for name in ("pipesgd_ref.ops.cuda_ops", "pipesgd_ref.ops.cuda_codecs"):
+    for name in ("pipesgd_ref.ops.cuda_ops", "pipesgd_ref.codecs.cuda_kernels"):
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as e:

@@ -94,8 +94,41 @@ def test_digits_train_is_standardised(digits):
 
 
 def test_digits_split_is_fixed(digits):
+    """The same split on every call, and the same on every machine and release: the class
+    counts of the 360 test and 1437 train rows are pinned (the permutation from SPLIT_SEED), so
+    a change of seed, fraction or generator shows here, not as a quietly different benchmark."""
     assert_same_dataset(digits, load_digits())
     assert_same_dataset(digits, load_dataset("digits"))
+    test_counts = np.bincount(digits.y_test, minlength=10).tolist()
+    train_counts = np.bincount(digits.y_train, minlength=10).tolist()
+    assert test_counts == [29, 38, 33, 40, 33, 39, 32, 42, 41, 33], f"test classes {test_counts}"
+    assert train_counts == [149, 144, 144, 143, 148, 143, 149, 137, 133, 147], (
+        f"train classes {train_counts}"
+    )
+
+
+def test_digits_are_scikit_learns_rows_split_as_documented(digits):
+    """Against scikit-learn's own loader (not load_digits again): the 1797 rows of the UCI digits,
+    10 classes of 174 to 183 images, split as load_digits' docstring says (test = the first 360
+    rows of default_rng(SPLIT_SEED).permutation(1797)) and standardised with the train rows'
+    statistics, here recomputed in float64."""
+    from sklearn.datasets import load_digits as sk_load_digits
+
+    from pipesgd_ref.data import SPLIT_SEED
+
+    bunch = sk_load_digits()
+    assert bunch.data.shape == (1797, 64) and bunch.data.min() == 0 and bunch.data.max() == 16
+    assert np.bincount(bunch.target).tolist() == [178, 182, 177, 183, 181, 182, 181, 179, 174, 180]
+    perm = np.random.default_rng(SPLIT_SEED).permutation(1797)
+    test, train = perm[:360], perm[360:]
+    np.testing.assert_array_equal(digits.y_test, bunch.target[test], err_msg="y_test")
+    np.testing.assert_array_equal(digits.y_train, bunch.target[train], err_msg="y_train")
+    mean, std = bunch.data[train].mean(axis=0), bunch.data[train].std(axis=0)
+    std[std == 0] = 1.0  # digits' constant border pixels: exactly constant, std exactly 0
+    for name, rows in (("X_test", test), ("X_train", train)):
+        want = (bunch.data[rows] - mean) / std
+        # float32 against float64: every |x| is below 100, where float32's spacing is 7.6e-6
+        np.testing.assert_allclose(getattr(digits, name), want, rtol=0, atol=1e-5, err_msg=name)
 
 
 # ---------------------------------------------------------------- synthetic

@@ -194,7 +194,7 @@ def _ring_job(comm):
 
 @pytest.mark.slow
 def test_device_ring_is_bitwise_the_host_ring():
-    from pipesgd_ref.comm.ring import simulate_allreduce
+    from pipesgd_ref.comm.schedule import simulate_allreduce
     from pipesgd_ref.launch import launch_local
 
     p = 3

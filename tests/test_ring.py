@@ -1,5 +1,6 @@
 """Ring AllReduce over real worker processes and real sockets, against the exact sum and
-against the one-process simulation of the same schedule."""
+against the one-process simulation of the same schedule (the schedule itself:
+tests/test_schedule.py)."""
 
 import time
 
@@ -9,65 +10,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipesgd_ref.comm.netem import LinkModel
-from pipesgd_ref.comm.ring import (
-    all_gather_chunks,
-    allreduce,
-    barrier,
-    broadcast,
-    chunk_bounds,
-    reduce_scatter_chunks,
-    segments,
-    simulate_allreduce,
-)
+from pipesgd_ref.comm.ring import allgather, allreduce, barrier, broadcast
+from pipesgd_ref.comm.schedule import simulate_allreduce
 from pipesgd_ref.launch import launch_local
-
-# --- the index math --------------------------------------------------------------------------
-
-
-@given(st.integers(0, 10_000), st.integers(1, 64))
-def test_chunk_bounds_partition_evenly(n, p):
-    bounds = chunk_bounds(n, p)
-    assert len(bounds) == p and bounds[0][0] == 0 and bounds[-1][1] == n
-    assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:], strict=False))
-    sizes = [b - a for a, b in bounds]
-    assert max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)
-
-
-@given(st.integers(1, 16))
-def test_schedule_owner_and_coverage(p):
-    """After reduce-scatter rank r owns chunk r+1; every chunk visits every rank once."""
-    for r in range(p):
-        received = [reduce_scatter_chunks(r, s, p)[1] for s in range(p - 1)]
-        assert received[-1] == (r + 1) % p if p > 1 else True
-        assert len(set(received)) == p - 1 and r not in received
-        gathered = [all_gather_chunks(r, s, p)[1] for s in range(p - 1)]
-        assert set(gathered) | {(r + 1) % p} == set(range(p))
-        for s in range(p - 1):  # what r sends at step s is what r+1 receives at step s
-            assert reduce_scatter_chunks(r, s, p)[0] == reduce_scatter_chunks((r + 1) % p, s, p)[1]
-            assert all_gather_chunks(r, s, p)[0] == all_gather_chunks((r + 1) % p, s, p)[1]
-
-
-@given(st.integers(0, 100), st.integers(0, 1000), st.integers(1, 50))
-def test_segments_cover_the_range(start, length, per):
-    pieces = segments(start, start + length, per)
-    assert pieces[0][0] == start and pieces[-1][1] == start + length
-    assert all(0 <= b - a <= per for a, b in pieces)
-
-
-@given(st.integers(1, 7), st.integers(0, 40), st.sampled_from(["sum", "mean"]))
-def test_simulation_equals_exact_sum_on_integer_data(p, n, op):
-    arrays = [np.random.default_rng(r).integers(-50, 50, n).astype(np.float64) for r in range(p)]
-    want = np.sum(arrays, axis=0) / (p if op == "mean" else 1)
-    for got in simulate_allreduce(arrays, op):
-        np.testing.assert_array_equal(got, want)
-
+from strategies import integer_valued, ring_sizes
 
 # --- real processes --------------------------------------------------------------------------
 
 
 def _allreduce_job(comm, n, dtype, op, in_place, seed, segment_bytes):
     x = np.random.default_rng([seed, comm.rank]).normal(size=n).astype(dtype)
-    exact = np.random.default_rng([seed + 1, comm.rank]).integers(-1000, 1000, n).astype(dtype)
+    exact = integer_valued([seed + 1, comm.rank], n, dtype)
     allreduce(comm, x, op, segment_bytes=segment_bytes)
     if in_place:
         allreduce(comm, exact, op, segment_bytes=segment_bytes)
@@ -78,29 +31,23 @@ def _allreduce_job(comm, n, dtype, op, in_place, seed, segment_bytes):
     return x, out, np.array_equal(kept, exact)  # the input must be left as it was
 
 
-lengths = st.one_of(st.sampled_from([0, 1, 2, 3, 5, 7, 11, 13, 97]), st.integers(0, 300))
-
-
 @pytest.mark.slow
 @settings(max_examples=30)
 @given(
-    p=st.integers(1, 6),
-    n=lengths,
+    sizes=ring_sizes(max_p=6),
     dtype=st.sampled_from([np.float32, np.float64]),
     op=st.sampled_from(["sum", "mean"]),
     in_place=st.booleans(),
     seed=st.integers(0, 2**16),
     segment_bytes=st.sampled_from([8, 64, 1 << 20]),
 )
-def test_allreduce_over_processes(p, n, dtype, op, in_place, seed, segment_bytes):
+def test_allreduce_over_processes(sizes, dtype, op, in_place, seed, segment_bytes):
+    p, n = sizes
     results = launch_local(
         p, _allreduce_job, (n, dtype, op, in_place, seed, segment_bytes),
         start_method="fork", timeout=10, job_timeout=60,
     )  # fmt: skip
-    exact_inputs = [
-        np.random.default_rng([seed + 1, r]).integers(-1000, 1000, n).astype(dtype)
-        for r in range(p)
-    ]
+    exact_inputs = [integer_valued([seed + 1, r], n, dtype) for r in range(p)]
     want_exact = np.sum(np.array(exact_inputs, np.float64), axis=0)
     if op == "mean":
         want_exact = want_exact / p
@@ -135,6 +82,25 @@ def test_broadcast_and_barrier(p):
         np.testing.assert_array_equal(data, np.arange(10) * (root + 1))
         np.testing.assert_array_equal(x, np.ones(3, np.float32))
         assert seq == 3
+
+
+def _allgather_job(comm):
+    r = comm.rank
+    mine = np.arange(r * 2, dtype=np.float64) + 10 * r  # rank r: 2r values (rank 0: none)
+    if r == 1:
+        mine[0] = np.inf  # x + 0 = x for infinities too
+    return allgather(comm, mine)
+
+
+@pytest.mark.parametrize("p", [1, 3])
+def test_allgather_returns_every_ranks_array_on_every_rank(p):
+    want = [np.arange(r * 2, dtype=np.float64) + 10 * r for r in range(p)]
+    if p > 1:
+        want[1][0] = np.inf
+    for rank, got in enumerate(launch_local(p, _allgather_job, start_method="fork")):
+        assert len(got) == p, f"rank {rank}: {len(got)} arrays for {p} ranks"
+        for r in range(p):
+            np.testing.assert_array_equal(got[r], want[r], err_msg=f"rank {rank}, from rank {r}")
 
 
 def test_spawned_workers():

@@ -1,4 +1,4 @@
-"""Timing models (pipesgd_ref/timing.py) against hand-computed values, and their properties.
+"""Timing models (pipesgd_ref/timing/models.py) against hand-computed values, and their properties.
 
 The hand-computed cases use one textbook calibration: M = 4e6 bytes (n = 1e6 float32), alpha =
 1 ms, B = 1e8 bytes/s (800 Mbit/s), t_comp = 50 ms, t_u = 2 ms, gamma = copy = 0, and cores
@@ -28,6 +28,15 @@ from pipesgd_ref.timing import (
     shared_compute,
     speedups,
     sweep_values,
+)
+from pipesgd_ref.timing.calibrate import (
+    best_of,
+    calibrate,
+    calibrations_disagree,
+    merge_passes,
+    merged_calibration,
+    step_statistics,
+    steps_spanning,
 )
 from strategies import calibrations, log_uniform, timing_world_sizes
 
@@ -242,7 +251,7 @@ def test_ring_methods_wait_for_the_slowest_rank_each_step():
 def test_step_statistics_by_hand():
     """Step i of every rank together: the typical step, and the typical slowest rank."""
     per_rank = [[1.0, 5.0, 2.0, 9.0], [3.0, 1.0, 4.0], [2.0, 2.0, 2.0]]  # step 4 not shared
-    typical, slowest = timing.step_statistics(per_rank)
+    typical, slowest = step_statistics(per_rank)
     assert typical == 2.0, "median of 1 5 2 3 1 4 2 2 2"
     assert slowest == 4.0, "median of the per-step maxima 3 5 4"
 
@@ -654,7 +663,7 @@ def test_calibrate_smoke():
 
     lines = []
     cfg = TrainConfig.preset("tiny").replace(latency="50us", bandwidth="1Gbit")
-    cal = timing.calibrate(cfg, log=lines.append)
+    cal = calibrate(cfg, log=lines.append)
     assert cal.n_params == 650  # softmax on digits: 64 features x 10 classes + 10 biases
     assert cal.t_comp > 0 and cal.t_update > 0 and cal.gamma > 0
     assert cal.alpha >= 50e-6, "alpha is the emulated latency plus the measured hop"
@@ -681,13 +690,13 @@ def test_calibration_keeps_the_fastest_and_measures_once_more_when_launches_disa
 
         return one
 
-    assert timing.best_of(measure([1.0, 1.05, 0.1]), tries=2) == 1.0  # agree: two calls
+    assert best_of(measure([1.0, 1.05, 0.1]), tries=2) == 1.0  # agree: two calls
     assert len(calls) == 2
     calls.clear()
-    assert timing.best_of(measure([2.0, 1.5, 1.2]), tries=2) == 1.2  # disagree: a third
+    assert best_of(measure([2.0, 1.5, 1.2]), tries=2) == 1.2  # disagree: a third
     assert len(calls) == 3
     # tuples compare by their first item (the computation), the rest comes along
-    got = timing.best_of(measure([(2.0, "a"), (1.0, "b"), (3.0, "c")]), tries=2)
+    got = best_of(measure([(2.0, "a"), (1.0, "b"), (3.0, "c")]), tries=2)
     assert got == (1.0, "b")
 
 
@@ -695,7 +704,7 @@ def test_calibration_keeps_the_fastest_and_measures_once_more_when_launches_disa
     "step_s, span_s, want", [(0.01, 0.3, 30), (0.1, 0.3, 12), (0.001, 0.3, 40), (0.05, 0, 12)]
 )
 def test_steps_spanning(step_s, span_s, want):
-    assert timing.steps_spanning(step_s, span_s, least=12, most=40) == want
+    assert steps_spanning(step_s, span_s, least=12, most=40) == want
 
 
 def test_merged_calibration_takes_every_figure_at_its_median():
@@ -720,7 +729,7 @@ def test_merged_calibration_takes_every_figure_at_its_median():
         t_update=0.004,
         codecs={"trunc16": (2.0, 2e-9, 2e-9), "q8": (4.0, 1e-9, 4e-9)},
     )
-    got = timing.merged_calibration([slow_compute, slow_network])
+    got = merged_calibration([slow_compute, slow_network])
     close(got.t_comp, 0.065, "t_comp")
     close(got.t_update, (T_U + 0.004) / 2, "t_update")
     close(got.alpha, 3e-4, "alpha")
@@ -733,16 +742,67 @@ def test_merged_calibration_takes_every_figure_at_its_median():
     assert "merged" in got.source
     # three: the middle one, figure by figure, not the fastest nor the slowest
     middle = textbook(t_comp=0.06, t_comp_shared=(0.07, 0.2), alpha=1e-4)
-    three = timing.merged_calibration([slow_compute, slow_network, middle])
+    three = merged_calibration([slow_compute, slow_network, middle])
     assert (three.t_comp, three.t_comp_shared, three.alpha) == (0.06, (0.07, 0.13), 2e-4)
-    alone = timing.merged_calibration([slow_compute])
+    alone = merged_calibration([slow_compute])
     assert dataclasses.replace(alone, source=slow_compute.source) == slow_compute, "merge of one"
     # a figure only one calibration has comes from that one, whichever it is
     extra = textbook(codecs={"bf16": (2.0, 3e-9, 3e-9)}, t_comp_busy={"trunc16": 0.14})
-    some = timing.merged_calibration([slow_compute, extra])
+    some = merged_calibration([slow_compute, extra])
     assert some.codecs["bf16"] == (2.0, 3e-9, 3e-9) and some.codecs["q8"] == (4.0, 5e-9, 1e-9)
     assert some.t_comp_busy == {"none": 0.12, "q8": 0.13, "trunc16": 0.14}
     with pytest.raises(ValueError, match="at least one"):
-        timing.merged_calibration([])
+        merged_calibration([])
     with pytest.raises(ValueError, match="different models or links"):
-        timing.merged_calibration([slow_compute, textbook(n_params=10)])
+        merged_calibration([slow_compute, textbook(n_params=10)])
+
+
+# --- the accuracy grid's merges (benchmarks/timing_model_accuracy.py) -------------------------
+
+
+def test_grid_merges_passes_into_the_fastest_run_against_the_merged_calibration():
+    """The default grid's two passes (no processes: made-up rows and calibrations): a point
+    keeps its fastest run of both passes, predicted from its block's merged calibration (the
+    median of its calibrations, figure by figure)."""
+
+    def cal(t_comp):
+        return Calibration(n_params=10_000, t_comp=t_comp, t_update=1e-4, alpha=1e-4,
+                           bandwidth=125e6, gamma=1e-10, cores=2,
+                           t_comp_shared=(t_comp, 2 * t_comp))  # fmt: skip
+
+    slow, fast = cal(0.02), cal(0.01)
+    merged = merged_calibration([slow, fast])
+
+    def row(measured_s, c):
+        pred = timing.predict("sync", 2, c)
+        return {"world_size": 2, "algo": "sync", "codec": "none", "measured_s": measured_s,
+                "measured_all_s": [measured_s], "predicted_s": pred.iter_time_s,
+                "error": pred.iter_time_s / measured_s - 1}  # fmt: skip
+
+    got = merge_passes([row(0.030, slow), row(0.025, fast), row(0.028, slow)], merged, 2)
+    want = timing.predict("sync", 2, merged).iter_time_s
+    between = [timing.predict("sync", 2, c).iter_time_s for c in (fast, slow)]
+    assert between[0] < want < between[1], "the merge is neither calibration"
+    assert got["measured_s"] == 0.025 and got["measured_all_s"] == [0.030, 0.025, 0.028]
+    assert got["predicted_s"] == pytest.approx(want), "from the merged calibration"
+    assert got["error"] == pytest.approx((want - 0.025) / 0.025)
+    assert [q["measured_s"] for q in got["passes"]] == [0.030, 0.025, 0.028]
+    failed = {"world_size": 2, "algo": "sync", "codec": "none", "failed": "OSError: boom"}
+    assert merge_passes([failed, row(0.03, slow)], merged, 2)["measured_s"] == 0.03
+    assert merge_passes([failed, failed], merged, 2)["failed"], "failed in every pass"
+    only = row(0.03, slow)
+    assert merge_passes([only], merged, 2) is only, "one pass: the row as it was"
+
+
+def test_grid_calibrates_a_block_again_when_its_calibrations_disagree():
+    """Two calibrations of a block whose predictions differ by more than 10% for some method
+    (one likely ran in a slow stretch) call for a third; within 10%, or one alone, do not."""
+    base = Calibration(n_params=10_000, t_comp=0.01, t_update=1e-4, alpha=1e-4,
+                       bandwidth=125e6, gamma=1e-10, cores=2, t_comp_shared=(0.01, 0.02),
+                       codecs={"trunc16": (2.0, 1e-9, 1e-9), "q8": (4.0, 1e-9, 1e-9)})  # fmt: skip
+    near = dataclasses.replace(base, t_comp=0.0105, t_comp_shared=(0.0105, 0.021))
+    slow = dataclasses.replace(base, t_comp=0.013, t_comp_shared=(0.013, 0.026))
+    assert not calibrations_disagree([base, near], 2, 2)
+    assert calibrations_disagree([base, slow], 2, 2)
+    assert calibrations_disagree([slow, base, near], 2, 2), "any two of them"
+    assert not calibrations_disagree([slow], 2, 2), "one alone agrees with itself"

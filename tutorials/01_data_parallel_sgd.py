@@ -32,6 +32,7 @@ from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.data import MinibatchSampler, load_dataset, shard_indices
 from pipesgd_ref.models import build_model
 from pipesgd_ref.plots import pyplot, save_figure
+from pipesgd_ref.timing import ring_allreduce_time
 
 SMALL = os.environ.get("PIPESGD_TUTORIAL_SMALL") == "1"  # CI: fewer steps, same lessons
 OUT = Path(__file__).resolve().parent / "out"  # figures go here (git-ignored)
@@ -55,14 +56,11 @@ bandwidth = 1e9 / 8  # 1 Gb/s in bytes/s
 alpha = 50e-6  # s per message (assumed)
 
 
-def ring_allreduce_seconds(n_bytes: float, p: int) -> float:
-    """2(p-1)*alpha + 2(p-1)/p * M/B: the alpha-beta cost of one ring AllReduce."""
-    return 2 * (p - 1) * alpha + 2 * (p - 1) / p * n_bytes / bandwidth
-
-
+# The alpha-beta cost of one ring AllReduce, 2(p-1)*alpha + 2(p-1)/p * M/B: tutorial 02 derives
+# it, and the timing models (tutorial 04) use this very function.
 big_bytes = 25e6
 print(f"25 MB gradient, one send over 1 Gb/s:   {big_bytes / bandwidth * 1e3:7.1f} ms")
-ring_ms = ring_allreduce_seconds(big_bytes, p) * 1e3
+ring_ms = ring_allreduce_time(p, big_bytes, alpha, bandwidth) * 1e3
 print(f"25 MB gradient, ring AllReduce, p = {p}:  {ring_ms:7.1f} ms")
 
 # %% [markdown]
@@ -202,7 +200,7 @@ t0 = time.perf_counter()
 for step in range(repeats):
     grad_fn(w0, 0, step)
 t_grad = (time.perf_counter() - t0) / repeats
-t_comm = ring_allreduce_seconds(model.n_params * 4, p)
+t_comm = ring_allreduce_time(p, model.n_params * 4, alpha, bandwidth)
 print(f"one worker's gradient (B = {B}), measured here: {t_grad * 1e3:.2f} ms")
 print(f"ring AllReduce of {model.n_params * 4} bytes over 1 Gb/s, modelled: {t_comm * 1e3:.2f} ms")
 

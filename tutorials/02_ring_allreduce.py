@@ -32,11 +32,10 @@ from pathlib import Path
 import numpy as np
 
 from pipesgd_ref.comm.netem import LinkModel
-from pipesgd_ref.comm.ring import (
+from pipesgd_ref.comm.ring import allreduce, barrier
+from pipesgd_ref.comm.schedule import (
     SEGMENT_BYTES,
     all_gather_chunks,
-    allreduce,
-    barrier,
     chunk_bounds,
     reduce_scatter_chunks,
     segments,
@@ -45,6 +44,7 @@ from pipesgd_ref.comm.ring import (
 from pipesgd_ref.comm.transport import HEADER
 from pipesgd_ref.launch import launch_local
 from pipesgd_ref.plots import pyplot, save_figure
+from pipesgd_ref.timing import ring_allreduce_time
 from pipesgd_ref.units import format_bandwidth, format_bytes, format_seconds
 
 SMALL = os.environ.get("PIPESGD_TUTORIAL_SMALL") == "1"  # CI: fewer sizes, same lessons
@@ -58,15 +58,16 @@ plt = pyplot()  # None without matplotlib: the lessons are in the printed number
 # Both schemes in the alpha-beta model (α: per-message latency, B: bandwidth per direction of a
 # full-duplex link). Gather-and-broadcast: the root receives p−1 gradients (the messages
 # pipeline on its link: α + (p−1)·M/B), adds, then sends p−1 copies (the same again). The ring:
-# 2(p−1) steps, each moving one chunk of M/p bytes over every link at once. α = 50 µs is an
-# assumed LAN latency, as in tutorial 01. The reduction cost γ is left out of both.
+# 2(p−1) steps, each moving one chunk of M/p bytes over every link at once:
+#
+#     T_ring = 2(p−1)·α + 2(p−1)/p · M/B
+#
+# which is `pipesgd_ref.timing.ring_allreduce_time(p, M, α, B)`, the function the timing
+# models of tutorial 04 build on (its optional reduction and codec terms stay zero here).
+# α = 50 µs is an assumed LAN latency, as in tutorial 01. The reduction cost γ is left out of
+# both.
 
 # %%
-
-
-def ring_seconds(n_bytes: float, p: int, alpha: float, bandwidth: float) -> float:
-    """T_ring = 2(p-1)*alpha + 2(p-1)/p * M/B  (PAPER.md section 3, gamma left out)."""
-    return 2 * (p - 1) * alpha + 2 * (p - 1) / p * n_bytes / bandwidth
 
 
 def naive_seconds(n_bytes: float, p: int, alpha: float, bandwidth: float) -> float:
@@ -79,11 +80,13 @@ print(f"{format_bytes(M_big)} gradient, p = {p_big}, {format_bandwidth(B_10g)}, 
 print(f"  gather + broadcast: {format_bytes(2 * (p_big - 1) * M_big)} through the root's link, "
       f"{naive_seconds(M_big, p_big, alpha_lan, B_10g):.3f} s")  # fmt: skip
 print(f"  ring:               {format_bytes(2 * (p_big - 1) / p_big * M_big)} through each link, "
-      f"{ring_seconds(M_big, p_big, alpha_lan, B_10g):.3f} s")  # fmt: skip
+      f"{ring_allreduce_time(p_big, M_big, alpha_lan, B_10g):.3f} s")  # fmt: skip
 print("   p | gather+broadcast |   ring")
 for p_ in (2, 4, 8, 16, 64):
     naive_s = naive_seconds(M_big, p_, alpha_lan, B_10g)
-    print(f"{p_:4d} | {naive_s:14.3f} s | {ring_seconds(M_big, p_, alpha_lan, B_10g):6.3f} s")
+    print(
+        f"{p_:4d} | {naive_s:14.3f} s | {ring_allreduce_time(p_, M_big, alpha_lan, B_10g):6.3f} s"
+    )
 
 # %% [markdown]
 # The ring tends to 2M/B = 0.16 s however many workers join (until the latency term 2(p−1)·α
@@ -379,7 +382,7 @@ print("     size |  measured |   formula | measured/formula | gather+bcast |    
 bandwidth_bound = []  # sizes where the bandwidth term is >= 4x the latency term
 ratios = {}
 for s, t in emulated.items():
-    predicted = ring_seconds(s, P, link.latency, link.bandwidth)
+    predicted = ring_allreduce_time(P, s, link.latency, link.bandwidth)
     naive = naive_seconds(s, P, link.latency, link.bandwidth)
     ratios[s] = t / predicted
     algbw, busbw = bandwidths(s, t)
@@ -411,7 +414,7 @@ print(f"latency term 2(p-1)*alpha = {format_seconds(2 * (P - 1) * link.latency)}
 if plt is not None:
     fig, ax = plt.subplots(figsize=(6, 4))
     grid = np.geomspace(min(sizes), max(sizes), 100)
-    ax.plot(grid, [ring_seconds(s, P, link.latency, link.bandwidth) for s in grid],
+    ax.plot(grid, [ring_allreduce_time(P, s, link.latency, link.bandwidth) for s in grid],
             label="ring, alpha-beta formula")  # fmt: skip
     ax.plot(grid, [naive_seconds(s, P, link.latency, link.bandwidth) for s in grid], ls="--",
             label="gather + broadcast, formula")  # fmt: skip
@@ -462,7 +465,7 @@ assert bandwidth_bound, "no size in the sweep is bandwidth-bound; the formula ch
 for s in bandwidth_bound:
     assert abs(ratios[s] - 1) < 0.2, (
         f"emulated link ({link}), {format_bytes(s)}: measured {format_seconds(emulated[s])}, "
-        f"alpha-beta formula {format_seconds(ring_seconds(s, P, link.latency, link.bandwidth))}"
+        f"alpha-beta formula {format_seconds(emulated[s] / ratios[s])}"
         f" (ratio {ratios[s]:.2f}, allowed 0.8..1.2)"
     )
 print("all checks passed")

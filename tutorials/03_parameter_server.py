@@ -38,6 +38,7 @@ from pipesgd_ref.comm.transport import HEADER_BYTES
 from pipesgd_ref.config import TrainConfig, link_model
 from pipesgd_ref.launch import launch_local
 from pipesgd_ref.plots import pyplot, save_figure
+from pipesgd_ref.timing import ring_allreduce_time
 from pipesgd_ref.trace import median_duration
 from pipesgd_ref.train import run_training
 from pipesgd_ref.units import format_bandwidth, format_bytes, format_seconds
@@ -60,7 +61,7 @@ def quiet(*_) -> None:
 # ## 0. The back-of-envelope, in code
 #
 # The alpha-beta model (α: per-message latency, B: bandwidth per direction of a full-duplex
-# link, M: gradient bytes), with the formulas of the docstring of `pipesgd_ref/comm/ps.py`:
+# link, M: gradient bytes), with the formulas of the docstring of `pipesgd_ref/algorithms/ps.py`:
 #
 #     ps-sync, two phases (PAPER.md):   2α + 2p·M/B          the server's link, per round
 #     ps-sync, this package:            2α + (p+1)·M/B       pulls sent one after another
@@ -79,27 +80,23 @@ def ps_sync_paper(n_bytes: float, p: int, alpha: float, bandwidth: float) -> flo
 
 
 def ps_sync_sequential(n_bytes: float, p: int, alpha: float, bandwidth: float) -> float:
-    """2 alpha + (p + 1) M / B: the pulls leave one after another (comm/ps.py docstring)."""
+    """2 alpha + (p + 1) M / B: the pulls leave one after another (algorithms/ps.py docstring)."""
     return 2 * alpha + (p + 1) * n_bytes / bandwidth
 
 
-def ring_seconds(n_bytes: float, p: int, alpha: float, bandwidth: float) -> float:
-    """2(p-1) alpha + 2(p-1)/p M / B (PAPER.md section 3, gamma left out)."""
-    return 2 * (p - 1) * alpha + 2 * (p - 1) / p * n_bytes / bandwidth
-
-
+# The ring, for comparison: 2(p-1) alpha + 2(p-1)/p M/B (tutorial 02), from the timing models.
 M_big, p_big, B_10g, alpha_lan = 25e6, 8, 10e9 / 8, 50e-6
 print(f"{format_bytes(M_big)} model, p = {p_big}, {format_bandwidth(B_10g)}, alpha 50 us:")
 print(f"  server link per round: {format_bytes(p_big * M_big)} in, "
       f"{format_bytes(p_big * M_big)} out")  # fmt: skip
 print(f"  ps-sync, two phases:   {ps_sync_paper(M_big, p_big, alpha_lan, B_10g):.4f} s")
 print(f"  ps-sync, this package: {ps_sync_sequential(M_big, p_big, alpha_lan, B_10g):.4f} s")
-print(f"  ring AllReduce:        {ring_seconds(M_big, p_big, alpha_lan, B_10g):.4f} s")
+print(f"  ring AllReduce:        {ring_allreduce_time(p_big, M_big, alpha_lan, B_10g):.4f} s")
 print(f"  ps-async: at most {B_10g / M_big:.0f} updates/s for the whole job, whatever p")
 print("   p | ps-sync 2pM/B | ps-sync (p+1)M/B |    ring | ps (2 phases) / ring")
 for p_ in (1, 2, 4, 8, 16, 64):
     two_phase = ps_sync_paper(M_big, p_, alpha_lan, B_10g)
-    ring_s = ring_seconds(M_big, p_, alpha_lan, B_10g)
+    ring_s = ring_allreduce_time(p_, M_big, alpha_lan, B_10g)
     sequential = ps_sync_sequential(M_big, p_, alpha_lan, B_10g)
     ratio = f"{two_phase / ring_s:20.1f}" if p_ > 1 else f"{'(no ring)':>20}"
     print(f"{p_:4d} | {two_phase:11.3f} s | {sequential:14.3f} s | {ring_s:5.3f} s | {ratio}")
@@ -287,13 +284,13 @@ else:
 # Now the cost. `cfg.replace(latency="100us", bandwidth="100MB")` makes every link of the job an
 # emulated one (α = 100 µs, B = 100 MB/s per direction; pipesgd_ref/comm/netem.py). For the
 # parameter server that is not enough: p emulated client links would give the server p NICs.
-# `ServerNIC` (comm/ps.py) makes its pulls share one outgoing wire and re-times its pushes
+# `ServerNIC` (comm/netem.py) makes its pulls share one outgoing wire and re-times its pushes
 # through one incoming wire, as one network card would.
 #
 # The model is made larger (one hidden layer of 1024) so that M/B is a few milliseconds and
 # dominates the software overheads. For p = 1, 2, 4 we measure the ps-sync iteration, the
 # synchronous ring (`algo="sync"`) and the ps-async update rate, and print the formulas of
-# comm/ps.py's docstring next to them, with t_c the median compute span measured in the same
+# algorithms/ps.py's docstring next to them, with t_c the median compute span measured in the same
 # run and the exact frame sizes (header included):
 #
 #     ps-sync:   T_it = t_c + 2α + (p+1)·M/B     (PAPER.md's two phases: t_c + 2α + 2p·M/B)
@@ -329,7 +326,7 @@ print(f"MLP 64-1024-10: {emu_params} params, M = {format_bytes(M_emu)}, "
 
 
 def ps_sync_model(p: int, t_c: float) -> float:
-    """comm/ps.py: t_c + 2 alpha + (p + 1) M / B, with the exact frames (p pulls, one push)."""
+    """t_c + 2 alpha + (p + 1) M / B (algorithms/ps.py), with the exact frames (p pulls, a push)."""
     return t_c + 2 * alpha + (p * pull_emu + push_emu) / bandwidth
 
 

@@ -7,17 +7,17 @@
 # **1.8 s** a round. A ring AllReduce sends 2(p−1)/p copies over every link at once:
 # **0.35 s**, and never more than 0.4 s however many workers join. If a forward and backward
 # pass takes 0.2 s, which method is fastest, and by how much, is arithmetic, not an
-# experiment. `pipesgd_ref/timing.py` does that arithmetic for every method of this package
+# experiment. `pipesgd_ref/timing/` does that arithmetic for every method of this package
 # (PAPER.md section 3); this tutorial builds it up and checks it against measured runs.
 #
 # You will:
-# 1. measure this machine's α (a ping-pong) and B (a stream) with `bench.measure_p2p`, and
-#    read off where a message stops being latency-bound;
+# 1. measure this machine's α (a ping-pong) and B (a stream) with
+#    `timing.calibrate.measure_p2p`, and read off where a message stops being latency-bound;
 # 2. compare the ring AllReduce with the parameter server as p grows
 #    (`timing.ring_allreduce_time`, `timing.predict`);
 # 3. see why Pipe-SGD of width K = 2 reaches max(t_comp + t_u, T_ar) and K = 3, 4 do not go
 #    faster (`timing.predict("pipe", ..., width=K)`);
-# 4. calibrate the models on this machine (`timing.calibrate`) and check their predictions
+# 4. calibrate the models on this machine (`timing.calibrate.calibrate`) and check their predictions
 #    against measured sync and pipe runs over an emulated link.
 #
 # Run it with `python tutorials/04_timing_models.py` (set `PIPESGD_TUTORIAL_SMALL=1` for the
@@ -30,10 +30,10 @@ import time
 from pathlib import Path
 
 from pipesgd_ref import timing
-from pipesgd_ref.bench import measure_p2p
 from pipesgd_ref.comm.netem import LinkModel
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.plots import pyplot, save_figure
+from pipesgd_ref.timing.calibrate import calibrate, measure_p2p
 from pipesgd_ref.train import run_training
 from pipesgd_ref.units import format_bandwidth, format_bytes, format_seconds, parse_bandwidth
 
@@ -73,10 +73,10 @@ print(f"ring AllReduce, p = {p_big}: {format_seconds(ring_big)}; "
 #
 #     t(n) = α + n / B
 #
-# `bench.measure_p2p(nbytes, reps)` runs two local processes joined by TCP (no emulation) and
-# measures both ends of that line: a 1-byte **ping-pong** (half its round trip is α: the bytes
-# are nothing) and a **stream** of `reps` messages of `nbytes` back to back (throughput: the
-# latency of one message overlaps the next, so the stream sees B, less a per-message cost).
+# `measure_p2p(nbytes, reps)` (timing/calibrate.py) runs two local processes joined by TCP (no
+# emulation) and measures both ends of that line: a 1-byte **ping-pong** (half its round trip is α:
+# the bytes are nothing) and a **stream** of `reps` messages of `nbytes` back to back (throughput:
+# the latency of one message overlaps the next, so the stream sees B, less a per-message cost).
 
 # %%
 p2p_sizes = [(4 << 10, 100), (256 << 10, 20), (4 << 20, 4)]  # (bytes, messages per stream)
@@ -110,8 +110,8 @@ for nbytes in (1, 1 << 10, 64 << 10, 1 << 20, 25_000_000):
 # bytes: compression, tutorial 07). Two things stand out on this machine:
 #
 # - Loopback moves gigabytes per second, yet its α, all software (Python, sockets, waking a
-#   process), is larger than the 50 µs of a real LAN. That is why `timing.calibrate` models an
-#   emulated link as α = emulated latency + `timing.measure_hop` (the software cost of one
+#   process), is larger than the 50 µs of a real LAN. That is why `calibrate` models an
+#   emulated link as α = emulated latency + `timing.calibrate.measure_hop` (the software cost of one
 #   ring hop, measured) and B = min(emulated, streamed).
 # - Small messages stream far below B: every message pays a software cost that the stream
 #   cannot overlap. The ring cuts M into p chunks, so at large p its messages shrink toward
@@ -168,7 +168,7 @@ else:
 # ## 3. Why width two is enough
 #
 # Pipe-SGD of width K keeps K iterations in flight. Three bounds hold for its steady-state
-# iteration (timing.py's docstring): the compute thread needs t_comp + t_u per iteration, the
+# iteration (timing/models.py's docstring): the compute thread needs t_comp + t_u per iteration, the
 # communication thread T_ar, and a gradient's whole chain (compute, AllReduce, update) must
 # finish before the iteration K later can start:
 #
@@ -197,12 +197,12 @@ for text in links:
 # %% [markdown]
 # The gain of K = 2 over sync, (t_comp + T_ar) / max(t_comp, T_ar), peaks at 2× where the two
 # are equal (near 2 Gbit/s here) and fades where either dominates. K = 3 and 4 change
-# nothing. (The `bound` column also names the third limit of timing.py, `cpu`, which matters
+# nothing. (The `bound` column also names the third limit of timing/models.py, `cpu`, which matters
 # only when workers share a machine's cores: section 4.)
 #
 # ## 4. Calibrated on this machine, checked against runs
 #
-# Now the models meet real workers. `timing.calibrate(cfg)` measures, for cfg's model and
+# Now the models meet real workers. `calibrate(cfg)` measures, for cfg's model and
 # batch size: t_comp (alone, and with k = 1..p workers computing at once on this machine's
 # cores: `t_comp_shared`), t_u, γ, the codecs' costs, the hop cost and the stream bandwidth;
 # α and B come from cfg's emulated link plus those measurements. We take a small MLP on
@@ -219,7 +219,7 @@ check_cfg = TrainConfig(dataset="digits", model="mlp", hidden=(256, 256), world_
                         latency="50us", bandwidth="1Gbit")  # fmt: skip
 p_c = check_cfg.world_size
 t0 = time.perf_counter()
-cal = timing.calibrate(check_cfg)
+cal = calibrate(check_cfg)
 print(f"calibrated in {time.perf_counter() - t0:.1f} s: {timing.describe(cal)}")
 predicted = {"sync": timing.predict("sync", p_c, cal)}
 predicted.update({f"pipe K={K}": timing.predict("pipe", p_c, cal, width=K) for K in (2, 3)})
@@ -322,7 +322,7 @@ print("all checks passed")
 #
 # - The alpha-beta model prices a message at α + n/B; n_1/2 = α·B separates latency-bound
 #   from bandwidth-bound messages. A ping-pong measures α, a stream measures B. On one
-#   machine α is mostly software, which `timing.calibrate` adds to an emulated link's latency.
+#   machine α is mostly software, which `calibrate` adds to an emulated link's latency.
 # - A ring AllReduce costs 2(p−1)·α + 2(p−1)/p · M/B (+ γ and codec terms): bounded in p but
 #   for the latency term. A parameter server's link carries about (p+1)·M/B per round: linear
 #   in p, the bottleneck the decentralized methods avoid.
@@ -334,8 +334,8 @@ print("all checks passed")
 #
 # ## Exercises
 #
-# 1. In section 2, set `gamma` to this machine's (`timing.time_gamma_and_copy`) and α to
-#    this machine's hop (`timing.measure_hop(8)`). At what p does the ring's latency term
+# 1. In section 2, set `gamma` to this machine's (`timing.calibrate.time_gamma_and_copy`) and α to
+#    this machine's hop (`timing.calibrate.measure_hop(8)`). At what p does the ring's latency term
 #    overtake its bandwidth term for the 25 MB model? For a 250 KB one?
 # 2. In section 3, find the bandwidth at which Pipe-SGD gains most over sync for p = 8
 #    (solve T_ar = t_comp + t_u for B), and check it with `timing.predict`.
@@ -345,4 +345,4 @@ print("all checks passed")
 #    k, and how well does `timing.predict` follow the measured iteration?
 # 5. Add `codec="q8"` to the pipe run of section 4 and `timing.predict("pipe", p, cal, "q8")`.
 #    Is the measured gain of compression as large as the predicted one? Why might the codec
-#    passes cost more inside a run than in `timing.time_codecs`?
+#    passes cost more inside a run than in `timing.calibrate.time_codecs`?

@@ -38,6 +38,7 @@ from pipesgd_ref.config import TrainConfig, link_model
 from pipesgd_ref.launch import launch_local
 from pipesgd_ref.models import build_model
 from pipesgd_ref.plots import pyplot, save_figure
+from pipesgd_ref.timing import ring_allreduce_time
 from pipesgd_ref.trace import median_duration
 from pipesgd_ref.train import run_training
 from pipesgd_ref.units import format_bandwidth, format_bytes, format_seconds
@@ -55,10 +56,12 @@ def quiet(*_) -> None:
 # %% [markdown]
 # ## 0. The back-of-envelope, in code
 #
-# The configuration of `benchmarks/pipeline_speedup.py`: synthetic data with 256 features and
-# 10 classes, the MLP 256-2048-1024-10, p = 4 workers with a batch of 256 each, every link
-# emulated at α = 100 µs and B = 1 Gbit/s. The ring's cost is the alpha-beta formula of
-# PAPER.md section 3 (γ left out).
+# The problem of `benchmarks/pipeline_speedup.py` (synthetic data with 256 features and 10
+# classes, the MLP 256-2048-1024-10, p = 4 workers, links at α = 100 µs), with half its batch
+# (256 per worker instead of 512, so that a run here takes half the time), 8 steps instead of
+# its 16, and one of its bandwidths, B = 1 Gbit/s. The ring's cost is the alpha-beta formula
+# of PAPER.md section 3 (γ left out):
+# `timing.ring_allreduce_time`, derived in tutorial 02.
 
 # %%
 bench = TrainConfig(
@@ -71,12 +74,7 @@ M_bench = 4 * bench_model.n_params
 bench_link = link_model(bench)
 
 
-def ring_seconds(n_bytes: float, p: int, alpha: float, bandwidth: float) -> float:
-    """T_ring = 2(p-1)*alpha + 2(p-1)/p * M/B (PAPER.md section 3, gamma left out)."""
-    return 2 * (p - 1) * alpha + 2 * (p - 1) / p * n_bytes / bandwidth
-
-
-T_ring_bench = ring_seconds(M_bench, 4, bench_link.latency, bench_link.bandwidth)
+T_ring_bench = ring_allreduce_time(4, M_bench, bench_link.latency, bench_link.bandwidth)
 print(f"{bench_model}: M = 4 bytes x params = {format_bytes(M_bench)}")
 print(f"T_ring over p = 4, {bench_link}: {format_seconds(T_ring_bench)}")
 print(f"if t_c = T_ring: sync {format_seconds(2 * T_ring_bench)} per iteration, "
@@ -87,7 +85,7 @@ print(f"if t_c = T_ring: sync {format_seconds(2 * T_ring_bench)} per iteration, 
 #
 # `pipe_worker` (pipesgd_ref/algorithms/pipe.py) runs in every worker process:
 #
-#     compute thread (the worker's main thread)        comm thread (_CommThread)
+#     compute thread (the worker's main thread)        comm thread (CommThread)
 #     for t in range(steps):                            loop:
 #         g_t = grad f(w_t) into buffers[t % K]             (step, buf) = todo.get()
 #         todo.put((t, buffers[t % K]))   ------------>     allreduce(comm, buf, "mean")
@@ -225,7 +223,7 @@ for r in ratios:
 # compute and AllReduce spans, and `comm_hidden_fraction` the share of AllReduce time that
 # overlapped a compute span on the same rank.
 #
-# The full run is the benchmark's configuration with 8 steps. With `PIPESGD_TUTORIAL_SMALL=1`
+# The full run is the configuration of section 0. With `PIPESGD_TUTORIAL_SMALL=1`
 # the batch is halved (t_comp about halves) and the bandwidth doubled (T_ring about halves), so
 # the balance T_ring ≈ t_comp is kept at about half the cost.
 
@@ -233,7 +231,7 @@ for r in ratios:
 run_cfg = bench.replace(batch_size=128, bandwidth="2Gbit") if SMALL else bench
 p = run_cfg.world_size
 link = link_model(run_cfg)
-T_ring = ring_seconds(M_bench, p, link.latency, link.bandwidth)
+T_ring = ring_allreduce_time(p, M_bench, link.latency, link.bandwidth)
 runs = {}  # algo -> (summary, results)
 t0 = time.perf_counter()
 for algo in ("sync", "pipe"):
@@ -458,7 +456,7 @@ print("all checks passed")
 # 3. In the table of section 2 set `table_warmup = 3`. Which phases change length? Why does a
 #    synchronous warm-up help a run whose learning rate is near the stability edge of
 #    tutorial 06?
-# 4. `_CommThread.wait` asserts that gradients come back in order. Why does the ring
+# 4. `CommThread.wait` asserts that gradients come back in order. Why does the ring
 #    guarantee it, and what would break if two AllReduces could run at once on one ring?
 # 5. Replace `np.empty_like` buffers by one buffer reused every step (K = 1 buffer with
 #    K = 2 in flight). Which check of section 5 fails first, and why?

@@ -37,21 +37,21 @@ import numpy as np
 
 from pipesgd_ref.algorithms.worker import Worker
 from pipesgd_ref.codecs import get_codec
-from pipesgd_ref.comm.compressed import simulate_compressed_allreduce
 from pipesgd_ref.comm.netem import LinkModel
-from pipesgd_ref.comm.ring import (
+from pipesgd_ref.comm.ring import allreduce, barrier
+from pipesgd_ref.comm.schedule import (
     SEGMENT_BYTES,
     all_gather_chunks,
-    allreduce,
-    barrier,
     chunk_bounds,
     reduce_scatter_chunks,
     segments,
+    simulate_compressed_allreduce,
 )
 from pipesgd_ref.comm.transport import HEADER
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.launch import launch_local
 from pipesgd_ref.plots import pyplot, save_figure
+from pipesgd_ref.timing import ring_allreduce_time
 from pipesgd_ref.train import run_training
 from pipesgd_ref.units import format_bandwidth, format_bytes, format_seconds
 
@@ -77,18 +77,15 @@ def quiet(*_) -> None:
 P = 4
 
 
-def ring_seconds(n_bytes: float, p: int, alpha: float, bandwidth: float, r: float = 1) -> float:
-    """T_ring = 2(p-1)*alpha + 2(p-1)/p * M/(r B)  (PAPER.md section 3; gamma, codec left out)."""
-    return 2 * (p - 1) * alpha + 2 * (p - 1) / p * n_bytes / (r * bandwidth)
-
-
+# T_ring = 2(p-1)*alpha + 2(p-1)/p * M/(r B): `timing.ring_allreduce_time` with the codec's ratio
+# r (its reduction and codec-pass terms stay zero here; section 5 measures those).
 M_open, B_1g, alpha_lan = 25e6, 1e9 / 8, 100e-6
 print(f"{format_bytes(M_open)} gradient, p = {P}, {format_bandwidth(B_1g)}, alpha 100 us:")
 print("   codec | ratio | bytes per link | T_ring    | saved per iteration | per 10k iterations")
 T_open = {}
 for name in ("none", "trunc16", "q8"):
     r = get_codec(name).ratio
-    T_open[name] = ring_seconds(M_open, P, alpha_lan, B_1g, r)
+    T_open[name] = ring_allreduce_time(P, M_open, alpha_lan, B_1g, ratio=r)
     saved = T_open["none"] - T_open[name]
     print(f"{name:>8} | {r:5.1f} | {format_bytes(2 * (P - 1) / P * M_open / r):>14} | "
           f"{format_seconds(T_open[name]):>9} | {format_seconds(saved) if saved else '-':>19} | "
@@ -97,7 +94,7 @@ for name in ("none", "trunc16", "q8"):
 # %% [markdown]
 # ## 1. What the codecs do to a real gradient
 #
-# The codecs of `pipesgd_ref/codecs.py`, for n float32 values:
+# The codecs of `pipesgd_ref/codecs/`, for n float32 values:
 #
 # - **trunc16** keeps the high 16 bits of each float32 (sign, 8-bit exponent, 7 mantissa bits)
 #   and drops the rest: rounding *toward zero*, relative error in (−2^−7, 0] for normal numbers.
@@ -525,7 +522,7 @@ print(f"allreduce of {format_bytes(M_time)}, p = {P}, on loopback and on an emul
       f"jobs")  # fmt: skip
 print("   codec |  loopback |  emulated | wire formula | formula + loopback | speed-up over none")
 for name in timed_codecs:
-    wire = ring_seconds(M_time, P, link.latency, link.bandwidth, get_codec(name).ratio)
+    wire = ring_allreduce_time(P, M_time, link.latency, link.bandwidth, ratio=get_codec(name).ratio)
     print(f"{name:>8} | {format_seconds(timings['loopback'][name]):>9} | "
           f"{format_seconds(measured[name]):>9} | {format_seconds(wire):>12} | "
           f"{format_seconds(wire + timings['loopback'][name]):>18} | "

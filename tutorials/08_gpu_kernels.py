@@ -1,13 +1,21 @@
 # %% [markdown]
 # # 08 · GPU kernels: from a NumPy matmul to a tiled CUDA kernel and a ring-reduction kernel
 #
-# **A number to start with.** A dense layer of the 10M-parameter MLP in `benchmarks/
-# kernels_gpu.py` multiplies 512 x 2048 activations by a 2048 x 2048 weight matrix: 4.3 GFLOP
-# forward, twice that backward. An H200 does about 60 TFLOP/s in float32, so the arithmetic takes
-# 0.2 ms; reading the operands naively (every multiply fetching both of its inputs from global
-# memory, 4.8 TB/s) would take 8.6 GB / 4.8 TB/s = 1.8 ms. The arithmetic is not the problem;
-# feeding it is. A tiled kernel loads each operand tile into the block's shared memory once and
-# reuses it TILE times, cutting global traffic by TILE: that is the whole idea of this tutorial.
+# **A number to start with.** The MLP that `benchmarks/kernels_gpu.py --train` trains on a GPU,
+# 64 -> 2048 -> 2048 -> 2048 -> 10 (8.5M parameters) at a batch of 512, costs per step:
+#
+#     forward    2·B·Σ n_in·n_out = 2 · 512 · 8,540,160                        =  8.7 GFLOP
+#     backward   dW of every layer (8.7) + dA of every layer but the first (8.6) = 17.4 GFLOP
+#     together                                                                  = 26.1 GFLOP
+#
+# An H200 does about 67 TFLOP/s in float32 (without tensor cores): 26.1 GFLOP / 67 TFLOP/s =
+# 0.39 ms of arithmetic. But a matmul written naively fetches both operands of every
+# multiply-add from global memory: 13.1 G multiply-adds x 8 bytes = 104 GB, which at the H200's
+# 4.8 TB/s takes 22 ms, 56 times the arithmetic. The arithmetic is not the problem; feeding it
+# is. A tiled kernel loads each operand tile into the block's shared memory once and reuses it
+# TILE times, cutting global traffic by TILE (16 here: 6.5 GB, 1.4 ms): that is the whole idea
+# of this tutorial. (Caches soften the naive figure on a real GPU, and cuBLAS goes further than
+# shared-memory tiles; `benchmarks/kernels_gpu.py` measures both against each other.)
 #
 # You will:
 # 1. see where this tutorial runs: a real GPU, or Numba's CUDA simulator (CPU threads);
@@ -15,9 +23,9 @@
 #    it against NumPy;
 # 3. read the package's tiled kernel (`ops/cuda_ops.py: _matmul_tiled`) and check it too,
 #    counting the global-memory reads each one makes;
-# 4. run the reduce step of a ring AllReduce on the device: received chunks cross from the host
-#    (a pinned buffer, as `--device cuda` does), and are added by a kernel; the result is bitwise
-#    the CPU ring's;
+# 4. run the package's ring AllReduce on device arrays (`comm.device_ring.device_allreduce`,
+#    what `--device cuda` runs): only the chunks in flight cross to the host, the additions are
+#    a kernel, and the result is bitwise the CPU ring's;
 # 5. on a GPU, time naive against tiled.
 #
 # Run it with `python tutorials/08_gpu_kernels.py` (set `PIPESGD_TUTORIAL_SMALL=1` for the quick
@@ -29,7 +37,9 @@
 import os
 import subprocess
 import sys
+import threading
 import time
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -53,16 +63,36 @@ if not ON_GPU:
 
 from numba import cuda, float32  # noqa: E402  (after choosing GPU or simulator)
 
-from pipesgd_ref.comm.ring import (  # noqa: E402
-    chunk_bounds,
-    reduce_scatter_chunks,
-    simulate_allreduce,
-)
+from pipesgd_ref.comm.device_ring import device_allreduce  # noqa: E402
+from pipesgd_ref.comm.rendezvous import JobSpec, init_process_group, new_token  # noqa: E402
+from pipesgd_ref.comm.schedule import simulate_allreduce  # noqa: E402
+from pipesgd_ref.launch import free_port  # noqa: E402
 from pipesgd_ref.ops import cuda_ops, numpy_ops  # noqa: E402
 from pipesgd_ref.ops.cuda_support import TILE, launch_2d  # noqa: E402
 
 where = cuda.get_current_device().name if ON_GPU else "Numba's CUDA simulator (no GPU here)"
 print(f"running on: {where}")
+
+# %% [markdown]
+# The opening number, from the layer sizes. A dense layer of n_in -> n_out at batch B is one
+# (B, n_in) x (n_in, n_out) product forward, 2·B·n_in·n_out FLOP (a multiply and an add per
+# term); backward needs two of the same size, dW = A^T dZ and dA = dZ W^T, except that the first
+# layer's dA (the gradient of the input) is never needed.
+
+# %%
+layers, batch = (64, 2048, 2048, 2048, 10), 512
+pairs = list(zip(layers, layers[1:], strict=False))
+n_params = sum(n_in * n_out + n_out for n_in, n_out in pairs)
+forward = sum(2 * batch * n_in * n_out for n_in, n_out in pairs)
+backward = 2 * forward - 2 * batch * layers[0] * layers[1]  # dW everywhere, dA but the first
+step_flop = forward + backward
+H200_FLOPS, H200_BYTES_PER_S = 67e12, 4.8e12  # float32 without tensor cores; HBM3e
+naive_bytes = step_flop / 2 * 8  # one multiply-add per 2 FLOP, two float32 operands each
+print(f"{n_params:,} parameters; forward {forward / 1e9:.1f} + backward {backward / 1e9:.1f} = "
+      f"{step_flop / 1e9:.1f} GFLOP a step: {step_flop / H200_FLOPS * 1e3:.2f} ms of arithmetic, "
+      f"{naive_bytes / H200_BYTES_PER_S * 1e3:.0f} ms of naive reads ({naive_bytes / 1e9:.0f} "
+      f"GB), {naive_bytes / TILE / H200_BYTES_PER_S * 1e3:.1f} ms tiled")  # fmt: skip
+assert round(step_flop / 1e9, 1) == 26.1 and round(naive_bytes / 1e9) == 104  # the prose above
 
 # %% [markdown]
 # ## 1. The matmul as loops
@@ -150,40 +180,71 @@ print(f"global reads: naive {naive_reads:,}, tiled {tiled_reads:,} ({ratio:.1f}x
       f"{TILE}x at large sizes, less here: the padded edges are read too)")  # fmt: skip
 
 # %% [markdown]
-# ## 4. The ring's reduction on the device
+# ## 4. The ring AllReduce on the device
 #
 # In a ring AllReduce (tutorial 02) each rank, at every reduce-scatter step, receives a chunk
 # from its left neighbour and adds it into its own copy. With `--device cuda` the gradient lives
-# on the GPU: the chunk to send goes device -> a pinned host buffer -> the socket, and the chunk
-# received goes socket -> pinned buffer -> device, where a kernel adds it (`cuda_ops.add_into`:
-# a grid-stride loop, one thread per element). Only chunks cross the PCIe bus, never the whole
-# gradient. Here p "ranks" live in one process, their arrays on the device, and the socket is
-# a copy through pinned memory; the additions happen in the ring's fixed order, so the result
-# is bitwise `simulate_allreduce`'s (the CPU ring's).
+# on the GPU and `comm.device_ring.device_allreduce` runs the same ring (the same chunks, frames
+# and order of additions as `comm.ring.allreduce`), with only the chunks in flight crossing the
+# PCIe bus:
+#
+#     reduce-scatter, per segment:  socket -> pinned host slot -> device scratch (H2D)
+#                                   cuda_ops.add_into(array[s:e], scratch)   on the device
+#                                   array[s:e] -> the pinned slot (D2H) -> socket
+#     all-gather, per segment:      socket -> pinned slot -> array[s:e] (H2D) -> socket
+#
+# Pinned (page-locked) buffers are copied by DMA at full PCIe speed, so the ring allocates them
+# once and reuses them. Per rank: M bytes device to host and 2(p−1)/p · M host to device, beside
+# the 2(p−1)/p · M bytes on the wire, and (p−1)/p · M additions on the GPU.
+#
+# Here the p ranks are threads of this process, each with its own `Communicator` over real
+# loopback sockets (tutorials 02 and 07 use processes; a forked process cannot use the CUDA
+# context this process already holds, and threads share it). One precaution belongs to the
+# simulator alone: it runs a kernel by swapping the module's `cuda` for a stand-in, so two
+# threads must not launch at once; `ops` is the cuda backend with its `add_into` behind a lock
+# (on a GPU the lock costs a few microseconds a launch, and the kernels still queue in order).
 
 # %%
 p, n = 3, (50 if not ON_GPU else 1_000_003)
 grads = [rng.standard_normal(n, dtype=np.float32) for _ in range(p)]
-on_device = [cuda.to_device(g) for g in grads]
-bounds = chunk_bounds(n, p)
-pinned = cuda.pinned_array(max(e - s for s, e in bounds), np.float32)  # reused every step
-scratch = cuda_ops.empty(pinned.size)
-for step in range(p - 1):
-    sent = []
-    for r in range(p):  # every rank copies its outgoing chunk to the host ("sends" it)
-        s, e = bounds[reduce_scatter_chunks(r, step, p)[0]]
-        sent.append(on_device[r][s:e].copy_to_host())
-    for r in range(p):  # every rank receives its left neighbour's chunk and adds it on the GPU
-        s, e = bounds[reduce_scatter_chunks(r, step, p)[1]]
-        pinned[: e - s] = sent[(r - 1) % p]  # the socket wrote into the pinned buffer
-        scratch[: e - s].copy_to_device(pinned[: e - s])
-        cuda_ops.add_into(on_device[r][s:e], scratch[: e - s])
-want = simulate_allreduce(grads)
-for r in range(p):  # after p-1 steps rank r owns the complete sum of chunk (r + 1) mod p
-    s, e = bounds[(r + 1) % p]
-    got = on_device[r][s:e].copy_to_host()
-    assert np.array_equal(got, want[r][s:e]), f"rank {r}: the device sum differs"
-print(f"ring reduce-scatter of {n:,} floats over {p} device 'ranks': bitwise the CPU ring's")
+launch_lock = threading.Lock()
+
+
+def locked_add_into(dst, src) -> None:
+    with launch_lock:
+        cuda_ops.add_into(dst, src)
+
+
+ops = SimpleNamespace(add_into=locked_add_into)
+port, token = free_port(), new_token()
+summed: list = [None] * p
+failures: list = []
+
+
+def rank_main(rank: int) -> None:
+    try:
+        with init_process_group(JobSpec(rank, p, master_port=port, token=token)) as comm:
+            on_device = cuda.to_device(grads[rank])  # this rank's gradient, on the GPU
+            device_allreduce(comm, on_device, "sum", ops=ops)
+            summed[rank] = on_device.copy_to_host()
+    except Exception as e:  # re-raised below, in the main thread
+        failures.append((rank, e))
+
+
+ranks = [threading.Thread(target=rank_main, args=(r,)) for r in range(p)]
+for thread in ranks:
+    thread.start()
+for thread in ranks:
+    thread.join()
+if failures:
+    raise failures[0][1]
+want = simulate_allreduce(grads, "sum")  # the CPU ring, in one process: the oracle
+for r in range(p):
+    assert np.array_equal(summed[r].view(np.uint32), want[r].view(np.uint32)), (
+        f"rank {r}: the device ring's sum differs from the CPU ring's, max |diff| "
+        f"{np.abs(summed[r] - want[r]).max():.3g}"
+    )
+print(f"device_allreduce of {n:,} floats over {p} ranks: bitwise the CPU ring's on every rank")
 
 # %% [markdown]
 # ## 5. Timing (a GPU only)
@@ -212,3 +273,35 @@ if ON_GPU:
 else:
     print("no GPU: timing skipped (the simulator's times mean nothing)")
 print("all checks passed")
+
+# %% [markdown]
+# ## Summary
+#
+# - A training step of the benchmark MLP is 26 GFLOP: 0.4 ms of float32 arithmetic on an H200,
+#   but 22 ms if every multiply-add fetched its two operands from global memory. Matmuls on a
+#   GPU are bounded by how well they reuse what they load.
+# - The naive kernel (one thread per output, a dot product from global memory) is correct and
+#   easy to check; the tiled kernel (`_matmul_tiled`) stages TILE x TILE tiles of each operand
+#   in shared memory between two `cuda.syncthreads()` barriers and reads global memory TILE
+#   times less. Both equal `numpy_ops.dense_forward`, the definition, to float32 rounding.
+# - `device_allreduce` runs the ring of `comm.ring` on device arrays: the same schedule and order
+#   of additions, chunks staged through reused pinned buffers, the additions a kernel. Its sum is
+#   bitwise the CPU ring's on every rank.
+# - Numba's simulator runs every CUDA thread as a Python thread: it checks indexing, barriers and
+#   results at tiny sizes, never speed.
+#
+# ## Exercises
+#
+# 1. Redo the opening number for a batch of 64 and for 4096. At which batch does the tiled
+#    kernel's traffic (naive / TILE) take as long as the arithmetic on an H200?
+# 2. In `naive_matmul`, swap the roles of the grid's axes (`i, j = cuda.grid(2)`). The result
+#    stays right; on a GPU, time it: which accesses stop being coalesced, and why does it matter?
+# 3. Count the global reads of the tiled kernel at B = 20, n_in = 18, n_out = 13 by hand (section
+#    3 prints the figure) and explain why the ratio is far below TILE at this size.
+# 4. comm/device_ring.py puts the PCIe traffic of one call at M bytes device to host and
+#    2(p−1)/p · M host to device. Which copies of section 4's table make up each figure, and
+#    which could two ranks on the same GPU skip?
+# 5. Pass `codec=get_codec("trunc16")` (from `pipesgd_ref.codecs`) to `device_allreduce` in
+#    section 4. The result is no longer the oracle's: compare it with
+#    `comm.compressed.simulate_compressed_allreduce`. Where does the codec run, host or device,
+#    and why (comm/device_ring.py's docstring)?

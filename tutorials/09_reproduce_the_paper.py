@@ -18,7 +18,7 @@
 #
 # 1. the `compare` preset, and why it is communication-heavy: T_ar against t_comp with
 #    `timing.predict`;
-# 2. calibration: `timing.calibrate` measures the figures of the models on this machine,
+# 2. calibration: `timing.calibrate.calibrate` measures the figures of the models on this machine,
 #    `timing.describe` prints them;
 # 3. the predictions of every method, and what bounds each;
 # 4. `run_compare`: the six runs, the table, the checks;
@@ -39,6 +39,7 @@ from pathlib import Path
 from pipesgd_ref import timing
 from pipesgd_ref.compare import CHECKS, calibrate_for, quick_config, run_compare
 from pipesgd_ref.config import TrainConfig, link_model
+from pipesgd_ref.timing.calibrate import time_compute, usable_cores
 from pipesgd_ref.units import format_bandwidth, format_bytes, format_seconds
 
 SMALL = os.environ.get("PIPESGD_TUTORIAL_SMALL") == "1"  # CI: a smaller model, same regime
@@ -56,7 +57,7 @@ link = link_model(preset)
 # link's 2(p−1)/p·M. Latency and compute left out for now.
 
 # %%
-n_preset, t_comp_1, t_u_1 = timing.time_compute(preset)  # also times one step: section 1
+n_preset, t_comp_1, t_u_1 = time_compute(preset)  # also times one step: section 1
 M = 4 * n_preset
 ps_wire = 2 * p * M / link.bandwidth
 ring_wire = 2 * (p - 1) / p * M / link.bandwidth
@@ -89,21 +90,21 @@ for key in shown:
 #   long as computing it *on a two-core machine*, the regime where Pipe-SGD gains most over
 #   synchronous SGD (T = max instead of sum: up to 2×).
 # - **ps_pulls = "shared"**: the server sends a version's p pulls at once, sharing its link,
-#   the conventional server that PAPER.md's 2pM/B models (comm/ps.py; "sequential" sends them
+#   the conventional server that PAPER.md's 2pM/B models (algorithms/ps.py; "sequential" sends them
 #   one after another and pays (p+1)M/B, tutorial 03).
 # - **eval_every 2, target_accuracy 0.96**: rank 0 keeps a copy of the weights every 2 steps
 #   and evaluates them after training, so the time to 96% test accuracy is known to within
 #   two steps without slowing the run.
 #
-# Is it communication-heavy? `timing.predict(algo, p, cal)` answers from a `Calibration`.
-# The full one comes from measurements (section 2); here we write one by hand from what we
-# know: n, t_comp and t_u just timed in this process (one core, `timing.time_compute`), the
-# link's α and B, γ left out. With `cores=10**9` every worker has a core of its own (a
-# cluster); with this machine's cores the 4 workers share them, and t_comp stretches by
-# p / cores (`timing.compute_time`).
+# Is it communication-heavy? `timing.predict(algo, p, cal)` answers from a `Calibration`. The full
+# one comes from measurements (section 2); here we write one by hand from what we know: n, t_comp
+# and t_u just timed in this process (one core, `timing.calibrate.time_compute`), the link's α and
+# B, γ left out. With `cores=10**9` every worker has a core of its own (a cluster); with this
+# machine's cores the 4 workers share them, and t_comp stretches by p / cores
+# (`timing.compute_time`).
 
 # %%
-cores = timing.usable_cores()
+cores = usable_cores()
 by_hand = {
     "cluster": timing.Calibration(n_params=n_preset, t_comp=t_comp_1, t_update=t_u_1,
                                   alpha=link.latency, bandwidth=link.bandwidth, gamma=0.0,
@@ -154,8 +155,8 @@ print(f"this tutorial runs: MLP 64-{'-'.join(map(str, cfg.hidden))}-10, batch "
 # %% [markdown]
 # ## 2. Calibration: the models' figures, measured here
 #
-# `timing.calibrate(cfg)` measures, on this machine and for this model and batch
-# (timing.py's docstring has the details):
+# `timing.calibrate.calibrate(cfg)` measures, on this machine and for this model and batch
+# (timing/models.py's docstring has the details):
 #
 # - **t_comp, t_u**: one forward + backward, one SGD update, timed in this process;
 # - **t_comp(k)** for k = 1..p worker processes computing at once, pinned as the workers are:
@@ -385,7 +386,7 @@ print("all checks passed")
 #   AllReduce of its 4.5 MB gradient takes about as long as the shared computation, the
 #   regime where Pipe-SGD gains most. T_ar / t_comp barely depends on the model's size, which
 #   is how a smaller model keeps the regime.
-# - `timing.calibrate` measures the models' figures on this machine (t_comp under core
+# - `timing.calibrate.calibrate` measures the models' figures on this machine (t_comp under core
 #   sharing, the hop cost, loopback's bandwidth, γ, the codecs); `timing.predict_all` turns
 #   them into each method's iteration and its bound.
 # - The checks are the paper's claims as wall-clock ratios: compressed Pipe-SGD ≥ 5.4× sooner

@@ -45,10 +45,14 @@ from pipesgd_ref.trace import Timeline
 _STOP = None  # tells the communication thread to finish
 
 
-class _CommThread:
-    """AllReduces (step, buffer) pairs in the order they are handed over."""
+class CommThread:
+    """AllReduces (step, buffer) pairs in the order they are handed over. `after(step)`, if
+    given, runs in this thread once step's AllReduce is done, before the compute thread hears
+    of it (the calibration times ring hops there, beside the computation)."""
 
-    def __init__(self, comm: Communicator, timeline: Timeline, worker: Worker, codec=None):
+    def __init__(
+        self, comm: Communicator, timeline: Timeline, worker: Worker, codec=None, after=None
+    ):
         from pipesgd_ref.config import emulated_allreduce_seconds
 
         self.comm = comm
@@ -56,6 +60,7 @@ class _CommThread:
         self.worker = worker  # where the buffers live: its `average` fits them
         self.timeline = timeline
         self.codec = codec
+        self.after = after
         self.skipped: list[tuple[int, list[int]]] = []  # (step, ranks left out)
         self.todo: queue.SimpleQueue = queue.SimpleQueue()
         self.done: queue.SimpleQueue = queue.SimpleQueue()
@@ -74,6 +79,8 @@ class _CommThread:
                     bad = self.worker.average(self.comm, buf, self.codec, ok)  # host or device
                     if bad:  # --skip-nonfinite: their gradients were left out of the mean
                         self.skipped.append((step, bad))
+                if self.after is not None:
+                    self.after(step)
             except BaseException as e:  # handed to the compute thread, which re-raises
                 self.done.put(e)
                 return
@@ -119,7 +126,7 @@ def pipe_worker(
     # t + K; its gradient was applied at step t + K - 1 at the latest.
     buffers = [worker.new_buffer() for _ in range(K)]
     codec = worker.codec()
-    comm_thread = _CommThread(comm, timeline, worker, codec)
+    comm_thread = CommThread(comm, timeline, worker, codec)
     # Averaged gradients already back (from a checkpoint, or fetched early to write one).
     ready: dict = dict(worker.pending)
 

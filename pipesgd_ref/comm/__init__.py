@@ -1,7 +1,13 @@
 """The wire under every algorithm: framed TCP links, rendezvous, link emulation, collectives.
 
-transport.py   Link: framed messages over one TCP socket, timeouts, errors naming the peer
-rendezvous.py  rank 0's small store: address exchange, job token, ring links
-netem.py       link emulation: latency alpha and bandwidth B per link and direction
-ring.py        ring AllReduce (reduce-scatter + all-gather), broadcast, barrier
+transport.py    Link: framed messages over one TCP socket, timeouts, errors naming the peer
+rendezvous.py   rank 0's small store: address exchange, job token, ring and star links
+netem.py        link emulation: latency alpha and bandwidth B per link and direction
+frames.py       the collectives' frames: one header per step and segment, checked on arrival;
+                a failure told to both neighbours
+schedule.py     the ring's index math, the one loop every ring runs, one-process simulations
+ring.py         ring AllReduce (reduce-scatter + all-gather), all-gather, broadcast, barrier
+compressed.py   the ring with a codec on every hop: decode, add, re-encode
+device_ring.py  the ring of a GPU array: chunks through pinned host buffers, added on the GPU
+ps.py           the parameter server's wire protocol and client, over the star links
 """

@@ -21,127 +21,68 @@ and the mean divides the same error by p.
 
 Memory: the codes of every segment this rank sends are kept until the sending thread has sent
 them, about 2(p-1)/p * M / r bytes per collective.
+
+The loop is the host ring's (comm/schedule.py's `RingReduce`); `CompressedRingReduce` says what
+a segment is on the wire (codes) and how a hop reduces it. Its one-process oracle, bitwise:
+comm/schedule.py's `simulate_compressed_allreduce`.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from pipesgd_ref.comm.rendezvous import Communicator
-from pipesgd_ref.comm.ring import (
-    SEGMENT_BYTES,
-    _at,
-    _recv_checked,
-    all_gather_chunks,
-    chunk_bounds,
-    reduce_scatter_chunks,
-    segments,
-)
-from pipesgd_ref.comm.transport import CODE_OF_DTYPE, Frame, Kind, Op
+from pipesgd_ref.comm.schedule import RingReduce
+from pipesgd_ref.comm.transport import Op
 
 
-def compressed_ring_reduce(
-    comm: Communicator, flat: np.ndarray, op: Op, codec, segment_bytes: int
-) -> None:
-    p, rank = comm.world_size, comm.rank
-    seq = comm.next_seq()
-    if p == 1:
-        return  # nothing crosses a wire: nothing is compressed
-    if flat.dtype != np.float32:
-        raise ValueError(f"codec {codec.name!r} compresses float32 gradients, got {flat.dtype}")
-    bounds = chunk_bounds(flat.size, p)
-    per = max(1, segment_bytes // 4)
-    scratch = np.empty(codec.wire_bytes(per), np.uint8)  # one received segment's codes
-    header = Frame(kind=Kind.DATA, op=op, dtype=CODE_OF_DTYPE[np.dtype(np.uint8)], seq=seq,
-                   src=rank, total_len=flat.size)  # fmt: skip
-    sender = comm.right.start_sender()
-    kept: list[np.ndarray] = []  # codes queued for sending: alive until the sender is done
-    name = f"allreduce[{codec.name}] #{seq}"
+class CompressedRingReduce(RingReduce):
+    """The ring's loop (comm/schedule.py) with codes on the wire: decode-add-encode on every
+    reduce-scatter hop, decode-and-forward-the-same-bytes in the all-gather."""
 
-    def send_codes(step: int, part: int, codes: np.ndarray) -> None:
-        kept.append(codes)
-        sender.put(_at(header, step, part), memoryview(codes), name)
+    wire_dtype = np.dtype(np.uint8)  # the frames carry codes
 
-    def encode(values: np.ndarray) -> np.ndarray:
-        codes = np.empty(codec.wire_bytes(values.size), np.uint8)
-        codec.encode(values, codes)
+    def __init__(self, comm, flat: np.ndarray, op, segment_bytes: int, codec):
+        super().__init__(comm, flat, op, segment_bytes, name=f"allreduce[{codec.name}]")
+        self.codec = codec
+        self.kept: list[np.ndarray] = []  # codes queued for sending: alive until sent
+
+    def prepare(self, largest: int, per: int) -> None:
+        if self.dtype != np.float32:  # checked once p > 1: a lone rank compresses nothing
+            raise ValueError(
+                f"codec {self.codec.name!r} compresses float32 gradients, got {self.dtype}"
+            )
+        self.scratch = np.empty(self.codec.wire_bytes(per), np.uint8)  # one segment's codes
+
+    def encode(self, values: np.ndarray) -> np.ndarray:
+        codes = np.empty(self.codec.wire_bytes(values.size), np.uint8)
+        self.codec.encode(values, codes)
         return codes
 
-    first = reduce_scatter_chunks(rank, 0, p)[0]
-    for part, (s, e) in enumerate(segments(*bounds[first], per)):
-        send_codes(0, part, encode(flat[s:e]))
-    for step in range(p - 1):  # reduce-scatter: decode, add, re-encode
-        _, chunk = reduce_scatter_chunks(rank, step, p)
-        doing = f"{name} step {step} (reduce-scatter)"
-        last = step == p - 2
-        for part, (s, e) in enumerate(segments(*bounds[chunk], per)):
-            codes = scratch[: codec.wire_bytes(e - s)]
-            _recv_checked(comm, header, step, part, codes, doing, sender)
-            dst = flat[s:e]
-            codec.add_decoded_into(codes, dst)  # dst = local + decode(partial sum so far)
-            if last and op == Op.ALLREDUCE_MEAN:
-                dst /= np.float32(p)
-            out = encode(dst)
-            if last:  # the owner keeps exactly what everyone else will decode
-                codec.decode(out, dst)
-            send_codes(step + 1, part, out)
-    for step in range(p - 1, 2 * p - 2):  # all-gather: decode, forward the same bytes
-        _, chunk = all_gather_chunks(rank, step - (p - 1), p)
-        doing = f"{name} step {step} (all-gather)"
-        for part, (s, e) in enumerate(segments(*bounds[chunk], per)):
-            codes = np.empty(codec.wire_bytes(e - s), np.uint8)
-            _recv_checked(comm, header, step, part, codes, doing, sender)
-            codec.decode(codes, flat[s:e])
-            if step < 2 * p - 3:
-                send_codes(step + 1, part, codes)
-    sender.flush(comm.timeout)
+    def send(self, step: int, chunk: int, part: int, codes: np.ndarray) -> None:
+        self.kept.append(codes)
+        super().send(step, chunk, part, codes)
 
+    def outgoing(self, s: int, e: int) -> np.ndarray:
+        return self.encode(self.flat[s:e])
 
-def simulate_compressed_allreduce(
-    arrays: list[np.ndarray], codec, op: str = "sum", segment_bytes: int = SEGMENT_BYTES
-) -> list[np.ndarray]:
-    """The compressed ring by hand, in one process: the same segments, codes and order of
-    operations as `compressed_ring_reduce`, so the results are bitwise the real ones."""
-    p = len(arrays)
-    bufs = [np.array(a, np.float32, copy=True) for a in arrays]
-    if p == 1:
-        return bufs
-    bounds = chunk_bounds(bufs[0].size, p)
-    per = max(1, segment_bytes // 4)
+    def inbox(self, s: int, e: int, gathering: bool) -> np.ndarray:
+        n = self.codec.wire_bytes(e - s)
+        # The all-gather forwards what it receives: fresh codes, the scratch would be reused.
+        return np.empty(n, np.uint8) if gathering else self.scratch[:n]
 
-    def encode(values):
-        codes = np.empty(codec.wire_bytes(values.size), np.uint8)
-        codec.encode(values, codes)
-        return codes
+    def reduce(self, codes: np.ndarray, s: int, e: int, last: bool) -> np.ndarray:
+        dst = self.flat[s:e]
+        self.codec.add_decoded_into(codes, dst)  # dst = local + decode(partial sum so far)
+        if last and self.op == Op.ALLREDUCE_MEAN:
+            dst /= np.float32(self.comm.world_size)
+        out = self.encode(dst)
+        if last:  # the owner keeps exactly what everyone else will decode
+            self.codec.decode(out, dst)
+        return out
 
-    # in_flight[r]: the codes rank r sends next, one entry per segment
-    in_flight = []
-    for r in range(p):
-        first = reduce_scatter_chunks(r, 0, p)[0]
-        in_flight.append([encode(bufs[r][s:e]) for s, e in segments(*bounds[first], per)])
-    for step in range(p - 1):
-        nxt = []
-        for r in range(p):
-            chunk = reduce_scatter_chunks(r, step, p)[1]
-            out = []
-            for part, (s, e) in enumerate(segments(*bounds[chunk], per)):
-                dst = bufs[r][s:e]
-                codec.add_decoded_into(in_flight[(r - 1) % p][part], dst)
-                if step == p - 2 and op == "mean":
-                    dst /= np.float32(p)
-                codes = encode(dst)
-                if step == p - 2:
-                    codec.decode(codes, dst)
-                out.append(codes)
-            nxt.append(out)
-        in_flight = nxt
-    for step in range(p - 1):
-        nxt = []
-        for r in range(p):
-            chunk = all_gather_chunks(r, step, p)[1]
-            got = in_flight[(r - 1) % p]
-            for part, (s, e) in enumerate(segments(*bounds[chunk], per)):
-                codec.decode(got[part], bufs[r][s:e])
-            nxt.append(got)
-        in_flight = nxt
-    return bufs
+    def place(self, codes: np.ndarray, s: int, e: int) -> np.ndarray:
+        self.codec.decode(codes, self.flat[s:e])
+        return codes  # forwarded as they came
+
+    def chunk_bytes(self, n: int) -> int:
+        return self.codec.wire_bytes(n)

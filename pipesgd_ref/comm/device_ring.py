@@ -1,9 +1,9 @@
 """Ring AllReduce of a GPU-resident array: only the chunks in flight cross to the host.
 
-The schedule, the frames and the order of additions are exactly those of comm/ring.py (the
-same `chunk_bounds`, `reduce_scatter_chunks`, `all_gather_chunks`, `segments`, headers and
-checks), so a device rank and a host rank can sit in one ring, and the result is bitwise the
-host ring's. What changes is where each segment is between the wire and the array:
+The schedule, the frames and the order of additions are exactly those of the host ring (the
+same loop, comm/schedule.py's `RingReduce`, with the same headers and checks), so a device rank
+and a host rank can sit in one ring, and the result is bitwise the host ring's. What changes
+is where each segment is between the wire and the array:
 
     reduce-scatter, per segment:  socket -> pinned slot -> device scratch (H2D)
                                   add_into(array[s:e], scratch) on the device
@@ -46,20 +46,11 @@ import threading
 
 import numpy as np
 
+from pipesgd_ref.comm.frames import aborting_on_error
 from pipesgd_ref.comm.rendezvous import Communicator
-from pipesgd_ref.comm.ring import (
-    SEGMENT_BYTES,
-    _aborting_on_error,
-    _at,
-    _recv_checked,
-    all_gather_chunks,
-    allreduce,
-    chunk_bounds,
-    reduce_scatter_chunks,
-    segments,
-)
-from pipesgd_ref.comm.transport import CODE_OF_DTYPE, Frame, Kind, Op, as_bytes
-from pipesgd_ref.logs import trace, trace_enabled
+from pipesgd_ref.comm.ring import allreduce
+from pipesgd_ref.comm.schedule import SEGMENT_BYTES, RingReduce
+from pipesgd_ref.comm.transport import Op
 
 _local = threading.local()  # per thread: pinned slots and device scratch, reused across calls
 
@@ -116,7 +107,7 @@ def device_allreduce(
 
         ops = get_backend("cuda")
     code = Op.ALLREDUCE_SUM if op == "sum" else Op.ALLREDUCE_MEAN
-    _aborting_on_error(comm, _device_ring_reduce, comm, array, code, ops, segment_bytes)
+    aborting_on_error(comm, DeviceRingReduce(comm, array, code, segment_bytes, ops).run)
     return array
 
 
@@ -131,81 +122,53 @@ def _check_device_array(array) -> None:
         raise ValueError(f"dtype {array.dtype} is not supported here; use float32 or float64")
 
 
-def _device_ring_reduce(comm: Communicator, flat, op: Op, ops, segment_bytes: int) -> None:
-    p, rank = comm.world_size, comm.rank
-    seq = comm.next_seq()  # every rank numbers every collective, even alone
-    if p == 1:
-        return  # the sum of one array is itself; the mean divides by 1
-    dtype = np.dtype(flat.dtype)
-    bounds = chunk_bounds(flat.size, p)
-    per = max(1, segment_bytes // dtype.itemsize)
-    largest = max(b - a for a, b in bounds)
-    width = max(1, min(per, largest))  # elements per slot: one segment
-    # One more slot than the segments of a chunk: no deadlock at step 0 (module docstring).
-    n_slots = -(-largest // per) + 1
-    slots = _pinned((n_slots, width), dtype)
-    scratch = _device_scratch(width, dtype)
-    header = Frame(kind=Kind.DATA, op=op, dtype=CODE_OF_DTYPE[dtype], seq=seq, src=rank,
-                   total_len=flat.size)  # fmt: skip
-    sender = comm.right.start_sender()
-    name = "allreduce" if op in (Op.ALLREDUCE_SUM, Op.ALLREDUCE_MEAN) else "barrier"
-    tracing = trace_enabled()
-    queued = 0  # frames this call has handed to the sender: slot `queued % n_slots` is next
+class DeviceRingReduce(RingReduce):
+    """The ring's loop (comm/schedule.py) on a device array: every frame is staged through a
+    ring of pinned slots, and the additions run on the device (`ops.add_into`)."""
 
-    def next_slot(n: int) -> np.ndarray:
+    where = "device"
+
+    def __init__(self, comm: Communicator, flat, op: Op, segment_bytes: int, ops):
+        super().__init__(comm, flat, op, segment_bytes)
+        self.ops = ops
+
+    def prepare(self, largest: int, per: int) -> None:
+        width = max(1, min(per, largest))  # elements per slot: one segment
+        # One more slot than the segments of a chunk: no deadlock at step 0 (module docstring).
+        self.n_slots = -(-largest // per) + 1
+        self.slots = _pinned((self.n_slots, width), self.dtype)
+        self.scratch = _device_scratch(width, self.dtype)
+
+    def next_slot(self, n: int) -> np.ndarray:
         """The next slot, once free, as n elements: with at most n_slots - 1 frames still
         pending, the one queued n_slots frames ago (this slot's last use) is on the wire."""
-        sender.wait_pending(n_slots - 1, comm.timeout)
-        return slots[queued % n_slots, :n]
+        self.sender.wait_pending(self.n_slots - 1, self.comm.timeout)
+        return self.slots[self.queued % self.n_slots, :n]
 
-    def forward(step: int, chunk: int, part: int, slot: np.ndarray) -> None:
-        """Queue `slot` (segment `part` of `chunk`) as frame (step, part) to the right."""
-        nonlocal queued
-        phase = "reduce-scatter" if step < p - 1 else "all-gather"
-        sender.put(_at(header, step, part), as_bytes(slot), f"{name} #{seq} {phase} (device)")
-        queued += 1
-        if tracing and part == 0:  # one line per chunk and step (PIPESGD_TRACE=1)
-            a, b = bounds[chunk]
-            trace("%s #%d step %d (%s, device) | rank %d -> %d | chunk %d | %d bytes", name,
-                  seq, step, phase, rank, comm.right.peer, chunk,
-                  (b - a) * dtype.itemsize)  # fmt: skip
-
-    # Reduce-scatter. Step 0 sends our own chunk, staged through the slots; every later chunk
-    # is forwarded segment by segment as soon as it has been reduced, as in the host ring.
-    first = reduce_scatter_chunks(rank, 0, p)[0]
-    for part, (s, e) in enumerate(segments(*bounds[first], per)):
-        slot = next_slot(e - s)
+    def outgoing(self, s: int, e: int) -> np.ndarray:
+        slot = self.next_slot(e - s)
         if e > s:
-            flat[s:e].copy_to_host(slot)  # D2H: the sync point after the kernels that wrote it
-        forward(0, first, part, slot)
-    for step in range(p - 1):
-        _, chunk = reduce_scatter_chunks(rank, step, p)
-        doing = f"{name} #{seq} step {step} (reduce-scatter, device)"
-        last = step == p - 2  # after this step, `chunk` is complete on this rank
-        for part, (s, e) in enumerate(segments(*bounds[chunk], per)):
-            slot = next_slot(e - s)
-            _recv_checked(comm, header, step, part, slot, doing, sender)
-            if e > s:
-                tmp = scratch[: e - s]
-                tmp.copy_to_device(slot)  # H2D: the running sum of the ranks before us
-                ops.add_into(flat[s:e], tmp)  # our term joins on the device: same bits as host
-                flat[s:e].copy_to_host(slot)  # D2H: what the next hop needs
-                if last and op == Op.ALLREDUCE_MEAN:
-                    # The owner divides once, on the host as the host ring does (same bits),
-                    # and everyone, itself included, keeps these bytes.
-                    slot /= dtype.type(p)
-                    flat[s:e].copy_to_device(slot)
-            forward(step + 1, chunk, part, slot)  # at once: the next hop needs it now
-    # All-gather: receive each complete chunk into a slot, copy it into place on the device,
-    # and forward the same slot unless the right neighbour already has the chunk.
-    for step in range(p - 1, 2 * p - 2):
-        _, chunk = all_gather_chunks(rank, step - (p - 1), p)
-        doing = f"{name} #{seq} step {step} (all-gather, device)"
-        for part, (s, e) in enumerate(segments(*bounds[chunk], per)):
-            slot = next_slot(e - s)
-            _recv_checked(comm, header, step, part, slot, doing, sender)
-            if e > s:
-                flat[s:e].copy_to_device(slot)  # H2D into place
-            if step < 2 * p - 3:
-                forward(step + 1, chunk, part, slot)
-    sender.flush(comm.timeout)  # the slots are free again when we return
+            self.flat[s:e].copy_to_host(slot)  # D2H: the sync point after the kernels
+        return slot
+
+    def inbox(self, s: int, e: int, gathering: bool) -> np.ndarray:
+        return self.next_slot(e - s)
+
+    def reduce(self, slot: np.ndarray, s: int, e: int, last: bool) -> np.ndarray:
+        if e > s:
+            flat = self.flat
+            tmp = self.scratch[: e - s]
+            tmp.copy_to_device(slot)  # H2D: the running sum of the ranks before us
+            self.ops.add_into(flat[s:e], tmp)  # our term joins on the device: same bits as host
+            flat[s:e].copy_to_host(slot)  # D2H: what the next hop needs
+            if last and self.op == Op.ALLREDUCE_MEAN:
+                # The owner divides once, on the host as the host ring does (same bits),
+                # and everyone, itself included, keeps these bytes.
+                slot /= self.dtype.type(self.comm.world_size)
+                flat[s:e].copy_to_device(slot)
+        return slot  # forwarded at once: the next hop needs it now
+
+    def place(self, slot: np.ndarray, s: int, e: int) -> np.ndarray:
+        if e > s:
+            self.flat[s:e].copy_to_device(slot)  # H2D into place
+        return slot  # forwarded from the same slot

@@ -12,6 +12,8 @@ The model is the standard alpha-beta link, per direction:
 
 Links are full duplex: each direction of each link has its own `LinkEmulator`, so a rank can
 send to its right neighbour while receiving from its left one at full bandwidth both ways.
+A parameter server is the exception: its p links are one network card, one wire each way
+(`ServerNIC`), or the emulation would give it p times the bandwidth of one NIC.
 Consecutive messages on one direction pipeline: the latency of message i overlaps the
 serialization of message i+1, so k back-to-back messages of b bytes arrive at alpha + k b / B.
 
@@ -52,6 +54,7 @@ __all__ = [
     "LinkEmulator",
     "LinkModel",
     "LinkTooSlow",
+    "ServerNIC",
     "frame_problem",
     "too_slow_advice",
     "wait_until",
@@ -219,3 +222,111 @@ def wait_until(
         return 0.0  # already arrived: the real transfer took longer than the emulated one
     sleep(delay)
     return delay
+
+
+# ---------------------------------------------------------------------------------------------
+# The parameter server's network card: p links, one wire each way.
+# ---------------------------------------------------------------------------------------------
+
+
+class ServerNIC:
+    """The parameter server's network card under link emulation: one wire in, one wire out.
+
+    Why: each transport Link paces only its own direction, so p emulated client links would
+    give the server p times the bandwidth of one NIC and hide exactly the bottleneck of a
+    parameter server (its one link carries p pushes in and p pulls out per round).
+
+    Out: every client link sends through one shared LinkEmulator (the server is one thread,
+    which is all a LinkEmulator asks). In: a push's sender paced it on its own link only, so
+    after it arrives it is queued once more on the server's ingress wire:
+
+        start  = max(departure on the worker's link, when the ingress wire is free)
+        arrive = start + b / B + alpha            # the push is usable only then
+
+    where departure = deliver_at - (alpha + b / B) undoes the sender's own link time. Pushes
+    take the wire in the order they departed, as on a real card: ps-async reads them in that
+    order (whichever link is readable first); ps-sync reads them in worker order (its sum must
+    be in that order), so `arrive_in_round` places each among every push of the round that
+    departed before it (`departure`), read or not: a worker that pushes last must not hold up
+    on the emulated wire the pushes that left before it.
+
+    `links`: the server's transport Links (each with its `model` and `emulator`), in worker
+    order; `header_bytes`: the frame header every message carries (transport.HEADER_BYTES).
+    A frame here is a transport Frame: its `nbytes` (payload) and `deliver_at` are read.
+    """
+
+    def __init__(self, links: list, header_bytes: int):
+        self.model = links[0].model if links else None
+        self.enabled = bool(links) and self.model.enabled
+        self.header_bytes = header_bytes
+        self.ingress_free = -math.inf
+        self.round_end: float | None = None  # where the ingress wire is free after a round
+        self.n_links = len(links)
+        self.egress = LinkEmulator(self.model) if self.enabled else None
+        if self.enabled:
+            for link in links:
+                link.emulator = self.egress  # the pulls share the server's one outgoing wire
+
+    def book(self, n_messages: int, nbytes: int) -> float:
+        """Book the outgoing wire for `n_messages` payloads of `nbytes` sent at once, sharing
+        it: equal messages sharing a wire fairly all arrive together, when the last byte has
+        crossed. Returns that emulated arrival time (0.0 when not emulated), once only one
+        message's own link time is left, so that no receiver waits longer on a frame than one
+        message takes (its wait is capped at that, plus a margin)."""
+        if not self.enabled:
+            return 0.0
+        size = nbytes + self.header_bytes
+        arrive = self.egress.schedule(n_messages * size)
+        one = self.model.message_time(size)
+        wait_until(arrive - one, max_wait=n_messages * one + 1.0)
+        return arrive
+
+    def wire_time(self, frame) -> float:
+        """b / B of a frame on the ingress wire, header included."""
+        return (frame.nbytes + self.header_bytes) / self.model.bandwidth
+
+    def departure(self, frame) -> float:
+        """When a push left its worker: its deliver_at less its own link's alpha + b / B."""
+        return frame.deliver_at - self.model.latency - self.wire_time(frame)
+
+    def arrive(self, frame) -> None:
+        """Wait until `frame` (its payload already read) has crossed the ingress wire, queued
+        behind the pushes read before it (ps-async: read in the order they departed)."""
+        if not self.enabled or not frame.deliver_at:
+            return
+        self.ingress_free = max(self.departure(frame), self.ingress_free) + self.wire_time(frame)
+        self._wait(frame, self.ingress_free + self.model.latency)
+
+    def arrive_in_round(self, frames: list, i: int) -> None:
+        """Wait until push `frames[i]` (its payload already read) has crossed the ingress wire,
+        queued behind every push of the round that departed before it (`round_arrival`)."""
+        if self.enabled and frames[i].deliver_at:
+            self._wait(frames[i], self.round_arrival(frames, i))
+
+    def round_arrival(self, frames: list, i: int) -> float:
+        """When push `frames[i]` has crossed the ingress wire: the round's pushes take the wire
+        in the order they departed, from where the last round left it. `frames` holds the
+        headers read so far (None: not yet); the caller has read every header that was
+        readable, so every push that departed before push i is among them, and the pushes
+        that depart later do not move its arrival. Once every header is known, the wire's
+        booking to the round's end is kept for `end_round`."""
+        free = self.ingress_free
+        order = sorted((self.departure(f), j) for j, f in enumerate(frames) if f is not None)
+        arrive = math.nan
+        for departed, j in order:
+            free = max(departed, free) + self.wire_time(frames[j])
+            if j == i:
+                arrive = free + self.model.latency
+        if all(f is not None for f in frames):
+            self.round_end = free
+        return arrive
+
+    def end_round(self) -> None:
+        """The round's pushes have all crossed: the next round queues behind them."""
+        if self.enabled and self.round_end is not None:
+            self.ingress_free, self.round_end = self.round_end, None
+
+    def _wait(self, frame, arrive: float) -> None:
+        # At most every worker's push is queued ahead: a bogus deliver_at cannot stall us longer.
+        one = self.model.message_time(frame.nbytes + self.header_bytes)
+        wait_until(arrive, max_wait=self.n_links * one + 1.0)

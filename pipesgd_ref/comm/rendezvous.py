@@ -93,7 +93,7 @@ class Communicator:
 
     def scratch(self, n: int, dtype) -> np.ndarray:
         """A receive buffer of n elements, kept for the next collective: a fresh one would be
-        mapped, page-faulted and zeroed by the kernel on every call (1-2 ms per 4 MB here).
+        mapped, page-faulted and zeroed by the kernel on every call (milliseconds per 4 MB).
         Grows to the largest n asked for; one collective at a time uses it."""
         dtype = np.dtype(dtype)
         nbytes = n * dtype.itemsize

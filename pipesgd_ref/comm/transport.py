@@ -541,8 +541,9 @@ class _Sender:
     def put(self, frame: Frame, payload: memoryview, doing: str) -> None:
         """Queue a frame. With nothing queued ahead of it, the calling thread starts it at once
         and hands the kernel what its socket buffer takes without waiting; only the rest (if
-        any) goes to the sending thread. Waking that thread costs 0.1-0.5 ms on a busy or
-        virtual machine, once per ring hop: the latency term of every step."""
+        any) goes to the sending thread. Waking that thread costs a scheduler wake-up on a busy
+        or virtual machine (benchmarks/RESULTS.md), once per ring hop: the latency term of
+        every step."""
         with self._idle:
             idle = self.pending == 0
         if idle:

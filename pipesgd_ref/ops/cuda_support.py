@@ -1,6 +1,6 @@
 """What every CUDA module of the package shares: launch geometry, the GPU check, compilation.
 
-The CUDA code (ops/cuda_ops.py: the model's ops; ops/cuda_codecs.py: the codecs) runs three
+The CUDA code (ops/cuda_ops.py: the model's ops; codecs/cuda_kernels.py: the codecs) runs three
 ways, chosen by the environment before numba is imported:
 
     a real GPU                    numba.cuda.is_available() is True

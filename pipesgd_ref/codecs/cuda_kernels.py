@@ -1,6 +1,6 @@
-"""The codecs as CUDA kernels: the third rung of codecs.py (NumPy reference -> Numba -> CUDA).
+"""The codecs as CUDA kernels: the third rung (reference.py -> numba_cpu.py -> cuda_kernels.py).
 
-`get_codec(name, "cuda")` returns a `CudaCodec`: the codec of codecs.py, with the same wire
+`get_codec(name, "cuda")` returns a `CudaCodec`: a `Codec` (codec.py), with the same wire
 layout and the same `wire_bytes(n)`, whose encode / decode / add_decoded_into take Numba CUDA
 device arrays (values: 1-D float32; wire: 1-D uint8 of wire_bytes(n)) and run the kernels
 below. Every result is bitwise the NumPy reference's: the codes byte for byte (the q8 scale
@@ -21,7 +21,7 @@ max|x| back (a sync) and uploads n uniforms, drawn on the host (see `CudaCodec._
 
 How "bitwise" survives the trip to the GPU, and why each rule is needed:
 - Bit manipulation happens on uint32 / uint16 views of the same device memory (`.view` on the
-  host before launch), with the constants of codecs.py: the same integer operations.
+  host before launch), with the constants of bits.py: the same integer operations.
 - No fused multiply-add. NVVM contracts `a + b * c` into one FMA (rounded once) by default;
   NumPy rounds the product, then the sum. q8's decode-add multiplies with libdevice's
   `fmul_rn`, which is never contracted (tests/test_cuda_codecs.py checks the PTX for `fma`).
@@ -45,6 +45,11 @@ with the NumPy meaning of the four functions used.
 Wire alignment: the kernels read the wire through float32 / uint16 views, so a device wire must
 start at a 4-byte-aligned address (a fresh `cuda.device_array` is 256-aligned; slice framed
 buffers at multiples of 4). CudaCodec checks it.
+
+The module loads numba.cuda at import, so nothing imports it at module level: `get_codec(name,
+"cuda")` does, when asked (by then the process has chosen a GPU or the simulator, whose switch
+NUMBA_ENABLE_CUDASIM is read once, when numba.cuda first loads). It is `cuda_kernels`, not
+`cuda`, because `cuda` is numba.cuda's name in here and in the tests.
 """
 
 from __future__ import annotations
@@ -55,18 +60,19 @@ from types import SimpleNamespace
 import numpy as np
 from numba import cuda, types
 
-from pipesgd_ref.codecs import (
-    _ABS,
-    _HALF,
-    _INF,
-    _LOW_ONES,
-    _ONE,
-    _Q8_LEVELS,
-    _Q8_MAX_SCALE,
-    _QUIET16,
-    Codec,
-    q8_scale,
+from pipesgd_ref.codecs.bits import (
+    ABS_MASK,
+    HALF_SHIFT,
+    INF_BITS,
+    LOW_ONES,
+    ONE,
+    Q8_LEVELS,
+    Q8_MAX_SCALE,
+    QUIET16,
+    QUIET32,
 )
+from pipesgd_ref.codecs.codec import Codec
+from pipesgd_ref.codecs.reference import q8_scale
 from pipesgd_ref.ops.cuda_support import THREADS_PER_BLOCK, gpu_problem, launch_1d, simulated
 
 if simulated():
@@ -81,18 +87,16 @@ if simulated():
 else:
     from numba.cuda import libdevice
 
-_QUIET32 = np.uint32(0x0040_0000)  # float32's quiet-NaN bit (bit 22)
-
 
 @cuda.jit(device=True)
 def _quieted(x):
     """A NaN x with its quiet bit set and its payload kept: the NaN NumPy returns for a NaN
     operand of an addition (a GPU's own addition would return its canonical NaN instead)."""
-    return libdevice.int_as_float(np.int32(np.uint32(libdevice.float_as_int(x)) | _QUIET32))
+    return libdevice.int_as_float(np.int32(np.uint32(libdevice.float_as_int(x)) | QUIET32))
 
 
 _Q8_NAN = np.float32(np.nan)  # the scale of a chunk holding NaN or Inf: q8_scale's NaN, same bits
-_Q8_CLIP = 127.0  # codes -127..127, as _Q8_LEVELS
+_Q8_CLIP = 127.0  # codes -127..127, as Q8_LEVELS
 
 # q8's max |x| pass 1 launches at most this many blocks (each grid-strides over its share), so
 # pass 2 reduces at most _MAX_PARTIALS block maxima in one block: 4 per thread at 256 threads.
@@ -124,7 +128,7 @@ def _grid(n: int, max_blocks: int | None = None) -> tuple[int, int]:
 
 @cuda.jit
 def _trunc16_encode_kernel(bits, out16):
-    """trunc16 encode (codecs.trunc16_encode), on the float32 bits as uint32:
+    """trunc16 encode (reference.trunc16_encode), on the float32 bits as uint32:
         for i in range(n):
             h = bits[i] >> 16
             if bits[i] & 0x7FFFFFFF > 0x7F800000: h |= 0x0040      # NaN stays a (quiet) NaN
@@ -134,15 +138,15 @@ def _trunc16_encode_kernel(bits, out16):
     """
     for i in range(cuda.grid(1), bits.size, cuda.gridsize(1)):
         b = bits[i]
-        h = b >> _HALF
-        if (b & _ABS) > _INF:
-            h |= _QUIET16
+        h = b >> HALF_SHIFT
+        if (b & ABS_MASK) > INF_BITS:
+            h |= QUIET16
         out16[i] = h
 
 
 @cuda.jit
 def _bf16_encode_kernel(bits, out16):
-    """bf16 encode (codecs.bf16_encode): round to nearest, ties to even, on the bits:
+    """bf16 encode (reference.bf16_encode): round to nearest, ties to even, on the bits:
         for i in range(n):
             b = bits[i]
             if b & 0x7FFFFFFF > 0x7F800000: out16[i] = (b >> 16) | 0x0040       # NaN, quiet
@@ -153,26 +157,26 @@ def _bf16_encode_kernel(bits, out16):
     """
     for i in range(cuda.grid(1), bits.size, cuda.gridsize(1)):
         b = bits[i]
-        if (b & _ABS) > _INF:
-            out16[i] = (b >> _HALF) | _QUIET16
+        if (b & ABS_MASK) > INF_BITS:
+            out16[i] = (b >> HALF_SHIFT) | QUIET16
         else:
-            out16[i] = (b + _LOW_ONES + ((b >> _HALF) & _ONE)) >> _HALF
+            out16[i] = (b + LOW_ONES + ((b >> HALF_SHIFT) & ONE)) >> HALF_SHIFT
 
 
 @cuda.jit
 def _half16_decode_kernel(src16, out_bits):
-    """trunc16 / bf16 decode (codecs.half16_decode), into the bits of the float32 output:
+    """trunc16 / bf16 decode (reference.half16_decode), into the bits of the float32 output:
         for i in range(n): out_bits[i] = src16[i] << 16
 
     Optimisations: grid-stride loop, coalesced, integer ops only.
     """
     for i in range(cuda.grid(1), src16.size, cuda.gridsize(1)):
-        out_bits[i] = np.uint32(src16[i]) << _HALF
+        out_bits[i] = np.uint32(src16[i]) << HALF_SHIFT
 
 
 @cuda.jit
 def _half16_add_kernel(src16, dst):
-    """trunc16 / bf16 decode-add (codecs.half16_add_decoded_into):
+    """trunc16 / bf16 decode-add (reference.half16_add_decoded_into):
         for i in range(n): dst[i] += float32_from_bits(src16[i] << 16)
 
     NaN operands as NumPy: a NaN dst[i] stays, quieted; else a NaN decoded value is the result
@@ -181,19 +185,19 @@ def _half16_add_kernel(src16, dst):
     2 + 4 bytes and one write of 4 per element); the bit cast is free (a register move).
     """
     for i in range(cuda.grid(1), dst.size, cuda.gridsize(1)):
-        v = np.uint32(src16[i]) << _HALF  # the decoded value's bits
+        v = np.uint32(src16[i]) << HALF_SHIFT  # the decoded value's bits
         d = dst[i]
         if d != d:  # NaN dst: NumPy returns the NaN operand, quieted (GPU: 0x7FFFFFFF)
             dst[i] = _quieted(d)
-        elif (v & _ABS) > _INF:  # NaN decoded value: returned, quieted
-            dst[i] = libdevice.int_as_float(np.int32(v | _QUIET32))
+        elif (v & ABS_MASK) > INF_BITS:  # NaN decoded value: returned, quieted
+            dst[i] = libdevice.int_as_float(np.int32(v | QUIET32))
         else:
             dst[i] = d + libdevice.int_as_float(np.int32(v))
 
 
 @cuda.jit
 def _f32_add_kernel(src, dst):
-    """none decode-add (codecs.none_add_decoded_into): for i in range(n): dst[i] += src[i].
+    """none decode-add (reference.none_add_decoded_into): for i in range(n): dst[i] += src[i].
 
     NaN operands as NumPy (dst first, then src, quieted). Optimisations: grid-stride, coalesced.
     """
@@ -230,7 +234,7 @@ def _abs_max_bits_kernel(bits, block_max):
     tid = cuda.threadIdx.x
     m = np.uint32(0)
     for i in range(cuda.grid(1), bits.size, cuda.gridsize(1)):
-        a = bits[i] & _ABS
+        a = bits[i] & ABS_MASK
         if a > m:  # not max(a, m): numba 0.68 cannot compile that without a GPU (see above)
             m = a
     shared[tid] = m
@@ -247,7 +251,7 @@ def _abs_max_bits_kernel(bits, block_max):
 
 @cuda.jit
 def _q8_codes_kernel(x, amax, uniforms, header, codes):
-    """q8 codes (codecs.q8_encode), from amax[0] = the bits of max|x|; writes the scale too:
+    """q8 codes (reference.q8_encode), from amax[0] = the bits of max|x|; writes the scale too:
         scale = q8_scale(float32_from_bits(amax[0]))   # NaN if Inf/NaN, else min(amax / 127, cap)
         header[0] = scale
         for i in range(n):
@@ -264,14 +268,12 @@ def _q8_codes_kernel(x, amax, uniforms, header, codes):
     the same for every thread (no divergence).
     """
     amax_bits = amax[0]
-    if amax_bits >= _INF:  # max|x| is Inf or NaN: the scale, and every decoded value, is NaN
+    if amax_bits >= INF_BITS:  # max|x| is Inf or NaN: the scale, and every decoded value, is NaN
         scale = _Q8_NAN
     else:
-        scale = (
-            libdevice.int_as_float(np.int32(amax_bits)) / _Q8_LEVELS
-        )  # Eq.: scale = max|x| / 127
-        if scale > _Q8_MAX_SCALE:  # so that 127 * scale stays finite
-            scale = _Q8_MAX_SCALE
+        scale = libdevice.int_as_float(np.int32(amax_bits)) / Q8_LEVELS  # Eq.: scale = max|x| / 127
+        if scale > Q8_MAX_SCALE:  # so that 127 * scale stays finite
+            scale = Q8_MAX_SCALE
     if cuda.grid(1) == 0:
         header[0] = scale
     stochastic = uniforms.size > 0
@@ -292,7 +294,7 @@ def _q8_codes_kernel(x, amax, uniforms, header, codes):
 
 @cuda.jit
 def _q8_decode_kernel(codes, header, out):
-    """q8 decode (codecs.q8_decode): for i in range(n): out[i] = float32(codes[i]) * header[0].
+    """q8 decode (reference.q8_decode): for i in range(n): out[i] = float32(codes[i]) * header[0].
 
     A NaN scale is every result, quieted (NumPy's NaN rule; the GPU's product would be the
     canonical NaN). Optimisations: grid-stride loop, coalesced 1-byte reads and 4-byte writes;
@@ -308,7 +310,7 @@ def _q8_decode_kernel(codes, header, out):
 
 @cuda.jit
 def _q8_add_kernel(codes, header, dst):
-    """q8 decode-add (codecs.q8_add_decoded_into):
+    """q8 decode-add (reference.q8_add_decoded_into):
         for i in range(n): dst[i] += float32(codes[i]) * header[0]   (the product rounded first)
 
     NaN operands as NumPy: a NaN dst[i] stays, quieted; else a NaN scale is the result.
@@ -345,7 +347,7 @@ KERNELS = [
 
 
 # ---------------------------------------------------------------------------------------------
-# The codec object: codecs.Codec with device buffers.
+# The codec object: codec.Codec with device buffers.
 
 
 def _is_device_array(a) -> bool:
@@ -372,7 +374,7 @@ def _describe(a) -> str:
 class CudaCodec(Codec):
     """One codec whose buffers live on the GPU; get one with `get_codec(name, "cuda")`.
 
-    As `codecs.Codec` (same attributes, wire layout and `wire_bytes`), but the buffers are
+    As `codec.Codec` (same attributes, wire layout and `wire_bytes`), but the buffers are
     preallocated Numba device arrays: values 1-D C-contiguous float32, wire 1-D C-contiguous
     uint8 of exactly wire_bytes(n) bytes at a 4-byte-aligned address. Wrong buffers (host
     arrays included) raise ValueError. Calls are asynchronous on the default stream.

@@ -1,0 +1,86 @@
+"""The frames of the ring's collectives: one header per (step, segment), checked on arrival, and
+a failure told to both neighbours. Used by every ring (comm/schedule.py's loop, broadcast in
+comm/ring.py, the compressed and device rings).
+
+Agreement: every frame carries (sequence number, op, dtype, total length, step, segment); the
+receiver checks them against its own call before reading the payload, so two ranks in different
+collectives get an error naming both, never a hang or wrong numbers.
+
+Failure: a rank that cannot finish a collective sends ABORT news to both neighbours before it
+raises, and a rank that receives news instead of a frame passes the story on (PeerAborted,
+naming the rank where it began): every rank of the ring ends with the same cause.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from pipesgd_ref.comm.transport import ABORT_LINGER_SECONDS, Frame, Kind, as_bytes
+from pipesgd_ref.errors import CollectiveMismatch, CommError, PeerAborted
+
+
+def frame_at(header: Frame, step: int, part: int) -> Frame:
+    """The collective's header for frame (step, segment): what the receiver will check."""
+    return dataclasses.replace(header, step=step, part=part)
+
+
+def recv_checked(
+    comm, want: Frame, step: int, part: int, out: np.ndarray, doing: str, sender
+) -> None:
+    """Receive the next frame from the left neighbour into `out` (a contiguous array of the
+    payload's size), after checking it is frame (step, part) of the collective `want` describes.
+
+    While waiting it keeps the ring honest: heartbeats from the left are skipped (the neighbour
+    is alive), `sender` (this rank's sending thread, or None) re-raises its own error and tells
+    the right neighbour we are alive, and news of a failure from either side stops the wait.
+    Raises PeerAborted when ABORT news arrives instead, CollectiveMismatch when the frame
+    belongs to another collective, step or segment; `doing` names this rank's part in both.
+    """
+
+    def stop() -> None:  # each idle slice of the wait: raise if this rank should stop waiting
+        if sender is not None:
+            sender.heartbeat()  # raises the sending thread's error, if it had one
+        comm.check_news(doing)  # news of a failure may come from the right, too
+
+    got = comm.left.recv_header(doing, stop)
+    while got.kind == Kind.HEARTBEAT:  # the left neighbour is alive and waiting: keep waiting
+        got = comm.left.recv_header(doing, stop)
+    if got.kind == Kind.ABORT:  # a rank upstream failed: pass its story on
+        origin, reason = comm.left.read_abort(got, doing)
+        raise PeerAborted(
+            f"rank {comm.rank}: rank {origin} failed, so {doing} cannot finish "
+            f"(news from rank {comm.left.peer}): {reason}",
+            origin=origin,
+        )
+    if (got.kind, got.seq, got.op, got.dtype, got.total_len) != (
+        want.kind, want.seq, want.op, want.dtype, want.total_len,
+    ) or (got.step, got.part) != (step, part):  # fmt: skip
+        raise CollectiveMismatch(
+            f"rank {comm.rank}: rank {comm.left.peer} sent a frame of {got.describe()} "
+            f"(step {got.step}, segment {got.part}) while this rank is in {want.describe()} "
+            f"(step {step}, segment {part}): every rank must call the same collectives in the "
+            f"same order, with the same dtype and length",
+            origin=comm.left.peer,
+        )
+    comm.left.recv_payload_into(got, as_bytes(out), doing, stop)
+
+
+def aborting_on_error(comm, fn: Callable, *args) -> None:
+    """Run the collective `fn(*args)`; on a communication failure tell both neighbours before
+    raising (the cause, once a neighbour's close is told apart from the failure it passed on),
+    so the whole ring stops with one story instead of timing out rank by rank."""
+    try:
+        fn(*args)
+    except CommError as e:
+        cause = comm.explain(e)
+        if comm.abort(cause):
+            # Keep our sockets open a moment: the news goes round the ring in milliseconds,
+            # while closing now would make a neighbour see a reset instead of the reason.
+            time.sleep(ABORT_LINGER_SECONDS)
+        if cause is e:
+            raise
+        raise cause from None
