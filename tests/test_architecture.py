@@ -21,6 +21,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parent.parent / "pipesgd_ref"
 
 
@@ -140,6 +142,7 @@ def test_no_private_name_crosses_modules():
         "they live, or move them):\n" + "\n".join(found)  # fmt: skip
 
 
+@pytest.mark.slow
 def test_every_module_imports_alone():
     env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1"}
     names = [m for m in module_files() if not m.endswith("__main__")]

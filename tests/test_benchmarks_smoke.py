@@ -37,6 +37,7 @@ def test_timing_model_accuracy_quick(tmp_path):
         )
 
 
+@pytest.mark.slow
 def test_soak_short(tmp_path):
     """300 steps of the soak. What a busy machine cannot change must pass: no descriptor opened
     and kept, resident memory within the 5% bound (a worker holds about 170 MB, so it takes a

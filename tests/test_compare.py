@@ -292,6 +292,7 @@ def test_plot_compare_without_sync_or_pipe_has_no_timeline(tmp_path):
 TINY_RUNS = (("ps-sync", "none"), ("sync", "none"), ("pipe", "q8"))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_run_compare_end_to_end_on_a_tiny_problem(tmp_path):
     """Three runs of 2 workers, 6 steps, an MLP 64-32-10, no emulation, a made-up calibration
