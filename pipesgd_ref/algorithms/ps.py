@@ -300,23 +300,23 @@ def finite(grads: np.ndarray, loss: float) -> bool:
 
 
 def ps_sync_worker(
-    comm: Communicator, cfg: TrainConfig, progress=None, setup: Worker | None = None
+    comm: Communicator, cfg: TrainConfig, progress=None, worker: Worker | None = None
 ) -> WorkerResult:
-    """One rank of synchronous parameter-server SGD (rank 0: the server; `setup`: this
+    """One rank of synchronous parameter-server SGD (rank 0: the server; `worker`: this
     rank's Worker, where the caller has built it already)."""
     if comm.rank == 0:
-        return _serve(comm, cfg, "ps-sync", progress, setup)
-    return _work(comm, cfg, "ps-sync", progress, setup)
+        return _serve(comm, cfg, "ps-sync", progress, worker)
+    return _work(comm, cfg, "ps-sync", progress, worker)
 
 
 def ps_async_worker(
-    comm: Communicator, cfg: TrainConfig, progress=None, setup: Worker | None = None
+    comm: Communicator, cfg: TrainConfig, progress=None, worker: Worker | None = None
 ) -> WorkerResult:
-    """One rank of asynchronous parameter-server SGD (rank 0: the server; `setup`: this
+    """One rank of asynchronous parameter-server SGD (rank 0: the server; `worker`: this
     rank's Worker, where the caller has built it already)."""
     if comm.rank == 0:
-        return _serve(comm, cfg, "ps-async", progress, setup)
-    return _work(comm, cfg, "ps-async", progress, setup)
+        return _serve(comm, cfg, "ps-async", progress, worker)
+    return _work(comm, cfg, "ps-async", progress, worker)
 
 
 def n_workers_of(comm: Communicator, method: str) -> int:
@@ -339,13 +339,13 @@ def pull_codec(cfg: TrainConfig):
 
 
 def _serve(
-    comm: Communicator, cfg: TrainConfig, method: str, progress, setup: Worker | None
+    comm: Communicator, cfg: TrainConfig, method: str, progress, worker: Worker | None
 ) -> WorkerResult:
     n = n_workers_of(comm, method)
     # the server never computes: w_0, the model, steps
-    setup = setup or Worker.build(cfg, 0, n)
+    runtime = worker or Worker.build(cfg, 0, n)
     timeline = Timeline(comm.rank)
-    server = ParameterServer(comm.clients, setup.params, timeline, codec=setup.codec(),
+    server = ParameterServer(comm.clients, runtime.params, timeline, codec=runtime.codec(),
                              pulls=cfg.ps_pulls, pull_codec=pull_codec(cfg),
                              skip_nonfinite=cfg.skip_nonfinite)  # fmt: skip
     links = list(comm.clients.values())
@@ -356,46 +356,50 @@ def _serve(
 
     def apply(version: int, grads) -> None:
         faults.at_step(0, version)  # PIPESGD_FAULT (tests): the server fails at an update
-        setup.sgd_step(grads, version)  # w -= lr_at(version) * grads, the model's backend
+        runtime.sgd_step(grads, version)  # w -= lr_at(version) * grads, the model's backend
 
     def on_update(t: int, params, loss: float) -> None:
         if progress is not None:
             progress(t, params, loss)
         if method == "ps-sync" and checkpoint.due(cfg, t):
-            setup.save_checkpoint(t + 1)  # the server's weights after update t: w_{t+1}
+            runtime.save_checkpoint(t + 1)  # the server's weights after update t: w_{t+1}
         # ps-async: a "step" is a round of n updates; the checkpoint after round t holds the
         # weights after (t + 1) n updates, whichever workers' they were
         if method == "ps-async" and (t + 1) % n == 0 and checkpoint.due(cfg, (t + 1) // n - 1):
-            setup.save_checkpoint((t + 1) // n)
+            runtime.save_checkpoint((t + 1) // n)
 
     if method == "ps-sync":
-        log = server.run_sync(setup.steps, apply, on_update, start=setup.start_step,
+        log = server.run_sync(runtime.steps, apply, on_update, start=runtime.start_step,
                               entering=lambda t: lifetime.entering(comm.rank, t))  # fmt: skip
         extra = {"role": "server"}
     else:
-        log = server.run_async(setup.steps, apply, on_update, start=setup.start_step,
+        log = server.run_async(runtime.steps, apply, on_update, start=runtime.start_step,
                                stop_at=lifetime.stop_at)  # fmt: skip
         extra = {"role": "server", "staleness": log.staleness, "arrival_order": log.arrival_order}
     # A signal stops every worker before one step (lifetime.py); the weights are then those
     # after the steps (ps-async: rounds of n pushes) before it.
     stopped_at = lifetime.stop_at()
-    end = setup.steps if stopped_at is None else max(setup.start_step, min(stopped_at, setup.steps))
+    end = (
+        runtime.steps
+        if stopped_at is None
+        else max(runtime.start_step, min(stopped_at, runtime.steps))
+    )
     if cfg.out:
-        setup.save_checkpoint(end)
-    extra["stopped_at"] = end if end < setup.steps else None
+        runtime.save_checkpoint(end)
+    extra["stopped_at"] = end if end < runtime.steps else None
     extra["bytes_received"] = sum(link.bytes_received for link in links) - received0
     extra["nonfinite_skipped"] = log.skipped
-    return WorkerResult(comm.rank, setup.params, log.losses, log.update_end, timeline.events,
+    return WorkerResult(comm.rank, runtime.params, log.losses, log.update_end, timeline.events,
                         sum(link.bytes_sent for link in links) - sent0, extra)  # fmt: skip
 
 
 def _work(
-    comm: Communicator, cfg: TrainConfig, method: str, progress, setup: Worker | None = None
+    comm: Communicator, cfg: TrainConfig, method: str, progress, worker: Worker | None = None
 ) -> WorkerResult:
     """Worker i = rank - 1: compute, push, pull, `steps` times (the docstring's worker loop)."""
     n = n_workers_of(comm, method)
     i = worker_of(comm.rank)
-    worker = setup or Worker.build(cfg, i, n)  # the same w_0 as the server's: same seed
+    worker = worker or Worker.build(cfg, i, n)  # the same w_0 as the server's: same seed
     timeline = Timeline(comm.rank)
     codec = worker.codec()
     client = PSClient(comm.server, worker.params.size, worker.params.dtype, codec=codec,
