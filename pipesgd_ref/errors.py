@@ -14,7 +14,7 @@ Every layer raises these instead of reaching into another layer for them.
     JobStopped        not a failure: a signal stopped the job (exit status 128 + signal)
     CommError         a communication failure, naming the rank it points at (`origin`)
       PeerTimeout, PeerClosed, ProtocolError, CollectiveMismatch, PeerAborted: its kinds
-      (and comm.rendezvous.RendezvousError: the job could not form)
+      RendezvousError   the job could not form (port busy, a rank never came, bad token)
 """
 
 from __future__ import annotations
@@ -112,3 +112,7 @@ class CollectiveMismatch(CommError):
 
 class PeerAborted(CommError):
     """Another rank failed and the news reached this rank along the ring."""
+
+
+class RendezvousError(CommError):
+    """The job could not form (port busy, a rank never arrived, bad token, no shared memory)."""

@@ -134,17 +134,20 @@ ARMED: list[str] = []  # wire faults waiting for this process's next data frame
 STUCK_SECONDS = 600.0
 
 
-def sabotage(link, header: bytes, payload: memoryview) -> bool:
+def sabotage(link, header: bytes, payload: memoryview, on_socket: bool = True) -> bool:
     """Called by Link.send when ARMED: act out the first armed wire fault on this frame.
-    True when the frame must not be sent as usual."""
+    True when the frame must not be sent as usual. `on_socket` False: the payload would have
+    gone through a shared-memory slot (comm/shm.py), whose header is sent only once the slot
+    is full, so a truncated frame or a crash in the middle of one puts nothing on the socket."""
     if not len(payload):  # heartbeats and empty frames: wait for one with data
         return False
     action = ARMED.pop(0)
     if action == "garbage":
         link.sock.sendall(os.urandom(len(header)))
         return True
-    link.sock.sendall(header)
-    link.sock.sendall(payload[: max(1, len(payload) // 2)])
+    if on_socket:
+        link.sock.sendall(header)
+        link.sock.sendall(payload[: max(1, len(payload) // 2)])
     if action == "close":
         # A reset, not a clean close: what the peers of a crashed process see.
         link.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))

@@ -293,6 +293,7 @@ def launch_local(
     pin_cores: bool = True,
     star: bool = False,
     stop_grace: float = STOP_GRACE_S,
+    transport: str = "tcp",
 ) -> list[Any]:
     """Run `target(comm, *args)` in `world_size` local worker processes; return the p results
     in rank order. `target` must be a module-level function (spawn pickles it by name).
@@ -303,6 +304,7 @@ def launch_local(
     cores (as `mpirun --bind-to core` does); on the 2-core development machine this made a
     4-rank 16 MB AllReduce about 10% faster (median of 25, three alternations). star: also
     link every rank to rank 0 (the parameter server's links: `comm.server`, `comm.clients`).
+    transport: tcp, unix, shm or auto, the data links' transport (comm/rendezvous.py).
 
     Signals (lifetime.py): a SIGINT, SIGTERM or SIGHUP to this process (or to the workers)
     stops every worker after one common step; JobStopped is raised, with the results when
@@ -327,7 +329,7 @@ def launch_local(
             ) from None
     port = master_port or free_port()
     spec = JobSpec(rank=0, world_size=world_size, master_port=port, token=new_token(),
-                   timeout=timeout, model=model or LinkModel())  # fmt: skip
+                   timeout=timeout, model=model or LinkModel(), transport=transport)  # fmt: skip
     if log_level is None:  # the workers log at the level the parent's "pipesgd" logger has
         log_level = logging.getLogger("pipesgd").getEffectiveLevel()
     logging_setup = WorkerLogging.start(start_method, log_level)
@@ -455,6 +457,7 @@ def join_from_env(
     bind: str | None = None,
     model: LinkModel | None = None,
     star: bool = False,
+    transport: str = "tcp",
 ):
     """Join the job the environment describes (see detect_env); returns the Communicator.
 
@@ -470,7 +473,8 @@ def join_from_env(
         )
     host = bind or ("127.0.0.1" if job.master_addr in ("127.0.0.1", "localhost") else "0.0.0.0")
     spec = JobSpec(job.rank, job.world_size, job.master_addr, job.master_port, job.token,
-                   bind=host, timeout=timeout, model=model or LinkModel())  # fmt: skip
+                   bind=host, timeout=timeout, model=model or LinkModel(),
+                   transport=transport)  # fmt: skip
     share_cores(local_ranks())
     return init_process_group(spec, star=star)
 

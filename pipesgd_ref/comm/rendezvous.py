@@ -8,6 +8,18 @@
     4. Each rank connects to its right neighbour (rank + 1 mod p) and accepts its left neighbour
        (rank - 1 mod p): the ring. Then the listeners close.
 
+Transports (`JobSpec.transport`, `--transport`). Each link is one of
+    tcp     a TCP connection: between hosts, and the path the tutorials teach
+    unix    an AF_UNIX stream socket: peers on one host, no TCP/IP stack
+    shm     an AF_UNIX socket for the headers, the payloads through shared slots (comm/shm.py)
+    auto    per link, from what the rendezvous learns: `SAME_HOST` for two ranks on one host,
+            tcp across hosts
+Every rank registers its host (`node_id`: the boot id and the network namespace, since a unix
+socket reaches only its own namespace) and, unless the job is tcp-only, a unix listener (an
+abstract address: no file to clean up); both ends of a link derive its transport from the table,
+and the acceptor checks the connector's claim. unix or shm asked for between two hosts is an
+error naming both ranks.
+
 A per-job token (random for local jobs; PIPESGD_JOB_TOKEN across hosts) travels in every HELLO
 and is compared in constant time. A connection with a wrong token, a wrong rank, or bytes that
 are not a frame is refused with a reason and logged; rendezvous goes on waiting for the real
@@ -20,7 +32,9 @@ import dataclasses
 import errno
 import hmac
 import logging
+import os
 import secrets
+import select
 import socket
 import threading
 import time
@@ -28,9 +42,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pipesgd_ref.comm import shm
 from pipesgd_ref.comm.netem import LinkModel
 from pipesgd_ref.comm.transport import POLL_SECONDS, Kind, Link
-from pipesgd_ref.errors import CommError, PeerAborted, PeerClosed
+from pipesgd_ref.errors import CommError, PeerAborted, PeerClosed, RendezvousError
 
 log = logging.getLogger("pipesgd.rendezvous")
 HELLO_TIMEOUT = 5.0  # a connection that has not said hello by then is dropped
@@ -38,10 +53,10 @@ HELLO_TIMEOUT = 5.0  # a connection that has not said hello by then is dropped
 # because of another rank without being able to say so (its frame to us was stuck half sent):
 # news naming that rank is waited for this long (at most half the timeout) on the other link.
 CAUSE_WAIT_SECONDS = 1.0
-
-
-class RendezvousError(CommError):
-    """The job could not form (port busy, a rank never arrived, bad token...)."""
+TRANSPORTS = ("auto", "tcp", "unix", "shm")
+# What `auto` picks between two ranks on one host: the fastest path measured here
+# (`pipesgd bench allreduce --transport tcp,unix,shm`; benchmarks/RESULTS.md).
+SAME_HOST = "shm"
 
 
 def new_token() -> str:
@@ -61,6 +76,7 @@ class JobSpec:
     bind: str = "127.0.0.1"  # interface for this rank's listeners; 0.0.0.0 = all
     timeout: float = 30.0  # seconds any single wait may take before it is an error
     model: LinkModel = field(default_factory=LinkModel)  # link emulation on every data link
+    transport: str = "tcp"  # tcp | unix | shm | auto: how data links are made (module doc)
 
     def __post_init__(self):
         if self.world_size < 1:
@@ -69,6 +85,9 @@ class JobSpec:
             raise ValueError(f"rank {self.rank} is outside 0..{self.world_size - 1}")
         if self.timeout <= 0:
             raise ValueError(f"timeout must be > 0 seconds, got {self.timeout}")
+        if self.transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}, got "
+                             f"{self.transport!r}")  # fmt: skip
 
 
 class Communicator:
@@ -90,6 +109,13 @@ class Communicator:
     def next_seq(self) -> int:
         self.seq += 1
         return self.seq
+
+    @property
+    def transports(self) -> dict[str, str]:
+        """The transport of each link: {"left": "shm", "right": "shm", "server": ...}."""
+        links = {"left": self.left, "right": self.right, "server": self.server}
+        links.update({f"client {r}": link for r, link in self.clients.items()})
+        return {name: link.transport for name, link in links.items() if link is not None}
 
     def scratch(self, n: int, dtype) -> np.ndarray:
         """A receive buffer of n elements, kept for the next collective: a fresh one would be
@@ -227,6 +253,60 @@ def connect(host: str, port: int, spec: JobSpec, peer: int, what: str) -> socket
             time.sleep(0.05)
 
 
+def listen_unix() -> socket.socket:
+    """A unix listener at an address the kernel picks in the abstract namespace (Linux
+    autobind): no file in the filesystem, gone with the process."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind("")
+    sock.listen(128)
+    return sock
+
+
+def connect_unix(name: str, spec: JobSpec, peer: int, what: str) -> socket.socket:
+    """Connect to the abstract unix address `name` (as registered), retrying until timeout."""
+    deadline = time.monotonic() + spec.timeout
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(spec.timeout)
+            sock.connect(b"\0" + name.encode())
+            return sock
+        except OSError as e:
+            sock.close()
+            if time.monotonic() > deadline:
+                raise RendezvousError(
+                    f"rank {spec.rank}: could not reach {what} (rank {peer}) on its unix socket "
+                    f"for {spec.timeout:.1f} s ({e}); is it running on this host?"
+                ) from None
+            time.sleep(0.05)
+
+
+def node_id() -> str:
+    """This host, as far as a unix socket reaches: the kernel's boot id and this process's
+    network namespace (two namespaces on one machine are two hosts to a unix socket)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        netns = os.stat("/proc/self/ns/net").st_ino
+    except OSError:  # not Linux: one host per hostname
+        return socket.gethostname()
+    return f"{socket.gethostname()}/{boot}/{netns}"
+
+
+def link_transport(wanted: str, rank: int, peer: int, addrs: list[dict]) -> str:
+    """The transport of the link between `rank` and `peer` (both ends compute the same)."""
+    same_host = addrs[rank]["node"] == addrs[peer]["node"]
+    if wanted == "auto":
+        return SAME_HOST if same_host else "tcp"
+    if wanted != "tcp" and not same_host:
+        raise RendezvousError(
+            f"rank {rank}: --transport {wanted} needs ranks {rank} and {peer} on one host, but "
+            f"they are on {addrs[rank]['node']} and {addrs[peer]['node']}; use --transport "
+            f"auto (tcp between hosts) or tcp"
+        )
+    return wanted
+
+
 def _token_ok(presented: object, token: str) -> bool:
     return isinstance(presented, str) and hmac.compare_digest(presented.encode(), token.encode())
 
@@ -241,7 +321,7 @@ class _Store:
         self.spec = spec
         self.sock = listen(spec.bind, spec.master_port, "rendezvous store", 0)
         self.port = self.sock.getsockname()[1]
-        self.registered: dict[int, tuple[Link, str, int]] = {}
+        self.registered: dict[int, tuple[Link, dict]] = {}
         self.lock = threading.Lock()
         self.all_in = threading.Event()
         self.error: str | None = None
@@ -273,8 +353,8 @@ class _Store:
                 ).start()
             with self.lock:
                 links = dict(self.registered)
-            table = [[links[r][1], links[r][2]] for r in sorted(links)] if not self.error else []
-            for link, _, _ in links.values():
+            table = [links[r][1] for r in sorted(links)] if not self.error else []
+            for link, _ in links.values():
                 try:
                     if self.error:
                         link.send_json(Kind.REFUSE, {"reason": self.error}, "rendezvous")
@@ -315,11 +395,16 @@ class _Store:
                 pass
             link.close()
             return
-        host = hello.get("host") or addr[0]  # a rank bound to all interfaces: use its source IP
+        address = {
+            "host": hello.get("host") or addr[0],  # a rank bound to all interfaces: its source IP
+            "port": int(hello["port"]),
+            "unix": str(hello.get("unix") or ""),  # its unix listener ("": a tcp-only job)
+            "node": str(hello.get("node") or addr[0]),  # its host (node_id)
+        }
         link.peer = rank
         link.timeout = spec.timeout
         with self.lock:
-            self.registered[rank] = (link, host, int(hello["port"]))
+            self.registered[rank] = (link, address)
             if len(self.registered) == spec.world_size:
                 self.all_in.set()
 
@@ -327,12 +412,13 @@ class _Store:
 # --- joining ---------------------------------------------------------------------------------
 
 
-def _register(spec: JobSpec, data_port: int, host: str) -> list[tuple[str, int]]:
+def _register(spec: JobSpec, data_port: int, host: str, unix: str) -> list[dict]:
     sock = connect(spec.master_addr, spec.master_port, spec, 0, "the rendezvous store")
     link = Link(sock, spec.rank, peer=0, timeout=spec.timeout)
     try:
         hello = {"token": spec.token, "rank": spec.rank, "world_size": spec.world_size,
-                 "host": host, "port": data_port, "purpose": "store"}  # fmt: skip
+                 "host": host, "port": data_port, "unix": unix, "node": node_id(),
+                 "purpose": "store"}  # fmt: skip
         link.send_json(Kind.HELLO, hello, "rendezvous")
         # Wait a little longer than the store does, so its answer (which names the ranks that
         # never joined) arrives before this rank gives up on its own.
@@ -342,16 +428,17 @@ def _register(spec: JobSpec, data_port: int, host: str) -> list[tuple[str, int]]
         raise RendezvousError(str(e)) from None
     finally:
         link.close()
-    return [(h, int(p)) for h, p in reply["addrs"]]
+    return reply["addrs"]
 
 
 def _accept_peers(
-    listener: socket.socket, spec: JobSpec, expected: set[tuple[str, int]]
+    listeners: list[socket.socket], spec: JobSpec, expected: set[tuple[str, int]], addrs: list
 ) -> dict[tuple[str, int], Link]:
-    """Accept connections until every expected (purpose, rank) has said hello with the job's
-    token; refuse anything else (wrong token, unexpected rank, garbage) and keep waiting."""
+    """Accept connections (on the tcp listener, and the unix one when the job has it) until
+    every expected (purpose, rank) has said hello with the job's token over the transport both
+    ends derive from the table; refuse anything else (wrong token, unexpected rank, another
+    transport, garbage) and keep waiting."""
     deadline = time.monotonic() + spec.timeout
-    listener.settimeout(0.1)
     links: dict[tuple[str, int], Link] = {}
     while len(links) < len(expected):
         if time.monotonic() > deadline:
@@ -361,10 +448,11 @@ def _accept_peers(
                 f"rank {spec.rank}: {names} did not connect within {spec.timeout:.1f} s; did it "
                 f"crash? raise --timeout to wait longer"
             )
-        try:
-            conn, addr = listener.accept()
-        except TimeoutError:
+        ready, _, _ = select.select(listeners, [], [], 0.1)
+        if not ready:
             continue
+        conn, addr = ready[0].accept()
+        addr = addr if isinstance(addr, tuple) else ("unix socket", "-")
         link = Link(conn, spec.rank, peer=-1, timeout=HELLO_TIMEOUT, model=spec.model)
         try:
             hello = link.recv_json(Kind.HELLO, "hello")
@@ -377,9 +465,20 @@ def _accept_peers(
             reason = "wrong job token"
         elif key not in expected or key in links:
             reason = f"unexpected {key[0]!r} connection from rank {key[1]!r}"
+        elif ((how := link_transport(spec.transport, spec.rank, key[1], addrs)) == "tcp") != (
+            link.transport == "tcp"
+        ):  # shm's headers travel on a unix socket
+            reason = f"rank {key[1]} connected over {link.transport}, this rank expects {how}"
+        elif how != "tcp" and hello.get("transport") != how:
+            reason = (f"rank {key[1]} asks for transport {hello.get('transport')!r}, this rank "
+                      f"expects {how!r}; do all ranks run the same --transport?")  # fmt: skip
         else:
             link.peer, link.timeout = key[1], spec.timeout
-            link.send_json(Kind.WELCOME, {}, "hello")
+            if how == "shm":  # the connector's region came right after its hello
+                link = _shm_link(link, theirs=shm.recv_region(conn, spec.rank, key[1],
+                                                              spec.timeout))  # fmt: skip
+            else:
+                link.send_json(Kind.WELCOME, {}, "hello")
             links[key] = link
             continue
         log.warning("rank %d: refused a connection from %s:%s: %s", spec.rank, *addr[:2], reason)
@@ -391,18 +490,40 @@ def _accept_peers(
     return links
 
 
+def _shm_link(link: Link, theirs=None, ours=None) -> shm.ShmLink:
+    """The shared-memory link over a unix link whose hello is done. Acceptor (`theirs` given,
+    the connector's region): make ours, say WELCOME, hand ours over. Connector (`ours` given,
+    sent after its hello): wait for WELCOME, then the acceptor's region."""
+    if theirs is None:
+        link.recv_json(Kind.WELCOME, "shm hello")
+        theirs = shm.recv_region(link.sock, link.rank, link.peer, link.timeout)
+    else:
+        fd, ours = shm.new_region()
+        link.send_json(Kind.WELCOME, {}, "hello")
+        try:
+            shm.send_region(link.sock, fd)
+        finally:
+            os.close(fd)  # the peer has its own descriptor now; the mapping stays
+    return shm.ShmLink(link.sock, link.rank, link.peer, link.timeout, ours, theirs,
+                       model=link.model, max_frame_bytes=link.max_frame_bytes)  # fmt: skip
+
+
 def init_process_group(spec: JobSpec, star: bool = False) -> Communicator:
     """Join the job described by `spec`; returns this rank's Communicator with its ring links
     ready, and with `star=True` also the links of a star around rank 0 (the parameter server):
-    `comm.server` on ranks 1..p-1, `comm.clients[r]` on rank 0."""
+    `comm.server` on ranks 1..p-1, `comm.clients[r]` on rank 0. Each link is of the transport
+    `link_transport` derives from spec.transport and where the two ranks run."""
     store = _Store(spec) if spec.rank == 0 else None
     if store is not None and spec.master_port == 0:  # port 0: the store picked one
         spec = dataclasses.replace(spec, master_port=store.port)
-    listener = listen(spec.bind, 0, "data links", spec.rank)
+    listeners = [listen(spec.bind, 0, "data links", spec.rank)]
+    if spec.transport != "tcp":
+        listeners.append(listen_unix())
+    unix = listeners[1].getsockname()[1:].decode() if len(listeners) > 1 else ""
     host = "" if spec.bind in ("", "0.0.0.0") else spec.bind
     opened: list[Link] = []
     try:
-        addrs = _register(spec, listener.getsockname()[1], host)
+        addrs = _register(spec, listeners[0].getsockname()[1], host, unix)
         p, rank = spec.world_size, spec.rank
         if p == 1:
             return Communicator(spec, None, None, host)
@@ -414,18 +535,32 @@ def init_process_group(spec: JobSpec, star: bool = False) -> Communicator:
             targets.append(("star", 0))
         if star and rank == 0:
             expected |= {("star", r) for r in range(1, p)}
-        outgoing = {}
+        outgoing, regions = {}, {}
         for purpose, peer in targets:
-            sock = connect(*addrs[peer], spec, peer, f"rank {peer} ({purpose})")
+            how = link_transport(spec.transport, rank, peer, addrs)
+            what = f"rank {peer} ({purpose})"
+            if how == "tcp":
+                sock = connect(addrs[peer]["host"], addrs[peer]["port"], spec, peer, what)
+            else:
+                sock = connect_unix(addrs[peer]["unix"], spec, peer, what)
             link = Link(sock, rank, peer, spec.timeout, model=spec.model)
             opened.append(link)
-            link.send_json(Kind.HELLO, {"token": spec.token, "rank": rank, "purpose": purpose},
-                           f"{purpose} hello")  # fmt: skip
+            link.send_json(Kind.HELLO, {"token": spec.token, "rank": rank, "purpose": purpose,
+                                        "transport": how}, f"{purpose} hello")  # fmt: skip
+            if how == "shm":  # our region goes with the hello: the acceptor maps it if it
+                fd, regions[purpose] = shm.new_region()  # accepts us, before it answers
+                try:
+                    shm.send_region(sock, fd)
+                finally:
+                    os.close(fd)
             outgoing[purpose] = link
-        incoming = _accept_peers(listener, spec, expected)
+        incoming = _accept_peers(listeners, spec, expected, addrs)
         opened.extend(incoming.values())
-        for purpose, link in outgoing.items():
-            link.recv_json(Kind.WELCOME, f"{purpose} hello")
+        for purpose, link in list(outgoing.items()):
+            if purpose in regions:
+                outgoing[purpose] = _shm_link(link, ours=regions[purpose])
+            else:
+                link.recv_json(Kind.WELCOME, f"{purpose} hello")
         comm = Communicator(spec, incoming[("ring", (rank - 1) % p)], outgoing["ring"], host)
         comm.server = outgoing.get("star")
         comm.clients = {r: link for (what, r), link in incoming.items() if what == "star"}
@@ -434,6 +569,7 @@ def init_process_group(spec: JobSpec, star: bool = False) -> Communicator:
     finally:
         for link in opened:  # only when forming the job failed half way
             link.close()
-        listener.close()
+        for listener in listeners:
+            listener.close()
         if store is not None:
             store.thread.join(timeout=spec.timeout)

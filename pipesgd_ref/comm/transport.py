@@ -1,4 +1,6 @@
-"""Framed messages over TCP: the only thing that ever crosses a socket.
+"""Framed messages over a stream socket (TCP, or unix between ranks on one host): the only
+thing that ever crosses a socket. Shared-memory links (comm/shm.py) keep these headers on a unix
+socket and move the payloads through shared slots.
 
 A frame is a fixed 48-byte header followed by raw array bytes:
 
@@ -62,6 +64,7 @@ HEADER_BYTES = HEADER.size  # 48: the fixed cost of every frame on the wire
 assert HEADER_BYTES == 48
 DEFAULT_MAX_FRAME_BYTES = 1 << 31  # 2 GiB: larger frames are refused before any allocation
 POLL_SECONDS = 0.2  # receive slice: how quickly a rank notices its own sender's failure
+UNIX_SEND_BUFFER = 4 << 20  # unix links: up to two ring segments in flight in the kernel
 INLINE_SEND_BYTES = 64 << 10  # frames up to this size skip the sending thread when it is idle
 # A rank that has sent ABORT keeps its sockets open this long: closing at once could make a
 # neighbour see a connection reset (with unread data) before, and instead of, the reason.
@@ -205,7 +208,11 @@ class Link:
         self.mid_frame = False
         self._news_lock = threading.Lock()  # news is read by the main or the sending thread
         self._news_ended = False  # the peer closed this direction: no news can come any more
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # headers must not wait
+        self.transport = "unix" if sock.family == socket.AF_UNIX else "tcp"  # shm: ShmLink
+        if self.transport == "tcp":
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # headers must not wait
+        else:  # a larger buffer: fewer wake-ups per segment (the kernel caps it at wmem_max)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, UNIX_SEND_BUFFER)
         # Blocking calls that give up after POLL_SECONDS (see _recv_exact_into and _send_all).
         sock.settimeout(None)
         slice_ = struct.pack("ll", int(POLL_SECONDS), int(POLL_SECONDS % 1 * 1e6))
@@ -475,6 +482,11 @@ class Link:
             except CommError:
                 return None  # garbage or silence: no news
 
+    def may_send_inline(self, frame: Frame, nbytes: int) -> bool:
+        """Whether a frame of `nbytes` may be sent from the calling thread when the sending
+        thread is idle: it fits the socket buffer, so sending cannot block."""
+        return nbytes <= INLINE_SEND_BYTES
+
     def start_sender(self) -> _Sender:
         """A background thread that sends queued frames in order, so a rank can send to one
         neighbour while its main thread receives from another."""
@@ -549,7 +561,7 @@ class _Sender:
         if idle:
             self.check()
             rest = self.link.send_without_waiting(frame, payload, doing)
-            if rest is None and len(payload) <= INLINE_SEND_BYTES:
+            if rest is None and self.link.may_send_inline(frame, len(payload)):
                 self.link.send(frame, payload, doing)  # small: fits the buffer, cannot block
                 return
             if rest is not None:
