@@ -49,6 +49,20 @@ class Row:
     wire_bytes: int = 0  # what rank 0 sent for one AllReduce, headers included
     gloo_time_s: float | None = None
     gloo_busbw: float | None = None
+    copy_Bps: float = 0.0  # memory bandwidth: np.copyto of the same bytes, best of 5
+
+
+def copy_bandwidth(nbytes: int, reps: int = 5) -> float:
+    """Bytes/s of np.copyto between two arrays of `nbytes` (best of `reps`): the memory
+    bandwidth a same-host transport is measured against (one copy per byte is its floor)."""
+    src = np.ones(max(nbytes // 4, 1), np.float32)
+    dst = np.zeros_like(src)
+    best = float("inf")
+    for _ in range(reps):
+        start = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - start)
+    return src.nbytes / best
 
 
 def bus_factor(p: int) -> float:
@@ -191,10 +205,11 @@ def bench_allreduce(
     timeout: float = 60.0,
     print_fn=print,
     codec: str = "none",
+    transport: str = "tcp",
 ) -> dict:
     model = model or LinkModel()
-    print_fn(f"ring AllReduce, {world_size} ranks on this machine (loopback TCP), codec {codec}, "
-             f"link: {model if model.enabled else 'not emulated'}")  # fmt: skip
+    print_fn(f"ring AllReduce, {world_size} ranks on this machine, transport {transport}, codec "
+             f"{codec}, link: {model if model.enabled else 'not emulated'}")  # fmt: skip
     p2p_bw, p2p_alpha = measure_p2p()
     gamma = measure_gamma()
     print_fn(f"point-to-point TCP: {p2p_bw / 1e9:.2f} GB/s, one-way latency "
@@ -205,7 +220,8 @@ def bench_allreduce(
     gloo = with_gloo and gloo_available() and not model.enabled
     per_rank = launch_local(world_size, _ring_job,
                             (sizes, reps, warmup, codec, free_port() if gloo else None),
-                            start_method="fork", model=model, timeout=timeout)  # fmt: skip
+                            start_method="fork", model=model, timeout=timeout,
+                            transport=transport)  # fmt: skip
     rows = []
     for nbytes in sizes:
         t = _combine(per_rank, nbytes)
@@ -213,19 +229,21 @@ def bench_allreduce(
         algbw = nbytes / t
         row = Row(nbytes, t, algbw, algbw * bus_factor(world_size),
                   ring_allreduce_time(world_size, nbytes, alpha, bandwidth, gamma), ok,
-                  _wire(per_rank, nbytes))  # fmt: skip
+                  _wire(per_rank, nbytes), copy_Bps=copy_bandwidth(nbytes))  # fmt: skip
         if gloo:
             gt = _combine(per_rank, nbytes, key="gloo_times")
             row.gloo_time_s, row.gloo_busbw = gt, nbytes / gt * bus_factor(world_size)
         rows.append(row)
     header = (f"{'size':>10} {'time ms':>9} {'algbw GB/s':>11} {'busbw GB/s':>11} "
-              f"{'of link':>7} {'model ms':>9} {'verified':>9} {'sent MB':>8}")  # fmt: skip
+              f"{'of link':>7} {'of copy':>7} {'model ms':>9} {'verified':>9} "
+              f"{'sent MB':>8}")  # fmt: skip
     if gloo:
         header += f" {'gloo ms':>8} {'gloo busbw':>11} {'ours/gloo':>10}"
     print_fn(header)
     for r in rows:
         line = (f"{format_bytes(r.size_bytes):>10} {r.time_s * 1e3:9.2f} {r.algbw / 1e9:11.3f} "
-                f"{r.busbw / 1e9:11.3f} {r.busbw / bandwidth:7.0%} {r.predicted_s * 1e3:9.2f} "
+                f"{r.busbw / 1e9:11.3f} {r.busbw / bandwidth:7.0%} {r.busbw / r.copy_Bps:7.0%} "
+                f"{r.predicted_s * 1e3:9.2f} "
                 f"{'yes' if r.verified else 'NO':>9} {r.wire_bytes / 1e6:8.2f}")  # fmt: skip
         if r.gloo_time_s is not None:
             line += (f" {r.gloo_time_s * 1e3:8.2f} {r.gloo_busbw / 1e9:11.3f} "
@@ -239,10 +257,57 @@ def bench_allreduce(
         "gamma_s_per_byte": gamma,
         "gloo": gloo,
         "codec": codec,
+        "transport": transport,
         "rows": [asdict(r) for r in rows],
         "cpu_count": os.cpu_count(),
         "host": socket.gethostname(),
     }
+    if json_path:
+        write_text_atomic(json_path, json.dumps(result, indent=2) + "\n")
+        print_fn(f"wrote {json_path}")
+    return result
+
+
+def bench_transports(
+    world_size: int,
+    sizes: list[int],
+    transports: list[str],
+    json_path: str | None = None,
+    print_fn=print,
+    rounds: int = 2,
+    **kwargs,
+) -> dict:
+    """`bench_allreduce` once per transport, in turns, `rounds` times (the order reversed every
+    other round, so none always runs first on a machine whose speed drifts), then one table:
+    each transport's best time per size, its busbw as a fraction of memory bandwidth, and its
+    time over gloo's (the best gloo time of all the runs; gloo runs beside every one)."""
+    runs = []
+    for k in range(rounds):
+        for transport in transports if k % 2 == 0 else transports[::-1]:
+            runs.append(bench_allreduce(world_size, sizes, transport=transport,
+                                        print_fn=print_fn, **kwargs))  # fmt: skip
+    summary = []
+    for i, nbytes in enumerate(sizes):
+        gloo = [r["rows"][i]["gloo_time_s"] for r in runs if r["rows"][i]["gloo_time_s"]]
+        gloo_s = min(gloo) if gloo else None
+        for transport in transports:
+            rows = [r["rows"][i] for r in runs if r["transport"] == transport]
+            best = min(rows, key=lambda row: row["time_s"])
+            summary.append({"size_bytes": nbytes, "transport": transport,
+                            "time_s": best["time_s"], "busbw": best["busbw"],
+                            "copy_Bps": best["copy_Bps"], "gloo_time_s": gloo_s,
+                            "verified": all(row["verified"] for row in rows)})  # fmt: skip
+    print_fn(f"\nbest of {rounds} rounds, {world_size} ranks:")
+    print_fn(f"{'size':>10} {'transport':>9} {'time ms':>9} {'busbw GB/s':>11} {'of copy':>7} "
+             f"{'gloo ms':>8} {'ours/gloo':>9}")  # fmt: skip
+    for row in summary:
+        gloo_s = row["gloo_time_s"]
+        print_fn(f"{format_bytes(row['size_bytes']):>10} {row['transport']:>9} "
+                 f"{row['time_s'] * 1e3:9.2f} {row['busbw'] / 1e9:11.3f} "
+                 f"{row['busbw'] / row['copy_Bps']:7.0%} "
+                 + (f"{gloo_s * 1e3:8.2f} {row['time_s'] / gloo_s:9.2f}" if gloo_s else
+                    f"{'-':>8} {'-':>9}"))  # fmt: skip
+    result = {"world_size": world_size, "rounds": rounds, "summary": summary, "runs": runs}
     if json_path:
         write_text_atomic(json_path, json.dumps(result, indent=2) + "\n")
         print_fn(f"wrote {json_path}")

@@ -159,6 +159,11 @@ def _parser() -> argparse.ArgumentParser:
     ar.add_argument("--json", dest="json_path", default=None, help="also write results here")
     ar.add_argument("--no-gloo", action="store_true", help="skip torch/gloo even if installed")
     ar.add_argument("--codec", default="none", help="none, trunc16, bf16, q8: compress each hop")
+    ar.add_argument(
+        "--transport",
+        default="tcp",
+        help="tcp, unix, shm, auto, or a comma list run in turns (e.g. tcp,unix,shm)",
+    )
     ar.add_argument("--log-level", default="WARNING", type=_log_level,
                     help="DEBUG, INFO, WARNING, ERROR")  # fmt: skip
     ar.add_argument("--bind", default=None, help=BIND_HELP)
@@ -272,7 +277,12 @@ def _bench_memory(world_size: int, sizes: list[int]) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from pipesgd_ref.bench import bench_allreduce, bench_allreduce_joined, link_problem
+    from pipesgd_ref.bench import (
+        bench_allreduce,
+        bench_allreduce_joined,
+        bench_transports,
+        link_problem,
+    )
     from pipesgd_ref.comm.netem import LinkModel
     from pipesgd_ref.logs import configure_parent_logging
     from pipesgd_ref.units import parse_size
@@ -288,6 +298,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise ConfigError(f"sizes must be whole float32 arrays (multiples of 4 bytes): {sizes}")
     if args.codec not in ("none", "trunc16", "bf16", "q8"):
         raise ConfigError(f"--codec must be none, trunc16, bf16 or q8, got {args.codec!r}")
+    transports = [t.strip() for t in args.transport.split(",") if t.strip()]
+    from pipesgd_ref.comm.rendezvous import TRANSPORTS
+
+    if not transports or any(t not in TRANSPORTS for t in transports):
+        raise ConfigError(f"--transport takes {', '.join(TRANSPORTS)} or a comma list of them, "
+                          f"got {args.transport!r}")  # fmt: skip
     if os.environ.get("PIPESGD_FAULT"):
         raise ConfigError("PIPESGD_FAULT is set, but bench allreduce injects no faults (only "
                           "`pipesgd train` does); unset it")  # fmt: skip
@@ -308,9 +324,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
                   json_path=args.json_path)  # fmt: skip
     if job is not None:
         bench_allreduce_joined(sizes, bind=args.bind, **kwargs)
-    else:
+    elif len(transports) == 1:
         bench_allreduce(args.world_size, sizes, with_gloo=not args.no_gloo, codec=args.codec,
-                        **kwargs)  # fmt: skip
+                        transport=transports[0], **kwargs)  # fmt: skip
+    else:
+        bench_transports(args.world_size, sizes, transports, with_gloo=not args.no_gloo,
+                         codec=args.codec, **kwargs)  # fmt: skip
     return 0
 
 

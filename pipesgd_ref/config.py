@@ -63,6 +63,9 @@ class TrainConfig:
     latency: str = "0"  # emulated per-message latency per link, e.g. 50us, 1ms (0 = none)
     bandwidth: str = "inf"  # emulated bandwidth per link and direction, e.g. 1Gbit, 125MB
     timeout: float = 60.0  # seconds any wait on a peer may take before it is an error
+    # data links: tcp (the teaching path, and between hosts) | unix (AF_UNIX sockets) | shm
+    # (shared-memory slots, headers on a unix socket) | auto (shm on one host, tcp across)
+    transport: str = "tcp"
     master_port: int = 0  # local runs: the rendezvous store's port (0 = pick a free one)
     # Workers sharing CPU cores: compute at the lowest CPU priority (Linux SCHED_IDLE), so a
     # communication thread that wakes up runs at once instead of waiting for another worker's
@@ -136,6 +139,12 @@ class TrainConfig:
 
         if self.ps_pulls not in PULL_ORDERS:
             problems.append(f"ps_pulls must be {' or '.join(PULL_ORDERS)}, got {self.ps_pulls!r}")
+        from pipesgd_ref.comm.rendezvous import TRANSPORTS  # the links' own list
+
+        if self.transport not in TRANSPORTS:
+            problems.append(
+                f"transport must be one of {', '.join(TRANSPORTS)}, got {self.transport!r}"
+            )
         if self.algo not in ALGOS:
             problems.append(f"algo must be one of {', '.join(ALGOS)}, got {self.algo!r}")
         if not 0 <= self.master_port <= 65535:

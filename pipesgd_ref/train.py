@@ -276,6 +276,7 @@ def run_training(
     try:
         ran, results, restarts = _launch_with_restarts(
             cfg, dict(model=model, star=is_ps(cfg.algo), timeout=cfg.timeout,
+                      transport=cfg.transport,
                       start_method=start_method, master_port=cfg.master_port or None),
             (progress, label), log,
         )  # fmt: skip
@@ -455,7 +456,8 @@ def run_training_joined(
     # stop, not a failure. Rank 0 checkpoints where it can; else the last periodic one stands.
     plan = LocalStop()
     worker_signals(plan)
-    comm = join_from_env(timeout=cfg.timeout, bind=bind, model=model, star=is_ps(cfg.algo))
+    comm = join_from_env(timeout=cfg.timeout, bind=bind, model=model, star=is_ps(cfg.algo),
+                         transport=cfg.transport)  # fmt: skip
     try:
         t0 = time.perf_counter()  # "the job formed", on this rank's clock
         tag_log_lines(comm.rank)

@@ -372,6 +372,7 @@ PREDICT = [
     C("predict-model-unknown", "predict --model resnet", "resnet"),
     C("predict-dataset-unknown", "predict --dataset imagenet", "imagenet"),
     C("predict-ps-pulls-unknown", "predict --ps-pulls foo", "foo"),
+    C("train-transport-unknown", "train --transport rdma", "rdma"),
     C("predict-unknown-flag", "predict --frobnicate", "--frobnicate"),
 ]
 
