@@ -1,21 +1,28 @@
-"""`pipesgd bench allreduce`: how fast is our ring, next to the wire and to other libraries?
+"""`pipesgd bench allreduce`: how fast is our ring, next to the wire, memory and other libraries?
 
-For each size M it reports, as nccl-tests does:
+Rows. One per transport asked for (`--transport tcp,unix,shm,auto`: `ring-tcp`, ...) and one
+per peer (`--peers gloo,mpi,mpi-tcp`, bench_peers.py: torch's gloo, Open MPI's Allreduce
+through mpi4py, the same over TCP only); a peer whose library is missing is skipped, saying
+why. For each size M, each row reports, as nccl-tests does:
 
     time    median over repeats (after warm-up) of the slowest rank's AllReduce time
     algbw   M / time                        (what the caller sees)
     busbw   algbw * 2(p-1)/p                (what each link carried: comparable across p)
+    of mem  busbw / the memory bandwidth: np.copyto of M bytes in this process, best of 5
+    of TCP  busbw / the point-to-point TCP limit between two processes on this machine
+            (timing/calibrate.py: a ping-pong for alpha, a one-way stream for B)
+    t/peer  time / the fastest peer's time at that size (below 1: faster than every peer)
 
-beside the alpha-beta prediction 2(p-1)·alpha + 2(p-1)/p·M/B + (p-1)/p·M·gamma, with alpha and
-B from the emulated link (--latency, --bandwidth) or, unemulated, from the point-to-point
-test described next, and gamma from timing the reduction (np.add) on this machine.
+and, for the ring over TCP or an emulated link (--latency, --bandwidth), the alpha-beta
+prediction 2(p-1)·alpha + 2(p-1)/p·M/B + (p-1)/p·M·gamma, with alpha and B from the emulated
+link or, unemulated, from the point-to-point test, and gamma from timing the reduction
+(np.add) here.
 
-In the same run it measures the point-to-point TCP limit between two processes on this machine
-(timing/calibrate.py: a ping-pong for alpha, a one-way stream for B) and prints busbw as a
-fraction of it; where torch (gloo backend) is installed it times torch.distributed.all_reduce
-on the same sizes and world size, side by side (optional: never a dependency): in the same
-worker processes, one call of ours and one of gloo's in turn, so that a machine whose speed
-drifts between seconds (a shared VM) slows both alike.
+In turns: every row runs as a job of its own (fresh processes) at each size, and the whole set
+runs `rounds` (2) times, the order of the rows reversed every other round, so that no row
+always runs first on a machine whose speed drifts between seconds (a shared VM); each row keeps
+its best round. The peers' traffic does not pass through our link emulation: on an emulated
+link they are skipped.
 """
 
 from __future__ import annotations
@@ -29,34 +36,46 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from pipesgd_ref.bench_peers import peer_problem, run_peer
 from pipesgd_ref.comm.netem import LinkModel
 from pipesgd_ref.comm.ring import allreduce, barrier
-from pipesgd_ref.launch import free_port, join_from_env, launch_local
+from pipesgd_ref.launch import join_from_env, launch_local
 from pipesgd_ref.outputs import write_text_atomic
 from pipesgd_ref.timing import ring_allreduce_time
 from pipesgd_ref.timing.calibrate import measure_gamma, measure_p2p
 from pipesgd_ref.units import format_bytes
 
+ROUNDS = 2  # every row is run this many times at each size, its best kept ("best of two")
+
 
 @dataclass
 class Row:
+    name: str  # ring-tcp, ring-unix, ring-shm, ring-auto, gloo, mpi, mpi-tcp
     size_bytes: int
-    time_s: float
+    time_s: float  # the best round's median over repeats of the slowest rank
     algbw: float  # bytes/s
     busbw: float  # bytes/s
-    predicted_s: float
-    verified: bool
-    wire_bytes: int = 0  # what rank 0 sent for one AllReduce, headers included
-    gloo_time_s: float | None = None
-    gloo_busbw: float | None = None
-    copy_Bps: float = 0.0  # memory bandwidth: np.copyto of the same bytes, best of 5
+    copy_Bps: float  # memory bandwidth: np.copyto of the same bytes, best of 5
+    of_memory: float  # busbw / copy_Bps
+    of_tcp: float  # busbw / the loopback TCP point-to-point bandwidth
+    time_vs_best_peer: float | None  # time_s / the fastest peer's time_s; None: no peer ran
+    verified: bool  # every round's first sum was exact
+    round_times_s: list[float]  # each round's time, in round order
+    predicted_s: float | None = None  # the alpha-beta model (ring over TCP or emulated link)
+    wire_bytes: int | None = None  # ring rows: what rank 0 sent for one AllReduce, headers in
+
+
+def bus_factor(p: int) -> float:
+    return 2 * (p - 1) / p if p > 1 else 1.0
 
 
 def copy_bandwidth(nbytes: int, reps: int = 5) -> float:
-    """Bytes/s of np.copyto between two arrays of `nbytes` (best of `reps`): the memory
-    bandwidth a same-host transport is measured against (one copy per byte is its floor)."""
+    """Bytes/s of np.copyto between two arrays of `nbytes` (best of `reps`, after one that
+    faults the pages in): the memory bandwidth a same-host transport is measured against (one
+    copy per byte is its floor)."""
     src = np.ones(max(nbytes // 4, 1), np.float32)
     dst = np.zeros_like(src)
+    np.copyto(dst, src)
     best = float("inf")
     for _ in range(reps):
         start = time.perf_counter()
@@ -65,112 +84,50 @@ def copy_bandwidth(nbytes: int, reps: int = 5) -> float:
     return src.nbytes / best
 
 
-def bus_factor(p: int) -> float:
-    return 2 * (p - 1) / p if p > 1 else 1.0
-
-
 # --- our ring, in worker processes ------------------------------------------------------------
 
 
-def _ring_job(
-    comm, sizes: list[int], reps: int, warmup: int, codec_name: str = "none",
-    gloo_port: int | None = None,
-) -> dict:  # fmt: skip
-    """Time our AllReduce on each size; with `gloo_port`, gloo's too, in the same processes,
-    one call of each in turn: a machine whose speed drifts (a shared VM) then slows both
-    alike, and their ratio is measured, not the drift."""
+def _ring_job(comm, sizes: list[int], reps: int, warmup: int, codec_name: str = "none") -> dict:
+    """Time our AllReduce on each size: the first call checked, `warmup` untimed, `reps` timed,
+    back to back after one barrier, as nccl-tests does (a barrier before every call would add
+    its own exit skew between ranks to every measurement)."""
     from pipesgd_ref.codecs import get_codec
 
     codec = get_codec(codec_name, "numba")
-    gloo = _Gloo(comm, gloo_port) if gloo_port else None
     out = {}
-    try:
-        for nbytes in sizes:
-            n = nbytes // 4
-            # Integer-valued data: the sum is exact, so it can be checked without tolerance.
-            x = np.full(n, comm.rank + 1, np.float32)
-            sent0 = comm.bytes_sent
+    for nbytes in sizes:
+        n = nbytes // 4
+        # Integer-valued data: the sum is exact, so it can be checked without tolerance.
+        x = np.full(n, comm.rank + 1, np.float32)
+        sent0 = comm.bytes_sent
+        allreduce(comm, x, codec=codec)
+        wire = comm.bytes_sent - sent0
+        want = comm.world_size * (comm.world_size + 1) / 2
+        verified = bool(np.all(x == want))
+        x.fill(0)  # the timed sums stay 0: p^reps would overflow float32 at ~60 reps of 4
+        times = []
+        barrier(comm)
+        for i in range(warmup + reps):
+            start = time.perf_counter()
             allreduce(comm, x, codec=codec)
-            wire = comm.bytes_sent - sent0
-            want = comm.world_size * (comm.world_size + 1) / 2
-            verified = bool(np.all(x == want))
-            x.fill(0)  # the timed sums stay 0: p^reps would overflow float32 at ~60 reps of 4
-            if gloo is not None:
-                gloo.start(n)
-            # Alone: back to back after one barrier, as nccl-tests does (a barrier before every
-            # call would add its own exit skew between ranks to every measurement). Taking turns
-            # with gloo: a barrier before each call, else each library's time would include
-            # the other's exit skew (the ranks leave a collective up to a hop apart).
-            times, gloo_times = [], []
-            barrier(comm)
-            for i in range(warmup + reps):
-                if gloo is not None:
-                    barrier(comm)
-                start = time.perf_counter()
-                allreduce(comm, x, codec=codec)
-                if i >= warmup:
-                    times.append(time.perf_counter() - start)
-                if gloo is not None:
-                    barrier(comm)
-                    t = gloo.time_one()
-                    if i >= warmup:
-                        gloo_times.append(t)
-            out[nbytes] = {"times": times, "verified": verified, "wire": wire,
-                           "gloo_times": gloo_times}  # fmt: skip
-    finally:
-        if gloo is not None:
-            gloo.close()
+            if i >= warmup:
+                times.append(time.perf_counter() - start)
+        out[nbytes] = {"times": times, "verified": verified, "wire": wire}
     return out
 
 
-class _Gloo:
-    """torch.distributed's gloo AllReduce beside ours, in the same worker process."""
-
-    def __init__(self, comm, port: int):
-        import torch
-        import torch.distributed as dist
-
-        torch.set_num_threads(1)
-        self.torch, self.dist = torch, dist
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=comm.rank,
-                                world_size=comm.world_size)  # fmt: skip
-
-    def start(self, n: int) -> None:
-        """A tensor of n floats to sum, summed once (warm-up; its result is not checked)."""
-        self.x = self.torch.full((n,), float(self.dist.get_rank() + 1))
-        self.dist.all_reduce(self.x)
-        self.dist.barrier()
-
-    def time_one(self) -> float:
-        start = time.perf_counter()
-        self.dist.all_reduce(self.x)
-        return time.perf_counter() - start
-
-    def close(self) -> None:
-        self.dist.destroy_process_group()
-
-
-def _combine(per_rank: list[dict], nbytes: int, key: str = "times") -> float:
-    """Median over repeats of the slowest rank's time (ours: "times", gloo's: "gloo_times")."""
-    runs = [rank[nbytes][key] for rank in per_rank]
-    return statistics.median(max(run[i] for run in runs) for i in range(len(runs[0])))
-
-
-def _wire(per_rank: list[dict], nbytes: int) -> int:
-    """Bytes rank 0 sent for one AllReduce of this size (payload and headers)."""
-    return per_rank[0][nbytes]["wire"]
-
-
-# --- gloo, when torch is installed ------------------------------------------------------------
-
-
-def gloo_available() -> bool:
-    try:
-        import torch.distributed as dist
-
-        return dist.is_available() and dist.is_gloo_available()
-    except Exception:  # torch absent or broken: gloo is optional
-        return False
+def run_ring(world_size: int, nbytes: int, reps: int, warmup: int, transport: str,
+             codec: str, model: LinkModel, timeout: float) -> dict:  # fmt: skip
+    """One ring row at one size, in fresh worker processes: {"times": the slowest rank's time
+    of each call, "verified", "wire"}."""
+    per_rank = launch_local(world_size, _ring_job, ([nbytes], reps, warmup, codec),
+                            start_method="fork", model=model, timeout=timeout,
+                            transport=transport)  # fmt: skip
+    mine = [rank[nbytes] for rank in per_rank]
+    # A call's time is its slowest rank's: the collective is done when the last rank has it.
+    slowest = [max(rank["times"][i] for rank in mine) for i in range(reps)]
+    return {"times": slowest, "verified": all(rank["verified"] for rank in mine),
+            "wire": mine[0]["wire"]}  # fmt: skip
 
 
 # --- the benchmark ----------------------------------------------------------------------------
@@ -200,64 +157,91 @@ def bench_allreduce(
     model: LinkModel | None = None,
     reps: int = 10,
     warmup: int = 2,
-    with_gloo: bool = True,
+    transports: list[str] | tuple[str, ...] = ("tcp",),
+    peers: list[str] | tuple[str, ...] = ("gloo",),
     json_path: str | None = None,
     timeout: float = 60.0,
     print_fn=print,
     codec: str = "none",
-    transport: str = "tcp",
+    rounds: int = ROUNDS,
 ) -> dict:
+    """Every row (each transport's ring, each peer that can run) at every size, `rounds`
+    times in turns; one table of each row's best round (module docstring); the result as a
+    dict, also written to `json_path`."""
     model = model or LinkModel()
-    print_fn(f"ring AllReduce, {world_size} ranks on this machine, transport {transport}, codec "
-             f"{codec}, link: {model if model.enabled else 'not emulated'}")  # fmt: skip
+    print_fn(f"ring AllReduce, {world_size} ranks on this machine, transports "
+             f"{','.join(transports)}, codec {codec}, "
+             f"link: {model if model.enabled else 'not emulated'}")  # fmt: skip
     p2p_bw, p2p_alpha = measure_p2p()
     gamma = measure_gamma()
-    print_fn(f"point-to-point TCP: {p2p_bw / 1e9:.2f} GB/s, one-way latency "
-             f"{p2p_alpha * 1e6:.0f} us; reduction {1 / gamma / 1e9:.2f} GB/s")  # fmt: skip
+    copy_bps = {nbytes: copy_bandwidth(nbytes) for nbytes in sizes}
+    print_fn(
+        f"point-to-point TCP: {p2p_bw / 1e9:.2f} GB/s, one-way latency "
+        f"{p2p_alpha * 1e6:.0f} us; reduction {1 / gamma / 1e9:.2f} GB/s; memory copy "
+        + ", ".join(f"{format_bytes(n)} {copy_bps[n] / 1e9:.2f} GB/s" for n in sizes)
+    )
     alpha = model.latency if model.enabled else p2p_alpha
     bandwidth = model.bandwidth if model.bandwidth != float("inf") else p2p_bw
-    # busbw is compared with the link: the emulated bandwidth, or the measured p2p stream.
-    gloo = with_gloo and gloo_available() and not model.enabled
-    per_rank = launch_local(world_size, _ring_job,
-                            (sizes, reps, warmup, codec, free_port() if gloo else None),
-                            start_method="fork", model=model, timeout=timeout,
-                            transport=transport)  # fmt: skip
+    skipped = {}
+    for peer in peers:
+        why = ("the link is emulated (--latency/--bandwidth) and the peers' traffic does not "
+               "pass through the emulation") if model.enabled else peer_problem(peer)  # fmt: skip
+        if why is not None:
+            skipped[peer] = why
+            print_fn(f"peer {peer} skipped: {why}")
+    ran_peers = [peer for peer in peers if peer not in skipped]
+    names = [f"ring-{t}" for t in transports] + ran_peers
+
+    def run(name: str, nbytes: int) -> dict:
+        if name.startswith("ring-"):
+            return run_ring(world_size, nbytes, reps, warmup, name[len("ring-"):], codec, model,
+                            timeout)  # fmt: skip
+        return run_peer(name, world_size, nbytes, reps, warmup, timeout)
+
+    # In turns: round k runs every row at every size, the rows reversed in odd rounds.
+    got: dict[tuple[str, int], list[dict]] = {(name, n): [] for name in names for n in sizes}
+    for k in range(rounds):
+        for nbytes in sizes:
+            for name in names if k % 2 == 0 else names[::-1]:
+                figures = run(name, nbytes)
+                figures["time_s"] = statistics.median(figures["times"])
+                got[name, nbytes].append(figures)
+            print_fn(f"round {k + 1} of {rounds}, {format_bytes(nbytes)}: "
+                     + ", ".join(f"{name} {got[name, nbytes][-1]['time_s'] * 1e3:.2f} ms"
+                                 for name in names))  # fmt: skip
+
     rows = []
     for nbytes in sizes:
-        t = _combine(per_rank, nbytes)
-        ok = all(rank[nbytes]["verified"] for rank in per_rank)
-        algbw = nbytes / t
-        row = Row(nbytes, t, algbw, algbw * bus_factor(world_size),
-                  ring_allreduce_time(world_size, nbytes, alpha, bandwidth, gamma), ok,
-                  _wire(per_rank, nbytes), copy_Bps=copy_bandwidth(nbytes))  # fmt: skip
-        if gloo:
-            gt = _combine(per_rank, nbytes, key="gloo_times")
-            row.gloo_time_s, row.gloo_busbw = gt, nbytes / gt * bus_factor(world_size)
-        rows.append(row)
-    header = (f"{'size':>10} {'time ms':>9} {'algbw GB/s':>11} {'busbw GB/s':>11} "
-              f"{'of link':>7} {'of copy':>7} {'model ms':>9} {'verified':>9} "
-              f"{'sent MB':>8}")  # fmt: skip
-    if gloo:
-        header += f" {'gloo ms':>8} {'gloo busbw':>11} {'ours/gloo':>10}"
-    print_fn(header)
-    for r in rows:
-        line = (f"{format_bytes(r.size_bytes):>10} {r.time_s * 1e3:9.2f} {r.algbw / 1e9:11.3f} "
-                f"{r.busbw / 1e9:11.3f} {r.busbw / bandwidth:7.0%} {r.busbw / r.copy_Bps:7.0%} "
-                f"{r.predicted_s * 1e3:9.2f} "
-                f"{'yes' if r.verified else 'NO':>9} {r.wire_bytes / 1e6:8.2f}")  # fmt: skip
-        if r.gloo_time_s is not None:
-            line += (f" {r.gloo_time_s * 1e3:8.2f} {r.gloo_busbw / 1e9:11.3f} "
-                     f"{r.busbw / r.gloo_busbw:10.2f}x")  # fmt: skip
-        print_fn(line)
+        best = {name: min(r["time_s"] for r in got[name, nbytes]) for name in names}
+        best_peer = min((best[peer] for peer in ran_peers), default=None)
+        for name in names:
+            t = best[name]
+            algbw = nbytes / t
+            busbw = algbw * bus_factor(world_size)
+            runs = got[name, nbytes]
+            ring = name.startswith("ring-")
+            modelled = ring and (model.enabled or name == "ring-tcp")  # the model is TCP's
+            rows.append(Row(
+                name, nbytes, t, algbw, busbw, copy_bps[nbytes], busbw / copy_bps[nbytes],
+                busbw / p2p_bw, None if best_peer is None else t / best_peer,
+                all(r["verified"] for r in runs), [r["time_s"] for r in runs],
+                ring_allreduce_time(world_size, nbytes, alpha, bandwidth, gamma)
+                if modelled else None,
+                runs[0]["wire"] if ring else None,
+            ))  # fmt: skip
+    print_table(rows, rounds, model.bandwidth if model.enabled else None, print_fn)
     result = {
         "world_size": world_size,
         "link": {"latency_s": model.latency, "bandwidth_Bps": model.bandwidth},
         "p2p_bandwidth_Bps": p2p_bw,
         "p2p_latency_s": p2p_alpha,
         "gamma_s_per_byte": gamma,
-        "gloo": gloo,
         "codec": codec,
-        "transport": transport,
+        "transports": list(transports),
+        "peers": ran_peers,
+        "skipped_peers": skipped,
+        "rounds": rounds,
+        "reps": reps,
         "rows": [asdict(r) for r in rows],
         "cpu_count": os.cpu_count(),
         "host": socket.gethostname(),
@@ -268,50 +252,34 @@ def bench_allreduce(
     return result
 
 
-def bench_transports(
-    world_size: int,
-    sizes: list[int],
-    transports: list[str],
-    json_path: str | None = None,
-    print_fn=print,
-    rounds: int = 2,
-    **kwargs,
-) -> dict:
-    """`bench_allreduce` once per transport, in turns, `rounds` times (the order reversed every
-    other round, so none always runs first on a machine whose speed drifts), then one table:
-    each transport's best time per size, its busbw as a fraction of memory bandwidth, and its
-    time over gloo's (the best gloo time of all the runs; gloo runs beside every one)."""
-    runs = []
-    for k in range(rounds):
-        for transport in transports if k % 2 == 0 else transports[::-1]:
-            runs.append(bench_allreduce(world_size, sizes, transport=transport,
-                                        print_fn=print_fn, **kwargs))  # fmt: skip
-    summary = []
-    for i, nbytes in enumerate(sizes):
-        gloo = [r["rows"][i]["gloo_time_s"] for r in runs if r["rows"][i]["gloo_time_s"]]
-        gloo_s = min(gloo) if gloo else None
-        for transport in transports:
-            rows = [r["rows"][i] for r in runs if r["transport"] == transport]
-            best = min(rows, key=lambda row: row["time_s"])
-            summary.append({"size_bytes": nbytes, "transport": transport,
-                            "time_s": best["time_s"], "busbw": best["busbw"],
-                            "copy_Bps": best["copy_Bps"], "gloo_time_s": gloo_s,
-                            "verified": all(row["verified"] for row in rows)})  # fmt: skip
-    print_fn(f"\nbest of {rounds} rounds, {world_size} ranks:")
-    print_fn(f"{'size':>10} {'transport':>9} {'time ms':>9} {'busbw GB/s':>11} {'of copy':>7} "
-             f"{'gloo ms':>8} {'ours/gloo':>9}")  # fmt: skip
-    for row in summary:
-        gloo_s = row["gloo_time_s"]
-        print_fn(f"{format_bytes(row['size_bytes']):>10} {row['transport']:>9} "
-                 f"{row['time_s'] * 1e3:9.2f} {row['busbw'] / 1e9:11.3f} "
-                 f"{row['busbw'] / row['copy_Bps']:7.0%} "
-                 + (f"{gloo_s * 1e3:8.2f} {row['time_s'] / gloo_s:9.2f}" if gloo_s else
-                    f"{'-':>8} {'-':>9}"))  # fmt: skip
-    result = {"world_size": world_size, "rounds": rounds, "summary": summary, "runs": runs}
-    if json_path:
-        write_text_atomic(json_path, json.dumps(result, indent=2) + "\n")
-        print_fn(f"wrote {json_path}")
-    return result
+def print_table(rows: list[Row], rounds: int, link_bandwidth: float | None, print_fn=print):
+    """The table: one line per row and size, "-" where a figure does not apply. With an
+    emulated link, an "of link" column: busbw / the link's bandwidth."""
+    width = max(len("row"), *(len(r.name) for r in rows))
+    header = (f"{'row':<{width}} {'size':>10} {'time ms':>9} {'algbw GB/s':>11} "
+              f"{'busbw GB/s':>11} {'of mem':>7} {'of TCP':>7}")  # fmt: skip
+    if link_bandwidth is not None:
+        header += f" {'of link':>7}"
+    header += f" {'model ms':>9} {'verified':>9} {'sent MB':>8} {'t/peer':>7}"
+    print_fn(f"best of {rounds} rounds:")
+    print_fn(header)
+    for r in rows:
+        line = (f"{r.name:<{width}} {format_bytes(r.size_bytes):>10} {r.time_s * 1e3:9.2f} "
+                f"{r.algbw / 1e9:11.3f} {r.busbw / 1e9:11.3f} {r.of_memory:7.0%} "
+                f"{r.of_tcp:7.0%}")  # fmt: skip
+        if link_bandwidth is not None:
+            line += f" {r.busbw / link_bandwidth:7.0%}"
+        line += (
+            f" {_or_dash(r.predicted_s, 1e3, 9)} {'yes' if r.verified else 'NO':>9} "
+            f"{_or_dash(r.wire_bytes, 1e-6, 8)} {_or_dash(r.time_vs_best_peer, 1, 7)}"
+        )
+        print_fn(line)
+    if any(r.time_vs_best_peer is not None for r in rows):
+        print_fn("t/peer: a row's time over the fastest peer's at that size (below 1: faster)")
+
+
+def _or_dash(value: float | None, scale: float, width: int) -> str:
+    return f"{'-':>{width}}" if value is None else f"{value * scale:{width}.2f}"
 
 
 def bench_allreduce_joined(
@@ -323,17 +291,21 @@ def bench_allreduce_joined(
     json_path: str | None = None,
     print_fn=print,
     bind: str | None = None,
+    transport: str = "tcp",
 ) -> dict | None:
     """The benchmark as one rank of a job from the environment (torchrun, mpirun, srun
     variables): every rank runs the same sizes; rank 0 prints the table (its own times)."""
     model = model or LinkModel()
-    comm = join_from_env(timeout=timeout, bind=bind, model=model)
+    comm = join_from_env(timeout=timeout, bind=bind, model=model, transport=transport)
     try:
         mine = _ring_job(comm, sizes, reps, warmup)
         if comm.rank != 0:
             return None
         p = comm.world_size
-        print_fn(f"ring AllReduce, {p} ranks (joined from the environment), rank 0's times")
+        print_fn(
+            f"ring AllReduce, {p} ranks (joined from the environment), transport "
+            f"{transport}, rank 0's times"
+        )
         print_fn(
             f"{'size':>10} {'time ms':>9} {'algbw GB/s':>11} {'busbw GB/s':>11} {'verified':>9}"
         )

@@ -6,7 +6,8 @@
     pipesgd config [config options]                           print the resolved configuration
     pipesgd predict [--world-size P] [--hidden ...] [--bandwidth B] [--sweep KEY=LO..HI]
                                                               predicted iteration times
-    pipesgd bench allreduce [--world-size P] [--sizes ...] [--latency L] [--bandwidth B]
+    pipesgd bench allreduce [--world-size P] [--sizes ...] [--transport tcp,unix,shm,auto]
+                            [--peers gloo,mpi,mpi-tcp] [--latency L] [--bandwidth B]
                                                               ring AllReduce benchmark
 
 Config options, applied in order: --preset NAME (laptop, compare, tiny), --config FILE
@@ -157,12 +158,20 @@ def _parser() -> argparse.ArgumentParser:
     ar.add_argument("--warmup", type=int, default=2, help="untimed repeats per size")
     ar.add_argument("--timeout", type=_seconds, default=60.0, help="communication timeout, s")
     ar.add_argument("--json", dest="json_path", default=None, help="also write results here")
-    ar.add_argument("--no-gloo", action="store_true", help="skip torch/gloo even if installed")
+    ar.add_argument(
+        "--peers",
+        default=None,
+        help="other libraries' AllReduce to time in turns with ours: a comma list of "
+        "gloo (torch), mpi (Open MPI via mpi4py), mpi-tcp (Open MPI over TCP only), "
+        "or none (default: gloo; a peer whose library is missing is skipped)",
+    )
+    ar.add_argument("--no-gloo", action="store_true", help="leave gloo out of the peers")
     ar.add_argument("--codec", default="none", help="none, trunc16, bf16, q8: compress each hop")
     ar.add_argument(
         "--transport",
         default="tcp",
-        help="tcp, unix, shm, auto, or a comma list run in turns (e.g. tcp,unix,shm)",
+        help="tcp, unix, shm, auto, or a comma list run in turns (e.g. tcp,unix,shm): one "
+        "row of the table each",
     )
     ar.add_argument("--log-level", default="WARNING", type=_log_level,
                     help="DEBUG, INFO, WARNING, ERROR")  # fmt: skip
@@ -277,12 +286,7 @@ def _bench_memory(world_size: int, sizes: list[int]) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from pipesgd_ref.bench import (
-        bench_allreduce,
-        bench_allreduce_joined,
-        bench_transports,
-        link_problem,
-    )
+    from pipesgd_ref.bench import bench_allreduce, bench_allreduce_joined, link_problem
     from pipesgd_ref.comm.netem import LinkModel
     from pipesgd_ref.logs import configure_parent_logging
     from pipesgd_ref.units import parse_size
@@ -298,16 +302,26 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise ConfigError(f"sizes must be whole float32 arrays (multiples of 4 bytes): {sizes}")
     if args.codec not in ("none", "trunc16", "bf16", "q8"):
         raise ConfigError(f"--codec must be none, trunc16, bf16 or q8, got {args.codec!r}")
-    transports = [t.strip() for t in args.transport.split(",") if t.strip()]
+    from pipesgd_ref.bench_peers import PEERS
     from pipesgd_ref.comm.rendezvous import TRANSPORTS
 
-    if not transports or any(t not in TRANSPORTS for t in transports):
+    transports = _names("--transport", args.transport, TRANSPORTS)
+    if not transports:
         raise ConfigError(f"--transport takes {', '.join(TRANSPORTS)} or a comma list of them, "
                           f"got {args.transport!r}")  # fmt: skip
+    peers = [] if args.peers in ("none", "") else _names("--peers", args.peers or "gloo", PEERS)
+    if args.no_gloo and "gloo" in peers:
+        peers.remove("gloo")
     if os.environ.get("PIPESGD_FAULT"):
         raise ConfigError("PIPESGD_FAULT is set, but bench allreduce injects no faults (only "
                           "`pipesgd train` does); unset it")  # fmt: skip
     job = detect_env()  # one rank of a job started by torchrun, mpirun or srun, or None
+    if job is not None and len(transports) > 1:
+        raise ConfigError(f"--transport {args.transport}: a rank of a job from the environment "
+                          f"runs one transport; give one")  # fmt: skip
+    if job is not None and args.peers not in (None, "none", ""):
+        raise ConfigError(f"--peers {args.peers}: the peers run as local jobs of their own, not "
+                          f"inside a job from the environment; leave --peers out")  # fmt: skip
     ranks = job.world_size if job is not None else args.world_size
     if job is None:
         check_local_workers(args.world_size, args.allow_many_workers, "bench allreduce")
@@ -323,14 +337,25 @@ def cmd_bench(args: argparse.Namespace) -> int:
     kwargs = dict(model=model, reps=args.reps, warmup=args.warmup, timeout=args.timeout,
                   json_path=args.json_path)  # fmt: skip
     if job is not None:
-        bench_allreduce_joined(sizes, bind=args.bind, **kwargs)
-    elif len(transports) == 1:
-        bench_allreduce(args.world_size, sizes, with_gloo=not args.no_gloo, codec=args.codec,
-                        transport=transports[0], **kwargs)  # fmt: skip
+        bench_allreduce_joined(sizes, bind=args.bind, transport=transports[0], **kwargs)
     else:
-        bench_transports(args.world_size, sizes, transports, with_gloo=not args.no_gloo,
-                         codec=args.codec, **kwargs)  # fmt: skip
+        bench_allreduce(args.world_size, sizes, transports=transports, peers=peers,
+                        codec=args.codec, **kwargs)  # fmt: skip
     return 0
+
+
+def _names(flag: str, text: str, known: tuple[str, ...]) -> list[str]:
+    """A comma list of names from `known` (--transport, --peers), each once, in the order
+    given; anything else is a ConfigError naming it."""
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    unknown = [t for t in names if t not in known]
+    if unknown:
+        raise ConfigError(f"{flag}: unknown {', '.join(map(repr, unknown))}; {flag} takes "
+                          f"{', '.join(known)} or a comma list of them")  # fmt: skip
+    twice = sorted({t for t in names if names.count(t) > 1})
+    if twice:
+        raise ConfigError(f"{flag} names {', '.join(twice)} more than once")
+    return names
 
 
 def cmd_train(args: argparse.Namespace, cfg: TrainConfig) -> int:
