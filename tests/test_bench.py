@@ -26,21 +26,139 @@ def test_bench_allreduce_writes_verified_rows(tmp_path, capsys):
     assert "busbw GB/s" in capsys.readouterr().out
 
 
-def test_bench_times_gloo_in_turn_with_ours(tmp_path, capsys):
-    """Where torch is installed: gloo's AllReduce in the same workers, side by side with ours."""
+def _table(printed: str, n_rows: int) -> list[list[str]]:
+    """The printed table's rows, split into fields (the line after the header onwards)."""
+    lines = printed.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.split()[:3] == ["row", "size", "time"])
+    return [line.split() for line in lines[header + 1 : header + 1 + n_rows]]
+
+
+def _check_row_figures(row: dict, p: int) -> None:
+    """A row's figures are positive, finite and consistent with its time."""
+    name, size = row["name"], row["size_bytes"]
+    for key in ("time_s", "algbw", "busbw", "copy_Bps", "of_memory", "of_tcp"):
+        assert 0 < row[key] < math.inf, f"{name} at {size} B: {key} = {row[key]}"
+    assert row["verified"], f"{name} at {size} B: the first sum was not exact"
+    assert row["algbw"] == pytest.approx(size / row["time_s"])
+    assert row["busbw"] == pytest.approx(row["algbw"] * bus_factor(p))
+    assert row["of_memory"] == pytest.approx(row["busbw"] / row["copy_Bps"])
+    assert len(row["round_times_s"]) == 2 and row["time_s"] == min(row["round_times_s"]), (
+        f"{name} at {size} B: the best of two rounds, got {row['time_s']} of {row['round_times_s']}"
+    )
+
+
+def test_bench_rows_per_transport_and_peer(tmp_path, capsys):
+    """Two transports and gloo (where torch is installed), in one run: one row of each per
+    size, positive finite figures, t/peer the row's time over the fastest peer's, and the
+    printed table says what the JSON says."""
     pytest.importorskip("torch.distributed", reason="gloo is optional: torch is not installed")
     out = tmp_path / "bench.json"
-    rc = main(["bench", "allreduce", "--world-size=3", "--sizes=12KB,1MB", "--reps=2",
-               f"--json={out}"])  # fmt: skip
+    rc = main(["bench", "allreduce", "--world-size=2", "--sizes=64KB", "--reps=2",
+               "--transport=tcp,unix", "--peers=gloo", f"--json={out}"])  # fmt: skip
     assert rc == 0
     result = json.loads(out.read_text())
-    assert result["gloo"] is True
-    for row in result["rows"]:
-        assert row["verified"] and row["gloo_time_s"] > 0
-        assert row["gloo_busbw"] == pytest.approx(
-            row["size_bytes"] / row["gloo_time_s"] * bus_factor(3)
-        )
-    assert "ours/gloo" in capsys.readouterr().out
+    rows = result["rows"]
+    assert [r["name"] for r in rows] == ["ring-tcp", "ring-unix", "gloo"]
+    assert result["peers"] == ["gloo"] and result["skipped_peers"] == {}
+    p2p = result["p2p_bandwidth_Bps"]
+    gloo_s = rows[2]["time_s"]
+    for row in rows:
+        _check_row_figures(row, 2)
+        assert row["of_tcp"] == pytest.approx(row["busbw"] / p2p)
+        assert row["time_vs_best_peer"] == pytest.approx(row["time_s"] / gloo_s)
+    assert rows[2]["time_vs_best_peer"] == 1.0 and rows[2]["wire_bytes"] is None
+    assert rows[0]["predicted_s"] > 0 and rows[1]["predicted_s"] is None, "the model is TCP's"
+    table = _table(capsys.readouterr().out, len(rows))
+    for row, fields in zip(rows, table, strict=True):
+        # row, size (2 fields), time ms, algbw, busbw, of mem, of TCP, model ms, verified,
+        # sent MB, t/peer
+        assert len(fields) == 12 and fields[0] == row["name"] and fields[9] == "yes", fields
+        assert float(fields[3]) == pytest.approx(row["time_s"] * 1e3, abs=0.006), "table = JSON"
+        assert float(fields[4]) == pytest.approx(row["algbw"] / 1e9, abs=6e-4), "table = JSON"
+        assert float(fields[5]) == pytest.approx(row["busbw"] / 1e9, abs=6e-4), "table = JSON"
+        assert fields[6] == f"{row['of_memory']:.0%}" and fields[7] == f"{row['of_tcp']:.0%}"
+        assert float(fields[11]) == pytest.approx(row["time_vs_best_peer"], abs=0.006)
+    assert table[1][8] == "-" and table[2][8] == "-" and table[2][10] == "-", "model, sent MB"
+
+
+def test_rows_run_in_turns_and_keep_their_best_round(monkeypatch):
+    """The schedule itself, with every row's job replaced by a stub that logs the call and
+    returns figures: round 1 runs the rows in order at each size, round 2 in reverse; each row
+    keeps its faster round; t/peer is over the faster peer. No process is started."""
+    import pipesgd_ref.bench as bench
+
+    calls = []
+    fake = {"ring-tcp": [4e-3, 3e-3], "ring-shm": [2e-3, 2.5e-3], "gloo": [5e-3, 6e-3],
+            "mpi": [4e-3, 4e-3]}  # fmt: skip
+
+    def figures(name: str, nbytes: int) -> dict:
+        k = sum(1 for c in calls if c == (name, nbytes))
+        calls.append((name, nbytes))
+        out = {"times": [fake[name][k]] * 3, "verified": True}
+        return {**out, "wire": nbytes} if name.startswith("ring-") else out
+
+    monkeypatch.setattr(bench, "measure_p2p", lambda: (1e9, 1e-4))
+    monkeypatch.setattr(bench, "measure_gamma", lambda: 1e-10)
+    monkeypatch.setattr(bench, "peer_problem", lambda peer: None)
+    monkeypatch.setattr(bench, "run_ring", lambda p, n, r, w, transport, *a: figures(
+        f"ring-{transport}", n))  # fmt: skip
+    monkeypatch.setattr(bench, "run_peer", lambda peer, p, n, *a: figures(peer, n))
+    result = bench.bench_allreduce(4, [4000], transports=["tcp", "shm"], peers=["gloo", "mpi"],
+                                   print_fn=lambda *a: None)  # fmt: skip
+    order = ["ring-tcp", "ring-shm", "gloo", "mpi"]
+    assert [name for name, _ in calls] == order + order[::-1], "in turns, reversed in round 2"
+    got = {r["name"]: r for r in result["rows"]}
+    for name, times in fake.items():
+        assert got[name]["round_times_s"] == times and got[name]["time_s"] == min(times)
+        assert got[name]["time_vs_best_peer"] == pytest.approx(min(times) / 4e-3), name
+    assert got["ring-tcp"]["wire_bytes"] == 4000 and got["mpi"]["wire_bytes"] is None
+
+
+def test_a_missing_peer_is_skipped_saying_why(monkeypatch, tmp_path, capsys):
+    """torch and mpi4py made unimportable: both peers are skipped, one line each, the run
+    goes on with the ring alone, and t/peer is "-"."""
+    for module in ("torch", "torch.distributed", "mpi4py"):
+        monkeypatch.setitem(sys.modules, module, None)  # `import` raises ImportError
+    out = tmp_path / "bench.json"
+    rc = main(["bench", "allreduce", "--world-size=2", "--sizes=4KB", "--reps=1",
+               "--peers=gloo,mpi", f"--json={out}"])  # fmt: skip
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "peer gloo skipped: torch is not installed" in printed
+    assert "peer mpi skipped: mpi4py is not installed" in printed
+    result = json.loads(out.read_text())
+    assert result["peers"] == [] and sorted(result["skipped_peers"]) == ["gloo", "mpi"]
+    assert [r["name"] for r in result["rows"]] == ["ring-tcp"]
+    assert result["rows"][0]["time_vs_best_peer"] is None
+    assert _table(printed, 1)[0][-1] == "-"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_bench_open_mpi_peer_for_real(tmp_path):
+    """Open MPI's Allreduce through mpi4py, as a child mpirun job of 2 ranks, over shared
+    memory (its default on one host) and over TCP only: both rows verified, timed, and the
+    faster of them is the best peer."""
+    from pipesgd_ref.bench_peers import peer_problem
+
+    why = peer_problem("mpi")
+    if why is not None:
+        pytest.skip(f"the mpi peer cannot run here: {why}")
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipesgd_ref", "bench", "allreduce", "--world-size=2",
+         "--sizes=4KB", "--reps=2", "--peers=mpi,mpi-tcp", f"--json={out}"],
+        capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    rows = {r["name"]: r for r in result["rows"]}
+    assert list(rows) == ["ring-tcp", "mpi", "mpi-tcp"] and result["peers"] == ["mpi", "mpi-tcp"]
+    for row in rows.values():
+        _check_row_figures(row, 2)
+    best = min(rows["mpi"]["time_s"], rows["mpi-tcp"]["time_s"])
+    assert min(rows["mpi"]["time_vs_best_peer"], rows["mpi-tcp"]["time_vs_best_peer"]) == 1.0
+    assert rows["ring-tcp"]["time_vs_best_peer"] == pytest.approx(rows["ring-tcp"]["time_s"] / best)
 
 
 def test_bench_emulated_link_prints_the_model(tmp_path, capsys):
@@ -55,28 +173,29 @@ def test_bench_emulated_link_prints_the_model(tmp_path, capsys):
     assert "latency 1.00 ms" in printed
     result = json.loads(out.read_text())
     assert result["link"] == {"latency_s": 1e-3, "bandwidth_Bps": 125e6}
-    assert result["gloo"] is False, "an emulated link is not compared with gloo"
+    assert result["peers"] == [], "an emulated link is not compared with the peers"
+    if "gloo" in result["skipped_peers"]:  # asked for by default
+        assert "peer gloo skipped: the link is emulated" in printed
     gamma = result["gamma_s_per_byte"]
     assert 0 < gamma < math.inf and 0 < result["p2p_bandwidth_Bps"] < math.inf
     rows = result["rows"]
     assert [r["size_bytes"] for r in rows] == [12_000, 24_000], "one row per size asked for"
-    lines = printed.splitlines()
-    header = next(i for i, line in enumerate(lines) if line.split()[:3] == ["size", "time", "ms"])
-    table = lines[header + 1 : header + 1 + len(rows)]
-    for row, line in zip(rows, table, strict=True):
+    for row, fields in zip(rows, _table(printed, len(rows)), strict=True):
         size = row["size_bytes"]
         want = ring_allreduce_time(3, size, 1e-3, 125e6, gamma)
         assert row["predicted_s"] == want, f"{size} B: the model column is the alpha-beta model"
         assert row["algbw"] == pytest.approx(size / row["time_s"])
         assert row["busbw"] == pytest.approx(row["algbw"] * bus_factor(3))
         assert row["verified"] and row["wire_bytes"] > 0
-        # size (2 fields), time ms, algbw, busbw, of link, model ms, verified, sent MB
-        fields = line.split()
-        assert len(fields) == 9 and fields[7] == "yes", f"a row of the table: {line!r}"
-        time_ms, algbw, busbw, model_ms, sent_mb = (float(fields[i]) for i in (2, 3, 4, 6, 8))
+        # row, size (2 fields), time ms, algbw, busbw, of mem, of TCP, of link, model ms,
+        # verified, sent MB, t/peer ("-": no peer)
+        assert len(fields) == 13 and fields[10] == "yes", f"a row of the table: {fields}"
+        assert fields[0] == "ring-tcp" and fields[12] == "-", fields
+        assert fields[8] == f"{row['busbw'] / 125e6:.0%}", "of link: busbw over the link's B"
+        time_ms, algbw, busbw, model_ms, sent_mb = (float(fields[i]) for i in (3, 4, 5, 9, 11))
         for name, value in [("time ms", time_ms), ("model ms", model_ms), ("sent MB", sent_mb)]:
             assert 0 < value < math.inf, f"{size} B: {name} printed as {value}"
-        assert 0 <= algbw < math.inf and 0 <= busbw < math.inf, line
+        assert 0 <= algbw < math.inf and 0 <= busbw < math.inf, fields
         assert time_ms == pytest.approx(row["time_s"] * 1e3, abs=0.006), "table = JSON"
         assert model_ms == pytest.approx(want * 1e3, abs=0.006), "table = JSON"
         assert sent_mb == pytest.approx(row["wire_bytes"] / 1e6, abs=0.006), "table = JSON"
@@ -91,6 +210,9 @@ def test_bench_emulated_link_prints_the_model(tmp_path, capsys):
         (["--latency=-1ms"], "latency"),
         (["--world-size=0"], "--world-size >= 1"),
         (["--codec=zip"], "--codec must be none, trunc16, bf16 or q8"),
+        (["--transport=tcp,rdma"], "--transport: unknown 'rdma'"),
+        (["--peers=gloo,nccl"], "--peers: unknown 'nccl'"),
+        (["--peers=mpi,mpi"], "--peers names mpi more than once"),
     ],
 )
 def test_bench_bad_input(argv, message, capsys):
