@@ -18,7 +18,8 @@ from test_comm_faults import (
     blamed,
     run_failing,
 )
-from test_ps import STEPS, oracle as ps_oracle
+from test_ps import STEPS
+from test_ps import oracle as ps_oracle
 from test_train import assert_matches_oracle, oracle
 
 from pipesgd_ref.algorithms.pipe import pipe_worker
