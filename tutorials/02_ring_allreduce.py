@@ -429,6 +429,66 @@ else:
     print("matplotlib is not installed: plots skipped")
 
 # %% [markdown]
+# ## 3b. One host: why the same-host transports are faster
+#
+# Every run above sent its frames over TCP, the path between hosts. Four ranks on one machine
+# need no network: the project can link them with AF_UNIX sockets (`--transport unix`) or with
+# shared memory (`--transport shm`, `comm/shm.py`). The count that decides is *copies per
+# byte*: on a socket, tcp or unix, the kernel copies every payload byte twice (the sender's
+# array into a socket buffer, the socket buffer into the receiver's array), and tcp adds the
+# TCP/IP stack's work per 64 KB packet. On `shm` the sender writes the payload once into a slot
+# that the receiver maps, and the receiver's `np.add` reads it where it lies: one copy. With 4
+# ranks on 2 cores the copies are the CPU the ring spends, so we measure both the wall time and
+# the CPU time of one AllReduce per rank.
+
+# %%
+
+
+def transport_job(comm, n: int, reps: int, seed: int):
+    """One rank: the AllReduce of a normal vector (kept, for the check), then `reps` timed
+    ones; the best wall time and the mean CPU time (this process, all threads)."""
+    x = rank_inputs(seed, comm.rank, n)[1]
+    allreduce(comm, x)
+    work = np.ones(n, np.float32)
+    best, cpu = float("inf"), 0.0
+    for _ in range(reps):
+        barrier(comm)
+        wall0, cpu0 = time.perf_counter(), time.process_time()
+        allreduce(comm, work)
+        best = min(best, time.perf_counter() - wall0)
+        cpu += time.process_time() - cpu0
+    return x, best, cpu / reps, comm.transports["right"]
+
+
+n_tr, tr_reps = (1_000_000, 3) if SMALL else (4_000_000, 8)  # 4 MB / 16 MB of float32
+by_transport = {}
+for transport in ("tcp", "unix", "shm"):
+    got = launch_local(P, transport_job, (n_tr, tr_reps, seed), start_method="fork",
+                       transport=transport)  # fmt: skip
+    by_transport[transport] = got
+    wall = max(r[1] for r in got)  # the slowest rank's best: when the AllReduce is done
+    cpu = np.mean([r[2] for r in got])
+    print(f"{transport:>5}: {format_bytes(4 * n_tr)} in {format_seconds(wall)}, "
+          f"{format_seconds(cpu)} of CPU per rank, "
+          f"{cpu / (2 * (P - 1) / P * 4 * n_tr) * 1e9:.2f} ns of CPU per byte sent")  # fmt: skip
+want_tr = simulate_allreduce([rank_inputs(seed, r, n_tr)[1] for r in range(P)])[0]
+transports_exact = {
+    t: all(r[0].tobytes() == want_tr.tobytes() and r[3] == t for r in got)
+    for t, got in by_transport.items()
+}
+print(f"every transport == simulate_allreduce, bitwise, on every rank: {transports_exact}")
+
+# %% [markdown]
+# Same frames, same order of additions, so the same bytes on all three; what changes is the
+# price of moving them. unix skips the TCP/IP stack but still copies twice; shm copies once and
+# hands the receiver's add the sender's bytes in place. On the development machine (2 cores)
+# both same-host paths took about half of tcp's time; at 16 and 64 MB shm was the fastest
+# (README's "Transports" table), while at 4 MB, where the per-frame header on the socket and
+# the slot hand-off weigh as much as a copy, unix and shm came out close. `--transport auto`
+# picks shm for ranks on one host and tcp across hosts, as MPI libraries and NCCL pick shared
+# memory within a node.
+
+# %% [markdown]
 # ## 4. Check against the oracle
 
 # %%
@@ -468,6 +528,8 @@ for s in bandwidth_bound:
         f"alpha-beta formula {format_seconds(emulated[s] / ratios[s])}"
         f" (ratio {ratios[s]:.2f}, allowed 0.8..1.2)"
     )
+for transport, exact in transports_exact.items():
+    assert exact, f"--transport {transport}: the ring must reproduce simulate_allreduce bitwise"
 print("all checks passed")
 
 # %% [markdown]
@@ -486,6 +548,8 @@ print("all checks passed")
 # - On an emulated 1 ms, 100 MB/s link the measured time follows the alpha-beta formula where
 #   bandwidth dominates. Report algbw = M/T and busbw = algbw · 2(p−1)/p; busbw is comparable
 #   with the link bandwidth and across p.
+# - On one host the copies per byte decide: a socket (tcp or unix) costs two kernel copies of
+#   every payload byte, shared memory one; the results are the same bytes on every transport.
 #
 # ## Exercises
 #
@@ -502,3 +566,5 @@ print("all checks passed")
 # 5. In `timing_job`, remove the barrier and let rank 0 `time.sleep(0.01)` before each timed
 #    allreduce. What happens to each rank's time, and to their average? Why do benchmarks
 #    synchronise the ranks before they start the clock?
+# 6. In section 3b, run the transports at 1 MB and at 64 MB. Where does shm's lead over unix
+#    grow, and where does the per-frame header on the socket matter more than the copies?

@@ -221,3 +221,29 @@ def test_fault_ends_the_job_in_time_naming_the_rank(
         else:
             with np.load(tmp_path / "checkpoint.npz") as z:
                 assert int(z["next_step"]) == STEPS and np.all(np.isfinite(z["params"]))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("algo", ["pipe", "ps-sync"])
+@pytest.mark.parametrize("action, words", [(a, w) for a, who, w in CASES if who == "worker"])
+def test_faults_on_shared_memory_end_the_job_naming_the_rank(
+    algo, action, words, tmp_path, monkeypatch, capfd
+):
+    """The same faults with --transport shm: a crash closes the control socket (seen at once),
+    a hung or truncated sender leaves a slot never filled (a timeout), garbage on the socket
+    is a bad frame; the same bound, the same rank named, nothing left behind."""
+    rank = 2
+    before = session_processes()
+    cfg = config(algo, tmp_path, transport="shm")
+    error, end = train(cfg, f"{action}@{rank}:{FAULT_STEP}", monkeypatch)
+    stderr = capfd.readouterr().err
+    assert error is not None, f"the job did not fail:\n{stderr[-3000:]}"
+    detection = end - injected_at(stderr)
+    assert detection < BOUND_S, f"took {detection:.1f} s > {BOUND_S} s:\n{error}"
+    if action in ("kill", "close", "garbage"):
+        assert detection < TIMEOUT, f"took {detection:.1f} s:\n{error}"
+    report = str(error)
+    assert error.cause == rank, report
+    assert words in report, report
+    assert not left_behind(before)
