@@ -65,6 +65,11 @@ class Row:
     wire_bytes: int | None = None  # ring rows: what rank 0 sent for one AllReduce, headers in
 
 
+def _print(*args) -> None:
+    """print, flushed: a run takes minutes, and its rounds are worth seeing as they end."""
+    print(*args, flush=True)
+
+
 def bus_factor(p: int) -> float:
     return 2 * (p - 1) / p if p > 1 else 1.0
 
@@ -161,7 +166,7 @@ def bench_allreduce(
     peers: list[str] | tuple[str, ...] = ("gloo",),
     json_path: str | None = None,
     timeout: float = 60.0,
-    print_fn=print,
+    print_fn=_print,
     codec: str = "none",
     rounds: int = ROUNDS,
 ) -> dict:

@@ -15,6 +15,7 @@ missing is not an error: `peer_problem` says why it is skipped, in one line.
 
 from __future__ import annotations
 
+import ctypes
 import datetime
 import json
 import os
@@ -23,11 +24,14 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
-from pipesgd_ref.errors import LaunchError
+from pipesgd_ref.errors import JobStopped, LaunchError
 from pipesgd_ref.launch import free_port, launch_local
+from pipesgd_ref.lifetime import PR_SET_PDEATHSIG, STOP_SIGNALS
 
 PEERS = ("gloo", "mpi", "mpi-tcp")
 MPI_START_S = 30.0  # on top of --timeout: mpirun and P Pythons importing NumPy and mpi4py
@@ -131,31 +135,72 @@ def run_mpi(world_size: int, nbytes: int, reps: int, warmup: int, timeout: float
             tcp: bool = False) -> dict:  # fmt: skip
     """Open MPI's Allreduce timed by bench_mpi in a job of its own; its figures. The job runs
     in a session of its own, so that on any way out of here (an error, a signal, its time
-    limit: MPI_START_S + timeout) it is ended whole, mpirun and its ranks, and none is left."""
+    limit MPI_START_S + timeout, a signal) it is ended whole, mpirun and its ranks."""
     # The ranks import this very copy of the package (a checkout, not only an installed one).
     path = [_package_root(), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     with tempfile.TemporaryDirectory(prefix="pipesgd-bench-mpi-") as tmp:
         out = os.path.join(tmp, "figures.json")
         argv = mpi_command(world_size, nbytes, reps, warmup, out, tcp)
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, env=env, start_new_session=True)  # fmt: skip
-        try:
-            output, _ = proc.communicate(timeout=MPI_START_S + timeout)
-        except subprocess.TimeoutExpired:
-            raise LaunchError(
-                f"the {'mpi-tcp' if tcp else 'mpi'} peer's job ({world_size} ranks, "
-                f"{nbytes} B) did not finish within {MPI_START_S + timeout:.0f} s; raise "
-                f"--timeout, or leave it out of --peers"
-            ) from None
-        finally:
-            _end_session(proc)
-        if proc.returncode != 0 or not os.path.exists(out):
+        with _stop_on_signals():
+            output = _run_job(argv, env, tcp, world_size, nbytes, timeout)
+        if not os.path.exists(out):
             tail = "; ".join(output.strip().splitlines()[-3:]) or "no output"
-            raise LaunchError(f"the mpi peer's job failed (mpirun exit status "
-                              f"{proc.returncode}): {tail}")  # fmt: skip
+            raise LaunchError(f"the mpi peer's job wrote no figures: {tail}")
         with open(out) as f:
             return json.load(f)
+
+
+def _run_job(argv: list[str], env: dict, tcp: bool, world_size: int, nbytes: int,
+             timeout: float) -> str:  # fmt: skip
+    """Run the mpirun job to its end; its output. Raises LaunchError when it fails."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env, start_new_session=True,
+                            preexec_fn=_die_with_parent)  # fmt: skip
+    try:
+        output, _ = proc.communicate(timeout=MPI_START_S + timeout)
+    except subprocess.TimeoutExpired:
+        raise LaunchError(
+            f"the {'mpi-tcp' if tcp else 'mpi'} peer's job ({world_size} ranks, {nbytes} B) "
+            f"did not finish within {MPI_START_S + timeout:.0f} s; raise --timeout, or leave "
+            f"it out of --peers"
+        ) from None
+    finally:
+        _end_session(proc)
+    if proc.returncode != 0:
+        tail = "; ".join(output.strip().splitlines()[-3:]) or "no output"
+        raise LaunchError(f"the mpi peer's job failed (mpirun exit status {proc.returncode}): "
+                          f"{tail}")  # fmt: skip
+    return output
+
+
+@contextmanager
+def _stop_on_signals():
+    """SIGINT, SIGTERM or SIGHUP while the child job runs: JobStopped, raised here, so that
+    the job is ended (_run_job's finally) and the command exits as a stopped local job does
+    (128 + the signal's number). Only the main thread receives signals."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_signal(signum, frame):
+        raise JobStopped(signum)
+
+    old = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+def _die_with_parent() -> None:
+    """In mpirun, before it starts: the kernel sends it SIGTERM if this process dies, a SIGKILL
+    included (PR_SET_PDEATHSIG, Linux; elsewhere nothing), and mpirun ends its ranks."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _package_root() -> str:
