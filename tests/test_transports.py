@@ -215,3 +215,26 @@ def test_slots_hold_a_ring_segment():
     from pipesgd_ref.comm.schedule import SEGMENT_BYTES
 
     assert shm.SLOT_BYTES >= SEGMENT_BYTES  # every segment of the plain ring fits one slot
+
+
+def _compressed_job(comm, n, codec_name):
+    from pipesgd_ref.codecs import get_codec
+
+    x = np.random.default_rng([n, comm.rank]).normal(size=n).astype(np.float32)
+    allreduce(comm, x, "mean", codec=get_codec(codec_name), segment_bytes=1024)
+    return x
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("codec_name", ["trunc16", "q8"])
+def test_the_compressed_ring_over_shared_memory_equals_its_simulation(codec_name):
+    from pipesgd_ref.codecs import get_codec
+    from pipesgd_ref.comm.schedule import simulate_compressed_allreduce
+
+    p, n = 3, 5000
+    got = launch_local(p, _compressed_job, (n, codec_name), start_method="fork", timeout=10,
+                       transport="shm")  # fmt: skip
+    inputs = [np.random.default_rng([n, r]).normal(size=n).astype(np.float32) for r in range(p)]
+    want = simulate_compressed_allreduce(inputs, get_codec(codec_name), "mean", 1024)[0]
+    for rank, x in enumerate(got):
+        np.testing.assert_array_equal(x, want, err_msg=f"{codec_name}: rank {rank}")

@@ -40,12 +40,25 @@ def recv_checked(
     Raises PeerAborted when ABORT news arrives instead, CollectiveMismatch when the frame
     belongs to another collective, step or segment; `doing` names this rank's part in both.
     """
+    got = checked_header(comm, want, step, part, doing, sender)
+    comm.left.recv_payload_into(got, as_bytes(out), doing, waiting_check(comm, sender, doing))
+
+
+def waiting_check(comm, sender, doing: str) -> Callable[[], None]:
+    """What a rank does in each idle slice of a wait on its left neighbour."""
 
     def stop() -> None:  # each idle slice of the wait: raise if this rank should stop waiting
         if sender is not None:
             sender.heartbeat()  # raises the sending thread's error, if it had one
         comm.check_news(doing)  # news of a failure may come from the right, too
 
+    return stop
+
+
+def checked_header(comm, want: Frame, step: int, part: int, doing: str, sender) -> Frame:
+    """The header half of `recv_checked`: the next frame from the left, checked to be frame
+    (step, part) of `want`'s collective; its payload is still to be read."""
+    stop = waiting_check(comm, sender, doing)
     got = comm.left.recv_header(doing, stop)
     while got.kind == Kind.HEARTBEAT:  # the left neighbour is alive and waiting: keep waiting
         got = comm.left.recv_header(doing, stop)
@@ -66,7 +79,7 @@ def recv_checked(
             f"same order, with the same dtype and length",
             origin=comm.left.peer,
         )
-    comm.left.recv_payload_into(got, as_bytes(out), doing, stop)
+    return got
 
 
 def aborting_on_error(comm, fn: Callable, *args) -> None:

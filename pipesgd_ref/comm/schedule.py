@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipesgd_ref.comm.frames import frame_at, recv_checked
+from pipesgd_ref.comm.frames import checked_header, frame_at, recv_checked, waiting_check
 from pipesgd_ref.comm.transport import CODE_OF_DTYPE, Frame, Kind, Op, as_bytes
 from pipesgd_ref.logs import trace, trace_enabled
 
@@ -156,15 +156,55 @@ class RingReduce:
 
     def send(self, step: int, chunk: int, part: int, payload) -> None:
         """Queue `payload` (segment `part` of `chunk`) as frame (step, part) to the right."""
-        comm = self.comm
         where = f" ({self.where})" if self.where else ""
         self.sender.put(frame_at(self.header, step, part), as_bytes(payload),
                         f"{self.name} #{self.seq} {self.phase(step)}{where}")  # fmt: skip
         self.queued += 1
+        self.trace(step, chunk, part)
+
+    def trace(self, step: int, chunk: int, part: int) -> None:
         if self.tracing and part == 0:  # one line per chunk and step (PIPESGD_TRACE=1)
             a, b = self.bounds[chunk]
-            trace("%s | rank %d -> %d | chunk %d | %d bytes", self.doing(step), comm.rank,
-                  comm.right.peer, chunk, self.chunk_bytes(b - a))  # fmt: skip
+            trace("%s | rank %d -> %d | chunk %d | %d bytes", self.doing(step), self.comm.rank,
+                  self.comm.right.peer, chunk, self.chunk_bytes(b - a))  # fmt: skip
+
+    def in_slots(self) -> bool:
+        """Whether reduce-scatter hops go through shared-memory slots (comm/shm.py) both ways,
+        with the host ring's own reduction (a variant's hooks take the usual path)."""
+        comm, cls = self.comm, type(self)
+        return (comm.left.transport == "shm" and comm.right.transport == "shm"
+                and cls.reduce is RingReduce.reduce and cls.inbox is RingReduce.inbox)  # fmt: skip
+
+    def hop_in_slots(self, step: int, chunk: int, part: int, s: int, e: int, last: bool) -> None:
+        """A reduce-scatter hop over shared memory: the left neighbour's partial sum is added
+        where it lies, in its slot (no copy into a scratch segment), and, unless this rank owns
+        the chunk, straight into the right neighbour's next slot: one pass over the bytes,
+        where a socket costs a copy in, the add, and a copy out. The same operands in the same
+        order as `reduce`, so the same bits; this rank's own copy of [s, e) keeps its gradient
+        (the all-gather overwrites it). When no slot is free now, the sum goes into place and
+        is sent as usual."""
+        comm, doing = self.comm, self.doing(step)
+        frame = checked_header(comm, self.header, step, part, doing, self.sender)
+        mine = self.flat[s:e]
+        if not comm.left.slotted(frame):  # empty, or a segment larger than a slot
+            got = self.inbox(s, e, gathering=False)
+            comm.left.recv_payload_into(frame, as_bytes(got), doing,
+                                        waiting_check(comm, self.sender, doing))  # fmt: skip
+            self.send(step + 1, chunk, part, self.reduce(got, s, e, last))
+            return
+        got = comm.left.payload_view(frame, mine.nbytes, doing).view(self.dtype)
+        slot = None if last else comm.right.claim(mine.nbytes)
+        if slot is not None:
+            np.add(got, mine, out=slot.view(self.dtype))  # as reduce: the running sum, ours
+            comm.left.release()
+            comm.right.send_claimed(frame_at(self.header, step + 1, part), doing)
+            self.trace(step + 1, chunk, part)
+            return
+        np.add(got, mine, out=mine)
+        comm.left.release()
+        if last and self.op == Op.ALLREDUCE_MEAN:
+            mine /= mine.dtype.type(comm.world_size)  # the owner scales once
+        self.send(step + 1, chunk, part, mine)
 
     def run(self) -> None:
         comm = self.comm
@@ -185,11 +225,15 @@ class RingReduce:
         first = reduce_scatter_chunks(rank, 0, p)[0]
         for part, (s, e) in enumerate(segments(*bounds[first], per)):
             self.send(0, first, part, self.outgoing(s, e))
+        slots = self.in_slots()
         for step in range(p - 1):
             _, chunk = reduce_scatter_chunks(rank, step, p)
             doing = self.doing(step)
             last = step == p - 2  # after this step, `chunk` is complete on this rank
             for part, (s, e) in enumerate(segments(*bounds[chunk], per)):
+                if slots:
+                    self.hop_in_slots(step, chunk, part, s, e, last)
+                    continue
                 got = self.inbox(s, e, gathering=False)
                 recv_checked(comm, header, step, part, got, doing, sender)
                 self.send(step + 1, chunk, part, self.reduce(got, s, e, last))  # at once
