@@ -64,6 +64,12 @@ class TrainConfig:
     bandwidth: str = "inf"  # emulated bandwidth per link and direction, e.g. 1Gbit, 125MB
     timeout: float = 60.0  # seconds any wait on a peer may take before it is an error
     master_port: int = 0  # local runs: the rendezvous store's port (0 = pick a free one)
+    # How the ranks talk. sockets: the project's own framed TCP links (comm/transport.py), for
+    # local workers and for ranks that torchrun, mpirun or srun start (rendezvous on
+    # MASTER_ADDR). mpi: the same ring and PS frames as MPI messages (comm/mpi.py), for clusters
+    # whose fast wire MPI reaches; under mpirun or srun each process joins MPI_COMM_WORLD, and
+    # run alone `pipesgd train` starts itself through mpirun. No link emulation: MPI owns the wire.
+    comm: str = "sockets"  # sockets | mpi
     # Workers sharing CPU cores: compute at the lowest CPU priority (Linux SCHED_IDLE), so a
     # communication thread that wakes up runs at once instead of waiting for another worker's
     # computation to yield the core (on a cluster the NIC does not wait for the GPU either).
@@ -147,6 +153,20 @@ class TrainConfig:
                 f"timeout must be > 0 and <= {MAX_SECONDS:.0e} seconds (11.6 days), got "
                 f"{self.timeout:g}"
             )
+        if self.comm not in COMMS:
+            problems.append(f"comm must be {' or '.join(COMMS)}, got {self.comm!r}")
+        elif self.comm == "mpi" and (self.latency, self.bandwidth) != ("0", "inf"):
+            try:
+                emulated = link_model(self).enabled
+            except ValueError:
+                emulated = False  # reported below
+            if emulated:
+                problems.append(
+                    f"--comm mpi with --latency {self.latency} --bandwidth {self.bandwidth}: "
+                    f"link emulation paces the project's own sockets, and under MPI the MPI "
+                    f"library owns the wire; drop --latency and --bandwidth, or use --comm "
+                    f"sockets"
+                )
         # A link slower than the timeout is check_link_against_timeout's (the frame sizes need
         # the model), not refused here: `pipesgd predict` asks what-ifs of any link.
         try:
@@ -187,6 +207,7 @@ class TrainConfig:
 
 ALGOS = ("sync", "pipe", "ps-sync", "ps-async")
 DEVICES = ("cpu", "cuda")
+COMMS = ("sockets", "mpi")  # how the ranks talk (TrainConfig.comm)
 
 
 def link_model(cfg: TrainConfig):
