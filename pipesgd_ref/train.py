@@ -439,7 +439,7 @@ def run_training_joined(
     ranks = n_ranks(cfg)
     if job.world_size != ranks:
         size_var = next((size for _, size, source in ENV_CONVENTIONS if source == job.source),
-                        "the MPI world size")  # fmt: skip
+                        "MPI_COMM_WORLD size")  # fmt: skip
         servers = 1 if is_ps(cfg.algo) else 0
         need = f"{cfg.world_size} workers" + (" + 1 server" if servers else "")
         fix = (f"pass --world-size={job.world_size - servers}" if job.world_size > servers
