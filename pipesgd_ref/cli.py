@@ -162,6 +162,10 @@ def _parser() -> argparse.ArgumentParser:
     ar.add_argument("--log-level", default="WARNING", type=_log_level,
                     help="DEBUG, INFO, WARNING, ERROR")  # fmt: skip
     ar.add_argument("--bind", default=None, help=BIND_HELP)
+    ar.add_argument("--comm", default="sockets", choices=("sockets", "mpi"),
+                    help="sockets (the project's TCP links) or mpi (the same ring over MPI "
+                    "point-to-point; run alone, it starts --world-size ranks through "
+                    "mpirun)")  # fmt: skip
     add_many_workers_flag(ar)
     return p
 
@@ -291,7 +295,27 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if os.environ.get("PIPESGD_FAULT"):
         raise ConfigError("PIPESGD_FAULT is set, but bench allreduce injects no faults (only "
                           "`pipesgd train` does); unset it")  # fmt: skip
-    job = detect_env()  # one rank of a job started by torchrun, mpirun or srun, or None
+    if args.comm == "mpi":
+        from pipesgd_ref.comm import mpi
+
+        if model.enabled:
+            raise ConfigError("bench allreduce --comm mpi with --latency or --bandwidth: link "
+                              "emulation paces the project's own sockets, and under MPI the "
+                              "MPI library owns the wire; drop them, or use --comm "
+                              "sockets")  # fmt: skip
+        if args.codec != "none":
+            raise ConfigError(f"bench allreduce --comm mpi times the plain ring; --codec "
+                              f"{args.codec} runs with --comm sockets only")  # fmt: skip
+        if not mpi.launched():
+            check_local_workers(args.world_size, args.allow_many_workers, "bench allreduce")
+            if args.json_path:
+                from pipesgd_ref.outputs import prepare_file
+
+                prepare_file(args.json_path, "--json")
+            return mpi.run_under_mpirun(args.world_size, args.argv)
+        job = mpi.mpi_job()
+    else:
+        job = detect_env()  # one rank of a job started by torchrun, mpirun or srun, or None
     ranks = job.world_size if job is not None else args.world_size
     if job is None:
         check_local_workers(args.world_size, args.allow_many_workers, "bench allreduce")
@@ -307,7 +331,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     kwargs = dict(model=model, reps=args.reps, warmup=args.warmup, timeout=args.timeout,
                   json_path=args.json_path)  # fmt: skip
     if job is not None:
-        bench_allreduce_joined(sizes, bind=args.bind, **kwargs)
+        bench_allreduce_joined(sizes, bind=args.bind, comm_kind=args.comm, **kwargs)
     else:
         bench_allreduce(args.world_size, sizes, with_gloo=not args.no_gloo, codec=args.codec,
                         **kwargs)  # fmt: skip

@@ -254,6 +254,21 @@ def test_pipesgd_train_under_mpirun_and_alone(tmp_path):
         np.testing.assert_array_equal(z["params"], sync_sgd(grad_fn, w0, 3, 15, cfg.lr_at).params)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_bench_allreduce_over_mpi_alone(tmp_path):
+    """`pipesgd bench allreduce --comm mpi` run alone starts its ranks through mpirun; every
+    size is verified (the sum of every rank's data arrives on rank 0)."""
+    _mpirun_or_skip()
+    command = [sys.executable, "-m", "pipesgd_ref", "bench", "allreduce", "--comm=mpi",
+               "--world-size=3", "--sizes=4KB,64KB", "--reps=2", "--warmup=1"]  # fmt: skip
+    rc, output, _ = run(command, job_env(), tmp_path / "bench.log")
+    assert rc == 0, output[-4000:]
+    assert "3 ranks (over MPI point-to-point)" in output, output[-2000:]
+    rows = [line for line in output.splitlines() if line.strip().endswith(("yes", "NO"))]
+    assert len(rows) == 2 and all(row.endswith("yes") for row in rows), output[-2000:]
+
+
 # --- failure ---------------------------------------------------------------------------------
 
 
