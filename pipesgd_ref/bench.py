@@ -269,7 +269,8 @@ def bench_allreduce_joined(
 
         comm, how = join_mpi(timeout=timeout), "over MPI point-to-point"
     else:
-        comm, how = join_from_env(timeout=timeout, bind=bind, model=model), "from the environment"
+        comm = join_from_env(timeout=timeout, bind=bind, model=model)
+        how = "joined from the environment"
     try:
         mine = _ring_job(comm, sizes, reps, warmup)
         if comm.rank != 0:
