@@ -297,20 +297,26 @@ def bench_allreduce_joined(
     print_fn=print,
     bind: str | None = None,
     transport: str = "tcp",
+    comm_kind: str = "sockets",
 ) -> dict | None:
     """The benchmark as one rank of a job from the environment (torchrun, mpirun, srun
-    variables): every rank runs the same sizes; rank 0 prints the table (its own times)."""
+    variables): every rank runs the same sizes; rank 0 prints the table (its own times).
+    comm_kind "mpi": the same ring over MPI point-to-point (comm/mpi.py), in MPI_COMM_WORLD."""
     model = model or LinkModel()
-    comm = join_from_env(timeout=timeout, bind=bind, model=model, transport=transport)
+    if comm_kind == "mpi":
+        from pipesgd_ref.comm.mpi import join_mpi
+
+        comm, how = join_mpi(timeout=timeout), "over MPI point-to-point"
+    else:
+        comm = join_from_env(timeout=timeout, bind=bind, model=model, transport=transport)
+        how = "joined from the environment"
     try:
         mine = _ring_job(comm, sizes, reps, warmup)
         if comm.rank != 0:
             return None
         p = comm.world_size
-        print_fn(
-            f"ring AllReduce, {p} ranks (joined from the environment), transport "
-            f"{transport}, rank 0's times"
-        )
+        wire = "" if comm_kind == "mpi" else f", transport {transport}"
+        print_fn(f"ring AllReduce, {p} ranks ({how}){wire}, rank 0's times")
         print_fn(
             f"{'size':>10} {'time ms':>9} {'algbw GB/s':>11} {'busbw GB/s':>11} {'verified':>9}"
         )

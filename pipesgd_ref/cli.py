@@ -176,6 +176,10 @@ def _parser() -> argparse.ArgumentParser:
     ar.add_argument("--log-level", default="WARNING", type=_log_level,
                     help="DEBUG, INFO, WARNING, ERROR")  # fmt: skip
     ar.add_argument("--bind", default=None, help=BIND_HELP)
+    ar.add_argument("--comm", default="sockets", choices=("sockets", "mpi"),
+                    help="sockets (the project's TCP links) or mpi (the same ring over MPI "
+                    "point-to-point; run alone, it starts --world-size ranks through "
+                    "mpirun)")  # fmt: skip
     add_many_workers_flag(ar)
     return p
 
@@ -252,6 +256,10 @@ def cmd_compare(args: argparse.Namespace, cfg: TrainConfig) -> int:
 
     if args.repeats is not None and args.repeats < 1:
         raise ConfigError(f"--repeats must be at least 1, got {args.repeats}")
+    if cfg.comm == "mpi":
+        raise ConfigError("compare --comm mpi: not yet; compare runs its six methods through "
+                          "one emulated network over the project's own sockets (train and "
+                          "bench allreduce take --comm mpi)")  # fmt: skip
     check_local_workers(cfg.world_size + 1, args.allow_many_workers, "compare")  # ps: + server
     _check_faults(cfg.world_size + 1, None)
     configure_parent_logging("WARNING")
@@ -315,7 +323,27 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if os.environ.get("PIPESGD_FAULT"):
         raise ConfigError("PIPESGD_FAULT is set, but bench allreduce injects no faults (only "
                           "`pipesgd train` does); unset it")  # fmt: skip
-    job = detect_env()  # one rank of a job started by torchrun, mpirun or srun, or None
+    if args.comm == "mpi":
+        from pipesgd_ref.comm import mpi
+
+        if model.enabled:
+            raise ConfigError("bench allreduce --comm mpi with --latency or --bandwidth: link "
+                              "emulation paces the project's own sockets, and under MPI the "
+                              "MPI library owns the wire; drop them, or use --comm "
+                              "sockets")  # fmt: skip
+        if args.codec != "none":
+            raise ConfigError(f"bench allreduce --comm mpi times the plain ring; --codec "
+                              f"{args.codec} runs with --comm sockets only")  # fmt: skip
+        if not mpi.launched():
+            check_local_workers(args.world_size, args.allow_many_workers, "bench allreduce")
+            if args.json_path:
+                from pipesgd_ref.outputs import prepare_file
+
+                prepare_file(args.json_path, "--json")
+            return mpi.run_under_mpirun(args.world_size, args.argv)
+        job = mpi.mpi_job()
+    else:
+        job = detect_env()  # one rank of a job started by torchrun, mpirun or srun, or None
     if job is not None and len(transports) > 1:
         raise ConfigError(f"--transport {args.transport}: a rank of a job from the environment "
                           f"runs one transport; give one")  # fmt: skip
@@ -337,7 +365,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     kwargs = dict(model=model, reps=args.reps, warmup=args.warmup, timeout=args.timeout,
                   json_path=args.json_path)  # fmt: skip
     if job is not None:
-        bench_allreduce_joined(sizes, bind=args.bind, transport=transports[0], **kwargs)
+        bench_allreduce_joined(sizes, bind=args.bind, transport=transports[0],
+                               comm_kind=args.comm, **kwargs)  # fmt: skip
     else:
         bench_allreduce(args.world_size, sizes, transports=transports, peers=peers,
                         codec=args.codec, **kwargs)  # fmt: skip
@@ -363,6 +392,8 @@ def cmd_train(args: argparse.Namespace, cfg: TrainConfig) -> int:
     from pipesgd_ref.train import n_ranks
 
     check_idle_options(cfg)  # an option that would do nothing in this run: refused, saying why
+    if cfg.comm == "mpi":
+        return _train_mpi(args, cfg)
     job = detect_env()  # one rank of a job started by torchrun, mpirun or srun, or None
     if job is None:
         check_local_workers(n_ranks(cfg), args.allow_many_workers, "train")
@@ -376,6 +407,45 @@ def cmd_train(args: argparse.Namespace, cfg: TrainConfig) -> int:
         else:
             run_training(cfg, progress=not args.no_progress)
     return 0
+
+
+def _train_mpi(args: argparse.Namespace, cfg: TrainConfig) -> int:
+    """`pipesgd train --comm mpi`: under mpirun or srun, this process is one rank of the job
+    (MPI_COMM_WORLD says which); run alone, it starts the job through mpirun, n_ranks(cfg)
+    ranks of this very command, and returns mpirun's exit code (comm/mpi.py)."""
+    from pipesgd_ref import faults
+    from pipesgd_ref.comm import mpi
+    from pipesgd_ref.logs import configure_parent_logging
+    from pipesgd_ref.train import n_ranks
+
+    def check_faults(n: int) -> None:
+        _check_faults(n, cfg)
+        wire = [f for f in faults.planned() if f.action in faults.WIRE_ACTIONS]
+        if wire:  # they act on a socket, and MPI moves whole messages
+            raise ConfigError(f"{faults.ENV}: {wire[0].action} is a fault of the sockets' wire; "
+                              f"under --comm mpi only kill, stop, nan and inf are "
+                              f"injected")  # fmt: skip
+
+    if not mpi.launched():
+        check_local_workers(n_ranks(cfg), args.allow_many_workers, "train")
+        check_faults(n_ranks(cfg))
+        with _claimed(cfg.out, args.overwrite, cfg.resume):
+            pass  # a bad --out is one line here; rank 0 claims the folder for the run
+        return mpi.run_under_mpirun(n_ranks(cfg), args.argv)
+    job = mpi.mpi_job()
+    check_faults(job.world_size)
+    configure_parent_logging(args.log_level)
+    with _claimed(cfg.out if job.rank == 0 else "", args.overwrite, cfg.resume):
+        run_training_joined(cfg, progress=not args.no_progress)
+    return 0
+
+
+def _end_mpi_job(rc: int) -> int:
+    """After a failed rank of an MPI job has printed its line: end every rank now (MPI_Abort),
+    rather than leave the others waiting out --timeout for it. Nothing outside an MPI job."""
+    if rc and "pipesgd_ref.comm.mpi" in sys.modules:
+        sys.modules["pipesgd_ref.comm.mpi"].abort_job(rc)
+    return rc
 
 
 def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, rest: list[str]) -> int:
@@ -421,10 +491,11 @@ def main(argv: list[str] | None = None) -> int:
         return _error(f"unknown option {first[0]!r} before the command; write `pipesgd COMMAND "
                       f"[options]` (see `pipesgd --help`)")  # fmt: skip
     args, rest = parser.parse_known_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # `train --comm mpi` re-runs it
     try:
         return _run(parser, args, rest)
     except USER_ERRORS as e:
-        return _error(e)
+        return _end_mpi_job(_error(e))
     except JobStopped as e:  # a signal stopped the job: one line, and 128 + its number
         print(f"pipesgd: {e}", file=sys.stderr)
         return e.exit_code
@@ -433,10 +504,17 @@ def main(argv: list[str] | None = None) -> int:
         # that filled up, a folder removed under the run); any other OSError is a bug.
         if e.errno not in PATH_ERRNOS or e.filename is None:
             raise
-        return _error(f"{e.filename}: {e.strerror}")
+        return _end_mpi_job(_error(f"{e.filename}: {e.strerror}"))
     except KeyboardInterrupt:
         print("pipesgd: interrupted", file=sys.stderr)
         return 130
+    except Exception:  # a bug: its traceback, and in an MPI job the end of every rank
+        if "pipesgd_ref.comm.mpi" in sys.modules:
+            import traceback
+
+            traceback.print_exc()
+            _end_mpi_job(1)
+        raise
 
 
 if __name__ == "__main__":

@@ -63,10 +63,15 @@ class TrainConfig:
     latency: str = "0"  # emulated per-message latency per link, e.g. 50us, 1ms (0 = none)
     bandwidth: str = "inf"  # emulated bandwidth per link and direction, e.g. 1Gbit, 125MB
     timeout: float = 60.0  # seconds any wait on a peer may take before it is an error
-    # data links: tcp (the teaching path, and between hosts) | unix (AF_UNIX sockets) | shm
-    # (shared-memory slots, headers on a unix socket) | auto (shm on one host, tcp across)
-    transport: str = "tcp"
+    # unix: AF_UNIX sockets; shm: shared-memory slots, the headers on a unix socket
+    transport: str = "tcp"  # data links: tcp | unix | shm | auto (shm on one host, tcp across)
     master_port: int = 0  # local runs: the rendezvous store's port (0 = pick a free one)
+    # How the ranks talk. sockets: the project's own framed TCP links (comm/transport.py), for
+    # local workers and for ranks that torchrun, mpirun or srun start (rendezvous on
+    # MASTER_ADDR). mpi: the same ring and PS frames as MPI messages (comm/mpi.py), for clusters
+    # whose fast wire MPI reaches; under mpirun or srun each process joins MPI_COMM_WORLD, and
+    # run alone `pipesgd train` starts itself through mpirun. No link emulation: MPI owns the wire.
+    comm: str = "sockets"  # sockets | mpi
     # Workers sharing CPU cores: compute at the lowest CPU priority (Linux SCHED_IDLE), so a
     # communication thread that wakes up runs at once instead of waiting for another worker's
     # computation to yield the core (on a cluster the NIC does not wait for the GPU either).
@@ -156,6 +161,26 @@ class TrainConfig:
                 f"timeout must be > 0 and <= {MAX_SECONDS:.0e} seconds (11.6 days), got "
                 f"{self.timeout:g}"
             )
+        if self.comm not in COMMS:
+            problems.append(f"comm must be {' or '.join(COMMS)}, got {self.comm!r}")
+        elif self.comm == "mpi" and self.transport != "tcp":
+            problems.append(
+                f"--comm mpi with --transport {self.transport}: the transports are the "
+                f"project's own sockets' paths, and under MPI the MPI library picks its own "
+                f"(shared memory on one host); drop --transport, or use --comm sockets"
+            )
+        elif self.comm == "mpi" and (self.latency, self.bandwidth) != ("0", "inf"):
+            try:
+                emulated = link_model(self).enabled
+            except ValueError:
+                emulated = False  # reported below
+            if emulated:
+                problems.append(
+                    f"--comm mpi with --latency {self.latency} --bandwidth {self.bandwidth}: "
+                    f"link emulation paces the project's own sockets, and under MPI the MPI "
+                    f"library owns the wire; drop --latency and --bandwidth, or use --comm "
+                    f"sockets"
+                )
         # A link slower than the timeout is check_link_against_timeout's (the frame sizes need
         # the model), not refused here: `pipesgd predict` asks what-ifs of any link.
         try:
@@ -196,6 +221,7 @@ class TrainConfig:
 
 ALGOS = ("sync", "pipe", "ps-sync", "ps-async")
 DEVICES = ("cpu", "cuda")
+COMMS = ("sockets", "mpi")  # how the ranks talk (TrainConfig.comm)
 
 
 def link_model(cfg: TrainConfig):

@@ -418,7 +418,12 @@ def run_training_joined(
     from pipesgd_ref.lifetime import LocalStop, worker_signals
     from pipesgd_ref.trace import chrome_trace
 
-    job = detect_env()
+    if cfg.comm == "mpi":
+        from pipesgd_ref.comm.mpi import mpi_job
+
+        job = mpi_job()  # rank and size from MPI_COMM_WORLD: no MASTER_ADDR, no token
+    else:
+        job = detect_env()
     if job is None:
         raise LaunchError(
             "no job in the environment: set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT, or "
@@ -434,7 +439,8 @@ def run_training_joined(
         )
     ranks = n_ranks(cfg)
     if job.world_size != ranks:
-        size_var = next(size for _, size, source in ENV_CONVENTIONS if source == job.source)
+        size_var = next((size for _, size, source in ENV_CONVENTIONS if source == job.source),
+                        "MPI_COMM_WORLD size")  # fmt: skip
         servers = 1 if is_ps(cfg.algo) else 0
         need = f"{cfg.world_size} workers" + (" + 1 server" if servers else "")
         fix = (f"pass --world-size={job.world_size - servers}" if job.world_size > servers
@@ -456,14 +462,27 @@ def run_training_joined(
     # stop, not a failure. Rank 0 checkpoints where it can; else the last periodic one stands.
     plan = LocalStop()
     worker_signals(plan)
-    comm = join_from_env(timeout=cfg.timeout, bind=bind, model=model, star=is_ps(cfg.algo),
-                         transport=cfg.transport)  # fmt: skip
+    if cfg.comm == "mpi":
+        from pipesgd_ref.comm.mpi import join_mpi
+        from pipesgd_ref.launch import local_ranks, share_cores
+
+        share_cores(local_ranks())  # as join_from_env does: each rank its share of the cores
+        comm = join_mpi(timeout=cfg.timeout, star=is_ps(cfg.algo))
+    else:
+        comm = join_from_env(timeout=cfg.timeout, bind=bind, model=model, star=is_ps(cfg.algo),
+                             transport=cfg.transport)  # fmt: skip
     try:
         t0 = time.perf_counter()  # "the job formed", on this rank's clock
         tag_log_lines(comm.rank)
         if comm.rank == 0:
-            log(f"{_describe(cfg, model)}; {ranks} ranks joined from {job.source} variables "
-                f"at {job.master_addr}:{job.master_port}")  # fmt: skip
+            if cfg.comm == "mpi":
+                from pipesgd_ref.comm.mpi import thread_level_name
+
+                log(f"{_describe(cfg, model)}; {ranks} ranks joined through MPI ("
+                    f"{thread_level_name()}, the project's ring over point-to-point)")  # fmt: skip
+            else:
+                log(f"{_describe(cfg, model)}; {ranks} ranks joined from {job.source} variables "
+                    f"at {job.master_addr}:{job.master_port}")  # fmt: skip
         try:
             result = _train_job(comm, cfg, progress, worker=worker)
         except CommError:

@@ -154,6 +154,18 @@ TRAIN = [
     C("train-bandwidth-1Kbit-timeout-3", f"train {TINY} --bandwidth=1Kbit --timeout=3",
       "timeout", "!never finished"),
     C("train-bandwidth-1bit-timeout-3", f"train {TINY} --bandwidth=1bit --timeout=3", "timeout"),
+    # --comm mpi: MPI owns the wire, so link emulation is refused (comm/mpi.py)
+    C("train-comm-mpi-latency", f"train {TINY} --comm=mpi --latency=1ms", "--comm mpi",
+      "--latency 1ms", "MPI"),
+    C("train-comm-mpi-bandwidth", f"train {TINY} --comm mpi --bandwidth 1Gbit", "--comm mpi",
+      "1Gbit"),
+    C("train-comm-tcp", f"train {TINY} --comm=tcp", "comm", "'tcp'", "sockets"),
+    C("train-comm-mpi-wire-fault", f"train {TINY} --comm=mpi", "PIPESGD_FAULT", "garbage",
+      env={"PIPESGD_FAULT": "garbage@1:3"}),
+    C("bench-comm-mpi-latency", "bench allreduce --comm mpi --latency 1ms", "--comm mpi",
+      "MPI"),
+    C("bench-comm-mpi-codec", "bench allreduce --comm mpi --codec q8", "--comm mpi", "q8"),
+    C("config-comm-mpi-latency", f"config {TINY} --comm=mpi --latency=50us", "--comm mpi"),
     C("train-config-dir", f"train {TINY} --config {{tmp}}/cfgdir.toml", "cfgdir",
       "!does not exist", files={"cfgdir.toml": DIR}),
     C("train-config-non-utf8", f"train {TINY} --config {{tmp}}/latin1.toml", "latin1.toml",
@@ -373,6 +385,9 @@ PREDICT = [
     C("predict-dataset-unknown", "predict --dataset imagenet", "imagenet"),
     C("predict-ps-pulls-unknown", "predict --ps-pulls foo", "foo"),
     C("train-transport-unknown", "train --transport rdma", "rdma"),
+    C("train-mpi-with-a-transport", "train --comm mpi --transport shm", "--transport shm"),
+    C("compare-comm-mpi", "compare --quick --comm mpi --latency 0 --bandwidth inf",
+      "compare --comm mpi"),
     C("predict-unknown-flag", "predict --frobnicate", "--frobnicate"),
 ]
 

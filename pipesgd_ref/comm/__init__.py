@@ -10,4 +10,5 @@ ring.py         ring AllReduce (reduce-scatter + all-gather), all-gather, broadc
 compressed.py   the ring with a codec on every hop: decode, add, re-encode
 device_ring.py  the ring of a GPU array: chunks through pinned host buffers, added on the GPU
 ps.py           the parameter server's wire protocol and client, over the star links
+mpi.py          the same frames as MPI messages (--comm mpi): the ring and the star over mpi4py
 """

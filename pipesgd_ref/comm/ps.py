@@ -99,6 +99,10 @@ from pipesgd_ref.logs import trace
 VERDICT_MARGIN_S = 2.0
 _CODES = CODE_OF_DTYPE[np.dtype(np.uint8)]  # header dtype of codes (compressed pushes, pulls)
 
+# ps-async over links without a socket (MPI): the pause between two looks at every worker's
+# link, short beside a push's compute, so the first push to arrive is read within it.
+POLL_PAUSE_S = 200e-6
+
 # How ps-sync's server sends the p pulls of a version over its one link (module docstring).
 PULL_ORDERS = ("sequential", "shared")
 
@@ -168,6 +172,7 @@ class ServerLinks:
         self.nic = ServerNIC(self.links, header_bytes=HEADER_BYTES)
         self._round: list[Frame | None] = []  # ps-sync: the headers of the round read so far
         self._selector: selectors.BaseSelector | None = None  # ps-async: the links waited on
+        self._polled: set[int] | None = None  # ... or, links without a socket: those polled
         self.pulled_at = [time.monotonic()] * self.n_workers  # when each worker got weights
         self._sending_to: Link | None = None  # a failure mid-send leaves this link half-sent
 
@@ -283,6 +288,16 @@ class ServerLinks:
     @contextmanager
     def watching(self, workers: list[int]):
         """Wait on these workers' links at once (ready(), drop()) while the body runs."""
+        if any(self.links[i].sock is None for i in workers):
+            # Links without a socket (MPI's, comm/mpi.py) cannot be selected on: ready() asks
+            # each one in turn whether a frame has arrived.
+            self._polled = set(workers)
+            self.pulled_at = [time.monotonic()] * self.n_workers
+            try:
+                yield self
+            finally:
+                self._polled = None
+            return
         with selectors.DefaultSelector() as selector:
             self._selector = selector
             for i in workers:
@@ -296,10 +311,20 @@ class ServerLinks:
     def ready(self) -> list[int]:
         """The watched workers whose push has begun to arrive (within POLL_SECONDS). A link's
         bytes are read only by Link, so "readable" means a frame."""
+        if self._polled is not None:
+            deadline = time.monotonic() + POLL_SECONDS
+            while not (ready := [i for i in sorted(self._polled) if self.links[i].has_frame()]):
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(POLL_PAUSE_S)
+            return ready
         return [key.data for key, _ in self._selector.select(timeout=POLL_SECONDS)]
 
     def drop(self, i: int) -> None:
         """Stop watching worker i (it has no push to come)."""
+        if self._polled is not None:
+            self._polled.discard(i)
+            return
         sock = self.links[i].sock
         if sock in self._selector.get_map():
             self._selector.unregister(sock)
