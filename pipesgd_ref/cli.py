@@ -17,7 +17,9 @@ Config options, applied in order: --preset NAME (laptop, compare, tiny), --confi
 `compare` (pipesgd_ref/compare.py) trains ps-sync, ps-async, sync, pipe, pipe+trunc16 and
 pipe+q8 on the same problem (the `compare` preset) through one emulated network, each twice
 (--repeats), and prints measured against predicted iteration times and the wall-clock time to
-the target accuracy (of each method's repeat that reached it soonest).
+the target accuracy (of each method's repeat that reached it soonest). With --comm mpi every
+run is a job of world size + 1 MPI ranks instead (compare_mpi.py; run alone it starts them
+through mpirun), on MPI's own wire: the preset's emulated link is dropped.
 
 `train` starts cfg.world_size local workers, or, when the environment describes a job (torchrun's
 RANK/WORLD_SIZE, mpirun's or srun's variables, with MASTER_ADDR/MASTER_PORT; see launch.py),
@@ -45,10 +47,11 @@ import sys
 
 from pipesgd_ref.config import (
     TrainConfig,
-    apply_overrides,
+    apply_dict,
     check_idle_options,
     field_names,
     load_config_file,
+    parse_overrides,
 )
 from pipesgd_ref.errors import (
     CommError,
@@ -214,7 +217,13 @@ def resolve_config(args: argparse.Namespace, rest: list[str]) -> TrainConfig:
         raise ConfigError("--config is empty; give a .toml or .json file of config keys")
     if args.config:
         cfg = load_config_file(args.config, base=cfg)
-    return apply_overrides(cfg, _split_overrides(rest))
+    overrides = _split_overrides(rest)
+    given = parse_overrides(overrides)
+    if given.get("comm") == "mpi" and not args.config and not {"latency", "bandwidth"} & set(given):
+        # A preset's emulated link (compare's) paces the project's own sockets; under MPI the
+        # library owns the wire, so the preset's link is dropped rather than refused.
+        cfg = cfg.replace(latency="0", bandwidth="inf")
+    return apply_dict(cfg, given)
 
 
 def _claimed(path: str, overwrite: bool, resume: str = "", flag: str = "--out"):
@@ -256,13 +265,6 @@ def cmd_compare(args: argparse.Namespace, cfg: TrainConfig) -> int:
 
     if args.repeats is not None and args.repeats < 1:
         raise ConfigError(f"--repeats must be at least 1, got {args.repeats}")
-    if cfg.comm == "mpi":
-        raise ConfigError("compare --comm mpi: not yet; compare runs its six methods through "
-                          "one emulated network over the project's own sockets (train and "
-                          "bench allreduce take --comm mpi)")  # fmt: skip
-    check_local_workers(cfg.world_size + 1, args.allow_many_workers, "compare")  # ps: + server
-    _check_faults(cfg.world_size + 1, None)
-    configure_parent_logging("WARNING")
     more = {"repeats": REPEATS}
     if args.quick:
         cfg, more = quick_config(cfg), {"calibration_reps": QUICK_CALIBRATION_REPS,
@@ -270,8 +272,39 @@ def cmd_compare(args: argparse.Namespace, cfg: TrainConfig) -> int:
                                         "repeats": 1}  # fmt: skip
     if args.repeats is not None:
         more["repeats"] = args.repeats
+    if cfg.comm == "mpi":
+        return _compare_mpi(args, cfg, more)
+    check_local_workers(cfg.world_size + 1, args.allow_many_workers, "compare")  # ps: + server
+    _check_faults(cfg.world_size + 1, None)
+    configure_parent_logging("WARNING")
     with _claimed(args.out_dir, args.overwrite):
         run_compare(cfg, out=args.out_dir, progress=not args.no_progress, **more)
+    return 0
+
+
+def _compare_mpi(args: argparse.Namespace, cfg: TrainConfig, more: dict) -> int:
+    """`pipesgd compare --comm mpi`: under mpirun or srun, this process is one rank of the
+    job (rank 0 drives, compare_mpi.py); run alone, it starts the job through mpirun,
+    world size + 1 ranks of this very command, and returns mpirun's exit code."""
+    from pipesgd_ref import faults
+    from pipesgd_ref.comm import mpi
+    from pipesgd_ref.compare_mpi import ranks_needed, run_compare_mpi
+    from pipesgd_ref.logs import configure_parent_logging
+
+    if faults.planned():
+        raise ConfigError(f"{faults.ENV} is not taken by compare --comm mpi (a fault would end "
+                          f"one of its runs, and with it the job); inject faults into `pipesgd "
+                          f"train --comm mpi`")  # fmt: skip
+    if not mpi.launched():
+        check_local_workers(ranks_needed(cfg), args.allow_many_workers, "compare")
+        with _claimed(args.out_dir, args.overwrite):
+            pass  # a bad --out is one line here; rank 0 claims the folder for the job
+        return mpi.run_under_mpirun(ranks_needed(cfg), args.argv)
+    configure_parent_logging("WARNING")
+    rank0 = mpi.mpi_job().rank == 0
+    with _claimed(args.out_dir if rank0 else "", args.overwrite):
+        run_compare_mpi(cfg, out=args.out_dir if rank0 else None,
+                        progress=not args.no_progress and rank0, **more)  # fmt: skip
     return 0
 
 

@@ -74,11 +74,13 @@ def calibrate_for(
     runs=timing.COMPARE_RUNS,
     reps: int = CALIBRATION_REPS,
     tries: int = CALIBRATION_TRIES,
+    network: dict | None = None,
 ) -> timing.Calibration:
     """The calibration compare uses: everything calibrate measures, plus Pipe-SGD's
-    compute next to its communication for every codec a pipe run of `runs` uses."""
+    compute next to its communication for every codec a pipe run of `runs` uses. `network`:
+    the wire's figures when measured elsewhere (calibrate's; compare_mpi.py measures MPI's)."""
     busy = tuple(sorted({codec for algo, codec in runs if algo == "pipe"}))
-    return calibrate(cfg, busy_codecs=busy, reps=reps, tries=tries)
+    return calibrate(cfg, network=network, busy_codecs=busy, reps=reps, tries=tries)
 
 
 def run_config(
@@ -127,9 +129,12 @@ def run_compare(
     calibration_reps: int = CALIBRATION_REPS,
     calibration_tries: int = CALIBRATION_TRIES,
     repeats: int = REPEATS,
+    train: Callable[..., tuple[dict, list]] = run_training,
 ) -> dict[str, Any]:
     """Calibrate, predict, run every method `repeats` times, and report; returns what
-    compare.json holds."""
+    compare.json holds. `train(cfg, progress=, log=, label=)` runs one method and returns
+    (summary, results): run_training's local workers by default, a job of MPI ranks under
+    `--comm mpi` (compare_mpi.py)."""
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
     out_dir = Path(out) if out else None
@@ -157,7 +162,7 @@ def run_compare(
             tag = f"[{n}/{total}] {label}" + (f" (repeat {k + 1})" if repeats > 1 else "")
             if k == 0:
                 log(f"{tag}: predicted iteration {preds[label].iter_time_s * 1e3:.1f} ms")
-            summary, results = run_training(run_cfg, progress=progress, log=_quiet, label=tag)
+            summary, results = train(run_cfg, progress=progress, log=_quiet, label=tag)
             done[label].append(summary)
             all_traces[label].append([e for r in results for e in r.events])
             reached = summary["time_to_target_s"]
@@ -210,6 +215,8 @@ def _quiet(*_: Any) -> None:
 def timing_link(cfg: TrainConfig) -> str:
     from pipesgd_ref.config import link_model
 
+    if cfg.comm == "mpi":
+        return "MPI's own, not emulated"
     model = link_model(cfg)
     return str(model) if model.enabled else "loopback, not emulated"
 

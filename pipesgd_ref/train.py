@@ -393,6 +393,7 @@ def run_training_joined(
     progress: bool = True,
     log: Callable[[str], None] = print,
     bind: str | None = None,
+    mpi_comm=None,
 ):
     """Run cfg.algo as the one rank of a multi-host job that the environment describes
     (launch.detect_env: torchrun's, Open MPI's, MPICH's or SLURM's variables); every rank of
@@ -410,7 +411,9 @@ def run_training_joined(
     every rank leaves within about a network round trip of the others), since the clocks of
     different hosts cannot be compared; wall_time_s counts training only, not process start.
     bind: the interface this rank's listeners use (default: loopback when MASTER_ADDR is
-    loopback, else all interfaces).
+    loopback, else all interfaces). mpi_comm (--comm mpi): the MPI communicator whose ranks
+    make the job (default MPI_COMM_WORLD; `pipesgd compare --comm mpi` runs the ring's
+    methods on part of its world).
     """
     from pipesgd_ref.config import link_model
     from pipesgd_ref.errors import CommError, JobStopped, LaunchError
@@ -421,7 +424,7 @@ def run_training_joined(
     if cfg.comm == "mpi":
         from pipesgd_ref.comm.mpi import mpi_job
 
-        job = mpi_job()  # rank and size from MPI_COMM_WORLD: no MASTER_ADDR, no token
+        job = mpi_job(mpi_comm)  # rank and size from MPI: no MASTER_ADDR, no token
     else:
         job = detect_env()
     if job is None:
@@ -467,7 +470,7 @@ def run_training_joined(
         from pipesgd_ref.launch import local_ranks, share_cores
 
         share_cores(local_ranks())  # as join_from_env does: each rank its share of the cores
-        comm = join_mpi(timeout=cfg.timeout, star=is_ps(cfg.algo))
+        comm = join_mpi(timeout=cfg.timeout, star=is_ps(cfg.algo), mpi_comm=mpi_comm)
     else:
         comm = join_from_env(timeout=cfg.timeout, bind=bind, model=model, star=is_ps(cfg.algo),
                              transport=cfg.transport)  # fmt: skip

@@ -133,11 +133,12 @@ def train(out: Path) -> None:
 
 
 def device(out: Path) -> None:
-    """The device ring (comm/device_ring.py) over MPI: staged through pinned host buffers,
-    added on the "device" (the simulator), bitwise simulate_allreduce."""
+    """The device ring (comm/device_ring.py) over MPI: staged through pinned host buffers, or
+    (PIPESGD_MPI_CUDA=1: the library said to take device memory) handed to MPI directly; added
+    on the "device" (the simulator), bitwise simulate_allreduce. Records which path ran."""
     from numba import cuda
 
-    from pipesgd_ref.comm.device_ring import device_allreduce
+    from pipesgd_ref.comm.device_ring import device_allreduce, takes_device_memory
     from pipesgd_ref.comm.schedule import simulate_allreduce
 
     MPI = init_mpi()
@@ -149,8 +150,9 @@ def device(out: Path) -> None:
         device_allreduce(comm, array, "mean", segment_bytes=32)
         got, want = array.copy_to_host(), simulate_allreduce(arrays, "mean")[rank]
         assert got.tobytes() == want.tobytes(), f"rank {rank}: device ring over MPI, n {n}"
+    direct = takes_device_memory(comm)
     comm.close()
-    np.savez(out / f"device-rank{rank}.npz", checked=4)
+    np.savez(out / f"device-rank{rank}.npz", checked=4, direct=direct)
 
 
 if __name__ == "__main__":

@@ -386,8 +386,13 @@ PREDICT = [
     C("predict-ps-pulls-unknown", "predict --ps-pulls foo", "foo"),
     C("train-transport-unknown", "train --transport rdma", "rdma"),
     C("train-mpi-with-a-transport", "train --comm mpi --transport shm", "--transport shm"),
-    C("compare-comm-mpi", "compare --quick --comm mpi --latency 0 --bandwidth inf",
-      "compare --comm mpi"),
+    # compare --comm mpi drops the preset's emulated link, but one asked for is refused
+    C("compare-comm-mpi-latency", "compare --quick --comm mpi --latency 1ms", "--comm mpi",
+      "--latency 1ms", "MPI"),
+    C("compare-comm-mpi-transport", "compare --quick --comm mpi --transport unix",
+      "--transport unix"),
+    C("compare-comm-mpi-fault", "compare --quick --comm mpi", "PIPESGD_FAULT",
+      "compare --comm mpi", env={"PIPESGD_FAULT": "kill@1:3"}),
     C("predict-unknown-flag", "predict --frobnicate", "--frobnicate"),
 ]
 

@@ -160,16 +160,23 @@ def test_collectives_over_mpi_are_the_ring_schedule_bitwise(tmp_path):
 
 
 @pytest.mark.timeout(300)
-def test_device_ring_over_mpi_in_the_cuda_simulator(tmp_path):
-    """--device cuda over MPI (2 ranks, Numba's CUDA simulator, tiny sizes): the device ring
-    stages its segments through pinned host buffers over the MPI links, bitwise the host
-    ring's result. (This Open MPI is built without CUDA: mpi.cuda_aware() is False.)"""
+@pytest.mark.parametrize("cuda_aware", ["0", "1"])
+def test_device_ring_over_mpi_in_the_cuda_simulator(tmp_path, cuda_aware):
+    """--device cuda over MPI (2 ranks, Numba's CUDA simulator, tiny sizes), bitwise the host
+    ring's result both ways: staged through pinned host buffers (this Open MPI is built without
+    CUDA: cuda_aware() is False), and direct, the device arrays handed to MPI, with
+    PIPESGD_MPI_CUDA=1 standing in for a CUDA-aware library (in the simulator device memory is
+    host memory, so this MPI can move it: the path's plumbing and synchronisation are what
+    is checked; a real GPU and a CUDA-aware MPI are not here)."""
     command = mpirun(2, str(PROGRAMS), "device", str(tmp_path))
-    env = job_env(NUMBA_ENABLE_CUDASIM="1")
-    command[1:1] = ["-x", "NUMBA_ENABLE_CUDASIM"]  # after `mpirun`: every rank simulates
+    env = job_env(NUMBA_ENABLE_CUDASIM="1", PIPESGD_MPI_CUDA=cuda_aware)
+    # after `mpirun`: every rank simulates, and every rank is told the same
+    command[1:1] = ["-x", "NUMBA_ENABLE_CUDASIM", "-x", "PIPESGD_MPI_CUDA"]
     rc, output, _ = run(command, env, tmp_path / "job.log")
     assert rc == 0, output[-4000:]
-    assert [int(r["checked"]) for r in ranks_of(tmp_path, "device")] == [4, 4]
+    ranks = ranks_of(tmp_path, "device")
+    assert [int(r["checked"]) for r in ranks] == [4, 4]
+    assert [bool(r["direct"]) for r in ranks] == [cuda_aware == "1"] * 2
 
 
 # --- training --------------------------------------------------------------------------------
@@ -252,6 +259,54 @@ def test_pipesgd_train_under_mpirun_and_alone(tmp_path):
     grad_fn, w0 = grad_fn_and_w0(cfg, 3)
     with np.load(out / "checkpoint.npz") as z:
         np.testing.assert_array_equal(z["params"], sync_sgd(grad_fn, w0, 3, 15, cfg.lr_at).params)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_pipesgd_compare_over_mpi_alone_and_under_mpirun(tmp_path, monkeypatch):
+    """`pipesgd compare --comm mpi --world-size 3` run alone starts 4 ranks through mpirun
+    (3 workers + the server's rank); every method runs over MPI, the preset's emulated link
+    dropped, and compare.json has the six runs. The sync and pipe runs end bitwise at the
+    ring-ordered oracle with identical replicas, ps-sync's at sync_sgd. Under mpirun with the
+    wrong number of ranks, every rank says how many it needs."""
+    import json
+
+    from pipesgd_ref.config import TrainConfig
+    from pipesgd_ref.timing import COMPARE_RUNS, run_label
+
+    out = tmp_path / "compare"
+    small = ["--hidden=16", "--batch-size=16", "--steps=12", "--world-size=3",
+             "--target-accuracy=0.1", "--no-progress", "--quick"]  # fmt: skip
+    command = [sys.executable, "-m", "pipesgd_ref", "compare", "--comm=mpi", *small,
+               f"--out={out}"]  # fmt: skip
+    rc, output, _ = run(command, job_env(), tmp_path / "compare.log")
+    assert rc == 0, output[-4000:]
+    assert "starting 4 ranks" in output and "link MPI's own, not emulated" in output, output[-3000:]
+    report = json.loads((out / "compare.json").read_text())
+    assert list(report["runs"]) == [run_label(a, c) for a, c in COMPARE_RUNS]
+    assert report["config"]["comm"] == "mpi" and report["config"]["latency"] == "0"
+    assert report["calibration"]["alpha"] > 0 and report["calibration"]["loop_bandwidth"] > 0
+    steps = report["config"]["steps"]
+    for label, summary in report["runs"].items():
+        assert summary["steps"] == steps and len(summary["loss_curve"]) == steps, label
+    cfg = TrainConfig.preset("compare").replace(
+        hidden=(16,), batch_size=16, steps=steps, world_size=3, latency="0", bandwidth="inf"
+    )
+    for algo, width in (("sync", 1), ("pipe", cfg.width)):
+        assert report["runs"][algo]["params_identical_on_all_ranks"], algo
+        want = ring_oracle(cfg.replace(algo=algo, width=width), monkeypatch)
+        monkeypatch.undo()
+        with np.load(out / algo / "checkpoint.npz") as z:
+            np.testing.assert_array_equal(z["params"], want.params, err_msg=algo)
+    grad_fn, w0 = grad_fn_and_w0(cfg, 3)
+    with np.load(out / "ps-sync" / "checkpoint.npz") as z:
+        want = sync_sgd(grad_fn, w0, 3, steps, cfg.lr_at)
+        np.testing.assert_array_equal(z["params"], want.params, err_msg="ps-sync")
+
+    command = mpirun(3, "-m", "pipesgd_ref", "compare", "--comm=mpi", *small,
+                     f"--out={tmp_path / 'wrong'}")  # fmt: skip
+    rc, output, _ = run(command, job_env(), tmp_path / "wrong.log")
+    assert rc != 0 and "needs 4 ranks" in output and "--world-size=2" in output, output[-3000:]
 
 
 @pytest.mark.slow

@@ -36,6 +36,14 @@ With a codec other than none, the compressed ring (comm/compressed.py) runs on a
 the whole array (one D2H and one H2D of M bytes per call; O(M) pinned memory): its codecs
 re-encode partial sums on the host.
 
+Direct, when the wire takes device memory (`Link.takes_device_memory`: MPI built with CUDA
+support, comm/mpi.py's cuda_aware()): no pinned slots at all but one for the owner's mean.
+Frames are sent from the array itself and received into it (all-gather) or into one device
+scratch segment (reduce-scatter), as the host ring does with host memory, and the library moves
+device memory by whatever path it has (GPUDirect RDMA, CUDA IPC between ranks of one host).
+Before MPI reads a segment a kernel wrote, the device is synchronised (`DirectDeviceRingReduce`).
+The bytes on the wire are the same, so a direct rank and a staged one can share a ring.
+
 In Numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1) "device" arrays are host arrays in disguise
 and pinned arrays plain NumPy ones: the same code runs, the copies are memcpys.
 """
@@ -107,8 +115,15 @@ def device_allreduce(
 
         ops = get_backend("cuda")
     code = Op.ALLREDUCE_SUM if op == "sum" else Op.ALLREDUCE_MEAN
-    aborting_on_error(comm, DeviceRingReduce(comm, array, code, segment_bytes, ops).run)
+    ring = DirectDeviceRingReduce if takes_device_memory(comm) else DeviceRingReduce
+    aborting_on_error(comm, ring(comm, array, code, segment_bytes, ops).run)
     return array
+
+
+def takes_device_memory(comm: Communicator) -> bool:
+    """Whether both of comm's ring links move device memory themselves (the direct path)."""
+    links = (comm.left, comm.right)
+    return all(link is not None and link.takes_device_memory for link in links)
 
 
 def _check_device_array(array) -> None:
@@ -172,3 +187,43 @@ class DeviceRingReduce(RingReduce):
         if e > s:
             self.flat[s:e].copy_to_device(slot)  # H2D into place
         return slot  # forwarded from the same slot
+
+
+class DirectDeviceRingReduce(DeviceRingReduce):
+    """The ring's loop on a device array whose links take device memory (module docstring:
+    "Direct"): frames leave from the array and arrive into it or into one device scratch
+    segment, additions on the device; only the owner's mean passes through a pinned slot
+    (divided on the host, as the host ring divides: the same bits)."""
+
+    where = "device, direct"
+
+    def prepare(self, largest: int, per: int) -> None:
+        from numba import cuda
+
+        width = max(1, min(per, largest))
+        self.scratch = _device_scratch(width, self.dtype)
+        self.slot = _pinned((width,), self.dtype)
+        cuda.synchronize()  # the kernels that wrote the array are done before MPI reads it
+
+    def outgoing(self, s: int, e: int):
+        return self.flat[s:e]
+
+    def inbox(self, s: int, e: int, gathering: bool):
+        return self.flat[s:e] if gathering else self.scratch[: e - s]
+
+    def reduce(self, got, s: int, e: int, last: bool):
+        dst = self.flat[s:e]
+        if e > s:
+            from numba import cuda
+
+            self.ops.add_into(dst, got)  # the running sum arrived, our term joins
+            if last and self.op == Op.ALLREDUCE_MEAN:
+                slot = self.slot[: e - s]
+                dst.copy_to_host(slot)
+                slot /= self.dtype.type(self.comm.world_size)  # the owner scales once
+                dst.copy_to_device(slot)
+            cuda.synchronize()  # MPI reads dst next: the addition must be done
+        return dst
+
+    def place(self, got, s: int, e: int):
+        return got  # received straight into place, forwarded from there

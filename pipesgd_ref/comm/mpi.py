@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 import os
 import shutil
 import sys
@@ -61,7 +62,7 @@ from pathlib import Path
 
 from pipesgd_ref.comm.netem import LinkEmulator, LinkModel
 from pipesgd_ref.comm.rendezvous import Communicator, JobSpec
-from pipesgd_ref.comm.transport import HEADER_BYTES, POLL_SECONDS, Frame, Kind, Link
+from pipesgd_ref.comm.transport import HEADER_BYTES, POLL_SECONDS, DeviceBytes, Frame, Kind, Link
 from pipesgd_ref.errors import CommError, ConfigError, PeerTimeout, ProtocolError
 
 TAG_RING, TAG_BACK, TAG_UP, TAG_DOWN = 11, 12, 13, 14  # see the module docstring: "tags"
@@ -133,12 +134,18 @@ def cuda_aware(environ=None) -> bool:
 
 
 def abort_job(code: int) -> None:
-    """End every rank of this process's MPI job now (MPI_Abort), when it joined one: after a
-    rank's error is printed, so no other rank waits out its timeout for it and none is left."""
-    if _joined:
+    """End every rank of this process's MPI job now (MPI_Abort), when it joined one (or only
+    initialised MPI: `pipesgd compare --comm mpi` before its first run): after a rank's error
+    is printed, so no other rank waits out its timeout for it and none is left."""
+    comm = _joined[0] if _joined else None
+    if comm is None and "mpi4py.MPI" in sys.modules:
+        MPI = sys.modules["mpi4py.MPI"]
+        if MPI.Is_initialized() and not MPI.Is_finalized():
+            comm = MPI.COMM_WORLD
+    if comm is not None:
         sys.stdout.flush()
         sys.stderr.flush()
-        _joined[0].Abort(code)
+        comm.Abort(code)
 
 
 def _poll(done: Callable[[], bool], deadline: float, idle: Callable[[], None]) -> bool:
@@ -178,8 +185,10 @@ class MPILink(Link):
     sock = None  # no socket: comm/ps.py's ps-async server polls these links (has_frame)
     transport = "mpi"  # what Communicator.transports reports, and the ring reads
 
-    def __init__(self, comm, rank: int, peer: int, timeout: float, send_tag: int, recv_tag: int):
+    def __init__(self, comm, rank: int, peer: int, timeout: float, send_tag: int, recv_tag: int,
+                 device_memory: bool = False):  # fmt: skip
         # Not Link.__init__: that one sets up a socket. These are the attributes its methods use.
+        self.takes_device_memory = device_memory  # a CUDA-aware library (cuda_aware())
         self.comm, self.send_tag, self.recv_tag = comm, send_tag, recv_tag
         self.rank, self.peer, self.timeout = rank, peer, timeout
         self.model = LinkModel()  # never emulated: MPI owns the wire
@@ -221,7 +230,7 @@ class MPILink(Link):
                 link=self,
                 doing=doing,
             )
-        comm.Recv([view, MPI.BYTE], peer, tag)  # it has arrived (probed): no long block
+        comm.Recv([_buffer(view), MPI.BYTE], peer, tag)  # it has arrived (probed): no long block
         self.mid_frame = True  # until the frame's last message is read (Link resets it)
         self.bytes_received += got
 
@@ -248,7 +257,8 @@ class MPILink(Link):
 
         requests = [self.comm.Isend([header, MPI.BYTE], self.peer, self.send_tag)]
         if len(payload):
-            requests.append(self.comm.Isend([payload, MPI.BYTE], self.peer, self.send_tag))
+            requests.append(self.comm.Isend([_buffer(payload), MPI.BYTE], self.peer,
+                                            self.send_tag))  # fmt: skip
         return requests
 
     def take_news(self, wait: float) -> tuple[int | None, str] | None:
@@ -280,6 +290,12 @@ class MPILink(Link):
         if self._sender is not None:
             self._sender.stop()
             self._sender = None
+
+
+def _buffer(view):
+    """What MPI gets for a frame's bytes: a memoryview, or a device array (DeviceBytes) when
+    the library takes device memory."""
+    return view.buffer if isinstance(view, DeviceBytes) else view
 
 
 class _NoLock:
@@ -372,8 +388,9 @@ class MPICommunicator(Communicator):
         rank, p = comm.Get_rank(), comm.Get_size()
         left = right = None
         if p > 1:
-            right = MPILink(comm, rank, (rank + 1) % p, timeout, TAG_RING, TAG_BACK)
-            left = MPILink(comm, rank, (rank - 1) % p, timeout, TAG_BACK, TAG_RING)
+            device = cuda_aware()  # the device ring's segments go to MPI without staging
+            right = MPILink(comm, rank, (rank + 1) % p, timeout, TAG_RING, TAG_BACK, device)
+            left = MPILink(comm, rank, (rank - 1) % p, timeout, TAG_BACK, TAG_RING, device)
         super().__init__(JobSpec(rank, p, timeout=timeout), left, right)
         self.mpi = comm
         if star and p > 1 and rank == 0:
@@ -385,20 +402,47 @@ class MPICommunicator(Communicator):
         return f"MPICommunicator(rank {self.rank} of {self.world_size})"
 
 
-def join_mpi(timeout: float = 30.0, star: bool = False) -> MPICommunicator:
-    """Join the MPI job this process belongs to (MPI_COMM_WORLD): rank and size from MPI, no
-    MASTER_ADDR, no token (the launcher formed the job)."""
+def join_mpi(timeout: float = 30.0, star: bool = False, mpi_comm=None) -> MPICommunicator:
+    """Join the MPI job this process belongs to (MPI_COMM_WORLD, or the part of it `mpi_comm`
+    holds): rank and size from MPI, no MASTER_ADDR, no token (the launcher formed the job)."""
     MPI = init_mpi()
-    return MPICommunicator(MPI.COMM_WORLD, timeout, star=star)
+    return MPICommunicator(MPI.COMM_WORLD if mpi_comm is None else mpi_comm, timeout, star=star)
 
 
-def mpi_job():
-    """This process's job as launch.JobEnv (rank and size of MPI_COMM_WORLD, source "MPI"); the
-    store's address and the token stay empty: MPI formed the job. Initialises MPI."""
+def mpi_job(mpi_comm=None):
+    """This process's job as launch.JobEnv (rank and size of MPI_COMM_WORLD, or of `mpi_comm`;
+    source "MPI"); the store's address and the token stay empty: MPI formed the job.
+    Initialises MPI."""
     from pipesgd_ref.launch import JobEnv
 
     MPI = init_mpi()
-    return JobEnv(MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size(), "", 0, "", "MPI")
+    comm = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
+    return JobEnv(comm.Get_rank(), comm.Get_size(), "", 0, "", "MPI")
+
+
+# --- one job, several runs (`pipesgd compare --comm mpi`) --------------------------------------
+
+
+def quiet_bcast(comm, obj=None, root: int = 0):
+    """`root`'s obj on every rank of comm (pickled), waited for without spinning a core: an
+    MPI_Ibarrier tested with sleeps (MIN_PAUSE_S doubling to MAX_PAUSE_S), then the broadcast.
+    A plain MPI_Bcast busy-polls while it waits, and a rank that waits minutes for the root
+    (which may be timing computation alone meanwhile) would take a core from it. No deadline:
+    a root that dies ends the job (mpirun), one that fails calls MPI_Abort."""
+    request = comm.Ibarrier()
+    _poll(request.Test, math.inf, _nothing)
+    return comm.bcast(obj, root=root)
+
+
+def first_ranks(comm, k: int):
+    """A communicator of comm's ranks 0..k-1 (in order) on those ranks, None on the others;
+    comm itself when k is its size. Collective: every rank of comm calls it."""
+    if k == comm.Get_size():
+        return comm
+    MPI = init_mpi()
+    rank = comm.Get_rank()
+    part = comm.Split(0 if rank < k else MPI.UNDEFINED, rank)
+    return None if part == MPI.COMM_NULL else part
 
 
 # --- starting the job through mpirun ---------------------------------------------------------

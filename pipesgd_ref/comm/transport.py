@@ -160,8 +160,32 @@ def decode_header(data: bytes, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -
     return Frame(kind, op, dtype, seq, step, part, src, total_len, nbytes, deliver_at)
 
 
+class DeviceBytes:
+    """A contiguous GPU array as a frame's payload, for a link whose wire takes device memory
+    itself (`Link.takes_device_memory`: MPI built with CUDA support). len() is its size in
+    bytes, as a memoryview's; `buffer` is what the MPI library gets: the array itself, through
+    __cuda_array_interface__, or, in Numba's CUDA simulator (whose "device" memory is host
+    memory and has no such interface), the host bytes it wraps."""
+
+    def __init__(self, array):
+        self.array = array
+        self.nbytes = array.size * array.dtype.itemsize
+
+    def __len__(self) -> int:
+        return self.nbytes
+
+    @property
+    def buffer(self):
+        if hasattr(self.array, "__cuda_array_interface__"):
+            return self.array
+        return np.asarray(self.array).reshape(-1).view(np.uint8)  # the simulator's host bytes
+
+
 def as_bytes(array: np.ndarray) -> memoryview:
-    """A flat byte view of a contiguous array (no copy): what goes on the wire."""
+    """A flat byte view of a contiguous array (no copy): what goes on the wire. A device array
+    (Numba's) becomes DeviceBytes, which only a link that takes device memory can move."""
+    if not isinstance(array, np.ndarray) and hasattr(array, "copy_to_host"):
+        return DeviceBytes(array)
     if not array.flags.c_contiguous:
         raise ValueError("only contiguous arrays can be sent without a copy")
     return memoryview(array.reshape(-1).view(np.uint8))
@@ -183,6 +207,10 @@ class Link:
     The ring uses each link in one direction (send to the right, receive from the left), so
     sends and receives run concurrently on different sockets: full duplex.
     """
+
+    # Whether GPU arrays may go straight to this link's wire (comm/device_ring.py's direct
+    # path): never over sockets; over MPI when the library is CUDA-aware (comm/mpi.py).
+    takes_device_memory = False
 
     def __init__(
         self,

@@ -304,7 +304,7 @@ def hop_message_bytes(cal_bytes: int, world_size: int, emulated: bool) -> int:
     return int(max(4, min(HOP_BYTES, cal_bytes // world_size)) // 4 * 4)
 
 
-def _hop_job(comm, n: int, reps: int) -> float:
+def hop_job(comm, n: int, reps: int) -> float:
     x = np.ones(n, np.float32)
     barrier(comm)
     times = []
@@ -329,11 +329,11 @@ def measure_hop(world_size: int, model=None, hop_bytes: int = 4, reps: int | Non
     if reps is None:  # about a second of emulated wire time, 5..50 reps
         reps = int(min(50, max(5, 1.0 / max(hops * wire, 1e-9))))
     n = world_size * hop_bytes // 4
-    per_rank = launch_local(world_size, _hop_job, (n, reps), start_method="fork", model=model)
+    per_rank = launch_local(world_size, hop_job, (n, reps), start_method="fork", model=model)
     return max(0.0, max(per_rank) / hops - wire)
 
 
-def _p2p_job(comm, nbytes: int, reps: int) -> dict:
+def p2p_job(comm, nbytes: int, reps: int) -> dict:
     """Rank 0 streams `nbytes` to rank 1 `reps` times, each rep timed on its own after a
     barrier, with the CPU time the sending and the receiving thread spent on it (bandwidth and
     the socket path's CPU cost per byte); then 200 one-byte ping-pongs (latency). Uses the ring
@@ -373,7 +373,7 @@ def p2p_figures(nbytes: int = 16 << 20, reps: int = 8) -> dict:
     saw it (the fastest is an outlier on a shared machine); "latency": one-way s; "cpu_send",
     "cpu_recv": CPU s per byte of the sending and the receiving thread (median over reps:
     kernel copies and TCP, what every byte costs the cores whatever the link)}."""
-    send, recv = launch_local(2, _p2p_job, (nbytes, reps), start_method="fork")
+    send, recv = launch_local(2, p2p_job, (nbytes, reps), start_method="fork")
     return {
         "bandwidth": nbytes / statistics.median(recv["times"]),
         "latency": send["one_way"],
