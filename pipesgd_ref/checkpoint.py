@@ -37,7 +37,7 @@ KEYS = ("params", "next_step", "pending_steps", "pending", "config")  # what sav
 # result matches neither the uninterrupted run nor a fresh one with the new codec).
 MUST_MATCH = ("dataset", "model", "hidden", "algo", "world_size", "width", "warmup_steps",
               "batch_size", "lr", "lr_decay", "seed", "codec", "error_feedback",
-              "codec_pull")  # fmt: skip
+              "codec_pull", "compensation", "dc_lambda", "max_staleness")  # fmt: skip
 
 
 def save(folder: str | Path, cfg: TrainConfig, params: np.ndarray, next_step: int,

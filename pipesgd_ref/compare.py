@@ -96,9 +96,16 @@ def run_config(
         algo=algo,
         codec=codec,
         width=cfg.width if algo == "pipe" else 1,
+        # pipe's compensation for pipe's runs, dc for ps-async's; the bound ps-async's alone
+        compensation=cfg.compensation if _compensates(algo, cfg.compensation) else "none",
+        max_staleness=cfg.max_staleness if algo == "ps-async" else -1,
         codec_pull="none",
         out=folder,
     )
+
+
+def _compensates(algo: str, compensation: str) -> bool:
+    return algo == "pipe" or (algo == "ps-async" and compensation.startswith("dc"))
 
 
 def soonest(repeats: list[dict]) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
 import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -43,6 +44,10 @@ class TrainConfig:
     world_size: int = 4  # p: number of workers, each with its own shard of the training set
     width: int = 2  # K: pipeline width; staleness = K - 1 (1 = synchronous, 2 = Pipe-SGD)
     warmup_steps: int = 0  # synchronous steps before the pipeline starts (0 = none)
+    # --- staleness (algorithms/compensation.py) ---
+    compensation: str = "none"  # none | dc | dc-adaptive | predict (pipe); dc too for ps-async
+    dc_lambda: float = 0.04  # lam of dc (lam0 of dc-adaptive); MXNet's dcasgd default
+    max_staleness: int = -1  # ps-async: hold a worker back past S steps ahead (-1: no bound)
     # --- optimisation ---
     batch_size: int = 32  # per-worker minibatch; the effective batch is world_size * batch_size
     lr: float = 0.1  # learning rate of plain SGD on the averaged gradient
@@ -187,6 +192,41 @@ class TrainConfig:
             link_model(self)
         except ValueError as e:
             problems.append(str(e))
+        if self.compensation not in COMPENSATIONS:
+            problems.append(f"compensation must be one of {', '.join(COMPENSATIONS)}, got "
+                            f"{self.compensation!r}")  # fmt: skip
+        elif self.compensation != "none" and self.algo in ALGOS:
+            if self.algo not in ("pipe", "ps-async"):
+                problems.append(
+                    f"--compensation {self.compensation} pays back stale gradients, and --algo "
+                    f"{self.algo} has none: use --algo pipe (or ps-async for dc)"
+                )
+            elif self.compensation == "predict" and self.algo == "ps-async":
+                problems.append(
+                    "--compensation predict is Pipe-SGD's (each worker predicts the weights its "
+                    "gradient will meet from its own gradients in flight); with ps-async use dc "
+                    "or dc-adaptive"
+                )
+            elif self.algo == "pipe" and self.width == 1:
+                problems.append(
+                    f"--compensation {self.compensation} with --width 1: a pipe of width 1 is "
+                    f"synchronous, nothing is stale; use --width 2 or more"
+                )
+            elif self.device == "cuda":
+                problems.append(
+                    f"--compensation {self.compensation} with --device cuda: the compensations "
+                    f"run on host arrays; train on the CPU, or drop --compensation"
+                )
+        if not (math.isfinite(self.dc_lambda) and self.dc_lambda >= 0):
+            problems.append(f"dc_lambda must be finite and >= 0, got {self.dc_lambda:g}")
+        if self.max_staleness < -1:
+            problems.append(f"max_staleness must be >= 0, or -1 for no bound, got "
+                            f"{self.max_staleness}")  # fmt: skip
+        elif self.max_staleness >= 0 and self.algo in ALGOS and self.algo != "ps-async":
+            problems.append(
+                f"--max-staleness {self.max_staleness} bounds how far ps-async's workers run "
+                f"ahead; --algo {self.algo} has no such freedom: use --algo ps-async"
+            )
         if self.algo in ALGOS and self.algo != "pipe" and self.width not in (1, 2):
             # 2 is the default, so it cannot mean that someone asked; 1 is what compare sets
             problems.append(
@@ -220,6 +260,7 @@ class TrainConfig:
 
 
 ALGOS = ("sync", "pipe", "ps-sync", "ps-async")
+COMPENSATIONS = ("none", "dc", "dc-adaptive", "predict")  # algorithms/compensation.py
 DEVICES = ("cpu", "cuda")
 COMMS = ("sockets", "mpi")  # how the ranks talk (TrainConfig.comm)
 
@@ -349,6 +390,11 @@ def check_idle_options(cfg: TrainConfig) -> None:
         problems.append(
             f"--width {cfg.width} with --steps {cfg.steps}: the pipeline never fills (every "
             f"update would wait until after the last step); use --width <= --steps"
+        )
+    if cfg.dc_lambda != TrainConfig.dc_lambda and not cfg.compensation.startswith("dc"):
+        problems.append(
+            f"--dc-lambda {cfg.dc_lambda:g} weighs delay compensation, and --compensation is "
+            f"{cfg.compensation}: add --compensation dc (or dc-adaptive), or drop --dc-lambda"
         )
     if cfg.checkpoint_every > 0 and not cfg.out:
         problems.append(

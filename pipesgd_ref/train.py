@@ -97,6 +97,8 @@ def run_reference(
             staleness=cfg.width - 1,
             warmup_steps=cfg.warmup_steps,
             callback=on_step,
+            compensation=cfg.compensation,
+            dc_lambda=cfg.dc_lambda,
         )
     bar.close()
     final_acc = evaluate(steps, traj.params)

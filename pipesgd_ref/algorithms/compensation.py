@@ -62,8 +62,12 @@ from collections.abc import Iterable
 
 import numpy as np
 
-COMPENSATIONS = ("none", "dc", "dc-adaptive", "predict")
-DC_LAMBDA = 0.04  # MXNet's dcasgd default
+from pipesgd_ref.config import COMPENSATIONS, TrainConfig
+
+__all__ = ["COMPENSATIONS", "DC_LAMBDA", "DelayCompensation", "predicted_weights",
+           "stability_bound"]  # fmt: skip
+
+DC_LAMBDA = TrainConfig.dc_lambda  # 0.04, MXNet's dcasgd default
 DC_MOMENTUM = 0.95  # of the moving mean square of dc-adaptive
 DC_EPS = 1e-7  # under the square root of dc-adaptive
 

@@ -35,6 +35,7 @@ import time
 import numpy as np
 
 from pipesgd_ref import checkpoint, lifetime
+from pipesgd_ref.algorithms.compensation import DelayCompensation, predicted_weights
 from pipesgd_ref.algorithms.worker import Worker, WorkerResult
 from pipesgd_ref.comm.rendezvous import Communicator
 from pipesgd_ref.comm.ring import barrier
@@ -149,6 +150,8 @@ def pipe_worker(
         if comm.rank == 0:
             worker.save_checkpoint(end, {u: ready[u] for u in pending})
 
+    stale = Compensation(cfg, worker)  # --compensation: none, dc, dc-adaptive or predict
+
     losses, step_end = [], []
     stopped_at = None  # where a signal stopped the job (every rank stops before one step)
     barrier(comm)  # every rank starts step 0 together, before the comm thread's first AllReduce
@@ -158,8 +161,13 @@ def pipe_worker(
                 stopped_at = t
                 break
             buf = buffers[t % K]
+            pipelined = t >= warmup
             with timeline.span("compute", "compute", t):
-                loss, ok = worker.compute(t, buf, codec, comm.rank)  # g_t, on the current w_t
+                # g_t, on the current w_t (predict: on the weights it will be applied to)
+                at = stale.weights_for(in_flight(t)) if pipelined else None
+                loss, ok = worker.compute(t, buf, codec, comm.rank, at)
+                if pipelined:
+                    stale.computed(t, buf)  # dc: keep w_t; predict: keep this g_t
             comm_thread.start_allreduce(t, buf, ok)  # AllReduce(g_t) starts now
             if t < warmup:  # warm-up: synchronous, the fresh gradient
                 avg = averaged(t)
@@ -170,7 +178,7 @@ def pipe_worker(
                 # final, drained checkpoint, g_{t-s} was already applied: the pipe refills)
                 avg = averaged(t - s)
                 with timeline.span("update", "compute", t):
-                    worker.sgd_step(avg, t)
+                    worker.sgd_step(stale.applied(t - s, avg), t)
             # else: fill, nothing has arrived yet
             losses.append(loss)
             step_end.append(time.perf_counter())
@@ -188,7 +196,7 @@ def pipe_worker(
             for j, t_grad in enumerate(in_flight(worker.steps)):
                 avg = averaged(t_grad)
                 with timeline.span("update", "compute", worker.steps + j):
-                    worker.sgd_step(avg, worker.steps + j)
+                    worker.sgd_step(stale.applied(t_grad, avg), worker.steps + j)
             if comm.rank == 0 and cfg.out:
                 worker.save_checkpoint(worker.steps)  # after the drain: nothing in flight
     finally:
@@ -196,3 +204,50 @@ def pipe_worker(
     return WorkerResult(comm.rank, worker.host(worker.params), losses, step_end, timeline.events,
                         comm.bytes_sent, {"nonfinite_skipped": comm_thread.skipped,
                                           "stopped_at": stopped_at})  # fmt: skip
+
+
+class Compensation:
+    """One replica's --compensation (algorithms/compensation.py), in the order the oracle
+    (reference.delayed_sgd) uses, so the replicas stay bitwise identical and equal to it:
+
+        weights_for(in flight)  the weights g_t is computed at: w_t (None: the worker's own),
+                                or for predict w_t - sum over the steps u in flight of
+                                lr_{u+s} * (this worker's own g_u)
+        computed(t, g_t)        after the computation, before the AllReduce overwrites g_t:
+                                dc keeps a copy of w_t, predict a copy of g_t
+        applied(u, avg)         what the update of avg(g_u) applies: avg, or for dc
+                                avg + lam * avg * avg * (w_now - w_u)
+
+    Memory: K vectors (one per step in flight and the one being computed, reused as the pipe's
+    gradient buffers are: step t's in slot t % K), and predict's weights."""
+
+    def __init__(self, cfg: TrainConfig, worker: Worker):
+        self.kind, self.s, self.lr_at, self.worker = (
+            cfg.compensation,
+            cfg.staleness,
+            cfg.lr_at,
+            worker,
+        )
+        w = worker.params
+        self.kept = [np.empty_like(w) for _ in range(cfg.width)] if self.kind != "none" else []
+        self.dc = None
+        if self.kind in ("dc", "dc-adaptive"):
+            self.dc = DelayCompensation(self.kind, cfg.dc_lambda, w.size, w.dtype)
+        self.predicted = np.empty_like(w) if self.kind == "predict" else None
+
+    def weights_for(self, in_flight: list[int]):
+        if self.predicted is None:
+            return None
+        ahead = [(self.lr_at(u + self.s), self.kept[u % len(self.kept)]) for u in in_flight]
+        return predicted_weights(self.worker.params, ahead, self.predicted)
+
+    def computed(self, t: int, grads: np.ndarray) -> None:
+        if self.kept:
+            np.copyto(
+                self.kept[t % len(self.kept)], grads if self.dc is None else self.worker.params
+            )
+
+    def applied(self, u: int, avg: np.ndarray) -> np.ndarray:
+        if self.dc is None:
+            return avg
+        return self.dc.correct(avg, self.worker.params, self.kept[u % len(self.kept)])

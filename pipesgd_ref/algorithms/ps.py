@@ -112,6 +112,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pipesgd_ref import checkpoint, faults, lifetime
+from pipesgd_ref.algorithms.compensation import DelayCompensation
 from pipesgd_ref.algorithms.worker import Worker, WorkerResult
 from pipesgd_ref.comm.ps import PSClient, ServerLinks, worker_name, worker_of
 from pipesgd_ref.comm.rendezvous import Communicator
@@ -160,10 +161,17 @@ class ParameterServer:
         pull_codec=None,
         pulls: str = "sequential",
         skip_nonfinite: bool = False,
+        max_staleness: int | None = None,
+        compensation: DelayCompensation | None = None,
     ):
         self.links = ServerLinks(clients, params, timeline, codec, pull_codec, pulls)
         self.params = params
         self.p = self.links.n_workers
+        # ps-async: how many steps a worker may run ahead of the slowest (None: no bound), and
+        # dc: each push corrected for the updates since its worker pulled (the weights it
+        # pulled are kept: one copy per worker)
+        self.max_staleness = max_staleness
+        self.compensation = compensation
         self.timeline = self.links.timeline
         self.skip_nonfinite = skip_nonfinite  # leave out pushes with NaN/Inf (else: workers
         # check their own gradient before pushing, and stop the job naming themselves)
@@ -237,12 +245,28 @@ class ParameterServer:
         left = [pushes_per_worker - start] * p  # pushes still to come from each worker
         u = start * p  # updates applied so far
         v = [u] * p  # v[i]: version of the weights worker i holds (computes on)
+        clock = [start] * p  # steps each worker has pushed
+        held: list[int] = []  # workers whose pull waits for the slowest (--max-staleness)
+        bound = self.max_staleness
+        dc = self.compensation
+        pulled = [self.params.copy() for _ in range(p)] if dc is not None else []
         links.new_run()
         stopping = False
+
+        def pull(i: int, phase: str) -> None:
+            links.send_pull(i, u, phase)  # pull w to worker i only
+            v[i] = u
+            if dc is not None:
+                np.copyto(pulled[i], self.params)
+
         with links.aborting_on_error(), links.watching([i for i in range(p) if left[i]]):
             while any(left):
                 if not stopping and stop_at is not None and (end := stop_at()) is not None:
                     stopping = True  # a signal: every worker runs steps start .. end - 1 only
+                    bound = None  # no one is held back any more: each gets its pull now
+                    for i in held:
+                        pull(i, f"ps-async update {u}")
+                    held.clear()
                     cut = pushes_per_worker - min(end, pushes_per_worker)
                     left = [max(0, n - cut) for n in left]
                     for i in range(p):
@@ -257,12 +281,23 @@ class ParameterServer:
                     applied = not self.skip_nonfinite or finite(links.gradient(), loss)
                     with self.timeline.span("server", "server", u):
                         if applied:
-                            apply(u, links.gradient())  # w <- w - lr_u * g, stale
+                            g = links.gradient()
+                            if dc is not None:  # g + lam g^2 (w - the weights g was computed on)
+                                g = dc.correct(g, self.params, pulled[i])
+                            apply(u, g)  # w <- w - lr_u * g, stale
                             u += 1
                         else:  # --skip-nonfinite: no update, its weights go back as they are
                             self._skip(u, [links.rank_of(i)])
-                        links.send_pull(i, u, phase)  # pull w to worker i only
-                    v[i] = u
+                        clock[i] += 1
+                        if bound is None:
+                            pull(i, phase)
+                        else:  # every worker the bound now lets go, in worker order
+                            held.append(i)
+                            slowest = min(clock)
+                            for r in sorted(held):
+                                if clock[r] - slowest <= bound:
+                                    held.remove(r)
+                                    pull(r, phase)
                     left[i] -= 1
                     if not left[i]:
                         links.drop(i)
@@ -270,7 +305,8 @@ class ParameterServer:
                         self._record(i, staleness, loss)
                         if on_update is not None:
                             on_update(u - 1, self.params, loss)
-                links.check_silence(left, u)  # a worker that hangs names itself here
+                # a worker that hangs names itself here (one held back waits for its pull)
+                links.check_silence([0 if i in held else n for i, n in enumerate(left)], u)
         return self.log
 
     def _skip(self, when: int, ranks: list[int]) -> None:
@@ -345,9 +381,15 @@ def _serve(
     # the server never computes: w_0, the model, steps
     runtime = worker or Worker.build(cfg, 0, n)
     timeline = Timeline(comm.rank)
+    dc = None
+    if cfg.compensation in ("dc", "dc-adaptive"):
+        w = runtime.params
+        dc = DelayCompensation(cfg.compensation, cfg.dc_lambda, w.size, w.dtype)
     server = ParameterServer(comm.clients, runtime.params, timeline, codec=runtime.codec(),
                              pulls=cfg.ps_pulls, pull_codec=pull_codec(cfg),
-                             skip_nonfinite=cfg.skip_nonfinite)  # fmt: skip
+                             skip_nonfinite=cfg.skip_nonfinite,
+                             max_staleness=None if cfg.max_staleness < 0 else cfg.max_staleness,
+                             compensation=dc)  # fmt: skip
     links = list(comm.clients.values())
     server.start_together()  # every worker starts its first step at once
     # Count this method's bytes only, not the rendezvous hellos already on these links.

@@ -26,6 +26,15 @@ The methods:
 - `async_ps_sgd`: a parameter server applies each worker's gradient the moment it arrives, in a
   given arrival order; a worker's gradient was computed on the weights it last pulled, so it is
   `staleness = (updates applied since that pull)` old. The staleness of every update is recorded.
+  With `max_staleness` S (stale synchronous parallel), a worker that would start a step more
+  than S steps ahead of the slowest worker gets its pull only once the slowest catches up
+  (S = 0: every worker waits for every other each step, ps-sync's schedule).
+
+Compensation (compensation.py): `delayed_sgd(..., compensation="dc" | "dc-adaptive")` applies
+g + lam * g * g * (w_t - w_{t-s}) instead of the stale g; `compensation="predict"` computes each
+worker's gradient at its predicted weights w_t - sum lr * g_local (its own gradients in
+flight). `async_ps_sgd(..., compensation="dc" | "dc-adaptive")` compensates each push for the
+updates applied since its worker pulled.
 """
 
 from __future__ import annotations
@@ -35,6 +44,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from pipesgd_ref.algorithms.compensation import DC_LAMBDA, DelayCompensation, predicted_weights
 
 GradFn = Callable[[np.ndarray, int, int], tuple[float, np.ndarray]]
 LR = float | Callable[[int], float]
@@ -105,28 +116,62 @@ def delayed_sgd(
     drain: bool = True,
     record: bool = False,
     callback: Callback | None = None,
+    compensation: str = "none",
+    dc_lambda: float = DC_LAMBDA,
+    curvature: Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> Trajectory:
     """Delayed (pipelined) SGD: the update at step t applies the average gradient of step t-s.
 
     `staleness=0` is `sync_sgd`; `staleness=1` is Pipe-SGD of width 2. See the module docstring
-    for the fill, warm-up and drain phases.
+    for the fill, warm-up and drain phases, and compensation.py for `compensation` (none, dc,
+    dc-adaptive, predict; nothing is compensated in the warm-up). "dc-exact" (the theory's
+    variant, no training option): g + dc_lambda * curvature(w_t - w_{t-s}), curvature(v) the
+    Hessian times v.
     """
     if staleness < 0 or warmup_steps < 0:
         raise ValueError(
             f"staleness and warmup_steps must be >= 0, got {staleness}, {warmup_steps}"
         )
+    if compensation not in ("none", "dc", "dc-adaptive", "predict", "dc-exact"):
+        raise ValueError(f"unknown compensation {compensation!r}")
+    if (compensation == "dc-exact") != (curvature is not None):
+        raise ValueError("compensation 'dc-exact' takes a curvature (Hessian-vector) function")
     lr_at = _lr_fn(lr)
     w = params0.copy()
     out = Trajectory(params=w, history=[w.copy()] if record else None)
-    in_flight: deque[np.ndarray] = deque()  # g_{t-s+1}, ..., g_t: the gradients "on the wire"
+    # (t, g_t, w_t or None, [each worker's own g_t] or None) of the gradients "on the wire"
+    in_flight: deque[tuple] = deque()
+    dc = None
+    if compensation in ("dc", "dc-adaptive"):
+        dc = DelayCompensation(compensation, dc_lambda, w.size, w.dtype)
+    predicted = np.empty_like(w)
+
+    def stale(u: int, g: np.ndarray, w_then) -> np.ndarray:
+        if curvature is not None:
+            return g + w.dtype.type(dc_lambda) * curvature(w - w_then)
+        return g if dc is None else dc.correct(g, w, w_then)
+
     for t in range(steps):
-        loss, g = average_gradient(grad_fn, w, world_size, t)  # g_t, computed at w_t
+        if compensation == "predict" and t >= warmup_steps:
+            # each worker at w_t less its own gradients in flight, each times the lr of the
+            # step that will apply it (u + s): the weights its gradient will be applied to
+            grads = []
+            for rank in range(world_size):
+                ahead = [(lr_at(u + staleness), own[rank]) for u, _, _, own in in_flight]
+                grads.append(grad_fn(predicted_weights(w, ahead, predicted), rank, t))
+            loss, g = average_gradient(lambda _w, r, _t, got=grads: got[r], w, world_size, t)
+            own = [gr for _, gr in grads]
+        else:
+            loss, g = average_gradient(grad_fn, w, world_size, t)  # g_t, computed at w_t
+            own = None
         if t < warmup_steps:
             w -= w.dtype.type(lr_at(t)) * g  # warm-up: synchronous, fresh gradient
         else:
-            in_flight.append(g)
+            keep = dc is not None or curvature is not None
+            in_flight.append((t, g, w.copy() if keep else None, own))
             if len(in_flight) > staleness:  # steady state: g_{t-s} has arrived
-                w -= w.dtype.type(lr_at(t)) * in_flight.popleft()
+                u, g_old, w_then, _ = in_flight.popleft()
+                w -= w.dtype.type(lr_at(t)) * stale(u, g_old, w_then)
             # else: fill phase, no gradient has finished its trip yet; w_{t+1} = w_t
         out.losses.append(loss)
         if record:
@@ -135,7 +180,8 @@ def delayed_sgd(
             callback(t, w, loss)
     t = steps
     while drain and in_flight:  # drain: apply what is still in flight, oldest first
-        w -= w.dtype.type(lr_at(t)) * in_flight.popleft()
+        u, g_old, w_then, _ = in_flight.popleft()
+        w -= w.dtype.type(lr_at(t)) * stale(u, g_old, w_then)
         t += 1
         if record:
             out.history.append(w.copy())
@@ -149,6 +195,9 @@ def async_ps_sgd(
     arrival_order: Iterable[int],
     lr: LR,
     record: bool = False,
+    compensation: str = "none",
+    dc_lambda: float = DC_LAMBDA,
+    max_staleness: int | None = None,
 ) -> Trajectory:
     """Asynchronous parameter-server SGD for a given arrival order of worker gradients.
 
@@ -156,23 +205,51 @@ def async_ps_sgd(
     once (w <- w - lr_u * g, u = number of updates so far), and r pulls the new weights and
     computes its next gradient (its own minibatch counter advances). `losses[u]` is the loss
     worker r saw when it computed the u-th applied gradient; `staleness[u]` its age.
+
+    compensation dc or dc-adaptive: the server applies g + lam * g * g * (w - w_r) instead, w_r
+    the weights worker r computed g on. max_staleness S: after its push, worker r, now done
+    with local_step[r] steps, gets its pull only while local_step[r] - min(local_step) <= S;
+    else when the slowest catches up (the weights of that moment). An order in which a held
+    back worker arrives is not one the server can see: ValueError.
     """
+    if max_staleness is not None and max_staleness < 0:
+        raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
     lr_at = _lr_fn(lr)
     w = params0.copy()
     out = Trajectory(params=w, history=[w.copy()] if record else None, staleness=[])
     pulled = [(w.copy(), 0) for _ in range(world_size)]  # (weights, version) each worker holds
     local_step = [0] * world_size
+    held: list[int] = []  # workers whose pull waits for the slowest (max_staleness)
+    dc = None
+    if compensation in ("dc", "dc-adaptive"):
+        dc = DelayCompensation(compensation, dc_lambda, w.size, w.dtype)
+    elif compensation != "none":
+        raise ValueError(f"ps-async compensates with dc or dc-adaptive, not {compensation!r}")
     version = 0  # number of updates the server has applied
     for rank in arrival_order:
         if not 0 <= rank < world_size:
             raise ValueError(f"arrival_order names rank {rank}, outside 0..{world_size - 1}")
+        if rank in held:
+            raise ValueError(f"arrival_order has rank {rank} push while it is held back "
+                             f"(max_staleness {max_staleness})")  # fmt: skip
         w_r, v_r = pulled[rank]
         loss, g = grad_fn(w_r, rank, local_step[rank])
         out.staleness.append(version - v_r)
+        if dc is not None:
+            g = dc.correct(g, w, w_r)
         w -= w.dtype.type(lr_at(version)) * g
         version += 1
-        pulled[rank] = (w.copy(), version)
         local_step[rank] += 1
+        held.append(rank)
+        if max_staleness is None:
+            held.remove(rank)
+            pulled[rank] = (w.copy(), version)
+        else:  # every worker the bound now lets go gets its pull, in worker order
+            slowest = min(local_step)
+            for r in sorted(held):
+                if local_step[r] - slowest <= max_staleness:
+                    held.remove(r)
+                    pulled[r] = (w.copy(), version)
         out.losses.append(loss)
         if record:
             out.history.append(w.copy())

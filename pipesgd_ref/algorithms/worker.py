@@ -102,6 +102,15 @@ class Worker:
             built.params, built.start_step, built.pending = checkpoint.load(
                 cfg.resume, cfg, n_params=model.n_params
             )
+            if built.pending and cfg.compensation != "none":
+                from pipesgd_ref.errors import ConfigError
+
+                raise ConfigError(
+                    f"--resume {cfg.resume}: a checkpoint taken mid-run with gradients in "
+                    f"flight, and --compensation {cfg.compensation} would need what it kept of "
+                    f"them (weights or local gradients), which checkpoints do not hold; resume "
+                    f"the run's final checkpoint (nothing in flight), or one without compensation"
+                )
         return built
 
     # --- the device (--device cuda) ----------------------------------------------------------
@@ -245,12 +254,13 @@ class Worker:
                            self.cfg)  # fmt: skip
         return loss
 
-    def compute(self, step: int, grads, codec, rank: int) -> tuple[float, bool]:
+    def compute(self, step: int, grads, codec, rank: int, params=None) -> tuple[float, bool]:
         """One step's work before communication, as every ring method does it: the loss and
-        gradient (into `grads`), the fault planned for this (rank, step) if any (tests), the
-        finiteness check, then error feedback. Returns (loss, ok); not ok (--skip-nonfinite):
-        `grads` is zeroed, so this rank adds nothing to the step's sum."""
-        loss = self.loss_and_grad(step, grads)
+        gradient (into `grads`, at `params`, default this worker's weights), the fault planned
+        for this (rank, step) if any (tests), the finiteness check, then error feedback.
+        Returns (loss, ok); not ok (--skip-nonfinite): `grads` is zeroed, so this rank adds
+        nothing to the step's sum."""
+        loss = self.loss_and_grad(step, grads, params)
         faults.at_step(rank, step, grads)  # PIPESGD_FAULT; nothing otherwise
         ok = self.gradient_ok(grads, step, loss, rank)  # or an error naming rank and step
         if ok:
