@@ -96,6 +96,13 @@ def load(
             + "; ".join(differ)
             + "); resume with the checkpoint's settings, or start without --resume"
         )
+    if pending and cfg.compensation != "none":
+        raise ConfigError(
+            f"--resume {folder}: a checkpoint taken mid-run with gradients in flight, and "
+            f"--compensation {cfg.compensation} would need what it kept of them (weights or "
+            f"local gradients), which checkpoints do not hold; resume the run's final "
+            f"checkpoint (nothing in flight), or one without compensation"
+        )
     return params, next_step, pending
 
 

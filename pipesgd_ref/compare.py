@@ -155,7 +155,7 @@ def run_compare(
     cal = calibration or calibrate_for(cfg, runs, calibration_reps, calibration_tries)
     log("  " + timing.describe(cal))
     preds = timing.predict_all(cfg.world_size, cal, runs, width=cfg.width,
-                               ps_pulls=cfg.ps_pulls)  # fmt: skip
+                               ps_pulls=cfg.ps_pulls, compensation=cfg.compensation)  # fmt: skip
 
     labels = [timing.run_label(algo, codec) for algo, codec in runs]
     done: dict[str, list[dict]] = {label: [] for label in labels}

@@ -242,3 +242,40 @@ def test_compensated_variants_reach_the_optimum_wherever_plain_staleness_does(di
     for variant in ("dc", "dc-adaptive", "predict"):
         got = final(variant)
         assert got <= tol, f"{variant}: {got:.3g} from the optimum where plain ends {plain:.3g}"
+
+
+def test_the_timing_model_charges_each_compensation_its_passes():
+    """Pipe's compute thread pays the passes (compensation_passes) at gamma per byte: the
+    prediction grows by exactly that where the compute thread is the bound."""
+    from pipesgd_ref.timing import Calibration, compensation_passes, pipe
+
+    cal = Calibration(n_params=1_000_000, t_comp=0.05, t_update=0.001, alpha=1e-5,
+                      bandwidth=1e12, gamma=1e-10, copy=0.0, cores=8)  # fmt: skip
+    base = pipe(4, cal).iter_time_s
+    for kind, passes in (("dc", 6), ("dc-adaptive", 12), ("predict", 4)):
+        assert compensation_passes(kind) == passes
+        got = pipe(4, cal, compensation=kind).iter_time_s
+        assert got == pytest.approx(base + passes * 1e-10 * 4_000_000), kind
+    assert compensation_passes("predict", width=3) == 6
+
+
+@pytest.mark.timeout(120)
+def test_resuming_a_compensated_run(tmp_path, capsys):
+    """The final checkpoint of a compensated run (nothing in flight) resumes with a fresh fill;
+    a mid-run one (gradients in flight, whose kept weights or local gradients a checkpoint
+    does not hold) is refused in one line."""
+    from pipesgd_ref import checkpoint
+    from pipesgd_ref.cli import main
+
+    args = ["train", "--preset=tiny", "--algo=pipe", "--compensation=dc", "--no-progress"]
+    rc = main([*args, "--steps=10", f"--out={tmp_path / 'a'}"])
+    assert rc == 0
+    rc = main([*args, "--steps=14", f"--resume={tmp_path / 'a'}", f"--out={tmp_path / 'b'}"])
+    assert rc == 0, capsys.readouterr().err
+    cfg = TrainConfig.preset("tiny").replace(algo="pipe", compensation="dc", steps=10)
+    w = Worker.build(cfg, 0, cfg.world_size).params
+    checkpoint.save(tmp_path / "mid", cfg, w, 6, {5: np.zeros_like(w)})
+    capsys.readouterr()
+    rc = main([*args, "--steps=10", f"--resume={tmp_path / 'mid'}", f"--out={tmp_path / 'c'}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "in flight" in err[0] and "final" in err[0], err

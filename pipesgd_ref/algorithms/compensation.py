@@ -20,12 +20,14 @@ the same order of operations, so the replicas stay bitwise identical and the one
 
 Where the warm-up applies fresh gradients, nothing is compensated (and MS is not updated).
 
-Cost per step (n parameters): dc keeps a copy of the weights of each step in flight (s copies
-of n floats) and makes four elementwise passes (w_t - w_{t-s}, two products, the sum; the
-adaptive form two more for MS and one for lam); predict keeps the weights w^ and a copy of
+Cost per step (n parameters): dc keeps a copy of the weights of each step in flight (K copies
+of n floats, reused) and makes six elementwise passes (the copy, w_t - w_{t-s}, two products,
+the scale, the sum; the adaptive form six more for MS and the elementwise lam); predict keeps
+the weights w^ and a copy of
 this worker's own gradient for each step in flight (the AllReduce overwrites the gradient in
-place), and makes s + 1 passes (the products and the subtraction). The timing model charges
-these passes to the compute thread (timing/models.py: `compensation_passes`).
+place), and makes 2 + 2 s passes (the copies, then a product and a subtraction per step in
+flight). The timing model charges these passes to the compute thread, each at the reduction's
+cost per byte (timing/models.py: `compensation_passes`: dc 6, dc-adaptive 12, predict 2 + 2 s).
 
 Stability, on a quadratic f(w) = 1/2 w^T A w (noise-free gradients, every worker the same),
 along an eigenvector of A with eigenvalue lam_A, x = lr * lam_A (derived below, and tested on

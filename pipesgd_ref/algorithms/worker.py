@@ -102,15 +102,6 @@ class Worker:
             built.params, built.start_step, built.pending = checkpoint.load(
                 cfg.resume, cfg, n_params=model.n_params
             )
-            if built.pending and cfg.compensation != "none":
-                from pipesgd_ref.errors import ConfigError
-
-                raise ConfigError(
-                    f"--resume {cfg.resume}: a checkpoint taken mid-run with gradients in "
-                    f"flight, and --compensation {cfg.compensation} would need what it kept of "
-                    f"them (weights or local gradients), which checkpoints do not hold; resume "
-                    f"the run's final checkpoint (nothing in flight), or one without compensation"
-                )
         return built
 
     # --- the device (--device cuda) ----------------------------------------------------------

@@ -440,18 +440,33 @@ def sync(world_size: int, cal: Calibration, codec: str = "none") -> Prediction:
     return Prediction("sync", codec, world_size, 1, it, tc + tu, t_ar, 0.0, bound)
 
 
-def pipe(world_size: int, cal: Calibration, codec: str = "none", width: int = 2) -> Prediction:
+def compensation_passes(compensation: str, width: int = 2) -> int:
+    """Elementwise passes over the n parameters that --compensation adds to each step of
+    Pipe-SGD of width K (s = K - 1; algorithms/compensation.py): dc, the copy of w_t and
+    w - w_then, two products, the scale, the sum: 6; dc-adaptive 6 more for the mean square
+    and the elementwise lam; predict, the copies of w and of g_t and two passes (product,
+    subtraction) per step in flight: 2 + 2 s."""
+    s = width - 1
+    return {"none": 0, "dc": 6, "dc-adaptive": 12, "predict": 2 + 2 * s}[compensation]
+
+
+def pipe(
+    world_size: int, cal: Calibration, codec: str = "none", width: int = 2,
+    compensation: str = "none",
+) -> Prediction:  # fmt: skip
     """Pipe-SGD of width K: T_pipe(K) = max(t_comp + t_u, T_ar, (t_comp + t_u + T_ar) / K)
     (Eq. 4), and on shared cores the cpu bound (Eq. 9). Where the calibration measured the
     compute thread next to its communication (t_comp_busy), that figure holds the cpu bound's
-    extra CPU work, and more (wake-ups), and replaces both. Width 1 is synchronous SGD."""
+    extra CPU work, and more (wake-ups), and replaces both. Width 1 is synchronous SGD.
+    compensation: its passes (`compensation_passes`), each costed as the reduction's gamma
+    per byte, join the update t_u on the compute thread."""
     if width == 1:  # nothing overlaps: Eq. (3) under pipe's name
         return replace(sync(world_size, cal, codec), algo="pipe")
     alpha = cal.alpha
     if cal.alpha_busy is not None:
         alpha = max(alpha, cal.alpha_busy)  # its AllReduces run while the workers compute
     tc, t_ar, cpu = ring_terms(world_size, cal, codec, alpha)
-    tu = cal.t_update
+    tu = cal.t_update + compensation_passes(compensation, width) * cal.gamma * cal.grad_bytes
     bounds = {
         "compute": tc + tu,  # Eq. (4): the compute thread
         "network": t_ar,  # Eq. (4): the communication thread
@@ -531,14 +546,15 @@ def predict(
     codec: str = "none",
     width: int = 2,
     ps_pulls: str = "sequential",
+    compensation: str = "none",
 ) -> Prediction:
     """The predicted iteration time of `algo` on p = world_size workers (a Prediction), from
     its method's function. `width`: Pipe-SGD's K; `ps_pulls`: how ps-sync's server sends its
-    pulls (algorithms/ps.py): "sequential" or "shared"."""
+    pulls (algorithms/ps.py): "sequential" or "shared"; `compensation`: Pipe-SGD's."""
     if algo == "sync":
         return sync(world_size, cal, codec)
     if algo == "pipe":
-        return pipe(world_size, cal, codec, width)
+        return pipe(world_size, cal, codec, width, compensation)
     if algo == "ps-sync":
         return ps_sync(world_size, cal, codec, ps_pulls)
     if algo == "ps-async":
@@ -552,10 +568,14 @@ def predict_all(
     runs=COMPARE_RUNS,
     width: int = 2,
     ps_pulls: str = "sequential",
+    compensation: str = "none",
 ):
-    """Predictions for every (algo, codec) of `runs`, keyed by run_label."""
+    """Predictions for every (algo, codec) of `runs`, keyed by run_label (`compensation`:
+    Pipe-SGD's runs')."""
     return {
-        run_label(algo, codec): predict(algo, world_size, cal, codec, width, ps_pulls)
+        run_label(algo, codec): predict(
+            algo, world_size, cal, codec, width, ps_pulls, compensation
+        )  # fmt: skip
         for algo, codec in runs
     }
 
