@@ -128,8 +128,16 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--repeats", type=int, default=None,
                    help="runs of each method, the one that reaches the target soonest kept "
                    "(default 2, 1 with --quick)")  # fmt: skip
-    c.add_argument("--out", dest="out_dir", default="runs/compare", help="where to write results")
+    c.add_argument("--out", dest="out_dir", default=None,
+                   help="where to write results (default runs/compare, runs/study with "
+                   "--study)")  # fmt: skip
     c.add_argument("--overwrite", action="store_true", help="replace the results already in --out")
+    c.add_argument("--study", choices=("staleness",), default=None,
+                   help="instead of the six methods: staleness, the learning-rate sweep of "
+                   "sync, pipe and pipe's compensations (study.py)")  # fmt: skip
+    c.add_argument("--lrs", default=None,
+                   help="--study's learning rates, a comma list (default: study.LRS; "
+                   "--quick: study.QUICK_LRS)")  # fmt: skip
     add_many_workers_flag(c)
     t = sub.add_parser(
         "train",
@@ -265,6 +273,12 @@ def cmd_compare(args: argparse.Namespace, cfg: TrainConfig) -> int:
 
     if args.repeats is not None and args.repeats < 1:
         raise ConfigError(f"--repeats must be at least 1, got {args.repeats}")
+    if args.study is not None:
+        return _study(args, cfg)
+    if args.lrs is not None:
+        raise ConfigError("--lrs sets the learning rates of --study staleness; add --study "
+                          "staleness, or set one rate with --lr")  # fmt: skip
+    args.out_dir = args.out_dir or "runs/compare"
     more = {"repeats": REPEATS}
     if args.quick:
         cfg, more = quick_config(cfg), {"calibration_reps": QUICK_CALIBRATION_REPS,
@@ -279,6 +293,31 @@ def cmd_compare(args: argparse.Namespace, cfg: TrainConfig) -> int:
     configure_parent_logging("WARNING")
     with _claimed(args.out_dir, args.overwrite):
         run_compare(cfg, out=args.out_dir, progress=not args.no_progress, **more)
+    return 0
+
+
+def _study(args: argparse.Namespace, cfg: TrainConfig) -> int:
+    """`pipesgd compare --study staleness` (study.py): one process, the oracles."""
+    from pipesgd_ref.study import LRS, QUICK_LRS, run_staleness_study
+
+    if cfg.comm == "mpi" or args.repeats is not None:
+        flag = "--comm mpi" if cfg.comm == "mpi" else "--repeats"
+        raise ConfigError(f"--study staleness runs the one-process oracles (it measures "
+                          f"accuracy, not speed): {flag} does nothing there; drop it")  # fmt: skip
+    lrs = QUICK_LRS if args.quick else LRS
+    if args.lrs is not None:
+        try:
+            lrs = tuple(float(x) for x in args.lrs.split(","))
+        except ValueError:
+            lrs = ()
+        if not lrs or not all(math.isfinite(x) and x > 0 for x in lrs):
+            raise ConfigError(f"--lrs {args.lrs!r}: give a comma list of positive learning "
+                              f"rates, e.g. --lrs 0.1,0.5,1")  # fmt: skip
+        if len(set(lrs)) != len(lrs):
+            raise ConfigError(f"--lrs {args.lrs!r} names a learning rate more than once")
+    out = args.out_dir or "runs/study"
+    with _claimed(out, args.overwrite):
+        run_staleness_study(cfg, lrs=tuple(sorted(lrs)), out=out)
     return 0
 
 

@@ -403,6 +403,12 @@ PREDICT = [
       "ps-async"),
     C("train-max-staleness-below-1", f"train {TINY} --algo ps-async --max-staleness=-2",
       "max_staleness"),
+    C("compare-study-unknown", "compare --study speed", "--study", "speed"),
+    C("compare-study-lrs-junk", "compare --study staleness --lrs 0.1,fast", "--lrs", "fast"),
+    C("compare-study-lrs-negative", "compare --study staleness --lrs=-0.1", "--lrs"),
+    C("compare-study-lrs-twice", "compare --study staleness --lrs 0.1,0.1", "more than once"),
+    C("compare-lrs-without-study", "compare --lrs 0.1,0.2", "--lrs", "--study"),
+    C("compare-study-repeats", "compare --study staleness --repeats 3", "--repeats"),
     C("train-transport-unknown", "train --transport rdma", "rdma"),
     C("train-mpi-with-a-transport", "train --comm mpi --transport shm", "--transport shm"),
     # compare --comm mpi drops the preset's emulated link, but one asked for is refused

@@ -279,3 +279,50 @@ def test_resuming_a_compensated_run(tmp_path, capsys):
     rc = main([*args, "--steps=10", f"--resume={tmp_path / 'mid'}", f"--out={tmp_path / 'c'}"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "in flight" in err[0] and "final" in err[0], err
+
+
+# --- the study (study.py) at a small size ----------------------------------------------------
+
+
+@pytest.mark.timeout(180)
+def test_the_staleness_study_at_a_small_size(tmp_path, capsys):
+    """`pipesgd compare --study staleness` on a small MLP: every method at every lr, each row
+    the oracle's run (the pipe rows bitwise delayed_sgd's weights' accuracy), the table, the
+    edges and study.json; with matplotlib, the figure."""
+    import json
+
+    from pipesgd_ref.cli import main
+
+    out = tmp_path / "study"
+    rc = main(["compare", "--study", "staleness", "--no-progress", "--hidden=16",
+               "--world-size=2", "--steps=12", "--eval-every=4", "--target-accuracy=0.3",
+               "--lrs", "0.1,0.5,5000", f"--out={out}"])  # fmt: skip
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "final test accuracy after 12 steps" in text and "measured edge" in text, text
+    report = json.loads((out / "study.json").read_text())
+    assert report["lrs"] == [0.1, 0.5, 5000.0] and report["lam_max"] > 0
+    assert {(r["method"], r["lr"]) for r in report["rows"]} == {
+        (m, lr) for m in report["methods"] for lr in (0.1, 0.5, 5000.0)
+    }
+    by = {(r["method"], r["lr"]): r for r in report["rows"]}
+    assert by[("sync", 5000.0)]["diverged"] and by[("pipe", 5000.0)]["diverged"]
+    assert report["edges"]["sync"] == 0.5
+    from pipesgd_ref.study import run_one
+
+    cfg = TrainConfig.preset("compare").replace(hidden=(16,), world_size=2, steps=12,
+                                                eval_every=4, target_accuracy=0.3)  # fmt: skip
+    w = Worker.build(cfg.replace(lr=0.5), 0, 2)
+    grad_fn = model_grad_fn(w.model, w.data, w.sampler)
+    want = delayed_sgd(grad_fn, w.params, 2, 12, 0.5, staleness=1, compensation="predict")
+    acc = w.model.accuracy(want.params, w.data.X_test, w.data.y_test)
+    assert (
+        by[("pipe+predict", 0.5)]["test_accuracy"]
+        == acc
+        == run_one(cfg, 2, "predict", 0.5)["test_accuracy"]
+    )
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return
+    assert (out / "staleness_study.png").stat().st_size > 10_000

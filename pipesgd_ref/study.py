@@ -1,0 +1,293 @@
+"""`pipesgd compare --study staleness`: where Pipe-SGD's one-step delay costs accuracy, and how
+much each compensation pays back.
+
+The same problem is trained at several learning rates by sync, pipe (width 2: staleness one),
+pipe+dc, pipe+dc-adaptive and pipe+predict (algorithms/compensation.py), for the same number of
+steps. Each run is the method's one-process oracle (algorithms/reference.py: delayed_sgd with
+the compensation), which the distributed runs equal bitwise for p <= 2 and to float32 rounding
+beyond (tests/test_compensation.py): the study measures accuracy, not speed, and the oracles are
+p times cheaper than p processes on shared cores. For each run: the final test accuracy (or
+"diverged": the loss went non-finite), the steps to the target accuracy (evaluated every
+`eval_every` steps), and the predicted time to it: those steps times the method's iteration
+time from the timing models (timing/models.py) on a cluster of p machines, one worker each, on
+the config's link, with compute timed in this process (as `pipesgd predict` does by default).
+
+The theory's marks. On a quadratic, plain staleness one is stable for lr * lam_max < 1 and sync
+(and, with identical workers, predict) for lr * lam_max < 2 (compensation.py derives them). The
+study estimates lam_max, the largest eigenvalue of the Hessian of the training loss (the mean
+over the p workers' first minibatches) at w_0, by power iteration on finite-difference
+Hessian-vector products (`hessian_lam_max`), and marks lr = 1 / lam_max and 2 / lam_max on the
+plot. A net's Hessian changes as it trains, so these are the starting point's bounds, not a
+promise for every step.
+
+Output (in --out): study.json (the problem, lam_max, the bounds, every run's figures, the
+table) and, with matplotlib, staleness_study.png: final test accuracy and predicted time to
+target against the learning rate, one line per method.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipesgd_ref import timing
+from pipesgd_ref.algorithms.reference import delayed_sgd, model_grad_fn
+from pipesgd_ref.algorithms.worker import Worker
+from pipesgd_ref.config import TrainConfig
+from pipesgd_ref.outputs import write_json
+from pipesgd_ref.timing.calibrate import time_compute, time_gamma_and_copy
+
+# (label, width, compensation): the methods the study compares
+METHODS = (
+    ("sync", 1, "none"),
+    ("pipe", 2, "none"),
+    ("pipe+dc", 2, "dc"),
+    ("pipe+dc-adaptive", 2, "dc-adaptive"),
+    ("pipe+predict", 2, "predict"),
+)
+# the study's default problem: the compare preset as it is (digits, MLP 1024-1024, 4 workers
+# of batch 352, 40 steps), at learning rates across pipe's and sync's edges (measured here:
+# pipe diverges from 0.9, sync from 1.4; README: "Staleness")
+LRS = (0.1, 0.3, 0.5, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.4)
+QUICK_LRS = (0.3, 0.8, 1.0, 1.2)
+
+
+def hessian_lam_max(cfg: TrainConfig, iters: int = 30, eps: float = 1e-3) -> float:
+    """The largest eigenvalue of the Hessian of the training loss at w_0 (the mean loss of the
+    p workers on their minibatch 0), by power iteration: H v ~ (g(w + e v) - g(w - e v)) / 2e
+    in float64 (central differences of the model's own gradient)."""
+    worker = Worker.build(cfg, 0, cfg.world_size)
+    grad_fn = model_grad_fn(worker.model, worker.data, worker.sampler)
+    w0 = worker.params.astype(np.float64)
+
+    def grad(w: np.ndarray) -> np.ndarray:
+        total = np.zeros_like(w)
+        for r in range(cfg.world_size):
+            total += grad_fn(w.astype(np.float32), r, 0)[1]
+        return total / cfg.world_size
+
+    rng = np.random.default_rng(cfg.seed)
+    v = rng.standard_normal(w0.size)
+    v /= np.linalg.norm(v)
+    lam = 0.0
+    for _ in range(iters):
+        hv = (grad(w0 + eps * v) - grad(w0 - eps * v)) / (2 * eps)
+        lam = float(v @ hv)
+        norm = np.linalg.norm(hv)
+        if norm == 0:
+            break
+        v = hv / norm
+    return lam
+
+
+def run_one(cfg: TrainConfig, width: int, compensation: str, lr: float) -> dict[str, Any]:
+    """One oracle run: final test accuracy (None when it diverged), steps to the target."""
+    run = cfg.replace(lr=lr, width=width, compensation=compensation)
+    worker = Worker.build(run, 0, run.world_size)
+    model, data = worker.model, worker.data
+    grad_fn = model_grad_fn(model, data, worker.sampler)
+    evals: list[tuple[int, float]] = []
+
+    class Diverged(Exception):
+        pass
+
+    def on_step(step: int, params: np.ndarray, loss: float) -> None:
+        if not math.isfinite(loss):
+            raise Diverged
+        done = step + 1
+        if run.eval_every and done % run.eval_every == 0:
+            evals.append((done, model.accuracy(params, data.X_test, data.y_test)))
+
+    try:
+        with np.errstate(over="ignore", invalid="ignore"):
+            traj = delayed_sgd(grad_fn, worker.params, run.world_size, worker.steps, run.lr_at,
+                               staleness=width - 1, callback=on_step, compensation=compensation,
+                               dc_lambda=run.dc_lambda)  # fmt: skip
+            if not np.all(np.isfinite(traj.params)):
+                raise Diverged
+            accuracy = model.accuracy(traj.params, data.X_test, data.y_test)
+    except Diverged:
+        return {"test_accuracy": None, "diverged": True, "steps_to_target": None}
+    reached = next((s for s, a in evals if a >= run.target_accuracy), None)
+    return {"test_accuracy": accuracy, "diverged": False, "steps_to_target": reached}
+
+
+def cluster_iteration_times(cfg: TrainConfig) -> dict[str, float]:
+    """Each method's predicted iteration time on p machines (one worker each) on cfg's link."""
+    from pipesgd_ref.config import link_model
+
+    n, t_comp, t_update = time_compute(cfg)
+    gamma, copy = time_gamma_and_copy(min(n, 1 << 20))
+    link = link_model(cfg)
+    cal = timing.Calibration(n_params=n, t_comp=t_comp, t_update=t_update, alpha=link.latency,
+                             bandwidth=link.bandwidth, gamma=gamma, copy=copy,
+                             cores=cfg.world_size)  # fmt: skip
+    return {
+        label: timing.predict("pipe", cfg.world_size, cal, width=width,
+                              compensation=compensation).iter_time_s
+        for label, width, compensation in METHODS
+    }  # fmt: skip
+
+
+def run_staleness_study(
+    cfg: TrainConfig,
+    lrs=LRS,
+    methods=METHODS,
+    out: str | Path | None = "runs/study",
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Every method of `methods` at every lr of `lrs` on cfg's problem; returns (and writes to
+    `out`) what study.json holds."""
+    started = time.perf_counter()
+    shape = "-".join(map(str, cfg.hidden)) if cfg.model == "mlp" else ""
+    log(
+        f"staleness study: {cfg.world_size} workers, {cfg.dataset}, {cfg.model} {shape}, batch "
+        f"{cfg.batch_size}, {cfg.steps} steps, lr {', '.join(f'{lr:g}' for lr in lrs)}"
+    )
+    lam = hessian_lam_max(cfg)
+    bounds = {"pipe": 1.0 / lam, "sync": 2.0 / lam} if lam > 0 else {}
+    log(f"  lam_max of the Hessian at w_0: {lam:.3g}; stability (quadratic theory): pipe "
+        f"lr < {bounds.get('pipe', math.inf):.3g}, sync and predict lr < "
+        f"{bounds.get('sync', math.inf):.3g}")  # fmt: skip
+    iters = cluster_iteration_times(cfg)
+    rows = []
+    for label, width, compensation in methods:
+        for lr in lrs:
+            got = run_one(cfg, width, compensation, lr)
+            steps = got["steps_to_target"]
+            ttt = None if steps is None else steps * iters[label]
+            rows.append({"method": label, "lr": lr, **got, "iter_time_s": iters[label],
+                         "time_to_target_s": ttt})  # fmt: skip
+        log("  " + label + ": " + ", ".join(_cell(r) for r in rows if r["method"] == label))
+    report = {
+        "kind": "staleness-study",
+        "config": cfg.to_dict(),
+        "lrs": list(lrs),
+        "methods": [m[0] for m in methods],
+        "lam_max": lam,
+        "bounds": bounds,
+        "rows": rows,
+        "edges": edges(rows),
+        "recovered": recovered(rows),
+        "wall_time_s": time.perf_counter() - started,
+    }
+    log("")
+    log(format_table(report))
+    if out:
+        out = Path(out)
+        write_json(out / "study.json", report)
+        figure = plot_study(report, out / "staleness_study.png")
+        log(f"wrote {out / 'study.json'}" + (f" and {figure}" if figure else " (no matplotlib)"))
+    return report
+
+
+def _cell(row: dict) -> str:
+    acc = "diverged" if row["diverged"] else f"{row['test_accuracy']:.3f}"
+    return f"{row['lr']:g}: {acc}"
+
+
+def edges(rows: list[dict]) -> dict[str, float | None]:
+    """Each method's measured edge: the largest lr below its first divergence (None: it
+    diverged at the smallest lr)."""
+    out = {}
+    for method in dict.fromkeys(r["method"] for r in rows):
+        ok = None
+        for r in sorted((r for r in rows if r["method"] == method), key=lambda r: r["lr"]):
+            if r["diverged"]:
+                break
+            ok = r["lr"]
+        out[method] = ok
+    return out
+
+
+def recovered(rows: list[dict]) -> list[dict]:
+    """At each lr where plain pipe ends at least one point below sync (or diverges while sync
+    does not): how much of the gap each compensation closes (1 = all of it)."""
+    by = {(r["method"], r["lr"]): r for r in rows}
+    out = []
+    for lr in sorted({r["lr"] for r in rows}):
+        sync, pipe = by.get(("sync", lr)), by.get(("pipe", lr))
+        if sync is None or pipe is None or sync["diverged"]:
+            continue
+        pipe_acc = 0.0 if pipe["diverged"] else pipe["test_accuracy"]
+        gap = sync["test_accuracy"] - pipe_acc
+        if gap < 0.01:
+            continue
+        entry = {"lr": lr, "sync": sync["test_accuracy"], "pipe": pipe["test_accuracy"], "gap": gap}
+        for (method, at), r in by.items():
+            if at == lr and method.startswith("pipe+"):
+                acc = 0.0 if r["diverged"] else r["test_accuracy"]
+                entry[method] = (acc - pipe_acc) / gap
+        out.append(entry)
+    return out
+
+
+def format_table(report: dict) -> str:
+    """Final test accuracy (or 'div'), one row per lr, one column per method."""
+    methods, lrs = report["methods"], report["lrs"]
+    by = {(r["method"], r["lr"]): r for r in report["rows"]}
+    width = max(8, *(len(m) for m in methods))
+    head = f"{'lr':>6} " + " ".join(f"{m:>{width}}" for m in methods)
+    lines = [f"final test accuracy after {report['config']['steps']} steps ('div': diverged)",
+             head, "-" * len(head)]  # fmt: skip
+    for lr in lrs:
+        cells = []
+        for m in methods:
+            r = by[(m, lr)]
+            acc = "div" if r["diverged"] else format(r["test_accuracy"], ".4f")
+            cells.append(f"{acc:>{width}}")
+        lines.append(f"{lr:>6g} " + " ".join(cells))
+    edge = report["edges"]
+    lines.append("measured edge (largest lr before the first divergence): " + ", ".join(
+        f"{m} {'-' if edge[m] is None else format(edge[m], 'g')}" for m in methods))  # fmt: skip
+    b = report["bounds"]
+    if b:
+        lines.append(f"theory (lam_max {report['lam_max']:.3g} at w_0): pipe stable for lr < "
+                     f"{b['pipe']:.3g}, sync and predict for lr < {b['sync']:.3g}")  # fmt: skip
+    for e in report["recovered"]:
+        share = ", ".join(f"{k} {v:.0%}" for k, v in e.items() if k.startswith("pipe+"))
+        pipe = "diverged" if e["pipe"] is None else f"{e['pipe']:.4f}"
+        lines.append(f"lr {e['lr']:g}: pipe {pipe} vs sync {e['sync']:.4f}; of that gap "
+                     f"recovered: {share}")  # fmt: skip
+    return "\n".join(lines)
+
+
+def plot_study(report: dict, path: Path) -> Path | None:
+    """Final test accuracy and predicted time to target against lr, the bounds marked."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, (acc_ax, time_ax) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for m in report["methods"]:
+        rows = [r for r in report["rows"] if r["method"] == m]
+        lrs = [r["lr"] for r in rows]
+        acc = [np.nan if r["diverged"] else r["test_accuracy"] for r in rows]
+        ttt = [np.nan if r["time_to_target_s"] is None else r["time_to_target_s"] for r in rows]
+        acc_ax.plot(lrs, acc, marker="o", label=m)
+        time_ax.plot(lrs, ttt, marker="o", label=m)
+    for ax in (acc_ax, time_ax):
+        for name, lr in report["bounds"].items():
+            ax.axvline(lr, color="gray", linestyle="--" if name == "pipe" else ":", linewidth=1)
+            ax.text(lr, 1.0, f" {name} bound", transform=ax.get_xaxis_transform(), fontsize=8,
+                    va="top", color="gray")  # fmt: skip
+        ax.set_xscale("log")
+        ax.set_xlabel("learning rate")
+    acc_ax.set_ylabel("final test accuracy (missing: diverged)")
+    time_ax.set_ylabel(f"predicted time to {report['config']['target_accuracy']:.0%} (s)")
+    acc_ax.legend(fontsize=8)
+    fig.suptitle(f"staleness study: {report['config']['world_size']} workers, "
+                 f"{report['config']['dataset']}, {report['config']['steps']} steps")  # fmt: skip
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
