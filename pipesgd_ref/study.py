@@ -192,13 +192,15 @@ def _cell(row: dict) -> str:
 
 
 def edges(rows: list[dict]) -> dict[str, float | None]:
-    """Each method's measured edge: the largest lr below its first divergence (None: it
-    diverged at the smallest lr)."""
+    """Each method's measured edge: the largest lr below its first failure, a run that
+    diverged or ended below half the best test accuracy of the study (a network whose loss
+    stays finite can still have stopped learning); None where it failed at the smallest lr."""
+    best = max((r["test_accuracy"] for r in rows if not r["diverged"]), default=0.0)
     out = {}
     for method in dict.fromkeys(r["method"] for r in rows):
         ok = None
         for r in sorted((r for r in rows if r["method"] == method), key=lambda r: r["lr"]):
-            if r["diverged"]:
+            if r["diverged"] or r["test_accuracy"] < best / 2:
                 break
             ok = r["lr"]
         out[method] = ok
@@ -206,13 +208,15 @@ def edges(rows: list[dict]) -> dict[str, float | None]:
 
 
 def recovered(rows: list[dict]) -> list[dict]:
-    """At each lr where plain pipe ends at least one point below sync (or diverges while sync
-    does not): how much of the gap each compensation closes (1 = all of it)."""
+    """At each lr where sync trains (edges' sense) and plain pipe ends at least one point below
+    it, or diverges: how much of the gap each compensation closes (1 = all of it; negative:
+    it did worse than plain pipe)."""
     by = {(r["method"], r["lr"]): r for r in rows}
+    best = max((r["test_accuracy"] for r in rows if not r["diverged"]), default=0.0)
     out = []
     for lr in sorted({r["lr"] for r in rows}):
         sync, pipe = by.get(("sync", lr)), by.get(("pipe", lr))
-        if sync is None or pipe is None or sync["diverged"]:
+        if sync is None or pipe is None or sync["diverged"] or sync["test_accuracy"] < best / 2:
             continue
         pipe_acc = 0.0 if pipe["diverged"] else pipe["test_accuracy"]
         gap = sync["test_accuracy"] - pipe_acc
@@ -243,7 +247,8 @@ def format_table(report: dict) -> str:
             cells.append(f"{acc:>{width}}")
         lines.append(f"{lr:>6g} " + " ".join(cells))
     edge = report["edges"]
-    lines.append("measured edge (largest lr before the first divergence): " + ", ".join(
+    lines.append("measured edge (largest lr before a run diverges or ends below half the best "
+                 "accuracy): " + ", ".join(
         f"{m} {'-' if edge[m] is None else format(edge[m], 'g')}" for m in methods))  # fmt: skip
     b = report["bounds"]
     if b:
