@@ -168,7 +168,7 @@ for kind in ("dc", "dc-adaptive", "predict"):
 
 # %%
 by = {variant: (bound, inside, outside) for variant, c, bound, inside, outside in rows if c == 1}
-for variant, (bound, inside, outside) in by.items():
+for variant, (_, inside, outside) in by.items():
     assert inside < 1e-3 and outside > 1e2, f"{variant}: not stable inside / unstable outside"
 assert by["dc"][0] == by["pipe"][0] == 1.0 and by["predict"][0] == by["sync"][0] == 2.0
 assert rows[4][2] == 4.0 and rows[4][3] < 1e-3, "exact dc at c = 3/4: stable up to x = 4"
