@@ -152,3 +152,19 @@ def test_ps_link_model_quick(tmp_path):
         # read, not asserted)
         floor = 2 * r["latency_s"] + (r["world_size"] + 1) * 4 * r["n_params"] / r["bandwidth"]
         assert r["predicted_s"] > floor, f"{r['pulls']}: the model is below the link\n{log}"
+
+
+@pytest.mark.timeout(120)
+def test_compensation_cost_small():
+    """benchmarks/compensation_cost.py on a small model: one row per compensation, each with a
+    positive measured and modelled time."""
+    cmd = [sys.executable, str(BENCHMARKS / "compensation_cost.py"), "--hidden", "256",
+           "--batch-size", "16", "--repeats", "3"]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=100)
+    assert done.returncode == 0, done.stderr[-3000:]
+    kinds = ("dc", "dc-adaptive", "predict")
+    rows = [line.split() for line in done.stdout.splitlines() if line.split()[:1]]
+    rows = [r for r in rows if r[0] in kinds]
+    assert [r[0] for r in rows] == ["dc", "dc-adaptive", "predict"], done.stdout
+    for r in rows:
+        assert float(r[1]) > 0 and float(r[3]) > 0, r
