@@ -161,3 +161,7 @@ def scale(x, alpha: float) -> None:
 
 def sgd_step(params, grads, lr: float) -> None:
     _sgd_step(_flat(params), _flat(grads), params.dtype.type(lr))
+
+
+# TEMPORARY (branch wt-cnn only, replaced before merge): the NumPy definitions stand in
+from pipesgd_ref.ops.numpy_ops import col2im, im2col, maxpool_backward, maxpool_forward  # noqa: E402,F401
