@@ -31,8 +31,10 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 class TrainConfig:
     # --- problem ---
     dataset: str = "digits"  # digits | synthetic[:samples=N,...,seed=S] | mnist:PATH
-    model: str = "mlp"  # softmax | mlp
-    hidden: tuple[int, ...] = (64,)  # MLP hidden widths, e.g. --hidden=128,64 (ignored by softmax)
+    model: str = "mlp"  # softmax | mlp | cnn (images: digits, mnist5k, mnist:PATH)
+    hidden: tuple[int, ...] = (64,)  # MLP (and CNN head) hidden widths, e.g. --hidden=128,64
+    channels: tuple[int, ...] = (6, 16)  # cnn: output channels of each conv layer (LeNet-5's)
+    kernels: tuple[int, ...] = (5, 5)  # cnn: odd kernel size of each conv layer ("same" padding)
     backend: str = "numpy"  # ops backend: numpy (the reference) | numba (njit CPU kernels)
     # Where training runs. cuda: params, grads and activations on a GPU, the model's ops on the
     # cuda backend whatever --backend says (--backend then picks the host ops of evaluation);
@@ -135,8 +137,15 @@ class TrainConfig:
                 f"--device cuda trains with the ring methods (sync, pipe); {self.algo} runs on "
                 f"the CPU: pass --device cpu, or --algo sync or pipe"
             )
-        if self.model not in ("softmax", "mlp"):
-            problems.append(f"model must be softmax or mlp, got {self.model!r}")
+        if self.model not in ("softmax", "mlp", "cnn"):
+            problems.append(f"model must be softmax, mlp or cnn, got {self.model!r}")
+        if len(self.kernels) != len(self.channels) or not self.channels:
+            problems.append(f"--channels {','.join(map(str, self.channels))} and --kernels "
+                            f"{','.join(map(str, self.kernels))}: one kernel size per conv "
+                            f"layer")  # fmt: skip
+        elif min(self.channels) < 1 or any(k < 1 or k % 2 == 0 for k in self.kernels):
+            problems.append(f"channels must be >= 1 and kernels odd (1, 3, 5, ...), got "
+                            f"channels {self.channels}, kernels {self.kernels}")  # fmt: skip
         if self.codec not in ("none", "trunc16", "bf16", "q8"):
             problems.append(f"codec must be none, trunc16, bf16 or q8, got {self.codec!r}")
         if self.codec_backend not in ("numpy", "numba"):
@@ -461,7 +470,9 @@ def n_params_of(cfg: TrainConfig, data) -> int:
     needs, without building any weights."""
     from pipesgd_ref.models import build_model
 
-    return build_model(cfg.model, data.n_features, data.n_classes, cfg.hidden, "numpy").n_params
+    return build_model(cfg.model, data.n_features, data.n_classes, cfg.hidden, "numpy",
+                       image_shape=data.image_shape, channels=cfg.channels,
+                       kernels=cfg.kernels).n_params  # fmt: skip
 
 
 # Presets: named starting points. Every field not named keeps its default above.

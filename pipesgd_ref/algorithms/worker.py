@@ -59,6 +59,13 @@ def steps_for(cfg: TrainConfig, sampler: MinibatchSampler) -> int:
     return cfg.steps
 
 
+
+def model_for(cfg: TrainConfig, data, backend):
+    """cfg's model (softmax, mlp or cnn) for `data` (a data.Dataset) on `backend`."""
+    return build_model(cfg.model, data.n_features, data.n_classes, cfg.hidden, backend,
+                       image_shape=data.image_shape, channels=cfg.channels,
+                       kernels=cfg.kernels)  # fmt: skip
+
 @dataclass
 class Worker:
     cfg: TrainConfig
@@ -90,7 +97,7 @@ class Worker:
         """Load the data, build the model and w_0 (or load the checkpoint of --resume, checked
         against this run's config and model size): everything before the first step."""
         data = load_dataset(cfg.dataset)
-        model = build_model(cfg.model, data.n_features, data.n_classes, cfg.hidden, cfg.backend)
+        model = model_for(cfg, data, cfg.backend)
         sampler = MinibatchSampler(data.n_train, n_workers, cfg.batch_size, cfg.seed)
         check_memory(cfg, model.n_params)  # a huge --hidden: one line, not the OOM killer
         built = cls(cfg, worker, n_workers, data, model, sampler, steps_for(cfg, sampler),
@@ -128,7 +135,7 @@ class Worker:
         if simulated():  # the simulator runs one kernel at a time, in any thread
             ops = _one_kernel_at_a_time(ops)
         cfg, data = self.cfg, self.data
-        self.model = build_model(cfg.model, data.n_features, data.n_classes, cfg.hidden, ops)
+        self.model = model_for(cfg, data, ops)
         self.params = cuda_ops.to_device(self.params)
         self.pending = {t: cuda_ops.to_device(g) for t, g in self.pending.items()}
         # Allocated once: the minibatch goes host -> pinned -> device every step (DMA from
