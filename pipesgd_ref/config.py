@@ -470,9 +470,13 @@ def n_params_of(cfg: TrainConfig, data) -> int:
     needs, without building any weights."""
     from pipesgd_ref.models import build_model
 
-    return build_model(cfg.model, data.n_features, data.n_classes, cfg.hidden, "numpy",
-                       image_shape=data.image_shape, channels=cfg.channels,
-                       kernels=cfg.kernels).n_params  # fmt: skip
+    try:
+        model = build_model(cfg.model, data.n_features, data.n_classes, cfg.hidden, "numpy",
+                            image_shape=data.image_shape, channels=cfg.channels,
+                            kernels=cfg.kernels)  # fmt: skip
+    except ValueError as e:
+        raise ConfigError(f"--model {cfg.model} on {data.name}: {e}") from None
+    return model.n_params
 
 
 # Presets: named starting points. Every field not named keeps its default above.
