@@ -99,6 +99,9 @@ class TrainConfig:
     skip_nonfinite: bool = False  # leave NaN/Inf gradients out (and count them) instead of stopping
 
     def __post_init__(self):
+        for name in ("hidden", "channels", "kernels"):  # a list (JSON, to_dict) as a tuple
+            if isinstance(getattr(self, name), list):
+                object.__setattr__(self, name, tuple(getattr(self, name)))
         problems = []
         if self.world_size < 1:
             problems.append(f"world_size must be >= 1, got {self.world_size}")
