@@ -9,9 +9,13 @@ Optimisations, and why:
   contiguously, which the compiler vectorises.
 - Fusion: softmax-cross-entropy computes max, exp, sum, loss and gradient in two passes over a
   row without temporaries; `sgd_step`, `add_into` and `scale` are single passes.
+- Window ops (im2col, col2im, max-pooling) on NHWC maps: the innermost loop walks the C
+  contiguous channels of a pixel; padding is a bounds test, never a padded copy of the map;
+  the gradients are gathers (each pixel of dX sums what reads it, written once).
 
 Accumulations run in a fixed order (the dX dot products in float64), so results are deterministic;
-they differ from NumPy's (BLAS) summation order only by float rounding.
+they differ from NumPy's (BLAS) summation order only by float rounding. The window ops are
+bitwise equal to NumPy: copies and compares, and sums in the reference's (u, v) order.
 """
 
 from __future__ import annotations
