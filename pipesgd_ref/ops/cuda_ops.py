@@ -20,10 +20,15 @@ Optimisations, and why:
   and each thread walks n / (grid size) elements, so any length uses the same launch.
 - Deterministic reductions: column sums and the loss are shared-memory trees in a fixed order
   (no atomics), so repeated runs give identical bits.
+- Gathers, not atomics, for the window gradients (col2im, maxpool_backward): one thread per
+  pixel of dX sums the window positions that read it, in the reference's order, so the result
+  is deterministic and bitwise equal to NumPy's; im2col and maxpool_forward are one thread per
+  output element. Consecutive threads take consecutive channels of NHWC maps: coalesced.
 
 dtype: the matrix kernels (dense_forward, dense_backward) stage tiles in float32 shared memory
 and accept float32 only, the training dtype; gradient checks in float64 use the numpy backend.
-The elementwise kernels take any float dtype.
+The window ops take float32 maps (and an int32 argmax) only, likewise. The elementwise kernels
+take any float dtype.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from pipesgd_ref.ops.cuda_support import (
     launch_1d,
     launch_2d,
 )
+from pipesgd_ref.ops.windows import check_im2col, check_pool
 
 ROW_THREADS = 32  # softmax: one warp per row; a row has C classes (10 here), rarely more than 32
 
@@ -270,8 +276,150 @@ def _fill(x, value):
         x[i] = value
 
 
+# --- convolution as im2col + matmul, and max-pooling -------------------------------------------
+#
+# One thread per OUTPUT element in all four, so every store is a plain store by its only writer:
+# the gradients are gathers (each dX pixel sums the window positions that read it) instead of
+# scatters with atomicAdd. No atomics: deterministic, and the sums are added in the reference's
+# order. Flat thread index e -> (b, y, x, c) with c fastest, so a warp's stores are consecutive
+# addresses (coalesced), and so are most of its loads (neighbouring c, then neighbouring x).
+# Ho = (H + 2 pad - kh) // stride + 1 is numpy_ops.conv_out, written inline in the kernels.
+# The pixel (y, x) is read by window row i at kernel row u exactly when
+# i*stride + u - pad == y: u runs over (y + pad) % stride, that + stride, ... < kh, with
+# i = (y + pad - u) // stride (exact), which must lie in [0, Ho); columns likewise.
+
+
+@cuda.jit
+def _im2col(X, kh, kw, stride, pad, cols):
+    """cols[(b*Ho + i)*Wo + j, (u*kw + v)*C + c] = X[b, i*stride + u - pad, j*stride + v - pad, c]
+    (0 outside X), as numpy_ops.im2col.
+
+    Optimisations: one thread per element of cols, grid-stride; consecutive threads write
+    consecutive addresses of cols (coalesced) and read consecutive channels, then pixels, of X;
+    the padding is a bounds test, not a padded copy of X. Bitwise equal to NumPy (a copy).
+    """
+    B, H, W, C = X.shape
+    Ho = (H + 2 * pad - kh) // stride + 1
+    Wo = (W + 2 * pad - kw) // stride + 1
+    K = kh * kw * C
+    for e in range(cuda.grid(1), cols.shape[0] * K, cuda.gridsize(1)):
+        row = e // K
+        col = e - row * K
+        t = col // C
+        c = col - t * C
+        u = t // kw
+        v = t - u * kw
+        r = row // Wo
+        j = row - r * Wo
+        b = r // Ho
+        i = r - b * Ho
+        y = i * stride + u - pad
+        x = j * stride + v - pad
+        if 0 <= y < H and 0 <= x < W:
+            cols[row, col] = X[b, y, x, c]
+        else:
+            cols[row, col] = float32(0.0)
+
+
+@cuda.jit
+def _col2im(cols, kh, kw, stride, pad, dX):
+    """dX[b, y, x, c] = the sum of every cols entry that im2col read from (b, y, x, c), as
+    numpy_ops.col2im.
+
+    Optimisations: a gather, one thread per pixel of dX (grid-stride, coalesced stores): at
+    most ceil(kh/stride) * ceil(kw/stride) reads each, no atomics, no zeroing pass (the sum
+    starts at 0 in a register and is stored once). The terms are added in float32 in the
+    reference's (u, v) row-major order, so the result is BITWISE equal to NumPy's (only adds:
+    no multiply for the compiler to fuse into an FMA).
+    """
+    B, H, W, C = dX.shape
+    Ho = (H + 2 * pad - kh) // stride + 1
+    Wo = (W + 2 * pad - kw) // stride + 1
+    for e in range(cuda.grid(1), B * H * W * C, cuda.gridsize(1)):
+        r = e // C
+        c = e - r * C
+        r2 = r // W
+        x = r - r2 * W
+        b = r2 // H
+        y = r2 - b * H
+        acc = float32(0.0)
+        for u in range((y + pad) % stride, kh, stride):  # the kernel rows that read y
+            i = (y + pad - u) // stride  # exact: u = y + pad (mod stride)
+            if 0 <= i < Ho:
+                for v in range((x + pad) % stride, kw, stride):
+                    j = (x + pad - v) // stride
+                    if 0 <= j < Wo:
+                        acc += cols[(b * Ho + i) * Wo + j, (u * kw + v) * C + c]
+        dX[b, y, x, c] = acc
+
+
+@cuda.jit
+def _maxpool_forward(X, k, stride, Y, argmax):
+    """Y[b, i, j, c] = max over u, v < k of X[b, i*stride + u, j*stride + v, c] and argmax the
+    first u*k + v that attains it, as numpy_ops.maxpool_forward.
+
+    Optimisations: one thread per output element, grid-stride, coalesced along c; the running
+    max and its index stay in registers, each output is stored once. Bitwise equal to NumPy
+    (compares and copies only).
+    """
+    B, Ho, Wo, C = Y.shape
+    for e in range(cuda.grid(1), B * Ho * Wo * C, cuda.gridsize(1)):
+        r = e // C
+        c = e - r * C
+        r2 = r // Wo
+        j = r - r2 * Wo
+        b = r2 // Ho
+        i = r2 - b * Ho
+        y0 = i * stride
+        x0 = j * stride
+        m = X[b, y0, x0, c]
+        best = 0
+        for u in range(k):
+            for v in range(k):
+                val = X[b, y0 + u, x0 + v, c]
+                # Strict >: a tie keeps the first maximum. A NaN wins once and then stays, as
+                # in np.max / np.argmax: a diverged input is not hidden by the pool.
+                if val > m or (val != val and m == m):
+                    m = val
+                    best = u * k + v
+        Y[b, i, j, c] = m
+        argmax[b, i, j, c] = best
+
+
+@cuda.jit
+def _maxpool_backward(dY, argmax, k, stride, dX):
+    """dX[b, y, x, c] = the sum of dY over the windows whose argmax is (y, x), as
+    numpy_ops.maxpool_backward.
+
+    Optimisations: a gather as in _col2im (pad 0), one thread per pixel of dX, no atomics
+    although windows overlap when stride < k; the hits are added in float32 in the reference's
+    (u, v) order (its other terms are +0.0, which change no sum), so the result is BITWISE
+    equal to NumPy's.
+    """
+    B, H, W, C = dX.shape
+    Ho, Wo = dY.shape[1], dY.shape[2]
+    for e in range(cuda.grid(1), B * H * W * C, cuda.gridsize(1)):
+        r = e // C
+        c = e - r * C
+        r2 = r // W
+        x = r - r2 * W
+        b = r2 // H
+        y = r2 - b * H
+        acc = float32(0.0)
+        for u in range(y % stride, k, stride):
+            i = (y - u) // stride
+            if 0 <= i < Ho:
+                for v in range(x % stride, k, stride):
+                    j = (x - v) // stride
+                    if 0 <= j < Wo and argmax[b, i, j, c] == u * k + v:
+                        acc += dY[b, i, j, c]
+        dX[b, y, x, c] = acc
+
+
 _M = "float32[:, ::1]"
 _V = "float32[::1]"
+_T = "float32[:, :, :, ::1]"  # an NHWC feature map
+_I = "int32[:, :, :, ::1]"  # max-pooling's argmax
 # Every kernel with one example signature: tests/test_cuda_compile.py compiles each to PTX.
 KERNELS = [
     (_matmul_tiled, f"({_M}, {_M}, {_V}, {_M}, boolean, boolean)"),
@@ -284,6 +432,10 @@ KERNELS = [
     (_scale, f"({_V}, float32)"),
     (_sgd_step, f"({_V}, {_V}, float32)"),
     (_fill, f"({_V}, float32)"),
+    (_im2col, f"({_T}, int64, int64, int64, int64, {_M})"),
+    (_col2im, f"({_M}, int64, int64, int64, int64, {_T})"),
+    (_maxpool_forward, f"({_T}, int64, int64, {_T}, {_I})"),
+    (_maxpool_backward, f"({_T}, {_I}, int64, int64, {_T})"),
 ]
 
 
@@ -310,24 +462,40 @@ def _launch(kernel, geometry, *args) -> None:
     kernel[grid, block](*args)
 
 
-def _flat(x):
-    """A 1-D view of a contiguous device array (the elementwise kernels index one axis)."""
+def _contiguous(x):
+    """x itself, refused unless a C-contiguous device array: the kernels' index math (and the
+    coalescing it is designed for) assumes row-major order."""
     if not x.is_c_contiguous():
         raise ValueError(
             f"cuda backend: expected a C-contiguous device array, got shape {x.shape} with "
             f"strides {x.strides}; pass a view of the flat parameter buffer or a fresh array"
         )
-    return x.reshape(x.size)
+    return x
 
 
-def _require_float32(op: str, *arrays) -> None:
+def _flat(x):
+    """A 1-D view of a contiguous device array (the elementwise kernels index one axis)."""
+    return _contiguous(x).reshape(x.size)
+
+
+def _require_float32(op: str, *arrays, why: str = "stages tiles in float32 shared memory") -> None:
     for a in arrays:
         if a is not None and a.dtype != np.float32:
             raise TypeError(
-                f"cuda backend: {op} stages tiles in float32 shared memory and takes float32 "
-                f"arrays only, got {a.dtype}; train in float32, or use the numpy backend for "
-                "float64 gradient checks"
+                f"cuda backend: {op} {why} and takes float32 arrays only, got {a.dtype}; train "
+                "in float32, or use the numpy backend for float64 gradient checks"
             )
+
+
+_MAPS = "sums and compares feature maps in float32 (the training dtype)"
+
+
+def _require_argmax(op: str, argmax) -> None:
+    if argmax.dtype != np.int32:
+        raise TypeError(
+            f"cuda backend: {op}: argmax must be int32 (as numpy_ops writes it), got "
+            f"{argmax.dtype}; allocate it with empty(shape, np.int32)"
+        )
 
 
 _scratch = threading.local()  # per thread: two threads' losses never share a buffer
@@ -439,5 +607,40 @@ def sgd_step(params, grads, lr: float) -> None:
     _launch(_sgd_step, launch_1d(params.size), _flat(params), _flat(grads), params.dtype.type(lr))
 
 
-# TEMPORARY (branch wt-cnn only, replaced before merge): the NumPy definitions stand in
-from pipesgd_ref.ops.numpy_ops import col2im, im2col, maxpool_backward, maxpool_forward  # noqa: E402,F401
+def im2col(X, kh: int, kw: int, stride: int, pad: int, cols) -> None:
+    """Every kh x kw window of X as one row of cols: one thread per element of cols."""
+    check_im2col("cuda", "im2col", X.shape, kh, kw, stride, pad, cols.shape)
+    _require_float32("im2col", X, cols, why=_MAPS)
+    X, cols = _contiguous(X), _contiguous(cols)
+    if cols.size:  # an empty batch: nothing to write
+        _launch(_im2col, launch_1d(cols.size), X, int(kh), int(kw), int(stride), int(pad), cols)
+
+
+def col2im(cols, kh: int, kw: int, stride: int, pad: int, dX) -> None:
+    """The adjoint of im2col, as a gather: one thread per pixel of dX, no atomics."""
+    check_im2col("cuda", "col2im", dX.shape, kh, kw, stride, pad, cols.shape)
+    _require_float32("col2im", cols, dX, why=_MAPS)
+    cols, dX = _contiguous(cols), _contiguous(dX)
+    if dX.size:
+        _launch(_col2im, launch_1d(dX.size), cols, int(kh), int(kw), int(stride), int(pad), dX)
+
+
+def maxpool_forward(X, k: int, stride: int, Y, argmax) -> None:
+    """Max over each k x k window and its argmax: one thread per output element."""
+    check_pool("cuda", "maxpool_forward", X.shape, k, stride, Y.shape, argmax.shape)
+    _require_float32("maxpool_forward", X, Y, why=_MAPS)
+    _require_argmax("maxpool_forward", argmax)
+    X, Y, argmax = _contiguous(X), _contiguous(Y), _contiguous(argmax)
+    if Y.size:
+        _launch(_maxpool_forward, launch_1d(Y.size), X, int(k), int(stride), Y, argmax)
+
+
+def maxpool_backward(dY, argmax, k: int, stride: int, dX) -> None:
+    """Each dY back to where its max was, as a gather: one thread per pixel of dX, no atomics
+    (windows overlap when stride < k)."""
+    check_pool("cuda", "maxpool_backward", dX.shape, k, stride, dY.shape, argmax.shape)
+    _require_float32("maxpool_backward", dY, dX, why=_MAPS)
+    _require_argmax("maxpool_backward", argmax)
+    dY, argmax, dX = _contiguous(dY), _contiguous(argmax), _contiguous(dX)
+    if dX.size:
+        _launch(_maxpool_backward, launch_1d(dX.size), dY, argmax, int(k), int(stride), dX)
