@@ -59,7 +59,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pipesgd_ref import timing
-from pipesgd_ref.config import TrainConfig
+from pipesgd_ref.config import TrainConfig, model_label
 from pipesgd_ref.errors import ConfigError
 from pipesgd_ref.timing import COMPARE_RUNS, Calibration, Prediction
 from pipesgd_ref.timing.calibrate import (
@@ -326,8 +326,9 @@ def scenario_from_args(args) -> Scenario:
 
 
 def _describe_model(cfg: TrainConfig, n: int) -> str:
-    shape = f"mlp {','.join(map(str, cfg.hidden))}" if cfg.model == "mlp" else cfg.model
-    return f"{shape} on {cfg.dataset}, batch {cfg.batch_size} per worker ({n:,} parameters)"
+    return (
+        f"{model_label(cfg)} on {cfg.dataset}, batch {cfg.batch_size} per worker ({n:,} parameters)"
+    )
 
 
 def _calibrate_cluster(
