@@ -392,3 +392,32 @@ def test_conv_pool_large(conv, pool):
     check_im2col_col2im(conv, 0)
     check_maxpool(pool, 1, ties=False)
     check_maxpool(pool, 2, ties=True)
+
+
+@pytest.mark.parametrize("trans_a,trans_b", [(False, False), (True, False), (False, True)])
+def test_register_tiled_matmul(trans_a, trans_b):
+    """The register-tiled kernel (a 4 x 4 micro-tile per thread) against NumPy: ragged edges
+    in every direction (one block, most of its tile outside C), each transpose the dense ops
+    use, the bias fused; within float32 rounding (it sums in its own order)."""
+    M, N, K = 5, 7, 19  # K > RT_BK: two depth steps, the second ragged
+    A = random_array(11, (K, M) if trans_a else (M, K), np.float32)
+    B = random_array(12, (N, K) if trans_b else (K, N), np.float32)
+    bias = random_array(13, (N,), np.float32)
+    C = nan_device((M, N))
+    dev._launch(dev._matmul_register_tiled, ((1, 1), (dev.RT_THREADS, dev.RT_THREADS)),
+                dev.to_device(A), dev.to_device(B), dev.to_device(bias), C, trans_a,
+                trans_b)  # fmt: skip
+    want = (A.T if trans_a else A) @ (B.T if trans_b else B) + bias
+    assert_close(C.copy_to_host(), want, f"register-tiled matmul {trans_a=} {trans_b=}")
+
+
+def test_dense_ops_take_the_register_tiled_kernel_from_its_size(monkeypatch):
+    """With the size threshold lowered, dense_forward and dense_backward run on the register-
+    tiled kernel and still match NumPy."""
+    monkeypatch.setattr(dev, "REGISTER_TILED_FROM", 1)
+    launched = []
+    real = dev._launch
+    monkeypatch.setattr(dev, "_launch", lambda k, *a: (launched.append(k), real(k, *a)))
+    check_dense_forward((3, 5, 4), 21)
+    check_dense_backward((3, 5, 4), 22, with_dX=True)
+    assert dev._matmul_register_tiled in launched and dev._matmul_tiled not in launched

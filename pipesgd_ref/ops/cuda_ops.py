@@ -7,6 +7,9 @@ with one scalar (the loss). The labels `y` may be a device or a host int array (
 data.py, or int32); a host array is copied over (B integers).
 
 Optimisations, and why:
+- Register tiling (`_matmul_register_tiled`, for products of 64 x 64 outputs and more): each
+  thread keeps a 4 x 4 micro-tile of the output in registers and feeds 16 multiply-adds from 8
+  shared-memory reads, in 64 x 64 block tiles; below that size the simple tiled kernel.
 - Tiled matrix multiply: each block computes a TILE x TILE tile of the output; the operands
   are staged through shared memory one TILE x TILE tile at a time, so every element fetched
   from global memory is used TILE times (arithmetic intensity up by TILE). `cuda.syncthreads()`
@@ -103,6 +106,103 @@ def _matmul_tiled(A, B, bias, C, trans_a, trans_b):
         if bias.shape[0] > 0:
             acc += bias[j]
         C[i, j] = acc
+
+
+# Register tiling: the block tile, its depth, and each thread's micro-tile of C.
+RT_BM = RT_BN = 64  # a block computes a 64 x 64 tile of C ...
+RT_BK = 16  # ... from 64 x 16 and 16 x 64 tiles of the operands in shared memory ...
+RT_TM = RT_TN = 4  # ... each of its 16 x 16 threads a 4 x 4 micro-tile, held in registers
+RT_THREADS = RT_BM // RT_TM  # 16 threads a side: 256 a block
+# elements of each operand tile that each thread loads
+RT_LOADS = RT_BM * RT_BK // (RT_THREADS * RT_THREADS)
+REGISTER_TILED_FROM = 64 * 64  # outputs from which dense ops use the register-tiled kernel
+
+
+@cuda.jit
+def _matmul_register_tiled(A, B, bias, C, trans_a, trans_b):
+    """C = op(A) @ op(B) (+ bias): the same product as `_matmul_tiled`, one rung up.
+
+    The shared-memory tile cut global reads by TILE; what limits `_matmul_tiled` next is shared
+    memory itself: every multiply-add reads two floats from it. Here each thread computes an
+    RT_TM x RT_TN micro-tile of C in registers (`acc`): per step kk of the block's depth it
+    reads RT_TM floats of the A tile and RT_TN of the B tile into registers (`a`, `b`) and does
+    RT_TM * RT_TN multiply-adds with them, so each shared read feeds RT_TN (or RT_TM) of them
+    instead of one. The block tile grows to RT_BM x RT_BN with the same 256 threads, so each
+    global read is reused RT_BM times too.
+
+        block (bx, by): C[by*BM : by*BM + BM, bx*BN : bx*BN + BN]
+        thread (tx, ty): rows by*BM + ty*TM + (0..TM-1), columns bx*BN + tx*TN + (0..TN-1)
+        As[k, r] = op(A)[row0 + r, k0 + k]   (stored k-major: a thread's TM rows are adjacent)
+        Bs[k, c] = op(B)[k0 + k, col0 + c]
+
+    Loads: each of the 256 threads fetches RT_LOADS elements of each operand tile, consecutive
+    threads consecutive addresses of the stored (row-major) operand whatever the transpose flag
+    (0 past the edges). Two barriers per depth step, as in `_matmul_tiled`. Sums run over k in
+    the same order for every element (deterministic), not in `_matmul_tiled`'s order: the two
+    kernels agree to float32 rounding, not bitwise.
+    """
+    As = cuda.shared.array((RT_BK, RT_BM), float32)
+    Bs = cuda.shared.array((RT_BK, RT_BN), float32)
+    acc = cuda.local.array((RT_TM, RT_TN), float32)
+    a = cuda.local.array(RT_TM, float32)
+    b = cuda.local.array(RT_TN, float32)
+    tx = cuda.threadIdx.x
+    ty = cuda.threadIdx.y
+    tid = ty * RT_THREADS + tx
+    row0 = cuda.blockIdx.y * RT_BM
+    col0 = cuda.blockIdx.x * RT_BN
+    M, N = C.shape
+    K = A.shape[0] if trans_a else A.shape[1]
+    for i in range(RT_TM):
+        for j in range(RT_TN):
+            acc[i, j] = float32(0.0)
+    for k0 in range(0, K, RT_BK):
+        for n in range(RT_LOADS):
+            e = n * RT_THREADS * RT_THREADS + tid  # this thread's n-th element of the tile
+            if trans_a:  # A is (K, M): walk its rows (r fastest): coalesced
+                k, r = e // RT_BM, e % RT_BM
+                As[k, r] = A[k0 + k, row0 + r] if k0 + k < K and row0 + r < M else float32(0.0)
+            else:  # A is (M, K): walk its rows (k fastest): coalesced
+                r, k = e // RT_BK, e % RT_BK
+                As[k, r] = A[row0 + r, k0 + k] if row0 + r < M and k0 + k < K else float32(0.0)
+            if trans_b:  # B is (N, K): k fastest
+                c, k = e // RT_BK, e % RT_BK
+                Bs[k, c] = B[col0 + c, k0 + k] if col0 + c < N and k0 + k < K else float32(0.0)
+            else:  # B is (K, N): c fastest
+                k, c = e // RT_BN, e % RT_BN
+                Bs[k, c] = B[k0 + k, col0 + c] if k0 + k < K and col0 + c < N else float32(0.0)
+        cuda.syncthreads()  # both tiles are loaded before anyone reads them
+        for kk in range(RT_BK):
+            for i in range(RT_TM):
+                a[i] = As[kk, ty * RT_TM + i]
+            for j in range(RT_TN):
+                b[j] = Bs[kk, tx * RT_TN + j]
+            for i in range(RT_TM):  # RT_TM * RT_TN multiply-adds from RT_TM + RT_TN reads
+                for j in range(RT_TN):
+                    acc[i, j] += a[i] * b[j]
+        cuda.syncthreads()  # everyone is done with these tiles before the next load
+    for i in range(RT_TM):
+        r = row0 + ty * RT_TM + i
+        for j in range(RT_TN):
+            c = col0 + tx * RT_TN + j
+            if r < M and c < N:
+                value = acc[i, j]
+                if bias.shape[0] > 0:
+                    value += bias[c]
+                C[r, c] = value
+
+
+def _matmul(A, B, bias, C, trans_a: bool, trans_b: bool) -> None:
+    """C = op(A) @ op(B) (+ bias) with the kernel for its size: the register-tiled one from
+    REGISTER_TILED_FROM outputs (where its 64 x 64 block tiles are mostly full), the
+    shared-memory tiled one below (a small product would leave most of a 64 x 64 tile idle)."""
+    M, N = C.shape
+    if M * N >= REGISTER_TILED_FROM:
+        grid = (max(1, -(-N // RT_BN)), max(1, -(-M // RT_BM)))
+        _launch(_matmul_register_tiled, (grid, (RT_THREADS, RT_THREADS)), A, B, bias, C,
+                trans_a, trans_b)  # fmt: skip
+    else:
+        _launch(_matmul_tiled, launch_2d(M, N), A, B, bias, C, trans_a, trans_b)
 
 
 @cuda.jit
@@ -423,6 +523,7 @@ _I = "int32[:, :, :, ::1]"  # max-pooling's argmax
 # Every kernel with one example signature: tests/test_cuda_compile.py compiles each to PTX.
 KERNELS = [
     (_matmul_tiled, f"({_M}, {_M}, {_V}, {_M}, boolean, boolean)"),
+    (_matmul_register_tiled, f"({_M}, {_M}, {_V}, {_M}, boolean, boolean)"),
     (_column_sum, f"({_M}, {_V})"),
     (_softmax_xent_rows, f"({_M}, int64[::1], {_M}, {_V})"),
     (_mean, f"({_V}, {_V})"),
@@ -552,7 +653,7 @@ def to_host(dev_array, out: np.ndarray | None = None) -> np.ndarray:
 def dense_forward(X, W, b, Y) -> None:
     """Y = X @ W + b: one tiled matmul with the bias fused in its epilogue."""
     _require_float32("dense_forward", X, W, b, Y)
-    _launch(_matmul_tiled, launch_2d(*Y.shape), X, W, b, Y, False, False)
+    _matmul(X, W, b, Y, False, False)
 
 
 def dense_backward(X, W, dY, dW, db, dX) -> None:
@@ -563,11 +664,11 @@ def dense_backward(X, W, dY, dW, db, dX) -> None:
     """
     _require_float32("dense_backward", X, W, dY, dW, db, dX)
     no_bias = _scratch_f32("no_bias", 0)  # length 0: "no bias" to the kernel
-    _launch(_matmul_tiled, launch_2d(*dW.shape), X, dY, no_bias, dW, True, False)
+    _matmul(X, dY, no_bias, dW, True, False)
     # launch_2d(1, n_out): one row of blocks, TILE columns each; the threads' y axis walks B.
     _launch(_column_sum, launch_2d(1, db.shape[0]), dY, db)
     if dX is not None:
-        _launch(_matmul_tiled, launch_2d(*dX.shape), dY, W, no_bias, dX, False, True)
+        _matmul(dY, W, no_bias, dX, False, True)
 
 
 def relu_forward(Z, A) -> None:
