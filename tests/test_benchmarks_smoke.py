@@ -169,3 +169,14 @@ def test_compensation_cost_small():
     assert [r[0] for r in rows] == ["dc", "dc-adaptive", "predict"], done.stdout
     for r in rows:
         assert float(r[1]) > 0 and float(r[3]) > 0, r
+
+
+def test_gpu_check_script_parses():
+    """benchmarks/gpu_check.sh (run on a GPU machine only): the shell parses, and its Python
+    step compiles."""
+    script = BENCHMARKS / "gpu_check.sh"
+    done = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    text = script.read_text()
+    body = text.split("<<'EOF'", 1)[1].split("\nEOF\n", 1)[0]
+    compile(body, "gpu_check.sh step 4", "exec")
