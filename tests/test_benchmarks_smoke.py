@@ -178,5 +178,5 @@ def test_gpu_check_script_parses():
     done = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     text = script.read_text()
-    body = text.split("<<'EOF'", 1)[1].split("\nEOF\n", 1)[0]
+    body = text.split("<<'EOF'", 1)[1].split("\n", 1)[1].split("\nEOF\n", 1)[0]
     compile(body, "gpu_check.sh step 4", "exec")
