@@ -173,11 +173,13 @@ def oracle_inputs(cfg: TrainConfig, n_workers: int):
 @pytest.mark.parametrize(
     "algo,extra",
     [("sync", {}), ("pipe", {}), ("pipe", {"compensation": "predict"}),
-     ("pipe", {"codec": "trunc16"}), ("pipe", {"transport": "shm"})],
+     ("pipe", {"compensation": "dc"}), ("pipe", {"codec": "trunc16"}), ("sync", {"codec": "q8"}),
+     ("pipe", {"transport": "shm"}), ("sync", {"transport": "unix"})],
 )  # fmt: skip
 def test_ring_methods_train_the_cnn_bitwise_their_oracle(algo, extra):
-    """sync and pipe (plain, with a compensation, over the shm transport) on 2 workers end
-    bitwise at the oracle; with trunc16 every replica still agrees and the loss falls."""
+    """sync and pipe (plain, with each compensation, over the unix and shm transports) on 2
+    workers end bitwise at the oracle; with a codec every replica still agrees and the loss
+    falls."""
     cfg = SMALL.replace(algo=algo, width=1 if algo == "sync" else 2, **extra)
     worker = sync_worker if algo == "sync" else pipe_worker
     results = launch_local(2, worker, (cfg,), start_method="fork", timeout=30,
@@ -189,7 +191,7 @@ def test_ring_methods_train_the_cnn_bitwise_their_oracle(algo, extra):
         return
     grad_fn, w0 = oracle_inputs(cfg, 2)
     want = delayed_sgd(grad_fn, w0, 2, cfg.steps, cfg.lr_at, staleness=cfg.width - 1,
-                       compensation=cfg.compensation)  # fmt: skip
+                       compensation=cfg.compensation, dc_lambda=cfg.dc_lambda)  # fmt: skip
     np.testing.assert_array_equal(results[0].params, want.params)
 
 
