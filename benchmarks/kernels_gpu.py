@@ -7,14 +7,16 @@ For each kernel it prints the median time over --reps launches (after a warm-up,
 events), its rate, and the fraction of a roofline measured on the same GPU in the same run:
 
     dense forward / backward   GFLOP/s (2 n^3 per product) against cuBLAS float32 through CuPy
-                               (goal: the educational tiled kernel reaches 25% of cuBLAS)
+                               (goal: the register-tiled kernel reaches 25% of cuBLAS)
     add_into, scale, sgd_step  GB/s of bytes read + written, against a device-to-device copy of
     and the codecs             the same bytes (goal: 70%)
+    im2col, col2im, max-pool   GB/s of the bytes each reads and writes on a --window map,
+                               against a device-to-device copy (goal: 70%)
 
 Every kernel's output is first checked against the NumPy reference (ops/numpy_ops.py and the
 NumPy codecs); a mismatch is printed as FAIL and the script exits 1. With --train it also times
-`pipesgd train --device cuda` on an MLP of 8.5M parameters against the Numba CPU backend on
-the same machine, in samples per second.
+`pipesgd train --device cuda` on an MLP of 8.5M parameters and on a CNN (TRAIN_MODELS) against
+the Numba CPU backend on the same machine, in samples per second.
 
 Without a GPU it says why and exits 0. In Numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1) it
 runs at tiny sizes as a smoke test (tests/test_benchmarks_smoke.py): the checks mean something,
@@ -178,21 +180,81 @@ def memory_rows(n: int, reps: int, rng) -> list[dict]:
     return rows
 
 
+def window_rows(batch: int, side: int, channels: int, reps: int, rng) -> list[dict]:
+    """The CNN's window ops on a (batch, side, side, channels) NHWC map (a 5 x 5 im2col, its
+    col2im, a 2 x 2 max-pool and its backward): checked bitwise against NumPy, timed, and set
+    against a device-to-device copy of the bytes each moves (read + written)."""
+    from pipesgd_ref.ops import cuda_ops as ops
+
+    k, pad = 5, 2
+    X = rng.standard_normal((batch, side, side, channels), dtype=np.float32)
+    rows_n, cols_n = batch * side * side, k * k * channels
+    cols_h = np.empty((rows_n, cols_n), np.float32)
+    numpy_ops.im2col(X, k, k, 1, pad, cols_h)
+    Xd, cols_d = ops.to_device(X), ops.empty((rows_n, cols_n))
+    copy_src, copy_dst = ops.empty(cols_h.size), ops.empty(cols_h.size)
+    t_copy = _events_time(lambda: copy_dst.copy_to_device(copy_src), reps)
+    copy_rate = 2 * cols_h.nbytes / t_copy
+    rows = [_row(f"copy (d2d) {cols_h.nbytes >> 20} MB", t_copy, copy_rate / 1e9, "GB/s",
+                 "itself", 1.0, None, True)]  # fmt: skip
+
+    def row(name: str, fn, nbytes: int, ok: bool) -> None:
+        t = _events_time(fn, reps)
+        rows.append(_row(name, t, nbytes / t / 1e9, "GB/s", "d2d copy", nbytes / t / copy_rate,
+                         0.7, ok))  # fmt: skip
+
+    ops.im2col(Xd, k, k, 1, pad, cols_d)
+    row("im2col 5x5", lambda: ops.im2col(Xd, k, k, 1, pad, cols_d), X.nbytes + cols_h.nbytes,
+        np.array_equal(ops.to_host(cols_d), cols_h))  # fmt: skip
+    dX_h, dX_d = np.empty_like(X), ops.empty(X.shape)
+    numpy_ops.col2im(cols_h, k, k, 1, pad, dX_h)
+    ops.col2im(cols_d, k, k, 1, pad, dX_d)
+    row("col2im 5x5", lambda: ops.col2im(cols_d, k, k, 1, pad, dX_d), X.nbytes + cols_h.nbytes,
+        np.array_equal(ops.to_host(dX_d), dX_h))  # fmt: skip
+    half = side // 2
+    Y_h = np.empty((batch, half, half, channels), np.float32)
+    arg_h = np.empty(Y_h.shape, np.int32)
+    numpy_ops.maxpool_forward(X, 2, 2, Y_h, arg_h)
+    Y_d, arg_d = ops.empty(Y_h.shape), ops.to_device(np.zeros(Y_h.shape, np.int32))
+    ops.maxpool_forward(Xd, 2, 2, Y_d, arg_d)
+    same = np.array_equal(ops.to_host(Y_d), Y_h) and np.array_equal(arg_d.copy_to_host(), arg_h)
+    row("maxpool 2x2", lambda: ops.maxpool_forward(Xd, 2, 2, Y_d, arg_d),
+        X.nbytes + Y_h.nbytes + arg_h.nbytes, same)  # fmt: skip
+    dY = rng.standard_normal(Y_h.shape, dtype=np.float32)
+    dXp_h = np.empty_like(X)
+    numpy_ops.maxpool_backward(dY, arg_h, 2, 2, dXp_h)
+    dY_d, dXp_d = ops.to_device(dY), ops.empty(X.shape)
+    ops.maxpool_backward(dY_d, arg_d, 2, 2, dXp_d)
+    row("maxpool backward", lambda: ops.maxpool_backward(dY_d, arg_d, 2, 2, dXp_d),
+        dY.nbytes + arg_h.nbytes + X.nbytes, np.array_equal(ops.to_host(dXp_d), dXp_h))  # fmt: skip
+    return rows
+
+
+TRAIN_MODELS = {
+    # an MLP of 8.5M parameters (64 -> 2048 x 3 -> 10): wide enough to be worth a GPU
+    "mlp": dict(hidden=(2048, 2048, 2048), batch_size=512),
+    # a CNN on the digits' 8 x 8 images with 32 and 64 channels: the convolutions' work per
+    # parameter, at a batch that fills the GPU
+    "cnn": dict(model="cnn", channels=(32, 64), kernels=(3, 3), hidden=(256,), batch_size=512),
+}
+
+
 def train_rows(steps: int) -> list[dict]:
-    """`pipesgd train --device cuda` on an MLP of 8.5M parameters (64 -> 2048 x 3 -> 10
-    wide enough to be worth a GPU) against the Numba CPU backend, one worker each."""
+    """`pipesgd train --device cuda` on each of TRAIN_MODELS against the Numba CPU backend,
+    one worker each: iteration time and samples per second."""
     from pipesgd_ref.config import TrainConfig
     from pipesgd_ref.train import run_training
 
-    base = TrainConfig.preset("laptop").replace(
-        hidden=(2048, 2048, 2048), world_size=1, batch_size=512, steps=steps, eval_every=0
-    )
     rows = []
-    for label, cfg in (("cpu (numba)", base.replace(backend="numba")),
-                       ("cuda", base.replace(device="cuda"))):  # fmt: skip
-        summary, _ = run_training(cfg, progress=False, log=lambda line: None)
-        rate = cfg.batch_size * cfg.world_size / summary["iter_time_s"]
-        rows.append({"run": label, "iter_time_s": summary["iter_time_s"], "samples_per_s": rate})
+    for model, changes in TRAIN_MODELS.items():
+        base = TrainConfig.preset("laptop").replace(world_size=1, steps=steps, eval_every=0,
+                                                    **changes)  # fmt: skip
+        for label, cfg in (("cpu (numba)", base.replace(backend="numba")),
+                           ("cuda", base.replace(device="cuda"))):  # fmt: skip
+            summary, _ = run_training(cfg, progress=False, log=lambda line: None)
+            rate = cfg.batch_size * cfg.world_size / summary["iter_time_s"]
+            rows.append({"run": f"{model} {label}", "iter_time_s": summary["iter_time_s"],
+                         "samples_per_s": rate})  # fmt: skip
     return rows
 
 
@@ -201,6 +263,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=4096, help="matrix side for the dense kernels")
     parser.add_argument("--elements", default="16M", help="elements for the memory-bound kernels")
     parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--window", type=int, nargs=3, default=(64, 28, 16),
+                        metavar=("BATCH", "SIDE", "CHANNELS"),
+                        help="the NHWC map of the window ops (default 64 28 16)")  # fmt: skip
     parser.add_argument("--train", action="store_true", help="also time --device cuda training")
     parser.add_argument("--train-steps", type=int, default=30)
     parser.add_argument("--json", dest="json_path", help="write every figure to this file")
@@ -220,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"CUDA kernels on {where}; median of {args.reps} launches after warm-up")
     rng = np.random.default_rng(0)
     rows = dense_rows(args.n, args.reps, rng) + memory_rows(elements, args.reps, rng)
+    rows += window_rows(*args.window, args.reps, rng)
     print(f"{'kernel':<28} {'time ms':>10} {'rate':>14} {'of roofline':>12} {'goal':>6}  check")
     for r in rows:
         frac = f"{r['fraction']:.0%}" if r["fraction"] is not None else "n/a"

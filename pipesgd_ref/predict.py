@@ -59,7 +59,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pipesgd_ref import timing
-from pipesgd_ref.config import TrainConfig
+from pipesgd_ref.config import TrainConfig, model_label
 from pipesgd_ref.errors import ConfigError
 from pipesgd_ref.timing import COMPARE_RUNS, Calibration, Prediction
 from pipesgd_ref.timing.calibrate import (
@@ -93,8 +93,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
         epilog="See pipesgd_ref/predict.py for the models and where each figure comes from.",
     )
     m = p.add_argument_group("the model (timed here), or --params and --t-comp")
-    m.add_argument("--model", default=None, metavar="{mlp,softmax}", help="default: mlp")
+    m.add_argument("--model", default=None, metavar="{mlp,softmax,cnn}", help="default: mlp")
     m.add_argument("--hidden", default=None, help="MLP hidden widths, e.g. 512,512 (default 64)")
+    m.add_argument("--channels", default=None, help="cnn: channels per conv layer (default 6,16)")
+    m.add_argument("--kernels", default=None, help="cnn: kernel sizes, odd (default 5,5)")
     m.add_argument("--dataset", default=None, help="digits (default), synthetic:..., mnist:PATH")
     m.add_argument("--batch-size", type=int, default=None, help="per worker (default 32)")
     m.add_argument("--backend", default=None, help="numpy (default) or numba")
@@ -198,7 +200,7 @@ def parse_codecs(text: str) -> tuple[str, ...]:
 def _model_config(args) -> TrainConfig:
     """The laptop preset with the model flags applied (each type-checked by TrainConfig)."""
     changes = {"world_size": args.world_size, "latency": args.latency, "bandwidth": args.bandwidth}
-    for key in ("model", "hidden", "dataset", "batch_size", "backend"):
+    for key in ("model", "hidden", "channels", "kernels", "dataset", "batch_size", "backend"):
         if getattr(args, key) is not None:
             changes[key] = getattr(args, key)
     return TrainConfig.preset("laptop").replace(**changes)
@@ -324,8 +326,9 @@ def scenario_from_args(args) -> Scenario:
 
 
 def _describe_model(cfg: TrainConfig, n: int) -> str:
-    shape = f"mlp {','.join(map(str, cfg.hidden))}" if cfg.model == "mlp" else cfg.model
-    return f"{shape} on {cfg.dataset}, batch {cfg.batch_size} per worker ({n:,} parameters)"
+    return (
+        f"{model_label(cfg)} on {cfg.dataset}, batch {cfg.batch_size} per worker ({n:,} parameters)"
+    )
 
 
 def _calibrate_cluster(

@@ -42,7 +42,7 @@ import numpy as np
 from pipesgd_ref import timing
 from pipesgd_ref.algorithms.reference import delayed_sgd, model_grad_fn
 from pipesgd_ref.algorithms.worker import Worker
-from pipesgd_ref.config import TrainConfig
+from pipesgd_ref.config import TrainConfig, model_label
 from pipesgd_ref.outputs import write_json
 from pipesgd_ref.timing.calibrate import time_compute, time_gamma_and_copy
 
@@ -148,9 +148,8 @@ def run_staleness_study(
     """Every method of `methods` at every lr of `lrs` on cfg's problem; returns (and writes to
     `out`) what study.json holds."""
     started = time.perf_counter()
-    shape = "-".join(map(str, cfg.hidden)) if cfg.model == "mlp" else ""
     log(
-        f"staleness study: {cfg.world_size} workers, {cfg.dataset}, {cfg.model} {shape}, batch "
+        f"staleness study: {cfg.world_size} workers, {cfg.dataset}, {model_label(cfg)}, batch "
         f"{cfg.batch_size}, {cfg.steps} steps, lr {', '.join(f'{lr:g}' for lr in lrs)}"
     )
     lam = hessian_lam_max(cfg)

@@ -25,11 +25,10 @@ from typing import Any
 import numpy as np
 
 from pipesgd_ref.algorithms.reference import delayed_sgd, model_grad_fn
-from pipesgd_ref.algorithms.worker import Worker, diverged, is_ps, steps_for
+from pipesgd_ref.algorithms.worker import Worker, diverged, is_ps, model_for, steps_for
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.data import MinibatchSampler, load_dataset
 from pipesgd_ref.logs import progress_bar, tag_log_lines
-from pipesgd_ref.models import build_model
 from pipesgd_ref.outputs import write_json
 from pipesgd_ref.summary import (
     Recorder,
@@ -48,7 +47,7 @@ def run_reference(
 ) -> dict[str, Any]:
     """Train with the one-process oracle of cfg.width; return (and maybe write) the summary."""
     data = load_dataset(cfg.dataset)
-    model = build_model(cfg.model, data.n_features, data.n_classes, cfg.hidden, cfg.backend)
+    model = model_for(cfg, data, cfg.backend)
     sampler = MinibatchSampler(data.n_train, cfg.world_size, cfg.batch_size, cfg.seed)
     steps = steps_for(cfg, sampler)
     algo = "reference-sync" if cfg.width == 1 else f"reference-pipe(width={cfg.width})"

@@ -65,6 +65,42 @@ mlp_shapes = st.tuples(
 )
 
 
+# --- sliding windows (im2col / col2im, max-pooling): tests/test_ops.py, tests/test_cuda_ops.py --
+
+
+@st.composite
+def conv_shapes(draw, max_batch: int = 2, max_size: int = 9, max_channels: int = 3):
+    """(B, H, W, C, kh, kw, stride, pad): batch 0..max_batch, kernel 1..3 on each axis (kh != kw
+    too), stride 1..2 (so kernel < stride, == stride and > stride all occur), pad 0..2, and H, W
+    from the smallest map the window fits in (an exact fit; shrinking goes there) up to
+    max_size, odd and even, with and without a remainder the windows never reach."""
+    kh, kw = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    stride, pad = draw(st.integers(1, 2)), draw(st.integers(0, 2))
+    H = draw(st.integers(max(1, kh - 2 * pad), max_size))
+    W = draw(st.integers(max(1, kw - 2 * pad), max_size))
+    B, C = draw(st.integers(0, max_batch)), draw(st.integers(1, max_channels))
+    return B, H, W, C, kh, kw, stride, pad
+
+
+@st.composite
+def pool_shapes(draw, max_batch: int = 2, max_size: int = 9, max_channels: int = 3):
+    """(B, H, W, C, k, stride): a k x k pool (k 1..3, no padding) with stride 1..2, so windows
+    overlap (stride < k), tile (stride == k) or skip pixels (stride > k); H, W from k (one
+    window) up to max_size."""
+    k, stride = draw(st.integers(1, 3)), draw(st.integers(1, 2))
+    H, W = draw(st.integers(k, max_size)), draw(st.integers(k, max_size))
+    B, C = draw(st.integers(0, max_batch)), draw(st.integers(1, max_channels))
+    return B, H, W, C, k, stride
+
+
+def pool_input(seed: int, shape, dtype, ties: bool) -> np.ndarray:
+    """A feature map for max-pooling: with `ties`, integers in [-2, 2], so most windows hold
+    their maximum more than once and the first-maximum rule is exercised; else normal values."""
+    if ties:
+        return np.random.default_rng(seed).integers(-2, 3, size=shape).astype(dtype)
+    return random_array(seed, shape, dtype)
+
+
 def random_array(seed: int, shape, dtype=np.float64, scale: float = 1.0) -> np.ndarray:
     return (np.random.default_rng(seed).normal(size=shape) * scale).astype(dtype)
 

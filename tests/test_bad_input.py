@@ -409,6 +409,15 @@ PREDICT = [
     C("compare-study-lrs-twice", "compare --study staleness --lrs 0.1,0.1", "more than once"),
     C("compare-lrs-without-study", "compare --lrs 0.1,0.2", "--lrs", "--study"),
     C("compare-study-repeats", "compare --study staleness --repeats 3", "--repeats"),
+    # the convolutional net (models/cnn.py)
+    C("train-cnn-on-synthetic", f"train {TINY} --model cnn --dataset synthetic", "cnn",
+      "images"),
+    C("train-cnn-even-kernel", f"train {TINY} --model cnn --kernels 4,4", "odd"),
+    C("train-cnn-kernels-mismatch", f"train {TINY} --model cnn --channels 4,8,8 --kernels 3,3",
+      "one kernel size per conv layer"),
+    C("train-cnn-too-deep", f"train {TINY} --model cnn --channels 2,2,2,2 --kernels 3,3,3,3",
+      "too small to pool"),
+    C("train-dataset-mnist5k-options", f"train {TINY} --dataset mnist5k:x", "mnist5k"),
     C("train-transport-unknown", "train --transport rdma", "rdma"),
     C("train-mpi-with-a-transport", "train --comm mpi --transport shm", "--transport shm"),
     # compare --comm mpi drops the preset's emulated link, but one asked for is refused

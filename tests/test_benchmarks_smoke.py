@@ -95,7 +95,7 @@ def test_kernels_gpu_in_the_simulator(tmp_path):
 
     out = tmp_path / "kernels.json"
     cmd = [sys.executable, str(BENCHMARKS / "kernels_gpu.py"), "--n", "16", "--elements", "300",
-           "--reps", "1", "--json", out]  # fmt: skip
+           "--reps", "1", "--window", "1", "4", "2", "--json", out]  # fmt: skip
     env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1"}
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
     log = f"stdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-3000:]}"
@@ -103,7 +103,8 @@ def test_kernels_gpu_in_the_simulator(tmp_path):
     assert "simulator" in done.stdout and "FAIL" not in done.stdout, log
     kernels = json.loads(out.read_text())["kernels"]
     names = " ".join(k["kernel"] for k in kernels)
-    for kernel in ("dense_forward", "dense_backward", "add_into", "sgd_step", "q8 encode"):
+    for kernel in ("dense_forward", "dense_backward", "add_into", "sgd_step", "q8 encode",
+                   "im2col", "col2im", "maxpool 2x2", "maxpool backward"):  # fmt: skip
         assert kernel in names, f"{kernel} missing from {names}"
     assert all(k["ok"] for k in kernels)
 
@@ -168,3 +169,14 @@ def test_compensation_cost_small():
     assert [r[0] for r in rows] == ["dc", "dc-adaptive", "predict"], done.stdout
     for r in rows:
         assert float(r[1]) > 0 and float(r[3]) > 0, r
+
+
+def test_gpu_check_script_parses():
+    """benchmarks/gpu_check.sh (run on a GPU machine only): the shell parses, and its Python
+    step compiles."""
+    script = BENCHMARKS / "gpu_check.sh"
+    done = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    text = script.read_text()
+    body = text.split("<<'EOF'", 1)[1].split("\n", 1)[1].split("\nEOF\n", 1)[0]
+    compile(body, "gpu_check.sh step 4", "exec")

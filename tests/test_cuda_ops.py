@@ -20,9 +20,18 @@ from hypothesis import strategies as st
 from pipesgd_ref.ops import OP_NAMES, get_backend
 from pipesgd_ref.ops import cuda_ops as dev  # importing needs no GPU; launching does
 from pipesgd_ref.ops import numpy_ops as ref
-from pipesgd_ref.ops.cuda_ops import ROW_THREADS, _add_into, _softmax_xent_rows
+from pipesgd_ref.ops.cuda_ops import (
+    ROW_THREADS,
+    _add_into,
+    _col2im,
+    _im2col,
+    _maxpool_backward,
+    _maxpool_forward,
+    _softmax_xent_rows,
+)
 from pipesgd_ref.ops.cuda_support import gpu_problem, simulated
-from strategies import random_array, seeds
+from pipesgd_ref.ops.numpy_ops import conv_out
+from strategies import conv_shapes, pool_input, pool_shapes, random_array, seeds
 
 _problem = gpu_problem()
 pytestmark = pytest.mark.skipif(_problem is not None, reason=f"CUDA kernels cannot run: {_problem}")
@@ -213,6 +222,110 @@ def test_float64_matmul_is_refused_with_a_way_out():
 
 
 # ---------------------------------------------------------------------------------------------
+# Convolution as im2col + matmul, and max-pooling. BITWISE against NumPy: im2col and
+# maxpool_forward copy and compare; col2im and maxpool_backward are gathers that add the same
+# float32 terms in the reference's (u, v) order (adds only: nothing a GPU could fuse into an FMA).
+
+tiny_conv_shapes = conv_shapes(max_batch=2, max_size=5, max_channels=2)
+tiny_pool_shapes = pool_shapes(max_batch=2, max_size=5, max_channels=2)
+
+
+def check_im2col_col2im(shape, seed):
+    B, H, W, C, kh, kw, stride, pad = shape
+    Ho, Wo = conv_out(H, kh, stride, pad), conv_out(W, kw, stride, pad)
+    X = random_array(seed, (B, H, W, C), np.float32)
+    want = np.empty((B * Ho * Wo, kh * kw * C), np.float32)
+    ref.im2col(X, kh, kw, stride, pad, want)
+    cols = nan_device(want.shape)
+    dev.im2col(dev.to_device(X), kh, kw, stride, pad, cols)
+    np.testing.assert_array_equal(dev.to_host(cols), want, err_msg=f"cuda im2col {shape}")
+
+    R = random_array(seed + 1, want.shape, np.float32)
+    want = np.empty_like(X)
+    ref.col2im(R, kh, kw, stride, pad, want)
+    dX = nan_device(X.shape)
+    dev.col2im(dev.to_device(R), kh, kw, stride, pad, dX)
+    np.testing.assert_array_equal(dev.to_host(dX), want, err_msg=f"cuda col2im {shape}")
+
+
+def check_maxpool(shape, seed, ties):
+    B, H, W, C, k, stride = shape
+    X = pool_input(seed, (B, H, W, C), np.float32, ties)
+    pooled = (B, conv_out(H, k, stride, 0), conv_out(W, k, stride, 0), C)
+    want_Y, want_argmax = np.empty(pooled, np.float32), np.empty(pooled, np.int32)
+    ref.maxpool_forward(X, k, stride, want_Y, want_argmax)
+    Y, argmax = nan_device(pooled), dev.to_device(np.full(pooled, -1, np.int32))
+    dev.maxpool_forward(dev.to_device(X), k, stride, Y, argmax)
+    np.testing.assert_array_equal(dev.to_host(Y), want_Y, err_msg=f"cuda maxpool Y {shape}")
+    np.testing.assert_array_equal(
+        dev.to_host(argmax), want_argmax, err_msg=f"cuda maxpool argmax {shape} ties={ties}"
+    )
+
+    dY = random_array(seed + 1, pooled, np.float32)
+    want = np.empty_like(X)
+    ref.maxpool_backward(dY, want_argmax, k, stride, want)
+    dX = nan_device(X.shape)
+    dev.maxpool_backward(dev.to_device(dY), argmax, k, stride, dX)
+    np.testing.assert_array_equal(dev.to_host(dX), want, err_msg=f"cuda maxpool_backward {shape}")
+
+
+@FEW
+@given(tiny_conv_shapes, seeds)
+@example((0, 3, 3, 2, 3, 3, 1, 1), 0)  # an empty batch: no launch, nothing may crash
+@example((2, 3, 3, 2, 3, 3, 1, 0), 1)  # the window is the whole map: Ho = Wo = 1
+@example((1, 5, 4, 1, 3, 3, 1, 1), 2)  # overlapping windows: up to 9 terms per pixel, in order
+@example((1, 5, 5, 2, 1, 2, 2, 0), 3)  # kernel < stride: pixels no window reads stay 0
+def test_im2col_col2im(shape, seed):
+    check_im2col_col2im(shape, seed)
+
+
+@FEW
+@given(tiny_pool_shapes, seeds, st.booleans())
+@example((0, 2, 2, 1, 2, 2), 0, False)  # an empty batch
+@example((2, 5, 5, 2, 3, 1), 1, True)  # overlapping windows with ties: the first max, summed
+@example((1, 5, 4, 1, 1, 2), 2, False)  # k < stride: pixels no window covers stay 0
+def test_maxpool(shape, seed, ties):
+    check_maxpool(shape, seed, ties)
+
+
+def test_window_kernels_grid_stride():
+    """Each window kernel launched with 32 threads for more than 32 outputs: every element of
+    the output must still be written once (the NaN fill shows any that is not)."""
+    B, H, W, C, k, stride, pad = 1, 4, 5, 2, 3, 1, 1
+    X = pool_input(5, (B, H, W, C), np.float32, ties=True)
+    Ho, Wo = conv_out(H, k, stride, pad), conv_out(W, k, stride, pad)
+    want_cols, want_dX = np.empty((B * Ho * Wo, k * k * C), np.float32), np.empty_like(X)
+    ref.im2col(X, k, k, stride, pad, want_cols)
+    ref.col2im(want_cols, k, k, stride, pad, want_dX)
+    cols, dX = nan_device(want_cols.shape), nan_device(X.shape)
+    _im2col[1, 32](dev.to_device(X), k, k, stride, pad, cols)  # 360 elements
+    _col2im[1, 32](cols, k, k, stride, pad, dX)  # 40 pixels
+    np.testing.assert_array_equal(dev.to_host(cols), want_cols, err_msg="grid-stride im2col")
+    np.testing.assert_array_equal(dev.to_host(dX), want_dX, err_msg="grid-stride col2im")
+
+    pooled = (B, conv_out(H, 2, 1, 0), conv_out(W, 2, 1, 0), C)  # 24 outputs, 16 threads
+    want_Y, want_argmax = np.empty(pooled, np.float32), np.empty(pooled, np.int32)
+    ref.maxpool_forward(X, 2, 1, want_Y, want_argmax)
+    ref.maxpool_backward(want_Y, want_argmax, 2, 1, want_dX)
+    Y, argmax, dX = nan_device(pooled), dev.empty(pooled, np.int32), nan_device(X.shape)
+    _maxpool_forward[1, 16](dev.to_device(X), 2, 1, Y, argmax)
+    _maxpool_backward[1, 16](Y, argmax, 2, 1, dX)
+    np.testing.assert_array_equal(dev.to_host(Y), want_Y, err_msg="grid-stride maxpool Y")
+    np.testing.assert_array_equal(dev.to_host(dX), want_dX, err_msg="grid-stride maxpool dX")
+
+
+def test_window_ops_refuse_float64_and_int64_argmax():
+    X, Y = dev.to_device(np.ones((1, 4, 4, 1))), dev.empty((1, 2, 2, 1), np.float64)
+    with pytest.raises(TypeError, match="float32"):
+        dev.maxpool_forward(X, 2, 2, Y, dev.empty((1, 2, 2, 1), np.int32))
+    X32, Y32 = dev.to_device(np.ones((1, 4, 4, 1), np.float32)), dev.empty((1, 2, 2, 1))
+    with pytest.raises(TypeError, match="int32"):
+        dev.maxpool_forward(X32, 2, 2, Y32, dev.empty((1, 2, 2, 1), np.int64))
+    with pytest.raises(ValueError, match="cols has shape"):
+        dev.im2col(X32, 3, 3, 1, 0, dev.empty((4, 8)))  # 9 columns: 3 x 3 x C
+
+
+# ---------------------------------------------------------------------------------------------
 # Large sizes: a real GPU only
 
 
@@ -264,3 +377,47 @@ def test_elementwise_large():
     host_p = dev.to_host(p)
     np.testing.assert_array_equal(dev.to_host(A), np.maximum(host_p, 0), err_msg="relu_forward")
     np.testing.assert_array_equal(dev.to_host(dZ), grads * (host_p > 0), err_msg="relu_backward")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "conv, pool",
+    [
+        ((64, 32, 32, 16, 3, 3, 1, 1), (64, 32, 32, 16, 2, 2)),  # a CNN's first block
+        ((7, 33, 31, 3, 5, 3, 2, 2), (7, 33, 31, 3, 3, 2)),  # ragged, overlapping pool windows
+    ],
+)
+def test_conv_pool_large(conv, pool):
+    require_gpu()
+    check_im2col_col2im(conv, 0)
+    check_maxpool(pool, 1, ties=False)
+    check_maxpool(pool, 2, ties=True)
+
+
+@pytest.mark.parametrize("trans_a,trans_b", [(False, False), (True, False), (False, True)])
+def test_register_tiled_matmul(trans_a, trans_b):
+    """The register-tiled kernel (a 4 x 4 micro-tile per thread) against NumPy: ragged edges
+    in every direction (one block, most of its tile outside C), each transpose the dense ops
+    use, the bias fused; within float32 rounding (it sums in its own order)."""
+    M, N, K = 5, 7, 19  # K > RT_BK: two depth steps, the second ragged
+    A = random_array(11, (K, M) if trans_a else (M, K), np.float32)
+    B = random_array(12, (N, K) if trans_b else (K, N), np.float32)
+    bias = random_array(13, (N,), np.float32)
+    C = nan_device((M, N))
+    dev._launch(dev._matmul_register_tiled, ((1, 1), (dev.RT_THREADS, dev.RT_THREADS)),
+                dev.to_device(A), dev.to_device(B), dev.to_device(bias), C, trans_a,
+                trans_b)  # fmt: skip
+    want = (A.T if trans_a else A) @ (B.T if trans_b else B) + bias
+    assert_close(C.copy_to_host(), want, f"register-tiled matmul {trans_a=} {trans_b=}")
+
+
+def test_dense_ops_take_the_register_tiled_kernel_from_its_size(monkeypatch):
+    """With the size threshold lowered, dense_forward and dense_backward run on the register-
+    tiled kernel and still match NumPy."""
+    monkeypatch.setattr(dev, "REGISTER_TILED_FROM", 1)
+    launched = []
+    real = dev._launch
+    monkeypatch.setattr(dev, "_launch", lambda k, *a: (launched.append(k), real(k, *a)))
+    check_dense_forward((3, 5, 4), 21)
+    check_dense_backward((3, 5, 4), 22, with_dX=True)
+    assert dev._matmul_register_tiled in launched and dev._matmul_tiled not in launched

@@ -366,3 +366,17 @@ def test_real_gpu_device_ring_is_bitwise_the_host_ring():
 
     for host, dev in launch_local(4, _big_ring_job, (4 << 20,), start_method="spawn"):
         assert np.array_equal(dev.view(np.uint32), host.view(np.uint32))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("algo", ["sync", "pipe"])
+def test_the_cnn_on_the_device_matches_the_cpu(algo):
+    """--model cnn --device cuda (digits 8 x 8, two tiny conv layers, 2 workers, 2 steps):
+    im2col, the matmuls, col2im and max-pooling as CUDA kernels, the CPU run's weights within
+    float32 tolerance."""
+    cfg = tiny(algo=algo, width=1 if algo == "sync" else 2, dataset="digits", model="cnn",
+               channels=(2, 3), kernels=(3, 3), hidden=(4,), steps=2, batch_size=4)  # fmt: skip
+    _, cpu = run_training(cfg, progress=False, log=lambda _: None)
+    _, gpu = run_training(cfg.replace(device="cuda"), progress=False, log=lambda _: None)
+    assert_weights_close(gpu[0].params, cpu[0].params, f"cnn {algo}")

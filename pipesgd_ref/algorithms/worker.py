@@ -39,9 +39,9 @@ import numpy as np
 from pipesgd_ref import faults
 from pipesgd_ref.config import TrainConfig, check_memory
 from pipesgd_ref.data import Dataset, MinibatchSampler, load_dataset
-from pipesgd_ref.errors import TrainingDiverged
+from pipesgd_ref.errors import ConfigError, TrainingDiverged
 from pipesgd_ref.launch import local_rank
-from pipesgd_ref.models import MLP, build_model
+from pipesgd_ref.models import CNN, MLP, build_model
 from pipesgd_ref.ops import OP_NAMES
 
 log = logging.getLogger("pipesgd.worker")
@@ -59,13 +59,24 @@ def steps_for(cfg: TrainConfig, sampler: MinibatchSampler) -> int:
     return cfg.steps
 
 
+def model_for(cfg: TrainConfig, data, backend):
+    """cfg's model (softmax, mlp or cnn) for `data` (a data.Dataset) on `backend`; a shape the
+    model cannot take (a CNN on data that are not images, too many pools) is a ConfigError."""
+    try:
+        return build_model(cfg.model, data.n_features, data.n_classes, cfg.hidden, backend,
+                           image_shape=data.image_shape, channels=cfg.channels,
+                           kernels=cfg.kernels)  # fmt: skip
+    except ValueError as e:
+        raise ConfigError(f"--model {cfg.model} on {data.name}: {e}") from None
+
+
 @dataclass
 class Worker:
     cfg: TrainConfig
     worker: int  # this worker's index among the n_workers that compute gradients
     n_workers: int
     data: Dataset
-    model: MLP
+    model: MLP | CNN
     sampler: MinibatchSampler
     steps: int
     params: np.ndarray  # w_0: identical on every rank (same seed), or the checkpoint's (on the
@@ -90,7 +101,7 @@ class Worker:
         """Load the data, build the model and w_0 (or load the checkpoint of --resume, checked
         against this run's config and model size): everything before the first step."""
         data = load_dataset(cfg.dataset)
-        model = build_model(cfg.model, data.n_features, data.n_classes, cfg.hidden, cfg.backend)
+        model = model_for(cfg, data, cfg.backend)
         sampler = MinibatchSampler(data.n_train, n_workers, cfg.batch_size, cfg.seed)
         check_memory(cfg, model.n_params)  # a huge --hidden: one line, not the OOM killer
         built = cls(cfg, worker, n_workers, data, model, sampler, steps_for(cfg, sampler),
@@ -128,7 +139,7 @@ class Worker:
         if simulated():  # the simulator runs one kernel at a time, in any thread
             ops = _one_kernel_at_a_time(ops)
         cfg, data = self.cfg, self.data
-        self.model = build_model(cfg.model, data.n_features, data.n_classes, cfg.hidden, ops)
+        self.model = model_for(cfg, data, ops)
         self.params = cuda_ops.to_device(self.params)
         self.pending = {t: cuda_ops.to_device(g) for t, g in self.pending.items()}
         # Allocated once: the minibatch goes host -> pinned -> device every step (DMA from

@@ -26,7 +26,7 @@ from pipesgd_ref.models.layout import ParamLayout, on_device
 from pipesgd_ref.ops import BACKENDS, Backend, get_backend
 
 
-def _backend_module(backend: Backend):
+def backend_module(backend: Backend):
     """The module behind a backend (its allocation helpers are not ops), or None."""
     return importlib.import_module(BACKENDS[backend.name]) if backend.name in BACKENDS else None
 
@@ -50,7 +50,7 @@ class MLP:
         self.n_classes = n_classes
         self.hidden = tuple(int(h) for h in hidden)
         self.backend = get_backend(backend) if isinstance(backend, str) else backend
-        module = _backend_module(self.backend)
+        module = backend_module(self.backend)
         # A device backend (its module moves arrays: `to_device`) allocates with its own
         # `empty`; evaluation, on host copies of the weights, uses the NumPy reference ops.
         self.on_gpu = hasattr(module, "to_device")
@@ -123,7 +123,7 @@ class MLP:
         """A host input (X or y) copied to the device; a device one as it is."""
         if on_device(array):
             return array
-        return _backend_module(self.backend).to_device(np.ascontiguousarray(array, dtype=dtype))
+        return backend_module(self.backend).to_device(np.ascontiguousarray(array, dtype=dtype))
 
     def forward(self, params, X) -> tuple[list, list]:
         """Run the layers; returns (Z, A): Z[l] (B, widths[l+1]) pre-activations, A[l] inputs.

@@ -25,6 +25,10 @@ OP_NAMES = (
     "add_into",  # dst += src
     "scale",  # x *= alpha
     "sgd_step",  # params -= lr * grads
+    "im2col",  # every kh x kw window of an NHWC map as one row (convolution = im2col + matmul)
+    "col2im",  # its adjoint: the rows added back into the map (the input gradient)
+    "maxpool_forward",  # max over each k x k window, and the argmax
+    "maxpool_backward",  # each dY back to where its max was
 )
 
 BACKENDS = {

@@ -7,6 +7,9 @@ with one scalar (the loss). The labels `y` may be a device or a host int array (
 data.py, or int32); a host array is copied over (B integers).
 
 Optimisations, and why:
+- Register tiling (`_matmul_register_tiled`, for products of 64 x 64 outputs and more): each
+  thread keeps a 4 x 4 micro-tile of the output in registers and feeds 16 multiply-adds from 8
+  shared-memory reads, in 64 x 64 block tiles; below that size the simple tiled kernel.
 - Tiled matrix multiply: each block computes a TILE x TILE tile of the output; the operands
   are staged through shared memory one TILE x TILE tile at a time, so every element fetched
   from global memory is used TILE times (arithmetic intensity up by TILE). `cuda.syncthreads()`
@@ -20,10 +23,15 @@ Optimisations, and why:
   and each thread walks n / (grid size) elements, so any length uses the same launch.
 - Deterministic reductions: column sums and the loss are shared-memory trees in a fixed order
   (no atomics), so repeated runs give identical bits.
+- Gathers, not atomics, for the window gradients (col2im, maxpool_backward): one thread per
+  pixel of dX sums the window positions that read it, in the reference's order, so the result
+  is deterministic and bitwise equal to NumPy's; im2col and maxpool_forward are one thread per
+  output element. Consecutive threads take consecutive channels of NHWC maps: coalesced.
 
 dtype: the matrix kernels (dense_forward, dense_backward) stage tiles in float32 shared memory
 and accept float32 only, the training dtype; gradient checks in float64 use the numpy backend.
-The elementwise kernels take any float dtype.
+The window ops take float32 maps (and an int32 argmax) only, likewise. The elementwise kernels
+take any float dtype.
 """
 
 from __future__ import annotations
@@ -42,6 +50,7 @@ from pipesgd_ref.ops.cuda_support import (
     launch_1d,
     launch_2d,
 )
+from pipesgd_ref.ops.windows import check_im2col, check_pool
 
 ROW_THREADS = 32  # softmax: one warp per row; a row has C classes (10 here), rarely more than 32
 
@@ -97,6 +106,103 @@ def _matmul_tiled(A, B, bias, C, trans_a, trans_b):
         if bias.shape[0] > 0:
             acc += bias[j]
         C[i, j] = acc
+
+
+# Register tiling: the block tile, its depth, and each thread's micro-tile of C.
+RT_BM = RT_BN = 64  # a block computes a 64 x 64 tile of C ...
+RT_BK = 16  # ... from 64 x 16 and 16 x 64 tiles of the operands in shared memory ...
+RT_TM = RT_TN = 4  # ... each of its 16 x 16 threads a 4 x 4 micro-tile, held in registers
+RT_THREADS = RT_BM // RT_TM  # 16 threads a side: 256 a block
+# elements of each operand tile that each thread loads
+RT_LOADS = RT_BM * RT_BK // (RT_THREADS * RT_THREADS)
+REGISTER_TILED_FROM = 64 * 64  # outputs from which dense ops use the register-tiled kernel
+
+
+@cuda.jit
+def _matmul_register_tiled(A, B, bias, C, trans_a, trans_b):
+    """C = op(A) @ op(B) (+ bias): the same product as `_matmul_tiled`, one rung up.
+
+    The shared-memory tile cut global reads by TILE; what limits `_matmul_tiled` next is shared
+    memory itself: every multiply-add reads two floats from it. Here each thread computes an
+    RT_TM x RT_TN micro-tile of C in registers (`acc`): per step kk of the block's depth it
+    reads RT_TM floats of the A tile and RT_TN of the B tile into registers (`a`, `b`) and does
+    RT_TM * RT_TN multiply-adds with them, so each shared read feeds RT_TN (or RT_TM) of them
+    instead of one. The block tile grows to RT_BM x RT_BN with the same 256 threads, so each
+    global read is reused RT_BM times too.
+
+        block (bx, by): C[by*BM : by*BM + BM, bx*BN : bx*BN + BN]
+        thread (tx, ty): rows by*BM + ty*TM + (0..TM-1), columns bx*BN + tx*TN + (0..TN-1)
+        As[k, r] = op(A)[row0 + r, k0 + k]   (stored k-major: a thread's TM rows are adjacent)
+        Bs[k, c] = op(B)[k0 + k, col0 + c]
+
+    Loads: each of the 256 threads fetches RT_LOADS elements of each operand tile, consecutive
+    threads consecutive addresses of the stored (row-major) operand whatever the transpose flag
+    (0 past the edges). Two barriers per depth step, as in `_matmul_tiled`. Sums run over k in
+    the same order for every element (deterministic), not in `_matmul_tiled`'s order: the two
+    kernels agree to float32 rounding, not bitwise.
+    """
+    As = cuda.shared.array((RT_BK, RT_BM), float32)
+    Bs = cuda.shared.array((RT_BK, RT_BN), float32)
+    acc = cuda.local.array((RT_TM, RT_TN), float32)
+    a = cuda.local.array(RT_TM, float32)
+    b = cuda.local.array(RT_TN, float32)
+    tx = cuda.threadIdx.x
+    ty = cuda.threadIdx.y
+    tid = ty * RT_THREADS + tx
+    row0 = cuda.blockIdx.y * RT_BM
+    col0 = cuda.blockIdx.x * RT_BN
+    M, N = C.shape
+    K = A.shape[0] if trans_a else A.shape[1]
+    for i in range(RT_TM):
+        for j in range(RT_TN):
+            acc[i, j] = float32(0.0)
+    for k0 in range(0, K, RT_BK):
+        for n in range(RT_LOADS):
+            e = n * RT_THREADS * RT_THREADS + tid  # this thread's n-th element of the tile
+            if trans_a:  # A is (K, M): walk its rows (r fastest): coalesced
+                k, r = e // RT_BM, e % RT_BM
+                As[k, r] = A[k0 + k, row0 + r] if k0 + k < K and row0 + r < M else float32(0.0)
+            else:  # A is (M, K): walk its rows (k fastest): coalesced
+                r, k = e // RT_BK, e % RT_BK
+                As[k, r] = A[row0 + r, k0 + k] if row0 + r < M and k0 + k < K else float32(0.0)
+            if trans_b:  # B is (N, K): k fastest
+                c, k = e // RT_BK, e % RT_BK
+                Bs[k, c] = B[col0 + c, k0 + k] if col0 + c < N and k0 + k < K else float32(0.0)
+            else:  # B is (K, N): c fastest
+                k, c = e // RT_BN, e % RT_BN
+                Bs[k, c] = B[k0 + k, col0 + c] if k0 + k < K and col0 + c < N else float32(0.0)
+        cuda.syncthreads()  # both tiles are loaded before anyone reads them
+        for kk in range(RT_BK):
+            for i in range(RT_TM):
+                a[i] = As[kk, ty * RT_TM + i]
+            for j in range(RT_TN):
+                b[j] = Bs[kk, tx * RT_TN + j]
+            for i in range(RT_TM):  # RT_TM * RT_TN multiply-adds from RT_TM + RT_TN reads
+                for j in range(RT_TN):
+                    acc[i, j] += a[i] * b[j]
+        cuda.syncthreads()  # everyone is done with these tiles before the next load
+    for i in range(RT_TM):
+        r = row0 + ty * RT_TM + i
+        for j in range(RT_TN):
+            c = col0 + tx * RT_TN + j
+            if r < M and c < N:
+                value = acc[i, j]
+                if bias.shape[0] > 0:
+                    value += bias[c]
+                C[r, c] = value
+
+
+def _matmul(A, B, bias, C, trans_a: bool, trans_b: bool) -> None:
+    """C = op(A) @ op(B) (+ bias) with the kernel for its size: the register-tiled one from
+    REGISTER_TILED_FROM outputs (where its 64 x 64 block tiles are mostly full), the
+    shared-memory tiled one below (a small product would leave most of a 64 x 64 tile idle)."""
+    M, N = C.shape
+    if M * N >= REGISTER_TILED_FROM:
+        grid = (max(1, -(-N // RT_BN)), max(1, -(-M // RT_BM)))
+        _launch(_matmul_register_tiled, (grid, (RT_THREADS, RT_THREADS)), A, B, bias, C,
+                trans_a, trans_b)  # fmt: skip
+    else:
+        _launch(_matmul_tiled, launch_2d(M, N), A, B, bias, C, trans_a, trans_b)
 
 
 @cuda.jit
@@ -270,11 +376,154 @@ def _fill(x, value):
         x[i] = value
 
 
+# --- convolution as im2col + matmul, and max-pooling -------------------------------------------
+#
+# One thread per OUTPUT element in all four, so every store is a plain store by its only writer:
+# the gradients are gathers (each dX pixel sums the window positions that read it) instead of
+# scatters with atomicAdd. No atomics: deterministic, and the sums are added in the reference's
+# order. Flat thread index e -> (b, y, x, c) with c fastest, so a warp's stores are consecutive
+# addresses (coalesced), and so are most of its loads (neighbouring c, then neighbouring x).
+# Ho = (H + 2 pad - kh) // stride + 1 is numpy_ops.conv_out, written inline in the kernels.
+# The pixel (y, x) is read by window row i at kernel row u exactly when
+# i*stride + u - pad == y: u runs over (y + pad) % stride, that + stride, ... < kh, with
+# i = (y + pad - u) // stride (exact), which must lie in [0, Ho); columns likewise.
+
+
+@cuda.jit
+def _im2col(X, kh, kw, stride, pad, cols):
+    """cols[(b*Ho + i)*Wo + j, (u*kw + v)*C + c] = X[b, i*stride + u - pad, j*stride + v - pad, c]
+    (0 outside X), as numpy_ops.im2col.
+
+    Optimisations: one thread per element of cols, grid-stride; consecutive threads write
+    consecutive addresses of cols (coalesced) and read consecutive channels, then pixels, of X;
+    the padding is a bounds test, not a padded copy of X. Bitwise equal to NumPy (a copy).
+    """
+    B, H, W, C = X.shape
+    Ho = (H + 2 * pad - kh) // stride + 1
+    Wo = (W + 2 * pad - kw) // stride + 1
+    K = kh * kw * C
+    for e in range(cuda.grid(1), cols.shape[0] * K, cuda.gridsize(1)):
+        row = e // K
+        col = e - row * K
+        t = col // C
+        c = col - t * C
+        u = t // kw
+        v = t - u * kw
+        r = row // Wo
+        j = row - r * Wo
+        b = r // Ho
+        i = r - b * Ho
+        y = i * stride + u - pad
+        x = j * stride + v - pad
+        if 0 <= y < H and 0 <= x < W:
+            cols[row, col] = X[b, y, x, c]
+        else:
+            cols[row, col] = float32(0.0)
+
+
+@cuda.jit
+def _col2im(cols, kh, kw, stride, pad, dX):
+    """dX[b, y, x, c] = the sum of every cols entry that im2col read from (b, y, x, c), as
+    numpy_ops.col2im.
+
+    Optimisations: a gather, one thread per pixel of dX (grid-stride, coalesced stores): at
+    most ceil(kh/stride) * ceil(kw/stride) reads each, no atomics, no zeroing pass (the sum
+    starts at 0 in a register and is stored once). The terms are added in float32 in the
+    reference's (u, v) row-major order, so the result is BITWISE equal to NumPy's (only adds:
+    no multiply for the compiler to fuse into an FMA).
+    """
+    B, H, W, C = dX.shape
+    Ho = (H + 2 * pad - kh) // stride + 1
+    Wo = (W + 2 * pad - kw) // stride + 1
+    for e in range(cuda.grid(1), B * H * W * C, cuda.gridsize(1)):
+        r = e // C
+        c = e - r * C
+        r2 = r // W
+        x = r - r2 * W
+        b = r2 // H
+        y = r2 - b * H
+        acc = float32(0.0)
+        for u in range((y + pad) % stride, kh, stride):  # the kernel rows that read y
+            i = (y + pad - u) // stride  # exact: u = y + pad (mod stride)
+            if 0 <= i < Ho:
+                for v in range((x + pad) % stride, kw, stride):
+                    j = (x + pad - v) // stride
+                    if 0 <= j < Wo:
+                        acc += cols[(b * Ho + i) * Wo + j, (u * kw + v) * C + c]
+        dX[b, y, x, c] = acc
+
+
+@cuda.jit
+def _maxpool_forward(X, k, stride, Y, argmax):
+    """Y[b, i, j, c] = max over u, v < k of X[b, i*stride + u, j*stride + v, c] and argmax the
+    first u*k + v that attains it, as numpy_ops.maxpool_forward.
+
+    Optimisations: one thread per output element, grid-stride, coalesced along c; the running
+    max and its index stay in registers, each output is stored once. Bitwise equal to NumPy
+    (compares and copies only).
+    """
+    B, Ho, Wo, C = Y.shape
+    for e in range(cuda.grid(1), B * Ho * Wo * C, cuda.gridsize(1)):
+        r = e // C
+        c = e - r * C
+        r2 = r // Wo
+        j = r - r2 * Wo
+        b = r2 // Ho
+        i = r2 - b * Ho
+        y0 = i * stride
+        x0 = j * stride
+        m = X[b, y0, x0, c]
+        best = 0
+        for u in range(k):
+            for v in range(k):
+                val = X[b, y0 + u, x0 + v, c]
+                # Strict >: a tie keeps the first maximum. A NaN wins once and then stays, as
+                # in np.max / np.argmax: a diverged input is not hidden by the pool.
+                if val > m or (val != val and m == m):
+                    m = val
+                    best = u * k + v
+        Y[b, i, j, c] = m
+        argmax[b, i, j, c] = best
+
+
+@cuda.jit
+def _maxpool_backward(dY, argmax, k, stride, dX):
+    """dX[b, y, x, c] = the sum of dY over the windows whose argmax is (y, x), as
+    numpy_ops.maxpool_backward.
+
+    Optimisations: a gather as in _col2im (pad 0), one thread per pixel of dX, no atomics
+    although windows overlap when stride < k; the hits are added in float32 in the reference's
+    (u, v) order (its other terms are +0.0, which change no sum), so the result is BITWISE
+    equal to NumPy's.
+    """
+    B, H, W, C = dX.shape
+    Ho, Wo = dY.shape[1], dY.shape[2]
+    for e in range(cuda.grid(1), B * H * W * C, cuda.gridsize(1)):
+        r = e // C
+        c = e - r * C
+        r2 = r // W
+        x = r - r2 * W
+        b = r2 // H
+        y = r2 - b * H
+        acc = float32(0.0)
+        for u in range(y % stride, k, stride):
+            i = (y - u) // stride
+            if 0 <= i < Ho:
+                for v in range(x % stride, k, stride):
+                    j = (x - v) // stride
+                    if 0 <= j < Wo and argmax[b, i, j, c] == u * k + v:
+                        acc += dY[b, i, j, c]
+        dX[b, y, x, c] = acc
+
+
 _M = "float32[:, ::1]"
 _V = "float32[::1]"
+_T = "float32[:, :, :, ::1]"  # an NHWC feature map
+_I = "int32[:, :, :, ::1]"  # max-pooling's argmax
 # Every kernel with one example signature: tests/test_cuda_compile.py compiles each to PTX.
 KERNELS = [
     (_matmul_tiled, f"({_M}, {_M}, {_V}, {_M}, boolean, boolean)"),
+    (_matmul_register_tiled, f"({_M}, {_M}, {_V}, {_M}, boolean, boolean)"),
     (_column_sum, f"({_M}, {_V})"),
     (_softmax_xent_rows, f"({_M}, int64[::1], {_M}, {_V})"),
     (_mean, f"({_V}, {_V})"),
@@ -284,6 +533,10 @@ KERNELS = [
     (_scale, f"({_V}, float32)"),
     (_sgd_step, f"({_V}, {_V}, float32)"),
     (_fill, f"({_V}, float32)"),
+    (_im2col, f"({_T}, int64, int64, int64, int64, {_M})"),
+    (_col2im, f"({_M}, int64, int64, int64, int64, {_T})"),
+    (_maxpool_forward, f"({_T}, int64, int64, {_T}, {_I})"),
+    (_maxpool_backward, f"({_T}, {_I}, int64, int64, {_T})"),
 ]
 
 
@@ -310,24 +563,40 @@ def _launch(kernel, geometry, *args) -> None:
     kernel[grid, block](*args)
 
 
-def _flat(x):
-    """A 1-D view of a contiguous device array (the elementwise kernels index one axis)."""
+def _contiguous(x):
+    """x itself, refused unless a C-contiguous device array: the kernels' index math (and the
+    coalescing it is designed for) assumes row-major order."""
     if not x.is_c_contiguous():
         raise ValueError(
             f"cuda backend: expected a C-contiguous device array, got shape {x.shape} with "
             f"strides {x.strides}; pass a view of the flat parameter buffer or a fresh array"
         )
-    return x.reshape(x.size)
+    return x
 
 
-def _require_float32(op: str, *arrays) -> None:
+def _flat(x):
+    """A 1-D view of a contiguous device array (the elementwise kernels index one axis)."""
+    return _contiguous(x).reshape(x.size)
+
+
+def _require_float32(op: str, *arrays, why: str = "stages tiles in float32 shared memory") -> None:
     for a in arrays:
         if a is not None and a.dtype != np.float32:
             raise TypeError(
-                f"cuda backend: {op} stages tiles in float32 shared memory and takes float32 "
-                f"arrays only, got {a.dtype}; train in float32, or use the numpy backend for "
-                "float64 gradient checks"
+                f"cuda backend: {op} {why} and takes float32 arrays only, got {a.dtype}; train "
+                "in float32, or use the numpy backend for float64 gradient checks"
             )
+
+
+_MAPS = "sums and compares feature maps in float32 (the training dtype)"
+
+
+def _require_argmax(op: str, argmax) -> None:
+    if argmax.dtype != np.int32:
+        raise TypeError(
+            f"cuda backend: {op}: argmax must be int32 (as numpy_ops writes it), got "
+            f"{argmax.dtype}; allocate it with empty(shape, np.int32)"
+        )
 
 
 _scratch = threading.local()  # per thread: two threads' losses never share a buffer
@@ -384,7 +653,7 @@ def to_host(dev_array, out: np.ndarray | None = None) -> np.ndarray:
 def dense_forward(X, W, b, Y) -> None:
     """Y = X @ W + b: one tiled matmul with the bias fused in its epilogue."""
     _require_float32("dense_forward", X, W, b, Y)
-    _launch(_matmul_tiled, launch_2d(*Y.shape), X, W, b, Y, False, False)
+    _matmul(X, W, b, Y, False, False)
 
 
 def dense_backward(X, W, dY, dW, db, dX) -> None:
@@ -395,11 +664,11 @@ def dense_backward(X, W, dY, dW, db, dX) -> None:
     """
     _require_float32("dense_backward", X, W, dY, dW, db, dX)
     no_bias = _scratch_f32("no_bias", 0)  # length 0: "no bias" to the kernel
-    _launch(_matmul_tiled, launch_2d(*dW.shape), X, dY, no_bias, dW, True, False)
+    _matmul(X, dY, no_bias, dW, True, False)
     # launch_2d(1, n_out): one row of blocks, TILE columns each; the threads' y axis walks B.
     _launch(_column_sum, launch_2d(1, db.shape[0]), dY, db)
     if dX is not None:
-        _launch(_matmul_tiled, launch_2d(*dX.shape), dY, W, no_bias, dX, False, True)
+        _matmul(dY, W, no_bias, dX, False, True)
 
 
 def relu_forward(Z, A) -> None:
@@ -437,3 +706,42 @@ def scale(x, alpha: float) -> None:
 
 def sgd_step(params, grads, lr: float) -> None:
     _launch(_sgd_step, launch_1d(params.size), _flat(params), _flat(grads), params.dtype.type(lr))
+
+
+def im2col(X, kh: int, kw: int, stride: int, pad: int, cols) -> None:
+    """Every kh x kw window of X as one row of cols: one thread per element of cols."""
+    check_im2col("cuda", "im2col", X.shape, kh, kw, stride, pad, cols.shape)
+    _require_float32("im2col", X, cols, why=_MAPS)
+    X, cols = _contiguous(X), _contiguous(cols)
+    if cols.size:  # an empty batch: nothing to write
+        _launch(_im2col, launch_1d(cols.size), X, int(kh), int(kw), int(stride), int(pad), cols)
+
+
+def col2im(cols, kh: int, kw: int, stride: int, pad: int, dX) -> None:
+    """The adjoint of im2col, as a gather: one thread per pixel of dX, no atomics."""
+    check_im2col("cuda", "col2im", dX.shape, kh, kw, stride, pad, cols.shape)
+    _require_float32("col2im", cols, dX, why=_MAPS)
+    cols, dX = _contiguous(cols), _contiguous(dX)
+    if dX.size:
+        _launch(_col2im, launch_1d(dX.size), cols, int(kh), int(kw), int(stride), int(pad), dX)
+
+
+def maxpool_forward(X, k: int, stride: int, Y, argmax) -> None:
+    """Max over each k x k window and its argmax: one thread per output element."""
+    check_pool("cuda", "maxpool_forward", X.shape, k, stride, Y.shape, argmax.shape)
+    _require_float32("maxpool_forward", X, Y, why=_MAPS)
+    _require_argmax("maxpool_forward", argmax)
+    X, Y, argmax = _contiguous(X), _contiguous(Y), _contiguous(argmax)
+    if Y.size:
+        _launch(_maxpool_forward, launch_1d(Y.size), X, int(k), int(stride), Y, argmax)
+
+
+def maxpool_backward(dY, argmax, k: int, stride: int, dX) -> None:
+    """Each dY back to where its max was, as a gather: one thread per pixel of dX, no atomics
+    (windows overlap when stride < k)."""
+    check_pool("cuda", "maxpool_backward", dX.shape, k, stride, dY.shape, argmax.shape)
+    _require_float32("maxpool_backward", dY, dX, why=_MAPS)
+    _require_argmax("maxpool_backward", argmax)
+    dY, argmax, dX = _contiguous(dY), _contiguous(argmax), _contiguous(dX)
+    if dX.size:
+        _launch(_maxpool_backward, launch_1d(dX.size), dY, argmax, int(k), int(stride), dX)

@@ -9,9 +9,13 @@ Optimisations, and why:
   contiguously, which the compiler vectorises.
 - Fusion: softmax-cross-entropy computes max, exp, sum, loss and gradient in two passes over a
   row without temporaries; `sgd_step`, `add_into` and `scale` are single passes.
+- Window ops (im2col, col2im, max-pooling) on NHWC maps: the innermost loop walks the C
+  contiguous channels of a pixel; padding is a bounds test, never a padded copy of the map;
+  the gradients are gathers (each pixel of dX sums what reads it, written once).
 
 Accumulations run in a fixed order (the dX dot products in float64), so results are deterministic;
-they differ from NumPy's (BLAS) summation order only by float rounding.
+they differ from NumPy's (BLAS) summation order only by float rounding. The window ops are
+bitwise equal to NumPy: copies and compares, and sums in the reference's (u, v) order.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ import math
 
 import numpy as np
 from numba import njit
+
+from pipesgd_ref.ops.windows import check_im2col, check_pool
 
 _jit = njit(nogil=True, cache=True)
 
@@ -118,14 +124,136 @@ def _sgd_step(params, grads, lr):
         params[i] -= lr * grads[i]
 
 
-def _flat(x: np.ndarray) -> np.ndarray:
-    """A 1-D view of a contiguous array; refuse a copy, which would silently drop the writes."""
+# --- convolution as im2col + matmul, and max-pooling ------------------------------------------
+#
+# NHWC maps, so the C channels of one pixel are contiguous in the map and in a row of cols: the
+# innermost loop of every kernel below walks them (a vectorised copy, compare or add).
+# Ho = (H + 2 pad - kh) // stride + 1 is numpy_ops.conv_out, written inline (a jitted loop
+# cannot call the plain Python function).
+#
+# The gradients (col2im, maxpool_backward) are gathers: each pixel of dX sums the window
+# positions that read it, in the (u, v) row-major order in which the reference adds them into
+# its zeroed buffer, so the float sums are rounded in the same order: bitwise equal. The pixel
+# (y, x) is read by window row i at kernel row u exactly when i*stride + u - pad == y, so u runs
+# over (y + pad) % stride, that + stride, ... < kh, with i = (y + pad - u) // stride, which must
+# lie in [0, Ho); columns likewise.
+
+
+@_jit
+def _im2col(X, kh, kw, stride, pad, cols):
+    B, H, W, C = X.shape
+    Ho = (H + 2 * pad - kh) // stride + 1
+    Wo = (W + 2 * pad - kw) // stride + 1
+    for b in range(B):
+        for i in range(Ho):
+            for j in range(Wo):
+                row = (b * Ho + i) * Wo + j  # rows written in order: cols is streamed once
+                for u in range(kh):
+                    y = i * stride + u - pad
+                    for v in range(kw):
+                        x = j * stride + v - pad
+                        col0 = (u * kw + v) * C
+                        if 0 <= y < H and 0 <= x < W:
+                            for c in range(C):  # C contiguous values in both arrays
+                                cols[row, col0 + c] = X[b, y, x, c]
+                        else:  # the window hangs over the padding: no padded copy of X needed
+                            for c in range(C):
+                                cols[row, col0 + c] = 0
+
+
+@_jit
+def _col2im(cols, kh, kw, stride, pad, dX):
+    B, H, W, C = dX.shape
+    Ho = (H + 2 * pad - kh) // stride + 1
+    Wo = (W + 2 * pad - kw) // stride + 1
+    for b in range(B):
+        for y in range(H):
+            for x in range(W):
+                for c in range(C):
+                    dX[b, y, x, c] = 0
+                for u in range((y + pad) % stride, kh, stride):  # the rows that read y
+                    i = (y + pad - u) // stride  # exact: u = y + pad (mod stride)
+                    if i < 0 or i >= Ho:
+                        continue
+                    for v in range((x + pad) % stride, kw, stride):
+                        j = (x + pad - v) // stride
+                        if j < 0 or j >= Wo:
+                            continue
+                        row = (b * Ho + i) * Wo + j
+                        col0 = (u * kw + v) * C
+                        for c in range(C):  # added in dX's dtype, (u, v) in reference order
+                            dX[b, y, x, c] += cols[row, col0 + c]
+
+
+@_jit
+def _maxpool_forward(X, k, stride, Y, argmax):
+    B, Ho, Wo, C = Y.shape
+    for b in range(B):
+        for i in range(Ho):
+            for j in range(Wo):
+                y0, x0 = i * stride, j * stride
+                for c in range(C):
+                    Y[b, i, j, c] = X[b, y0, x0, c]
+                    argmax[b, i, j, c] = 0
+                for u in range(k):
+                    for v in range(k):
+                        for c in range(C):
+                            val = X[b, y0 + u, x0 + v, c]
+                            m = Y[b, i, j, c]
+                            # Strict >: a tie keeps the first maximum. A NaN wins once and then
+                            # stays, as in np.max / np.argmax: a diverged input is not hidden.
+                            if val > m or (val != val and m == m):
+                                Y[b, i, j, c] = val
+                                argmax[b, i, j, c] = u * k + v
+
+
+@_jit
+def _maxpool_backward(dY, argmax, k, stride, dX):
+    B, H, W, C = dX.shape
+    Ho, Wo = dY.shape[1], dY.shape[2]
+    for b in range(B):
+        for y in range(H):
+            for x in range(W):
+                for c in range(C):
+                    dX[b, y, x, c] = 0  # also the pixels no window covers (H - k % stride)
+                for u in range(y % stride, k, stride):  # pad 0: the gather of _col2im
+                    i = (y - u) // stride
+                    if i < 0 or i >= Ho:
+                        continue
+                    for v in range(x % stride, k, stride):
+                        j = (x - v) // stride
+                        if j < 0 or j >= Wo:
+                            continue
+                        hit = u * k + v
+                        for c in range(C):
+                            if argmax[b, i, j, c] == hit:  # this window's max was here
+                                dX[b, y, x, c] += dY[b, i, j, c]
+
+
+def _contiguous(x: np.ndarray) -> np.ndarray:
+    """x itself, refused unless C-contiguous: a flat copy would silently drop the writes, and
+    the window loops walk C order (a strided view would compile a second, slower loop)."""
     if not x.flags.c_contiguous:
         raise ValueError(
             f"numba backend: expected a C-contiguous array, got shape {x.shape} with strides "
             f"{x.strides}; pass np.ascontiguousarray(x) or a view of the flat parameter buffer"
         )
-    return x.reshape(-1)
+    return x
+
+
+def _int32(argmax: np.ndarray) -> np.ndarray:
+    """The argmax array of max-pooling: int32 (a window index u*k + v), C-contiguous."""
+    if argmax.dtype != np.int32:
+        raise TypeError(
+            f"numba backend: maxpool argmax must be int32 (as numpy_ops writes it), got "
+            f"{argmax.dtype}; allocate it with np.empty(shape, np.int32)"
+        )
+    return _contiguous(argmax)
+
+
+def _flat(x: np.ndarray) -> np.ndarray:
+    """A 1-D view of a contiguous array (never a copy: see _contiguous)."""
+    return _contiguous(x).reshape(-1)
 
 
 def dense_forward(X, W, b, Y) -> None:
@@ -161,3 +289,23 @@ def scale(x, alpha: float) -> None:
 
 def sgd_step(params, grads, lr: float) -> None:
     _sgd_step(_flat(params), _flat(grads), params.dtype.type(lr))
+
+
+def im2col(X, kh: int, kw: int, stride: int, pad: int, cols) -> None:
+    check_im2col("numba", "im2col", X.shape, kh, kw, stride, pad, cols.shape)
+    _im2col(_contiguous(X), int(kh), int(kw), int(stride), int(pad), _contiguous(cols))
+
+
+def col2im(cols, kh: int, kw: int, stride: int, pad: int, dX) -> None:
+    check_im2col("numba", "col2im", dX.shape, kh, kw, stride, pad, cols.shape)
+    _col2im(_contiguous(cols), int(kh), int(kw), int(stride), int(pad), _contiguous(dX))
+
+
+def maxpool_forward(X, k: int, stride: int, Y, argmax) -> None:
+    check_pool("numba", "maxpool_forward", X.shape, k, stride, Y.shape, argmax.shape)
+    _maxpool_forward(_contiguous(X), int(k), int(stride), _contiguous(Y), _int32(argmax))
+
+
+def maxpool_backward(dY, argmax, k: int, stride: int, dX) -> None:
+    check_pool("numba", "maxpool_backward", dX.shape, k, stride, dY.shape, argmax.shape)
+    _maxpool_backward(_contiguous(dY), _int32(argmax), int(k), int(stride), _contiguous(dX))

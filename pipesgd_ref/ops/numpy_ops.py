@@ -95,3 +95,97 @@ def sgd_step(params: np.ndarray, grads: np.ndarray, lr: float) -> None:
     """params -= lr * grads, elementwise: plain SGD on the flat parameter vector."""
     # The product is formed in the params' dtype so float32 training never widens to float64.
     params -= params.dtype.type(lr) * grads
+
+
+# --- convolution as im2col + matmul, and max-pooling (models/cnn.py) ------------------------
+#
+# Feature maps are NHWC: (B, H, W, C), so that a window's C channels are contiguous and the
+# rows of im2col feed `dense_forward` directly (its output (B*Ho*Wo, K) is again NHWC).
+# Output sizes: Ho = (H + 2 pad - kh) // stride + 1, Wo likewise (`conv_out`).
+
+
+def conv_out(size: int, k: int, stride: int, pad: int) -> int:
+    """Output length of a window of k, moved by stride, over size + 2 pad (no partial windows)."""
+    return (size + 2 * pad - k) // stride + 1
+
+
+def im2col(X: np.ndarray, kh: int, kw: int, stride: int, pad: int, cols: np.ndarray) -> None:
+    """Unroll every kh x kw window of X into one row of cols (zeros where it hangs over the
+    padding).
+
+    As a loop, for b, i < Ho, j < Wo, u < kh, v < kw, c < C:
+        cols[(b*Ho + i)*Wo + j, (u*kw + v)*C + c] = X[b, i*stride + u - pad, j*stride + v - pad, c]
+                                                   (0 when that row or column is outside X)
+    Shapes: X (B, H, W, C), cols (B*Ho*Wo, kh*kw*C).
+    """
+    B, H, W, C = X.shape
+    Ho, Wo = conv_out(H, kh, stride, pad), conv_out(W, kw, stride, pad)
+    padded = np.zeros((B, H + 2 * pad, W + 2 * pad, C), X.dtype)
+    padded[:, pad : pad + H, pad : pad + W, :] = X
+    out = cols.reshape(B, Ho, Wo, kh, kw, C)
+    for u in range(kh):
+        for v in range(kw):
+            out[:, :, :, u, v, :] = padded[
+                :, u : u + stride * (Ho - 1) + 1 : stride, v : v + stride * (Wo - 1) + 1 : stride, :
+            ]
+
+
+def col2im(cols: np.ndarray, kh: int, kw: int, stride: int, pad: int, dX: np.ndarray) -> None:
+    """The adjoint of im2col: every entry of cols added back where im2col read it from.
+
+    As a loop: dX = 0; for every (row, column) of cols whose source position
+    (b, y, x, c) = (b, i*stride + u - pad, j*stride + v - pad, c) lies inside X:
+        dX[b, y, x, c] += cols[(b*Ho + i)*Wo + j, (u*kw + v)*C + c]
+    Windows that overlap (stride < kernel) add into the same pixel: the input gradient.
+    Shapes: cols (B*Ho*Wo, kh*kw*C), dX (B, H, W, C).
+    """
+    B, H, W, C = dX.shape
+    Ho, Wo = conv_out(H, kh, stride, pad), conv_out(W, kw, stride, pad)
+    padded = np.zeros((B, H + 2 * pad, W + 2 * pad, C), dX.dtype)
+    src = cols.reshape(B, Ho, Wo, kh, kw, C)
+    for u in range(kh):
+        for v in range(kw):
+            padded[
+                :, u : u + stride * (Ho - 1) + 1 : stride, v : v + stride * (Wo - 1) + 1 : stride, :
+            ] += src[:, :, :, u, v, :]
+    dX[...] = padded[:, pad : pad + H, pad : pad + W, :]
+
+
+def maxpool_forward(X: np.ndarray, k: int, stride: int, Y: np.ndarray, argmax: np.ndarray) -> None:
+    """Max over each k x k window (no padding), and where it was.
+
+    As a loop, for b, i < Ho, j < Wo, c < C (Ho = (H - k) // stride + 1):
+        Y[b, i, j, c]      = max over u, v < k of X[b, i*stride + u, j*stride + v, c]
+        argmax[b, i, j, c] = u*k + v of the first maximum in row-major (u, v) order
+    Shapes: X (B, H, W, C), Y and argmax (B, Ho, Wo, C); argmax int32.
+    """
+    B, H, W, C = X.shape
+    Ho, Wo = conv_out(H, k, stride, 0), conv_out(W, k, stride, 0)
+    windows = np.empty((k * k, B, Ho, Wo, C), X.dtype)
+    for u in range(k):
+        for v in range(k):
+            windows[u * k + v] = X[:, u : u + stride * (Ho - 1) + 1 : stride,
+                                   v : v + stride * (Wo - 1) + 1 : stride, :]  # fmt: skip
+    argmax[...] = np.argmax(windows, axis=0)  # the first maximum, as the loop says
+    np.max(windows, axis=0, out=Y)
+
+
+def maxpool_backward(
+    dY: np.ndarray, argmax: np.ndarray, k: int, stride: int, dX: np.ndarray
+) -> None:
+    """The gradient of maxpool_forward: each dY goes to the position its max came from.
+
+    As a loop: dX = 0; for b, i, j, c: (u, v) = divmod(argmax[b, i, j, c], k);
+        dX[b, i*stride + u, j*stride + v, c] += dY[b, i, j, c]
+    (+=: with stride < k one pixel can be the max of several windows.)
+    Shapes: dY and argmax (B, Ho, Wo, C), dX (B, H, W, C).
+    """
+    B, Ho, Wo, C = dY.shape
+    dX[...] = 0
+    for u in range(k):
+        for v in range(k):
+            hit = argmax == u * k + v
+            # one (u, v): distinct pixels for distinct windows, so += adds each once
+            rows = slice(u, u + stride * (Ho - 1) + 1, stride)
+            columns = slice(v, v + stride * (Wo - 1) + 1, stride)
+            dX[:, rows, columns, :] += np.where(hit, dY, 0)

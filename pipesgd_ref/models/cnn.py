@@ -1,0 +1,292 @@
+"""A LeNet-style convolutional network over one flat parameter vector.
+
+    X (B, C*H*W) rows of (C, H, W) images
+      -> [conv k x k, stride 1, "same" padding k // 2 -> ReLU -> max-pool 2 x 2, stride 2]
+         x len(channels)
+      -> flatten -> [dense -> ReLU] x len(hidden) -> dense -> logits (B, n_classes)
+    loss = mean_i cross_entropy(softmax(logits_i), y_i)
+
+LeNet-5's shape with channels (6, 16), kernels (5, 5), hidden (120, 84); every size is the
+config's (`--channels`, `--kernels`, `--hidden`).
+
+Convolution as im2col + matmul. A k x k convolution of an (H, W, Cin) map into Cout channels is,
+at every output pixel, a dot product of the k*k*Cin inputs under the window with each of Cout
+filters. im2col copies each window into one row of a matrix cols (B*Ho*Wo, k*k*Cin), and then the
+whole layer is one matrix product, the same `dense_forward` the MLP uses:
+
+    cols = im2col(A)                     (B*Ho*Wo, k*k*Cin)    every window, one row
+    Z    = cols @ Wc + bc                (B*Ho*Wo, Cout)       = the NHWC map (B, Ho, Wo, Cout)
+
+and backward, with dZ = dL/dZ in the same layout:
+
+    dWc   = cols^T dZ,  dbc = sum_rows dZ,  dcols = dZ Wc^T    (`dense_backward`)
+    dA    = col2im(dcols)                                       (B, H, W, Cin)
+
+col2im is im2col's adjoint: each entry of dcols goes back to the pixel it was copied from, and
+where windows overlap (stride < k) the contributions add. The price of the matmul is memory:
+cols holds k*k copies of every pixel (25 for LeNet's 5 x 5), in exchange for the fastest kernel
+there is (a tiled matmul on the GPU, BLAS on the CPU).
+
+Layout: feature maps are NHWC (batch, height, width, channels) inside the network, so that a
+window's channels are contiguous and the matmul's output needs no transpose; images arrive as
+rows of (C, H, W) and are moved to NHWC once (a reshape when C = 1, as for digits and MNIST).
+
+Max-pooling keeps, for every 2 x 2 window, the largest value and where it was (argmax, u*k + v);
+its backward sends each gradient to that one position (`maxpool_backward`).
+
+Parameters, in the flat vector in this order: per conv layer l, C{l} (k*k*Cin, Cout) and c{l}
+(Cout,); then per dense layer l, W{l} (n_in, n_out) and b{l} (n_out,). He-normal weights
+(variance 2 / fan_in, fan_in = k*k*Cin for a filter), zero biases.
+
+Compute against parameters: a conv layer does Ho*Wo*k*k*Cin*Cout multiply-adds per image with
+only k*k*Cin*Cout weights, so the CNN computes far more per parameter than the MLP: the ratio
+that decides whether Pipe-SGD's overlap pays (tutorial 11).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from pipesgd_ref.models.layout import ParamLayout, on_device
+from pipesgd_ref.models.mlp import backend_module
+from pipesgd_ref.ops import Backend, get_backend
+from pipesgd_ref.ops.numpy_ops import conv_out
+
+POOL = 2  # max-pool window and stride
+
+
+class CNN:
+    """conv -> ReLU -> max-pool, len(channels) times, then an MLP head (module docstring)."""
+
+    def __init__(
+        self,
+        image_shape: Sequence[int],
+        n_classes: int,
+        channels: Sequence[int] = (6, 16),
+        kernels: Sequence[int] = (5, 5),
+        hidden: Sequence[int] = (120, 84),
+        backend: Backend | str = "numpy",
+    ):
+        C, H, W = (int(s) for s in image_shape)
+        channels, kernels = tuple(int(c) for c in channels), tuple(int(k) for k in kernels)
+        if min(C, H, W) < 1 or n_classes < 2 or any(h < 1 for h in hidden):
+            raise ValueError(f"bad model shape: image {tuple(image_shape)}, n_classes "
+                             f"{n_classes}, hidden {tuple(hidden)}")  # fmt: skip
+        if not channels or len(kernels) != len(channels) or min(channels + kernels) < 1:
+            raise ValueError(
+                f"a CNN needs one kernel size per conv layer, each >= 1: channels {channels}, "
+                f"kernels {kernels}"
+            )
+        if any(k % 2 == 0 for k in kernels):
+            raise ValueError(f"kernels {kernels}: 'same' padding (k // 2 each side) keeps the "
+                             f"map's size only for odd kernel sizes; use 1, 3, 5, ...")  # fmt: skip
+        self.image_shape = (C, H, W)
+        self.n_features = C * H * W
+        self.n_classes = n_classes
+        self.channels, self.kernels = channels, kernels
+        self.hidden = tuple(int(h) for h in hidden)
+        self.backend = get_backend(backend) if isinstance(backend, str) else backend
+        module = backend_module(self.backend)
+        self.on_gpu = hasattr(module, "to_device")
+        self._device_empty = getattr(module, "empty", None) if self.on_gpu else None
+        self.host_backend = get_backend("numpy") if self.on_gpu else self.backend
+        # maps[l] = (H, W, C) entering conv layer l; the last one enters the dense head
+        self.maps = [(H, W, C)]
+        for c_out in channels:
+            h, w, _ = self.maps[-1]
+            if h < POOL or w < POOL:
+                raise ValueError(
+                    f"image {tuple(image_shape)}: after {len(self.maps) - 1} conv layers the "
+                    f"map is {h} x {w}, too small to pool {POOL} x {POOL}; use fewer --channels"
+                )
+            self.maps.append((conv_out(h, POOL, POOL, 0), conv_out(w, POOL, POOL, 0), c_out))
+        h, w, c = self.maps[-1]
+        self.widths = (h * w * c, *self.hidden, n_classes)  # the dense head, as the MLP's
+        shapes = []
+        for l, (c_out, k) in enumerate(zip(channels, kernels, strict=True)):
+            shapes.append((f"C{l}", (k * k * self.maps[l][2], c_out)))
+            shapes.append((f"c{l}", (c_out,)))
+        for l in range(len(self.widths) - 1):
+            shapes.append((f"W{l}", (self.widths[l], self.widths[l + 1])))
+            shapes.append((f"b{l}", (self.widths[l + 1],)))
+        self.layout = ParamLayout(shapes)
+        self._buffers: dict[tuple, dict] = {}
+
+    @property
+    def n_params(self) -> int:
+        return self.layout.size
+
+    @property
+    def n_conv(self) -> int:
+        return len(self.channels)
+
+    @property
+    def n_dense(self) -> int:
+        return len(self.widths) - 1
+
+    def init_params(self, seed: int, dtype=np.float32) -> np.ndarray:
+        """He-normal weights (variance 2 / fan_in), zero biases."""
+        rng = np.random.default_rng(seed)
+        params = np.zeros(self.n_params, dtype=dtype)
+        v = self.layout.views(params)
+        for l in range(self.n_conv):
+            fan_in = v[f"C{l}"].shape[0]
+            v[f"C{l}"][...] = rng.normal(0.0, np.sqrt(2.0 / fan_in), v[f"C{l}"].shape)
+        for l in range(self.n_dense):
+            fan_in = self.widths[l]
+            v[f"W{l}"][...] = rng.normal(0.0, np.sqrt(2.0 / fan_in), v[f"W{l}"].shape)
+        return params
+
+    def flops_per_sample(self) -> int:
+        """Multiply-adds of one image's forward pass (backward: about twice as many)."""
+        total = 0
+        for l, (c_out, k) in enumerate(zip(self.channels, self.kernels, strict=True)):
+            h, w, c_in = self.maps[l]
+            total += h * w * k * k * c_in * c_out  # "same" padding, stride 1: Ho, Wo = H, W
+        return total + sum(a * b for a, b in zip(self.widths[:-1], self.widths[1:], strict=True))
+
+    # --- buffers, made once per (batch, dtype, device) -----------------------------------------
+
+    def _buf(self, batch: int, dtype, device: bool) -> dict:
+        key = (batch, np.dtype(dtype), device)
+        if key in self._buffers:
+            return self._buffers[key]
+
+        def empty(*shape, dt=dtype):
+            return self._device_empty(shape, dt) if device else np.empty(shape, dtype=dt)
+
+        b: dict = {"cols": [], "Z": [], "R": [], "P": [], "arg": [], "dcols": [], "dZ": [],
+                   "dR": [], "dA": []}  # fmt: skip
+        for l, (c_out, k) in enumerate(zip(self.channels, self.kernels, strict=True)):
+            h, w, c_in = self.maps[l]
+            ph, pw, _ = self.maps[l + 1]
+            b["cols"].append(empty(batch * h * w, k * k * c_in))  # im2col of the input
+            b["Z"].append(empty(batch * h * w, c_out))  # conv output, NHWC rows
+            b["R"].append(empty(batch, h, w, c_out))  # after ReLU
+            b["P"].append(empty(batch, ph, pw, c_out))  # after pooling
+            b["arg"].append(empty(batch, ph, pw, c_out, dt=np.int32))
+            b["dcols"].append(empty(batch * h * w, k * k * c_in) if l > 0 else None)
+            b["dZ"].append(empty(batch * h * w, c_out))
+            b["dR"].append(empty(batch, h, w, c_out))
+            b["dA"].append(empty(batch, h, w, c_in) if l > 0 else None)  # no input gradient
+        b["Zd"] = [empty(batch, n) for n in self.widths[1:]]  # dense pre-activations
+        b["Ad"] = [None] + [empty(batch, n) for n in self.widths[1:-1]]
+        b["dZd"] = [empty(batch, n) for n in self.widths[1:]]
+        b["dAd"] = [empty(batch, self.widths[0])] + [empty(batch, n) for n in self.widths[1:-1]]
+        if self.image_shape[0] > 1:
+            H, W = self.image_shape[1:]
+            b["nhwc"] = empty(batch, H, W, self.image_shape[0])
+        self._buffers[key] = b
+        return b
+
+    def _ops_for(self, params) -> Backend:
+        device = on_device(params)
+        if device and not self.on_gpu:
+            raise TypeError(f"{self!r} runs the {self.backend.name} backend on host arrays, but "
+                            f"was given device weights; build it with backend='cuda'")  # fmt: skip
+        return self.backend if device or not self.on_gpu else self.host_backend
+
+    def _input(self, X, b: dict, dtype, device: bool):
+        """The images of X (B, C*H*W, rows of (C, H, W)) as an NHWC map."""
+        C, H, W = self.image_shape
+        if device and not on_device(X):
+            X = backend_module(self.backend).to_device(np.ascontiguousarray(X, dtype=dtype))
+        elif not device:
+            X = np.ascontiguousarray(X, dtype=dtype)
+        B = X.shape[0]
+        if C == 1:
+            return X.reshape(B, H, W, 1)  # (C, H, W) and (H, W, C) are the same bytes
+        if device:  # the rare case off the hot path of this project's data: via the host
+            host = X.copy_to_host().reshape(B, C, H, W).transpose(0, 2, 3, 1)
+            b["nhwc"].copy_to_device(np.ascontiguousarray(host))
+            return b["nhwc"]
+        np.copyto(b["nhwc"], X.reshape(B, C, H, W).transpose(0, 2, 3, 1))
+        return b["nhwc"]
+
+    # --- forward and backward --------------------------------------------------------------
+
+    def forward(self, params, X) -> dict:
+        """Every layer's output into the buffers (returned); the logits are b["Zd"][-1]."""
+        ops, v, device = self._ops_for(params), self.layout.views(params), on_device(params)
+        B = X.shape[0]
+        b = self._buf(B, params.dtype, device)
+        A = self._input(X, b, params.dtype, device)  # (B, H, W, C)
+        for l, k in enumerate(self.kernels):
+            h, w, _ = self.maps[l]
+            c_out = self.channels[l]
+            ops.im2col(A, k, k, 1, k // 2, b["cols"][l])  # (B*h*w, k*k*Cin)
+            ops.dense_forward(b["cols"][l], v[f"C{l}"], v[f"c{l}"], b["Z"][l])  # (B*h*w, Cout)
+            R = b["R"][l]
+            ops.relu_forward(b["Z"][l], R.reshape(B * h * w, c_out))  # (B, h, w, Cout)
+            ops.maxpool_forward(R, POOL, POOL, b["P"][l], b["arg"][l])  # (B, h/2, w/2, Cout)
+            A = b["P"][l]
+        flat = A.reshape(B, self.widths[0])  # NHWC flattened: the dense head's input
+        Zd, Ad = b["Zd"], [flat] + b["Ad"][1:]
+        for l in range(self.n_dense):
+            ops.dense_forward(Ad[l], v[f"W{l}"], v[f"b{l}"], Zd[l])
+            if l < self.n_dense - 1:
+                ops.relu_forward(Zd[l], Ad[l + 1])
+        b["Ad_now"] = Ad
+        return b
+
+    def loss_and_grad(self, params, X, y, grads) -> float:
+        """Mean cross-entropy on (X, y); writes d loss / d params into the flat `grads`."""
+        ops, v, g = self._ops_for(params), self.layout.views(params), self.layout.views(grads)
+        b = self.forward(params, X)
+        B = X.shape[0]
+        Ad, Zd = b["Ad_now"], b["Zd"]
+        last = self.n_dense - 1
+        dZ = b["dZd"][last]
+        loss = ops.softmax_xent_grad(Zd[last], y, dZ)  # dL/dlogits (B, n_classes)
+        for l in range(last, -1, -1):
+            # Zd[l] = Ad[l] W_l + b_l  =>  dW_l = Ad[l]^T dZ, db_l = sum_rows dZ, dAd[l] = dZ W_l^T
+            dA = b["dAd"][l]
+            ops.dense_backward(Ad[l], v[f"W{l}"], dZ, g[f"W{l}"], g[f"b{l}"], dA)
+            if l > 0:
+                dZ = b["dZd"][l - 1]
+                ops.relu_backward(Zd[l - 1], dA, dZ)  # Ad[l] = relu(Zd[l-1])
+        dP = b["dAd"][0]  # (B, flat): the gradient of the last pooled map, NHWC flattened
+        for l in range(self.n_conv - 1, -1, -1):
+            h, w, _ = self.maps[l]
+            ph, pw, c_out = self.maps[l + 1]
+            dR = b["dR"][l]
+            # P = maxpool(R)  =>  dR = dP at each window's argmax, 0 elsewhere
+            ops.maxpool_backward(dP.reshape(B, ph, pw, c_out), b["arg"][l], POOL, POOL, dR)
+            # R = relu(Z)  =>  dZ = dR * [Z > 0]       (rows of the NHWC map)
+            dZc = b["dZ"][l]
+            ops.relu_backward(b["Z"][l], dR.reshape(B * h * w, c_out), dZc)
+            # Z = cols Wc + bc  =>  dWc = cols^T dZ, dbc = sum_rows dZ, dcols = dZ Wc^T
+            ops.dense_backward(b["cols"][l], v[f"C{l}"], dZc, g[f"C{l}"], g[f"c{l}"],
+                               b["dcols"][l])  # fmt: skip
+            if l > 0:
+                k = self.kernels[l]
+                ops.col2im(b["dcols"][l], k, k, 1, k // 2, b["dA"][l])  # dA = col2im(dcols)
+                dP = b["dA"][l].reshape(B, h * w * self.maps[l][2])  # the pooled map before
+        return loss
+
+    # --- evaluation (off the hot path) -------------------------------------------------------
+
+    def logits(self, params, X: np.ndarray) -> np.ndarray:
+        if on_device(params):
+            params = params.copy_to_host()
+        out = []
+        for start in range(0, len(X), 512):  # the test set in slices: im2col's copies are big
+            b = self.forward(params, X[start : start + 512])
+            out.append(b["Zd"][-1].copy())
+        return np.concatenate(out) if out else np.empty((0, self.n_classes), params.dtype)
+
+    def predict(self, params, X: np.ndarray) -> np.ndarray:
+        return np.argmax(self.logits(params, X), axis=1)
+
+    def accuracy(self, params, X: np.ndarray, y: np.ndarray) -> float:
+        if len(y) == 0:
+            return float("nan")
+        return float(np.mean(self.predict(params, X) == y))
+
+    def __repr__(self) -> str:
+        convs = " -> ".join(f"conv{k}x{k}:{c}" for c, k in zip(self.channels, self.kernels,
+                                                                strict=True))  # fmt: skip
+        head = " -> ".join(map(str, self.widths))
+        return f"CNN({self.image_shape} -> {convs} -> {head}, {self.n_params} params)"
