@@ -10,9 +10,10 @@
                             [--peers gloo,mpi,mpi-tcp] [--latency L] [--bandwidth B]
                                                               ring AllReduce benchmark
 
-Config options, applied in order: --preset NAME (laptop, compare, tiny), --config FILE
-(.toml/.json), then any --key=value (or --key value) naming a TrainConfig field, e.g.
---lr=0.05 --hidden=128,64.
+Config options, applied in order: --preset NAME (laptop, compare, compare-cnn,
+compare-cnn-compute, tiny), --config FILE (.toml/.json), then any --key=value (or --key value)
+naming a TrainConfig field, e.g. --lr=0.05 --hidden=128,64. `compare --model cnn` starts from
+the compare-cnn preset.
 
 `compare` (pipesgd_ref/compare.py) trains ps-sync, ps-async, sync, pipe, pipe+trunc16 and
 pipe+q8 on the same problem (the `compare` preset) through one emulated network, each twice

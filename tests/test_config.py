@@ -24,7 +24,8 @@ def test_presets_build_valid_configs():
     for name in PRESETS:
         cfg = TrainConfig.preset(name)
         assert isinstance(cfg, TrainConfig)
-    with pytest.raises(ConfigError, match="choose one of: laptop, compare, tiny"):
+    every = "laptop, compare, compare-cnn, compare-cnn-compute, tiny"
+    with pytest.raises(ConfigError, match=f"choose one of: {every}"):
         TrainConfig.preset("supercomputer")
 
 
