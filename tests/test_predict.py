@@ -281,7 +281,7 @@ def test_parse_codecs():
         ([*FAST, "--sweep", "speed=1..2"], "--sweep: cannot sweep 'speed'"),
         ([*FAST, "--sweep", "world_size=8..2"], "1 <= LOW < HIGH"),
         ([*FAST, "--plot", "x.png"], "--plot draws a sweep: add --sweep"),
-        (["--model", "resnet"], "model must be softmax or mlp, got 'resnet'"),
+        (["--model", "resnet"], "model must be softmax, mlp or cnn, got 'resnet'"),
         (["--hidden", "512,abc"], "expects a comma-separated list of integers"),
         (["--batch-size", "100000"], "cannot build the model to time it"),
     ],
