@@ -206,6 +206,9 @@ def run_compare(
     log("")
     for c in checks:
         log(c["text"])
+    if cfg.model != "mlp":
+        log(f"(the bars are the paper's headline on the MLP problem of the compare preset; on "
+            f"--model {cfg.model} they are figures to read, not targets)")  # fmt: skip
     if out_dir is not None:
         write_json(out_dir / "compare.json", report)
         figures = plot_compare(report, summaries, traces, cal, cfg, out_dir)

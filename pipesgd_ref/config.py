@@ -513,13 +513,13 @@ PRESETS: dict[str, dict[str, Any]] = {
     # AllReduce of its 431 KB gradient takes about as long as a step's computation on this
     # machine's shared cores: the CNN, too, in the communication-heavy regime
     "compare-cnn": dict(dataset="mnist5k", model="cnn", channels=(6, 16), kernels=(5, 5),
-                        hidden=(120, 84), world_size=4, batch_size=32, lr=0.1, steps=200,
+                        hidden=(120, 84), world_size=4, batch_size=32, lr=0.05, steps=200,
                         eval_every=10, target_accuracy=0.9, latency="50us", bandwidth="150Mbit",
                         ps_pulls="shared"),
     # the same on a 10 Gbit/s link: compute-bound, where pipelining has little to hide
     "compare-cnn-compute": dict(dataset="mnist5k", model="cnn", channels=(6, 16),
                                 kernels=(5, 5), hidden=(120, 84), world_size=4, batch_size=32,
-                                lr=0.1, steps=200, eval_every=10, target_accuracy=0.9,
+                                lr=0.05, steps=200, eval_every=10, target_accuracy=0.9,
                                 latency="50us", bandwidth="10Gbit", ps_pulls="shared"),
     # the smallest run that still learns: for CI, tutorials and smoke tests
     "tiny": dict(dataset="digits", model="softmax", hidden=(), world_size=2, batch_size=16,
