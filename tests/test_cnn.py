@@ -174,6 +174,7 @@ def oracle_inputs(cfg: TrainConfig, n_workers: int):
     "algo,extra",
     [("sync", {}), ("pipe", {}), ("pipe", {"compensation": "predict"}),
      ("pipe", {"compensation": "dc"}), ("pipe", {"codec": "trunc16"}), ("sync", {"codec": "q8"}),
+     ("pipe", {"codec": "bf16"}),
      ("pipe", {"transport": "shm"}), ("sync", {"transport": "unix"})],
 )  # fmt: skip
 def test_ring_methods_train_the_cnn_bitwise_their_oracle(algo, extra):
