@@ -49,15 +49,15 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from pipesgd_ref.models.base import FlatModel
 from pipesgd_ref.models.layout import ParamLayout, on_device
-from pipesgd_ref.models.mlp import backend_module
-from pipesgd_ref.ops import Backend, get_backend
+from pipesgd_ref.ops import Backend
 from pipesgd_ref.ops.numpy_ops import conv_out
 
 POOL = 2  # max-pool window and stride
 
 
-class CNN:
+class CNN(FlatModel):
     """conv -> ReLU -> max-pool, len(channels) times, then an MLP head (module docstring)."""
 
     def __init__(
@@ -87,11 +87,7 @@ class CNN:
         self.n_classes = n_classes
         self.channels, self.kernels = channels, kernels
         self.hidden = tuple(int(h) for h in hidden)
-        self.backend = get_backend(backend) if isinstance(backend, str) else backend
-        module = backend_module(self.backend)
-        self.on_gpu = hasattr(module, "to_device")
-        self._device_empty = getattr(module, "empty", None) if self.on_gpu else None
-        self.host_backend = get_backend("numpy") if self.on_gpu else self.backend
+        self._use_backend(backend)
         # maps[l] = (H, W, C) entering conv layer l; the last one enters the dense head
         self.maps = [(H, W, C)]
         for c_out in channels:
@@ -113,10 +109,6 @@ class CNN:
             shapes.append((f"b{l}", (self.widths[l + 1],)))
         self.layout = ParamLayout(shapes)
         self._buffers: dict[tuple, dict] = {}
-
-    @property
-    def n_params(self) -> int:
-        return self.layout.size
 
     @property
     def n_conv(self) -> int:
@@ -155,7 +147,7 @@ class CNN:
             return self._buffers[key]
 
         def empty(*shape, dt=dtype):
-            return self._device_empty(shape, dt) if device else np.empty(shape, dtype=dt)
+            return self._empty(shape, dt, device)
 
         b: dict = {"cols": [], "Z": [], "R": [], "P": [], "arg": [], "dcols": [], "dZ": [],
                    "dR": [], "dA": []}  # fmt: skip
@@ -181,19 +173,12 @@ class CNN:
         self._buffers[key] = b
         return b
 
-    def _ops_for(self, params) -> Backend:
-        device = on_device(params)
-        if device and not self.on_gpu:
-            raise TypeError(f"{self!r} runs the {self.backend.name} backend on host arrays, but "
-                            f"was given device weights; build it with backend='cuda'")  # fmt: skip
-        return self.backend if device or not self.on_gpu else self.host_backend
-
     def _input(self, X, b: dict, dtype, device: bool):
         """The images of X (B, C*H*W, rows of (C, H, W)) as an NHWC map."""
         C, H, W = self.image_shape
-        if device and not on_device(X):
-            X = backend_module(self.backend).to_device(np.ascontiguousarray(X, dtype=dtype))
-        elif not device:
+        if device:
+            X = self._to_device(X, dtype)
+        else:
             X = np.ascontiguousarray(X, dtype=dtype)
         B = X.shape[0]
         if C == 1:
@@ -223,12 +208,8 @@ class CNN:
             ops.maxpool_forward(R, POOL, POOL, b["P"][l], b["arg"][l])  # (B, h/2, w/2, Cout)
             A = b["P"][l]
         flat = A.reshape(B, self.widths[0])  # NHWC flattened: the dense head's input
-        Zd, Ad = b["Zd"], [flat] + b["Ad"][1:]
-        for l in range(self.n_dense):
-            ops.dense_forward(Ad[l], v[f"W{l}"], v[f"b{l}"], Zd[l])
-            if l < self.n_dense - 1:
-                ops.relu_forward(Zd[l], Ad[l + 1])
-        b["Ad_now"] = Ad
+        b["Ad_now"] = Ad = [flat] + b["Ad"][1:]
+        self._dense_forward(ops, v, Ad, b["Zd"])  # the head, as the MLP's layers
         return b
 
     def loss_and_grad(self, params, X, y, grads) -> float:
@@ -236,17 +217,9 @@ class CNN:
         ops, v, g = self._ops_for(params), self.layout.views(params), self.layout.views(grads)
         b = self.forward(params, X)
         B = X.shape[0]
-        Ad, Zd = b["Ad_now"], b["Zd"]
-        last = self.n_dense - 1
-        dZ = b["dZd"][last]
-        loss = ops.softmax_xent_grad(Zd[last], y, dZ)  # dL/dlogits (B, n_classes)
-        for l in range(last, -1, -1):
-            # Zd[l] = Ad[l] W_l + b_l  =>  dW_l = Ad[l]^T dZ, db_l = sum_rows dZ, dAd[l] = dZ W_l^T
-            dA = b["dAd"][l]
-            ops.dense_backward(Ad[l], v[f"W{l}"], dZ, g[f"W{l}"], g[f"b{l}"], dA)
-            if l > 0:
-                dZ = b["dZd"][l - 1]
-                ops.relu_backward(Zd[l - 1], dA, dZ)  # Ad[l] = relu(Zd[l-1])
+        # the head, as the MLP's layers; dAd[0] receives the gradient of its input
+        loss = self._dense_loss_and_backward(ops, v, g, b["Ad_now"], b["Zd"], y, b["dZd"],
+                                             b["dAd"])  # fmt: skip
         dP = b["dAd"][0]  # (B, flat): the gradient of the last pooled map, NHWC flattened
         for l in range(self.n_conv - 1, -1, -1):
             h, w, _ = self.maps[l]
@@ -276,14 +249,6 @@ class CNN:
             b = self.forward(params, X[start : start + 512])
             out.append(b["Zd"][-1].copy())
         return np.concatenate(out) if out else np.empty((0, self.n_classes), params.dtype)
-
-    def predict(self, params, X: np.ndarray) -> np.ndarray:
-        return np.argmax(self.logits(params, X), axis=1)
-
-    def accuracy(self, params, X: np.ndarray, y: np.ndarray) -> float:
-        if len(y) == 0:
-            return float("nan")
-        return float(np.mean(self.predict(params, X) == y))
 
     def __repr__(self) -> str:
         convs = " -> ".join(f"conv{k}x{k}:{c}" for c, k in zip(self.channels, self.kernels,

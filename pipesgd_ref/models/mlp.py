@@ -6,7 +6,8 @@
 All parameters live in one flat vector (see layout.py); `loss_and_grad` writes the gradient into
 a flat buffer of the same layout, which is exactly what the collective sends. Forward and
 backward are written out layer by layer, with the shapes, so the backward pass can be checked
-line by line against the chain rule (tests/test_models.py checks it against finite differences).
+line by line against the chain rule (tests/test_models.py checks it against finite differences);
+the dense layers' loops are models/base.py's, shared with the CNN's dense head.
 The arithmetic goes through the ops backend chosen once at construction (numpy or numba).
 
 On the GPU (backend "cuda", --device cuda) the same code runs on Numba device arrays: params,
@@ -17,21 +18,16 @@ weights to the host and runs the NumPy ops there.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Sequence
 
 import numpy as np
 
+from pipesgd_ref.models.base import FlatModel
 from pipesgd_ref.models.layout import ParamLayout, on_device
-from pipesgd_ref.ops import BACKENDS, Backend, get_backend
+from pipesgd_ref.ops import Backend
 
 
-def backend_module(backend: Backend):
-    """The module behind a backend (its allocation helpers are not ops), or None."""
-    return importlib.import_module(BACKENDS[backend.name]) if backend.name in BACKENDS else None
-
-
-class MLP:
+class MLP(FlatModel):
     """ReLU MLP over one flat parameter vector. `hidden=()` gives softmax regression."""
 
     def __init__(
@@ -49,13 +45,7 @@ class MLP:
         self.n_features = n_features
         self.n_classes = n_classes
         self.hidden = tuple(int(h) for h in hidden)
-        self.backend = get_backend(backend) if isinstance(backend, str) else backend
-        module = backend_module(self.backend)
-        # A device backend (its module moves arrays: `to_device`) allocates with its own
-        # `empty`; evaluation, on host copies of the weights, uses the NumPy reference ops.
-        self.on_gpu = hasattr(module, "to_device")
-        self._device_empty = getattr(module, "empty", None) if self.on_gpu else None
-        self.host_backend = get_backend("numpy") if self.on_gpu else self.backend
+        self._use_backend(backend)
         self.widths = (n_features, *self.hidden, n_classes)  # layer l maps widths[l] -> widths[l+1]
         self.n_layers = len(self.widths) - 1
         shapes = []
@@ -66,10 +56,6 @@ class MLP:
         self._buffers: dict[tuple, tuple[list, list]] = {}
         self._grad_buffers: dict[tuple, tuple[list, list]] = {}
 
-    @property
-    def n_params(self) -> int:
-        return self.layout.size
-
     def init_params(self, seed: int, dtype=np.float32) -> np.ndarray:
         """A fresh flat parameter vector: He-normal weights (variance 2/fan_in), zero biases."""
         rng = np.random.default_rng(seed)
@@ -79,10 +65,6 @@ class MLP:
             fan_in = self.widths[l]
             views[f"W{l}"][...] = rng.normal(0.0, np.sqrt(2.0 / fan_in), views[f"W{l}"].shape)
         return params
-
-    def _empty(self, shape: tuple[int, ...], dtype, device: bool):
-        """One buffer: on the device through the backend's allocator, else np.empty."""
-        return self._device_empty(shape, dtype) if device else np.empty(shape, dtype=dtype)
 
     def _activations(self, batch: int, dtype, device: bool = False) -> tuple[list, list]:
         """Preallocated pre-activations Z[l] and activations A[l] for a batch size and dtype
@@ -108,23 +90,6 @@ class MLP:
             cache[key] = (outs, hidden)
         return cache[key]
 
-    def _ops_for(self, params) -> Backend:
-        """The ops that work where `params` live: the model's backend; for host weights on a
-        device model (evaluation), the host ops."""
-        device = on_device(params)
-        if device and not self.on_gpu:
-            raise TypeError(
-                f"{self!r} runs the {self.backend.name} backend on host arrays, but was given "
-                f"device weights; build the model with backend='cuda' (--device cuda)"
-            )
-        return self.backend if device or not self.on_gpu else self.host_backend
-
-    def _to_device(self, array, dtype):
-        """A host input (X or y) copied to the device; a device one as it is."""
-        if on_device(array):
-            return array
-        return backend_module(self.backend).to_device(np.ascontiguousarray(array, dtype=dtype))
-
     def forward(self, params, X) -> tuple[list, list]:
         """Run the layers; returns (Z, A): Z[l] (B, widths[l+1]) pre-activations, A[l] inputs.
         Device params: X may be a device array or a host one (then copied over)."""
@@ -135,10 +100,7 @@ class MLP:
             X = np.ascontiguousarray(X, dtype=params.dtype)
         Z, A = self._activations(X.shape[0], params.dtype, device)
         A = [X] + A[1:]
-        for l in range(self.n_layers):
-            ops.dense_forward(A[l], v[f"W{l}"], v[f"b{l}"], Z[l])  # Z[l] = A[l] W_l + b_l
-            if l < self.n_layers - 1:
-                ops.relu_forward(Z[l], A[l + 1])  # A[l+1] = relu(Z[l])
+        self._dense_forward(ops, v, A, Z)  # Z[l] = A[l] W_l + b_l, A[l+1] = relu(Z[l])
         return Z, A
 
     def loss_and_grad(self, params, X, y, grads) -> float:
@@ -149,19 +111,8 @@ class MLP:
         g = self.layout.views(grads)
         Z, A = self.forward(params, X)
         dZs, dAs = self._gradients(Z[0].shape[0], params.dtype, on_device(params))
-        last = self.n_layers - 1
-        # dZ starts as dL/dlogits (B, n_classes); the softmax and the loss are fused.
-        dZ = dZs[last]
-        loss = ops.softmax_xent_grad(Z[last], y, dZ)
-        for l in range(last, -1, -1):
-            # Z[l] = A[l] W_l + b_l  =>  dW_l = A[l]^T dZ, db_l = sum_rows dZ, dA[l] = dZ W_l^T
-            dA = dAs[l]  # None for l == 0: the input needs no gradient
-            ops.dense_backward(A[l], v[f"W{l}"], dZ, g[f"W{l}"], g[f"b{l}"], dA)
-            if l > 0:
-                # A[l] = relu(Z[l-1])  =>  dZ[l-1] = dA[l] * [Z[l-1] > 0]
-                dZ = dZs[l - 1]
-                ops.relu_backward(Z[l - 1], dA, dZ)
-        return loss
+        # dAs[0] is None: the input needs no gradient
+        return self._dense_loss_and_backward(ops, v, g, A, Z, y, dZs, dAs)
 
     def logits(self, params, X: np.ndarray) -> np.ndarray:
         """(B, n_classes) logits, on the host (device weights are copied over first: evaluation
@@ -170,16 +121,6 @@ class MLP:
             params = params.copy_to_host()
         Z, _ = self.forward(params, X)
         return Z[-1].copy()
-
-    def predict(self, params, X: np.ndarray) -> np.ndarray:
-        """The most likely class of each row of X: (B,) int64."""
-        return np.argmax(self.logits(params, X), axis=1)
-
-    def accuracy(self, params, X: np.ndarray, y: np.ndarray) -> float:
-        """Fraction of rows of X whose predicted class equals y."""
-        if len(y) == 0:
-            return float("nan")
-        return float(np.mean(self.predict(params, X) == y))
 
     def __repr__(self) -> str:
         shape = " -> ".join(map(str, self.widths))

@@ -1,0 +1,106 @@
+"""What every model over one flat parameter vector shares (the MLP, and the CNN's dense head).
+
+- the backend: its ops, chosen once; on a device backend (`--device cuda`) the buffers come
+  from the backend's own allocator, and evaluation on host copies of the weights uses the NumPy
+  reference ops (`_use_backend`, `_empty`, `_ops_for`, `_to_device`);
+- the dense layers, forward and backward, each line beside the chain rule it computes
+  (`_dense_forward`, `_dense_loss_and_backward`), over the parameters W{l}, b{l} of the layout;
+- evaluation: `predict` and `accuracy` from a model's `logits`.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+
+from pipesgd_ref.models.layout import ParamLayout, on_device
+from pipesgd_ref.ops import BACKENDS, Backend, get_backend
+
+
+def backend_module(backend: Backend):
+    """The module behind a backend (its allocation helpers are not ops), or None."""
+    return importlib.import_module(BACKENDS[backend.name]) if backend.name in BACKENDS else None
+
+
+class FlatModel:
+    """The shared part of a model; a subclass sets `layout` and `n_classes`, calls
+    `_use_backend` in its constructor, and defines `logits`."""
+
+    layout: ParamLayout
+    n_classes: int
+
+    def _use_backend(self, backend: Backend | str) -> None:
+        self.backend = get_backend(backend) if isinstance(backend, str) else backend
+        module = backend_module(self.backend)
+        # A device backend (its module moves arrays: `to_device`) allocates with its own
+        # `empty`; evaluation, on host copies of the weights, uses the NumPy reference ops.
+        self.on_gpu = hasattr(module, "to_device")
+        self._device_empty = getattr(module, "empty", None) if self.on_gpu else None
+        self.host_backend = get_backend("numpy") if self.on_gpu else self.backend
+
+    @property
+    def n_params(self) -> int:
+        return self.layout.size
+
+    def _empty(self, shape: tuple[int, ...], dtype, device: bool):
+        """One buffer: on the device through the backend's allocator, else np.empty."""
+        return self._device_empty(shape, dtype) if device else np.empty(shape, dtype=dtype)
+
+    def _ops_for(self, params) -> Backend:
+        """The ops that work where `params` live: the model's backend; for host weights on a
+        device model (evaluation), the host ops."""
+        device = on_device(params)
+        if device and not self.on_gpu:
+            raise TypeError(
+                f"{self!r} runs the {self.backend.name} backend on host arrays, but was given "
+                f"device weights; build the model with backend='cuda' (--device cuda)"
+            )
+        return self.backend if device or not self.on_gpu else self.host_backend
+
+    def _to_device(self, array, dtype):
+        """A host input (X or y) copied to the device; a device one as it is."""
+        if on_device(array):
+            return array
+        return backend_module(self.backend).to_device(np.ascontiguousarray(array, dtype=dtype))
+
+    def _dense_forward(self, ops: Backend, v: dict, A: list, Z: list) -> None:
+        """The dense layers l = 0 .. len(Z) - 1 with ReLU between them: Z[l] (B, n_out) the
+        pre-activations, A[l] (B, n_in) each layer's input (A[0] given, the rest written)."""
+        last = len(Z) - 1
+        for l in range(last + 1):
+            ops.dense_forward(A[l], v[f"W{l}"], v[f"b{l}"], Z[l])  # Z[l] = A[l] W_l + b_l
+            if l < last:
+                ops.relu_forward(Z[l], A[l + 1])  # A[l+1] = relu(Z[l])
+
+    def _dense_loss_and_backward(self, ops: Backend, v: dict, g: dict, A: list, Z: list, y,
+                                 dZs: list, dAs: list) -> float:  # fmt: skip
+        """Mean cross-entropy of softmax(Z[-1]) against y, and the dense layers' gradients into
+        g (W{l}, b{l}); dAs[0], when not None, receives d loss / d A[0] (the CNN's pooled map).
+        dZs[l] like Z[l] and dAs[l] like A[l] are scratch, each written once."""
+        last = len(Z) - 1
+        # dZ starts as dL/dlogits (B, n_classes); the softmax and the loss are fused.
+        dZ = dZs[last]
+        loss = ops.softmax_xent_grad(Z[last], y, dZ)
+        for l in range(last, -1, -1):
+            # Z[l] = A[l] W_l + b_l  =>  dW_l = A[l]^T dZ, db_l = sum_rows dZ, dA[l] = dZ W_l^T
+            dA = dAs[l]
+            ops.dense_backward(A[l], v[f"W{l}"], dZ, g[f"W{l}"], g[f"b{l}"], dA)
+            if l > 0:
+                # A[l] = relu(Z[l-1])  =>  dZ[l-1] = dA[l] * [Z[l-1] > 0]
+                dZ = dZs[l - 1]
+                ops.relu_backward(Z[l - 1], dA, dZ)
+        return loss
+
+    def logits(self, params, X: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def predict(self, params, X: np.ndarray) -> np.ndarray:
+        """The most likely class of each row of X: (B,) int64."""
+        return np.argmax(self.logits(params, X), axis=1)
+
+    def accuracy(self, params, X: np.ndarray, y: np.ndarray) -> float:
+        """Fraction of rows of X whose predicted class equals y."""
+        if len(y) == 0:
+            return float("nan")
+        return float(np.mean(self.predict(params, X) == y))
