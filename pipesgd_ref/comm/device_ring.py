@@ -205,11 +205,11 @@ class DirectDeviceRingReduce(DeviceRingReduce):
         self.slot = _pinned((width,), self.dtype)
         cuda.synchronize()  # the kernels that wrote the array are done before MPI reads it
 
-    def outgoing(self, s: int, e: int):
-        return self.flat[s:e]
-
-    def inbox(self, s: int, e: int, gathering: bool):
-        return self.flat[s:e] if gathering else self.scratch[: e - s]
+    # Where frames leave from and arrive into: the host ring's own hooks (the array's slices,
+    # one scratch segment), here on device memory.
+    outgoing = RingReduce.outgoing
+    inbox = RingReduce.inbox
+    place = RingReduce.place
 
     def reduce(self, got, s: int, e: int, last: bool):
         dst = self.flat[s:e]
@@ -224,6 +224,3 @@ class DirectDeviceRingReduce(DeviceRingReduce):
                 dst.copy_to_device(slot)
             cuda.synchronize()  # MPI reads dst next: the addition must be done
         return dst
-
-    def place(self, got, s: int, e: int):
-        return got  # received straight into place, forwarded from there

@@ -50,6 +50,7 @@ from pipesgd_ref.ops.cuda_support import (
     launch_1d,
     launch_2d,
 )
+from pipesgd_ref.ops.numpy_ops import conv_out
 from pipesgd_ref.ops.windows import check_im2col, check_pool
 
 ROW_THREADS = 32  # softmax: one warp per row; a row has C classes (10 here), rarely more than 32
@@ -383,10 +384,25 @@ def _fill(x, value):
 # scatters with atomicAdd. No atomics: deterministic, and the sums are added in the reference's
 # order. Flat thread index e -> (b, y, x, c) with c fastest, so a warp's stores are consecutive
 # addresses (coalesced), and so are most of its loads (neighbouring c, then neighbouring x).
-# Ho = (H + 2 pad - kh) // stride + 1 is numpy_ops.conv_out, written inline in the kernels.
+# Ho = (H + 2 pad - kh) // stride + 1 is numpy_ops.conv_out itself, compiled as a device
+# function (`_conv_out`); a flat index walks the 4-D arrays as `_unflatten` splits it.
 # The pixel (y, x) is read by window row i at kernel row u exactly when
 # i*stride + u - pad == y: u runs over (y + pad) % stride, that + stride, ... < kh, with
 # i = (y + pad - u) // stride (exact), which must lie in [0, Ho); columns likewise.
+
+
+_conv_out = cuda.jit(device=True)(conv_out)
+
+
+@cuda.jit(device=True)
+def _unflatten(e, n1, n2, n3):
+    """(a, b, c, d) of the flat row-major index e into an array of shape (_, n1, n2, n3)."""
+    r = e // n3
+    d = e - r * n3
+    r2 = r // n2
+    c = r - r2 * n2
+    a = r2 // n1
+    return a, r2 - a * n1, c, d
 
 
 @cuda.jit
@@ -399,20 +415,13 @@ def _im2col(X, kh, kw, stride, pad, cols):
     the padding is a bounds test, not a padded copy of X. Bitwise equal to NumPy (a copy).
     """
     B, H, W, C = X.shape
-    Ho = (H + 2 * pad - kh) // stride + 1
-    Wo = (W + 2 * pad - kw) // stride + 1
+    Ho, Wo = _conv_out(H, kh, stride, pad), _conv_out(W, kw, stride, pad)
     K = kh * kw * C
     for e in range(cuda.grid(1), cols.shape[0] * K, cuda.gridsize(1)):
         row = e // K
         col = e - row * K
-        t = col // C
-        c = col - t * C
-        u = t // kw
-        v = t - u * kw
-        r = row // Wo
-        j = row - r * Wo
-        b = r // Ho
-        i = r - b * Ho
+        _, u, v, c = _unflatten(col, kh, kw, C)  # col = (u*kw + v)*C + c
+        b, i, j, _ = _unflatten(row, Ho, Wo, 1)  # row = (b*Ho + i)*Wo + j
         y = i * stride + u - pad
         x = j * stride + v - pad
         if 0 <= y < H and 0 <= x < W:
@@ -433,15 +442,9 @@ def _col2im(cols, kh, kw, stride, pad, dX):
     no multiply for the compiler to fuse into an FMA).
     """
     B, H, W, C = dX.shape
-    Ho = (H + 2 * pad - kh) // stride + 1
-    Wo = (W + 2 * pad - kw) // stride + 1
+    Ho, Wo = _conv_out(H, kh, stride, pad), _conv_out(W, kw, stride, pad)
     for e in range(cuda.grid(1), B * H * W * C, cuda.gridsize(1)):
-        r = e // C
-        c = e - r * C
-        r2 = r // W
-        x = r - r2 * W
-        b = r2 // H
-        y = r2 - b * H
+        b, y, x, c = _unflatten(e, H, W, C)
         acc = float32(0.0)
         for u in range((y + pad) % stride, kh, stride):  # the kernel rows that read y
             i = (y + pad - u) // stride  # exact: u = y + pad (mod stride)
@@ -464,12 +467,7 @@ def _maxpool_forward(X, k, stride, Y, argmax):
     """
     B, Ho, Wo, C = Y.shape
     for e in range(cuda.grid(1), B * Ho * Wo * C, cuda.gridsize(1)):
-        r = e // C
-        c = e - r * C
-        r2 = r // Wo
-        j = r - r2 * Wo
-        b = r2 // Ho
-        i = r2 - b * Ho
+        b, i, j, c = _unflatten(e, Ho, Wo, C)
         y0 = i * stride
         x0 = j * stride
         m = X[b, y0, x0, c]
@@ -499,12 +497,7 @@ def _maxpool_backward(dY, argmax, k, stride, dX):
     B, H, W, C = dX.shape
     Ho, Wo = dY.shape[1], dY.shape[2]
     for e in range(cuda.grid(1), B * H * W * C, cuda.gridsize(1)):
-        r = e // C
-        c = e - r * C
-        r2 = r // W
-        x = r - r2 * W
-        b = r2 // H
-        y = r2 - b * H
+        b, y, x, c = _unflatten(e, H, W, C)
         acc = float32(0.0)
         for u in range(y % stride, k, stride):
             i = (y - u) // stride

@@ -25,6 +25,7 @@ import math
 import numpy as np
 from numba import njit
 
+from pipesgd_ref.ops.numpy_ops import conv_out
 from pipesgd_ref.ops.windows import check_im2col, check_pool
 
 _jit = njit(nogil=True, cache=True)
@@ -128,8 +129,7 @@ def _sgd_step(params, grads, lr):
 #
 # NHWC maps, so the C channels of one pixel are contiguous in the map and in a row of cols: the
 # innermost loop of every kernel below walks them (a vectorised copy, compare or add).
-# Ho = (H + 2 pad - kh) // stride + 1 is numpy_ops.conv_out, written inline (a jitted loop
-# cannot call the plain Python function).
+# Ho = (H + 2 pad - kh) // stride + 1 is numpy_ops.conv_out itself, compiled (`_conv_out`).
 #
 # The gradients (col2im, maxpool_backward) are gathers: each pixel of dX sums the window
 # positions that read it, in the (u, v) row-major order in which the reference adds them into
@@ -139,11 +139,13 @@ def _sgd_step(params, grads, lr):
 # lie in [0, Ho); columns likewise.
 
 
+_conv_out = _jit(conv_out)
+
+
 @_jit
 def _im2col(X, kh, kw, stride, pad, cols):
     B, H, W, C = X.shape
-    Ho = (H + 2 * pad - kh) // stride + 1
-    Wo = (W + 2 * pad - kw) // stride + 1
+    Ho, Wo = _conv_out(H, kh, stride, pad), _conv_out(W, kw, stride, pad)
     for b in range(B):
         for i in range(Ho):
             for j in range(Wo):
@@ -164,8 +166,7 @@ def _im2col(X, kh, kw, stride, pad, cols):
 @_jit
 def _col2im(cols, kh, kw, stride, pad, dX):
     B, H, W, C = dX.shape
-    Ho = (H + 2 * pad - kh) // stride + 1
-    Wo = (W + 2 * pad - kw) // stride + 1
+    Ho, Wo = _conv_out(H, kh, stride, pad), _conv_out(W, kw, stride, pad)
     for b in range(B):
         for y in range(H):
             for x in range(W):
