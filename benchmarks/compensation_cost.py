@@ -16,7 +16,6 @@ extra vectors of n float32 each keeps. Prints the table and nothing else.
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
 
@@ -24,17 +23,7 @@ from pipesgd_ref.algorithms.compensation import DelayCompensation, predicted_wei
 from pipesgd_ref.algorithms.worker import Worker
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.timing import compensation_passes
-from pipesgd_ref.timing.calibrate import time_gamma_and_copy
-
-
-def median_seconds(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
+from pipesgd_ref.timing.calibrate import median_time, time_gamma_and_copy
 
 
 def main() -> None:
@@ -54,7 +43,7 @@ def main() -> None:
         worker.loss_and_grad(1, g)
         worker.model.backend.sgd_step(w.copy(), g, 1e-9)
 
-    t_step = median_seconds(step, args.repeats)
+    t_step = median_time(step, args.repeats)
     gamma, _ = time_gamma_and_copy(n)
     kept, then = np.empty_like(w), w + np.float32(1e-3)
     predicted = np.empty_like(w)
@@ -82,7 +71,7 @@ def main() -> None:
     print(head)
     print("-" * len(head))
     for kind, fn in works.items():
-        t = median_seconds(fn, args.repeats)
+        t = median_time(fn, args.repeats)
         passes = compensation_passes(kind, 2)
         model = passes * gamma * 4 * n
         print(f"{kind:<13} {t * 1e3:>11.3f} {t / t_step:>9.1%} {model * 1e3:>9.3f} {passes:>6} "

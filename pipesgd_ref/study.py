@@ -44,7 +44,7 @@ from pipesgd_ref.algorithms.reference import delayed_sgd, model_grad_fn
 from pipesgd_ref.algorithms.worker import Worker
 from pipesgd_ref.config import TrainConfig, model_label
 from pipesgd_ref.outputs import write_json
-from pipesgd_ref.timing.calibrate import time_compute, time_gamma_and_copy
+from pipesgd_ref.timing.calibrate import cluster_calibration
 
 # (label, width, compensation): the methods the study compares
 METHODS = (
@@ -123,14 +123,7 @@ def run_one(cfg: TrainConfig, width: int, compensation: str, lr: float) -> dict[
 
 def cluster_iteration_times(cfg: TrainConfig) -> dict[str, float]:
     """Each method's predicted iteration time on p machines (one worker each) on cfg's link."""
-    from pipesgd_ref.config import link_model
-
-    n, t_comp, t_update = time_compute(cfg)
-    gamma, copy = time_gamma_and_copy(min(n, 1 << 20))
-    link = link_model(cfg)
-    cal = timing.Calibration(n_params=n, t_comp=t_comp, t_update=t_update, alpha=link.latency,
-                             bandwidth=link.bandwidth, gamma=gamma, copy=copy,
-                             cores=cfg.world_size)  # fmt: skip
+    cal = cluster_calibration(cfg)
     return {
         label: timing.predict("pipe", cfg.world_size, cal, width=width,
                               compensation=compensation).iter_time_s

@@ -32,7 +32,7 @@ from pipesgd_ref.launch import launch_local
 from pipesgd_ref.models import CNN, MLP
 from pipesgd_ref.ops import numpy_ops as ops
 from pipesgd_ref.plots import pyplot, save_figure
-from pipesgd_ref.timing.calibrate import time_compute, time_gamma_and_copy
+from pipesgd_ref.timing.calibrate import cluster_calibration
 from pipesgd_ref.units import parse_bandwidth
 
 SMALL = os.environ.get("PIPESGD_TUTORIAL_SMALL") == "1"  # CI: fewer points, same lessons
@@ -113,14 +113,8 @@ ratio_cnn = lenet.flops_per_sample() / lenet.n_params
 
 
 # %%
-def cluster_calibration(cfg: TrainConfig) -> timing.Calibration:
-    n, t_comp, t_u = time_compute(cfg)
-    gamma, copy = time_gamma_and_copy(min(n, 1 << 20))
-    return timing.Calibration(n_params=n, t_comp=t_comp, t_update=t_u, alpha=50e-6,
-                              bandwidth=1e9, gamma=gamma, copy=copy, cores=4)  # fmt: skip
-
-
-base = TrainConfig.preset("laptop").replace(batch_size=64, world_size=4)
+base = TrainConfig.preset("laptop").replace(batch_size=64, world_size=4, latency="50us",
+                                            bandwidth="1Gbit")  # fmt: skip
 setups = {
     "cnn (digits, 16-32 channels)": base.replace(
         model="cnn", channels=(16, 32), kernels=(3, 3), hidden=(64,)

@@ -57,7 +57,8 @@ CALIBRATION_REPS = 12  # timed steps per process when timing compute shared by s
 # --- timing in this process ----------------------------------------------------------------------
 
 
-def _median_time(fn, reps: int, warmup: int = 2) -> float:
+def median_time(fn, reps: int, warmup: int = 2) -> float:
+    """The median seconds of `reps` calls of fn(), after `warmup` untimed ones."""
     for _ in range(warmup):
         fn()
     times = []
@@ -82,9 +83,9 @@ def time_compute(cfg, reps: int = 10) -> tuple[int, float, float]:
     grads = np.empty_like(w.params)
     step = iter(range(10**9))
     with _one_blas_thread():  # as in a worker (launch.pin_to_core): one core, one BLAS thread
-        t_comp = _median_time(lambda: w.loss_and_grad(next(step), grads), reps)
+        t_comp = median_time(lambda: w.loss_and_grad(next(step), grads), reps)
         params = w.params.copy()
-        t_update = _median_time(lambda: w.model.backend.sgd_step(params, grads, 1e-12), reps)
+        t_update = median_time(lambda: w.model.backend.sgd_step(params, grads, 1e-12), reps)
     return w.model.n_params, t_comp, t_update
 
 
@@ -104,8 +105,8 @@ def time_gamma_and_copy(n: int, reps: int = 5) -> tuple[float, float]:
     through at least one copy on each side)."""
     a = np.ones(max(n, 1024), np.float32)
     b = np.ones_like(a)
-    gamma = _median_time(lambda: np.add(a, b, out=a), reps) / a.nbytes
-    copy = _median_time(lambda: np.copyto(a, b), reps) / a.nbytes
+    gamma = median_time(lambda: np.add(a, b, out=a), reps) / a.nbytes
+    copy = median_time(lambda: np.copyto(a, b), reps) / a.nbytes
     return gamma, copy
 
 
@@ -118,8 +119,8 @@ def time_codecs(n: int, backend: str = "numpy", names=("trunc16", "bf16", "q8"),
     for name in names:
         codec = get_codec(name, backend)
         codes = np.empty(codec.wire_bytes(n), np.uint8)
-        e = _median_time(lambda c=codec, b=codes: c.encode(x, b), reps) / (4 * n)
-        d = _median_time(lambda c=codec, b=codes: c.add_decoded_into(b, acc), reps) / (4 * n)
+        e = median_time(lambda c=codec, b=codes: c.encode(x, b), reps) / (4 * n)
+        d = median_time(lambda c=codec, b=codes: c.add_decoded_into(b, acc), reps) / (4 * n)
         out[name] = (4 * n / codec.wire_bytes(n), e, d)
     return out
 
@@ -398,6 +399,19 @@ def measure_gamma(nbytes: int = 16 << 20, reps: int = 5) -> float:
         np.add(b, a, out=a)
         times.append(time.perf_counter() - start)
     return min(times) / nbytes
+
+
+def cluster_calibration(cfg) -> Calibration:
+    """The figures of p workers on a cluster, each its own machine of one core, on cfg's link:
+    t_comp and t_u of cfg's model and batch timed in this process, gamma and the copy cost on
+    the gradient (at most 4 MB of it: past the caches a per-byte cost no longer changes), alpha
+    and B the link's. Starts no process (`pipesgd compare --study`, tutorial 11)."""
+    n, t_comp, t_update = time_compute(cfg)
+    gamma, copy = time_gamma_and_copy(min(n, 1 << 20))
+    link = link_model(cfg)
+    return Calibration(n_params=n, t_comp=t_comp, t_update=t_update, alpha=link.latency,
+                       bandwidth=link.bandwidth, gamma=gamma, copy=copy,
+                       cores=cfg.world_size)  # fmt: skip
 
 
 def network_figures(nbytes: int = 16 << 20, reps: int = 6) -> dict:
