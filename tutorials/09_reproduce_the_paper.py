@@ -34,6 +34,7 @@
 import json
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from pipesgd_ref import timing
@@ -217,6 +218,11 @@ print(f"this run: T_ar / (t_comp + t_u) = {t_ar / preds['pipe'].compute_s:.2f} "
 # though. What the paper reports, and `compare` checks, is the time to reach an accuracy,
 # and staleness (ps-async, pipe) or compression error may cost extra steps.
 #
+# Pipe's **compute** bound is not t_comp + t_u here but `t_comp_busy` + t_u: the compute
+# thread timed while its AllReduces run beside it (`calibrate_for` measures it), which holds
+# what the shared cores take from it. On two cores that figure can be several times t_comp,
+# and it is a measurement: on a busy machine it moves with the load.
+#
 # ## 4. Run the comparison
 #
 # `run_compare(cfg, out, progress, log, runs, calibration, repeats)` does everything above
@@ -345,8 +351,12 @@ for fast, slow, bar in CHECKS:
 # Timing on a shared machine is noisy, but some facts hold at any size, on any machine:
 #
 # - compare.json has every run of the comparison, each with its folder;
-# - every predicted iteration is positive, and the model puts pipe at or below sync (a max
-#   is never more than a sum);
+# - every predicted iteration is positive, and Eq. (4) puts pipe at or below sync: a max is
+#   never more than a sum. That holds for the model's own terms; the calibration's
+#   `t_comp_busy` is different, a *measurement* of pipe's compute thread with its AllReduces
+#   running beside it on the shared cores, and where T_ar is small next to t_comp a busy
+#   machine can push that figure to sync's whole step or past it. So the check takes the
+#   busy figures out (`dataclasses.replace`) and prints the prediction that uses them;
 # - ps-sync is the slowest per iteration, predicted and measured: its one link carries p
 #   times the bytes of a ring link;
 # - pipe's measured iteration is below sync's: it overlaps what sync runs back to back.
@@ -363,7 +373,12 @@ for label in labels:
     assert saved["runs"][label]["steps"] == cfg.steps, label
 pred_ms = {k: r["predicted_ms"] for k, r in rows.items()}
 meas_ms = {k: r["iter_ms"] for k, r in rows.items()}
-assert pred_ms["pipe"] <= pred_ms["sync"], f"pipe's model max() above sync's sum: {pred_ms}"
+eq4 = timing.predict("pipe", p, replace(cal, t_comp_busy={}, alpha_busy=None), width=cfg.width)
+eq3 = timing.predict("sync", p, cal)
+assert eq4.iter_time_s <= eq3.iter_time_s, f"Eq. (4)'s max above Eq. (3)'s sum: {eq4}, {eq3}"
+print(f"Eq. (4) pipe {format_seconds(eq4.iter_time_s)} <= Eq. (3) sync "
+      f"{format_seconds(eq3.iter_time_s)}; with pipe's compute measured next to its "
+      f"AllReduces: pipe {pred_ms['pipe']:.2f} ms, sync {pred_ms['sync']:.2f} ms")  # fmt: skip
 assert max(pred_ms, key=pred_ms.get) == "ps-sync", (
     f"the models should predict ps-sync slowest per iteration: {pred_ms}"
 )
