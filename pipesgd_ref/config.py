@@ -484,15 +484,9 @@ def model_label(cfg: TrainConfig) -> str:
 def n_params_of(cfg: TrainConfig, data) -> int:
     """Parameters of cfg's model on `data` (a data.Dataset): what check_link_against_timeout
     needs, without building any weights."""
-    from pipesgd_ref.models import build_model
+    from pipesgd_ref.models import model_for
 
-    try:
-        model = build_model(cfg.model, data.n_features, data.n_classes, cfg.hidden, "numpy",
-                            image_shape=data.image_shape, channels=cfg.channels,
-                            kernels=cfg.kernels)  # fmt: skip
-    except ValueError as e:
-        raise ConfigError(f"--model {cfg.model} on {data.name}: {e}") from None
-    return model.n_params
+    return model_for(cfg, data).n_params
 
 
 # Presets: named starting points. Every field not named keeps its default above.

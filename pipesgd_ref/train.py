@@ -25,10 +25,11 @@ from typing import Any
 import numpy as np
 
 from pipesgd_ref.algorithms.reference import delayed_sgd, model_grad_fn
-from pipesgd_ref.algorithms.worker import Worker, diverged, is_ps, model_for, steps_for
+from pipesgd_ref.algorithms.worker import Worker, diverged, is_ps, steps_for
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.data import MinibatchSampler, load_dataset
 from pipesgd_ref.logs import progress_bar, tag_log_lines
+from pipesgd_ref.models import model_for
 from pipesgd_ref.outputs import write_json
 from pipesgd_ref.summary import (
     Recorder,

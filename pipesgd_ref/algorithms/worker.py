@@ -39,9 +39,9 @@ import numpy as np
 from pipesgd_ref import faults
 from pipesgd_ref.config import TrainConfig, check_memory
 from pipesgd_ref.data import Dataset, MinibatchSampler, load_dataset
-from pipesgd_ref.errors import ConfigError, TrainingDiverged
+from pipesgd_ref.errors import TrainingDiverged
 from pipesgd_ref.launch import local_rank
-from pipesgd_ref.models import CNN, MLP, build_model
+from pipesgd_ref.models import CNN, MLP, model_for
 from pipesgd_ref.ops import OP_NAMES
 
 log = logging.getLogger("pipesgd.worker")
@@ -57,17 +57,6 @@ def steps_for(cfg: TrainConfig, sampler: MinibatchSampler) -> int:
     if cfg.epochs > 0:
         return max(1, math.ceil(cfg.epochs * sampler.steps_per_epoch))
     return cfg.steps
-
-
-def model_for(cfg: TrainConfig, data, backend):
-    """cfg's model (softmax, mlp or cnn) for `data` (a data.Dataset) on `backend`; a shape the
-    model cannot take (a CNN on data that are not images, too many pools) is a ConfigError."""
-    try:
-        return build_model(cfg.model, data.n_features, data.n_classes, cfg.hidden, backend,
-                           image_shape=data.image_shape, channels=cfg.channels,
-                           kernels=cfg.kernels)  # fmt: skip
-    except ValueError as e:
-        raise ConfigError(f"--model {cfg.model} on {data.name}: {e}") from None
 
 
 @dataclass

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from pipesgd_ref.errors import ConfigError
 from pipesgd_ref.models.cnn import CNN
 from pipesgd_ref.models.layout import ParamLayout
 from pipesgd_ref.models.mlp import MLP
@@ -42,4 +43,16 @@ def build_model(
     raise ValueError(f"unknown model {name!r}; choose one of: {', '.join(MODELS)}")
 
 
-__all__ = ["CNN", "MLP", "MODELS", "ParamLayout", "SoftmaxRegression", "build_model"]
+def model_for(cfg, data, backend: Backend | str = "numpy") -> MLP | CNN:
+    """cfg's model (a config.TrainConfig: softmax, mlp or cnn) for `data` (a data.Dataset) on
+    `backend`; a shape the model cannot take (a CNN on data that are not images, too many
+    pools) is a ConfigError naming the model and the data set."""
+    try:
+        return build_model(cfg.model, data.n_features, data.n_classes, cfg.hidden, backend,
+                           image_shape=data.image_shape, channels=cfg.channels,
+                           kernels=cfg.kernels)  # fmt: skip
+    except ValueError as e:
+        raise ConfigError(f"--model {cfg.model} on {data.name}: {e}") from None
+
+
+__all__ = ["CNN", "MLP", "MODELS", "ParamLayout", "SoftmaxRegression", "build_model", "model_for"]
