@@ -132,11 +132,17 @@ def load_digits(test_fraction: float = 0.2) -> Dataset:
     bunch = sk_load_digits()
     X = bunch.data.astype(np.float32)  # (1797, 64)
     y = bunch.target.astype(np.int64)  # (1797,)
+    return _fixed_split("digits", X, y, test_fraction, image_shape=(1, 8, 8))
+
+
+def _fixed_split(name: str, X, y, test_fraction: float, image_shape) -> Dataset:
+    """A bundled set's split: a permutation from SPLIT_SEED, its first _n_test rows for test
+    and the rest for train, both standardised with the train statistics; 10 classes."""
     perm = np.random.default_rng(SPLIT_SEED).permutation(len(X))
     test, train = np.split(perm, [_n_test(len(X), test_fraction)])
     X_train, X_test = _standardise(X[train], X[test])
-    return Dataset("digits", X_train, y[train], X_test, y[test], n_classes=10,
-                   image_shape=(1, 8, 8))  # fmt: skip
+    return Dataset(name, X_train, y[train], X_test, y[test], n_classes=10,
+                   image_shape=image_shape)  # fmt: skip
 
 
 def mnist5k_path() -> Path:
@@ -167,11 +173,7 @@ def load_mnist5k(test_fraction: float = 0.2) -> Dataset:
     if table.ndim != 2 or table.shape[1] != 28 * 28 + 1:
         raise DataError(f"dataset mnist5k: expected rows of 785 values, got {table.shape}")
     X, y = table[:, :-1] / 255, table[:, -1].astype(np.int64)
-    perm = np.random.default_rng(SPLIT_SEED).permutation(len(X))
-    test, train = np.split(perm, [_n_test(len(X), test_fraction)])
-    X_train, X_test = _standardise(X[train], X[test])
-    return Dataset("mnist5k", X_train, y[train], X_test, y[test], n_classes=10,
-                   image_shape=(1, 28, 28))  # fmt: skip
+    return _fixed_split("mnist5k", X, y, test_fraction, image_shape=(1, 28, 28))
 
 
 def make_synthetic(
