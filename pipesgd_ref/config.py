@@ -490,6 +490,10 @@ def n_params_of(cfg: TrainConfig, data) -> int:
 
 
 # Presets: named starting points. Every field not named keeps its default above.
+_COMPARE_CNN = dict(dataset="mnist5k", model="cnn", channels=(6, 16), kernels=(5, 5),
+                    hidden=(120, 84), world_size=4, batch_size=32, lr=0.05, steps=200,
+                    eval_every=10, target_accuracy=0.9, latency="50us", bandwidth="150Mbit",
+                    ps_pulls="shared")  # fmt: skip
 PRESETS: dict[str, dict[str, Any]] = {
     # digits, 4 workers, a small MLP: seconds on a laptop, ~97% test accuracy
     "laptop": dict(dataset="digits", model="mlp", hidden=(64,), world_size=4, batch_size=32,
@@ -506,15 +510,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     # a LeNet-5 on 5,000 real MNIST images (the `images` extra), on a link where the ring
     # AllReduce of its 431 KB gradient takes about as long as a step's computation on this
     # machine's shared cores: the CNN, too, in the communication-heavy regime
-    "compare-cnn": dict(dataset="mnist5k", model="cnn", channels=(6, 16), kernels=(5, 5),
-                        hidden=(120, 84), world_size=4, batch_size=32, lr=0.05, steps=200,
-                        eval_every=10, target_accuracy=0.9, latency="50us", bandwidth="150Mbit",
-                        ps_pulls="shared"),
+    "compare-cnn": _COMPARE_CNN,
     # the same on a 10 Gbit/s link: compute-bound, where pipelining has little to hide
-    "compare-cnn-compute": dict(dataset="mnist5k", model="cnn", channels=(6, 16),
-                                kernels=(5, 5), hidden=(120, 84), world_size=4, batch_size=32,
-                                lr=0.05, steps=200, eval_every=10, target_accuracy=0.9,
-                                latency="50us", bandwidth="10Gbit", ps_pulls="shared"),
+    "compare-cnn-compute": {**_COMPARE_CNN, "bandwidth": "10Gbit"},
     # the smallest run that still learns: for CI, tutorials and smoke tests
     "tiny": dict(dataset="digits", model="softmax", hidden=(), world_size=2, batch_size=16,
                  lr=0.1, steps=60, eval_every=20, target_accuracy=0.8),
