@@ -240,11 +240,10 @@ def async_ps_sgd(
         w -= w.dtype.type(lr_at(version)) * g
         version += 1
         local_step[rank] += 1
-        held.append(rank)
         if max_staleness is None:
-            held.remove(rank)
             pulled[rank] = (w.copy(), version)
         else:  # every worker the bound now lets go gets its pull, in worker order
+            held.append(rank)
             slowest = min(local_step)
             for r in sorted(held):
                 if local_step[r] - slowest <= max_staleness:
