@@ -187,16 +187,22 @@ def _cell(row: dict) -> str:
     return f"{row['lr']:g}: {acc}"
 
 
-def edges(rows: list[dict]) -> dict[str, float | None]:
-    """Each method's measured edge: the largest lr below its first failure, a run that
-    diverged or ended below half the best test accuracy of the study (a network whose loss
-    stays finite can still have stopped learning); None where it failed at the smallest lr."""
+def _failure(rows: list[dict]) -> Callable[[dict], bool]:
+    """Whether a run failed: it diverged or ended below half the best test accuracy of the
+    study's `rows` (a network whose loss stays finite can still have stopped learning)."""
     best = max((r["test_accuracy"] for r in rows if not r["diverged"]), default=0.0)
+    return lambda r: r["diverged"] or r["test_accuracy"] < best / 2
+
+
+def edges(rows: list[dict]) -> dict[str, float | None]:
+    """Each method's measured edge: the largest lr below its first failure (`_failure`); None
+    where it failed at the smallest lr."""
+    failed = _failure(rows)
     out = {}
     for method in dict.fromkeys(r["method"] for r in rows):
         ok = None
         for r in sorted((r for r in rows if r["method"] == method), key=lambda r: r["lr"]):
-            if r["diverged"] or r["test_accuracy"] < best / 2:
+            if failed(r):
                 break
             ok = r["lr"]
         out[method] = ok
@@ -208,11 +214,11 @@ def recovered(rows: list[dict]) -> list[dict]:
     it, or diverges: how much of the gap each compensation closes (1 = all of it; negative:
     it did worse than plain pipe)."""
     by = {(r["method"], r["lr"]): r for r in rows}
-    best = max((r["test_accuracy"] for r in rows if not r["diverged"]), default=0.0)
+    failed = _failure(rows)
     out = []
     for lr in sorted({r["lr"] for r in rows}):
         sync, pipe = by.get(("sync", lr)), by.get(("pipe", lr))
-        if sync is None or pipe is None or sync["diverged"] or sync["test_accuracy"] < best / 2:
+        if sync is None or pipe is None or failed(sync):
             continue
         pipe_acc = 0.0 if pipe["diverged"] else pipe["test_accuracy"]
         gap = sync["test_accuracy"] - pipe_acc
