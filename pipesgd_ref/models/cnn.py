@@ -164,7 +164,9 @@ class CNN(FlatModel):
             b["dR"].append(empty(batch, h, w, c_out))
             b["dA"].append(empty(batch, h, w, c_in) if l > 0 else None)  # no input gradient
         b["Zd"] = [empty(batch, n) for n in self.widths[1:]]  # dense pre-activations
-        b["Ad"] = [None] + [empty(batch, n) for n in self.widths[1:-1]]
+        # the head's input is the last pooled map, NHWC flattened: a view, no copy
+        b["Ad"] = [b["P"][-1].reshape(batch, self.widths[0])]
+        b["Ad"] += [empty(batch, n) for n in self.widths[1:-1]]
         b["dZd"] = [empty(batch, n) for n in self.widths[1:]]
         b["dAd"] = [empty(batch, self.widths[0])] + [empty(batch, n) for n in self.widths[1:-1]]
         if self.image_shape[0] > 1:
@@ -207,9 +209,7 @@ class CNN(FlatModel):
             ops.relu_forward(b["Z"][l], R.reshape(B * h * w, c_out))  # (B, h, w, Cout)
             ops.maxpool_forward(R, POOL, POOL, b["P"][l], b["arg"][l])  # (B, h/2, w/2, Cout)
             A = b["P"][l]
-        flat = A.reshape(B, self.widths[0])  # NHWC flattened: the dense head's input
-        b["Ad_now"] = Ad = [flat] + b["Ad"][1:]
-        self._dense_forward(ops, v, Ad, b["Zd"])  # the head, as the MLP's layers
+        self._dense_forward(ops, v, b["Ad"], b["Zd"])  # the head (Ad[0] views A), as the MLP's
         return b
 
     def loss_and_grad(self, params, X, y, grads) -> float:
@@ -218,7 +218,7 @@ class CNN(FlatModel):
         b = self.forward(params, X)
         B = X.shape[0]
         # the head, as the MLP's layers; dAd[0] receives the gradient of its input
-        loss = self._dense_loss_and_backward(ops, v, g, b["Ad_now"], b["Zd"], y, b["dZd"],
+        loss = self._dense_loss_and_backward(ops, v, g, b["Ad"], b["Zd"], y, b["dZd"],
                                              b["dAd"])  # fmt: skip
         dP = b["dAd"][0]  # (B, flat): the gradient of the last pooled map, NHWC flattened
         for l in range(self.n_conv - 1, -1, -1):
