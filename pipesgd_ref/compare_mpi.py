@@ -31,7 +31,6 @@ every joined job's: the other ranks' never leave their hosts).
 from __future__ import annotations
 
 import dataclasses
-import statistics
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -47,7 +46,7 @@ from pipesgd_ref.compare import (
 )
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.errors import LaunchError
-from pipesgd_ref.timing.calibrate import hop_job, p2p_job
+from pipesgd_ref.timing.calibrate import hop_job, p2p_job, p2p_summary, stream_and_copy
 from pipesgd_ref.train import n_ranks, run_training_joined
 
 WIRE_BYTES = 16 << 20  # the stream of the bandwidth measurement (as network_figures')
@@ -154,10 +153,7 @@ def _wire_figures(world, cfg: TrainConfig) -> dict | None:
         finally:
             comm.close()
         send, recv = pair.allgather(got)
-        figures["stream"] = WIRE_BYTES / statistics.median(recv["times"])
-        figures["copy"] = (statistics.median(send["cpu"]) + statistics.median(recv["cpu"])) / (
-            2 * WIRE_BYTES
-        )
+        figures.update(stream_and_copy(p2p_summary(send, recv, WIRE_BYTES)))
     return figures if world.Get_rank() == 0 else None
 
 

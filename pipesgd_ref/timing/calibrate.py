@@ -375,6 +375,12 @@ def p2p_figures(nbytes: int = 16 << 20, reps: int = 8) -> dict:
     "cpu_recv": CPU s per byte of the sending and the receiving thread (median over reps:
     kernel copies and TCP, what every byte costs the cores whatever the link)}."""
     send, recv = launch_local(2, p2p_job, (nbytes, reps), start_method="fork")
+    return p2p_summary(send, recv, nbytes)
+
+
+def p2p_summary(send: dict, recv: dict, nbytes: int) -> dict:
+    """p2p_job's two results (the sender's, the receiver's) as p2p_figures' dict: over any
+    wire the ring's links run on (compare_mpi.py streams over MPI)."""
     return {
         "bandwidth": nbytes / statistics.median(recv["times"]),
         "latency": send["one_way"],
@@ -418,8 +424,12 @@ def network_figures(nbytes: int = 16 << 20, reps: int = 6) -> dict:
     """{"stream": bytes/s, "copy": CPU s per byte}: what two local processes stream over
     loopback TCP (the median rep), and the CPU time each byte costs a side (the mean of the
     sender's and the receiver's, the median over reps). Machine figures: measure once."""
-    got = p2p_figures(nbytes, reps)
-    return {"stream": got["bandwidth"], "copy": (got["cpu_send"] + got["cpu_recv"]) / 2}
+    return stream_and_copy(p2p_figures(nbytes, reps))
+
+
+def stream_and_copy(p2p: dict) -> dict:
+    """{"stream", "copy"} of network_figures from p2p_figures' (or p2p_summary's) dict."""
+    return {"stream": p2p["bandwidth"], "copy": (p2p["cpu_send"] + p2p["cpu_recv"]) / 2}
 
 
 # --- the whole calibration -----------------------------------------------------------------------
