@@ -159,7 +159,7 @@ def calibrations(draw, cores: int | None = None, copy: bool = True):
         gamma=draw(zero_or(log_uniform(1e-13, 1e-9))),
         copy=draw(zero_or(log_uniform(1e-13, 1e-9))) if copy else 0.0,
         cores=cores if cores is not None else draw(st.integers(1, 64)),
-        t_comp_cpu=tuple(draw(st.lists(log_uniform(1e-5, 1.0), max_size=4))),
+        t_comp_cpu=tuple(sorted(draw(st.lists(log_uniform(1e-5, 1.0), max_size=4)))),
         codecs={
             "trunc16": (2.0, draw(codec_cost), draw(codec_cost)),
             "q8": (4.0, draw(codec_cost), draw(codec_cost)),
