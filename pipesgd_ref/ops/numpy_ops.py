@@ -109,6 +109,12 @@ def conv_out(size: int, k: int, stride: int, pad: int) -> int:
     return (size + 2 * pad - k) // stride + 1
 
 
+def _taps(offset: int, count: int, stride: int) -> slice:
+    """Where offset `offset` of a window falls in each of `count` windows moved by `stride`:
+    offset, offset + stride, ..., offset + stride * (count - 1)."""
+    return slice(offset, offset + stride * (count - 1) + 1, stride)
+
+
 def im2col(X: np.ndarray, kh: int, kw: int, stride: int, pad: int, cols: np.ndarray) -> None:
     """Unroll every kh x kw window of X into one row of cols (zeros where it hangs over the
     padding).
@@ -125,9 +131,7 @@ def im2col(X: np.ndarray, kh: int, kw: int, stride: int, pad: int, cols: np.ndar
     out = cols.reshape(B, Ho, Wo, kh, kw, C)
     for u in range(kh):
         for v in range(kw):
-            out[:, :, :, u, v, :] = padded[
-                :, u : u + stride * (Ho - 1) + 1 : stride, v : v + stride * (Wo - 1) + 1 : stride, :
-            ]
+            out[:, :, :, u, v, :] = padded[:, _taps(u, Ho, stride), _taps(v, Wo, stride), :]
 
 
 def col2im(cols: np.ndarray, kh: int, kw: int, stride: int, pad: int, dX: np.ndarray) -> None:
@@ -145,9 +149,7 @@ def col2im(cols: np.ndarray, kh: int, kw: int, stride: int, pad: int, dX: np.nda
     src = cols.reshape(B, Ho, Wo, kh, kw, C)
     for u in range(kh):
         for v in range(kw):
-            padded[
-                :, u : u + stride * (Ho - 1) + 1 : stride, v : v + stride * (Wo - 1) + 1 : stride, :
-            ] += src[:, :, :, u, v, :]
+            padded[:, _taps(u, Ho, stride), _taps(v, Wo, stride), :] += src[:, :, :, u, v, :]
     dX[...] = padded[:, pad : pad + H, pad : pad + W, :]
 
 
@@ -164,8 +166,7 @@ def maxpool_forward(X: np.ndarray, k: int, stride: int, Y: np.ndarray, argmax: n
     windows = np.empty((k * k, B, Ho, Wo, C), X.dtype)
     for u in range(k):
         for v in range(k):
-            windows[u * k + v] = X[:, u : u + stride * (Ho - 1) + 1 : stride,
-                                   v : v + stride * (Wo - 1) + 1 : stride, :]  # fmt: skip
+            windows[u * k + v] = X[:, _taps(u, Ho, stride), _taps(v, Wo, stride), :]
     argmax[...] = np.argmax(windows, axis=0)  # the first maximum, as the loop says
     np.max(windows, axis=0, out=Y)
 
@@ -186,6 +187,4 @@ def maxpool_backward(
         for v in range(k):
             hit = argmax == u * k + v
             # one (u, v): distinct pixels for distinct windows, so += adds each once
-            rows = slice(u, u + stride * (Ho - 1) + 1, stride)
-            columns = slice(v, v + stride * (Wo - 1) + 1, stride)
-            dX[:, rows, columns, :] += np.where(hit, dY, 0)
+            dX[:, _taps(u, Ho, stride), _taps(v, Wo, stride), :] += np.where(hit, dY, 0)
