@@ -584,14 +584,6 @@ def _require_float32(op: str, *arrays, why: str = "stages tiles in float32 share
 _MAPS = "sums and compares feature maps in float32 (the training dtype)"
 
 
-def _require_argmax(op: str, argmax) -> None:
-    if argmax.dtype != np.int32:
-        raise TypeError(
-            f"cuda backend: {op}: argmax must be int32 (as numpy_ops writes it), got "
-            f"{argmax.dtype}; allocate it with empty(shape, np.int32)"
-        )
-
-
 _scratch = threading.local()  # per thread: two threads' losses never share a buffer
 
 
@@ -721,9 +713,8 @@ def col2im(cols, kh: int, kw: int, stride: int, pad: int, dX) -> None:
 
 def maxpool_forward(X, k: int, stride: int, Y, argmax) -> None:
     """Max over each k x k window and its argmax: one thread per output element."""
-    check_pool("cuda", "maxpool_forward", X.shape, k, stride, Y.shape, argmax.shape)
+    check_pool("cuda", "maxpool_forward", X.shape, k, stride, Y.shape, argmax)
     _require_float32("maxpool_forward", X, Y, why=_MAPS)
-    _require_argmax("maxpool_forward", argmax)
     X, Y, argmax = _contiguous(X), _contiguous(Y), _contiguous(argmax)
     if Y.size:
         _launch(_maxpool_forward, launch_1d(Y.size), X, int(k), int(stride), Y, argmax)
@@ -732,9 +723,8 @@ def maxpool_forward(X, k: int, stride: int, Y, argmax) -> None:
 def maxpool_backward(dY, argmax, k: int, stride: int, dX) -> None:
     """Each dY back to where its max was, as a gather: one thread per pixel of dX, no atomics
     (windows overlap when stride < k)."""
-    check_pool("cuda", "maxpool_backward", dX.shape, k, stride, dY.shape, argmax.shape)
+    check_pool("cuda", "maxpool_backward", dX.shape, k, stride, dY.shape, argmax)
     _require_float32("maxpool_backward", dY, dX, why=_MAPS)
-    _require_argmax("maxpool_backward", argmax)
     dY, argmax, dX = _contiguous(dY), _contiguous(argmax), _contiguous(dX)
     if dX.size:
         _launch(_maxpool_backward, launch_1d(dX.size), dY, argmax, int(k), int(stride), dX)

@@ -242,16 +242,6 @@ def _contiguous(x: np.ndarray) -> np.ndarray:
     return x
 
 
-def _int32(argmax: np.ndarray) -> np.ndarray:
-    """The argmax array of max-pooling: int32 (a window index u*k + v), C-contiguous."""
-    if argmax.dtype != np.int32:
-        raise TypeError(
-            f"numba backend: maxpool argmax must be int32 (as numpy_ops writes it), got "
-            f"{argmax.dtype}; allocate it with np.empty(shape, np.int32)"
-        )
-    return _contiguous(argmax)
-
-
 def _flat(x: np.ndarray) -> np.ndarray:
     """A 1-D view of a contiguous array (never a copy: see _contiguous)."""
     return _contiguous(x).reshape(-1)
@@ -303,10 +293,10 @@ def col2im(cols, kh: int, kw: int, stride: int, pad: int, dX) -> None:
 
 
 def maxpool_forward(X, k: int, stride: int, Y, argmax) -> None:
-    check_pool("numba", "maxpool_forward", X.shape, k, stride, Y.shape, argmax.shape)
-    _maxpool_forward(_contiguous(X), int(k), int(stride), _contiguous(Y), _int32(argmax))
+    check_pool("numba", "maxpool_forward", X.shape, k, stride, Y.shape, argmax)
+    _maxpool_forward(_contiguous(X), int(k), int(stride), _contiguous(Y), _contiguous(argmax))
 
 
 def maxpool_backward(dY, argmax, k: int, stride: int, dX) -> None:
-    check_pool("numba", "maxpool_backward", dX.shape, k, stride, dY.shape, argmax.shape)
-    _maxpool_backward(_contiguous(dY), _int32(argmax), int(k), int(stride), _contiguous(dX))
+    check_pool("numba", "maxpool_backward", dX.shape, k, stride, dY.shape, argmax)
+    _maxpool_backward(_contiguous(dY), _contiguous(argmax), int(k), int(stride), _contiguous(dX))

@@ -1,5 +1,5 @@
-"""Shape checks for the sliding-window ops (im2col, col2im, max-pooling), shared by the fast
-backends.
+"""Shape checks (and the argmax dtype) for the sliding-window ops (im2col, col2im, max-pooling),
+shared by the fast backends.
 
 The Numba loops do not check bounds and the CUDA kernels cannot, so a cols buffer one row too
 short would be written past its end. Every fast backend's wrapper therefore checks the shapes
@@ -8,6 +8,8 @@ reshape and slicing fail loudly on their own).
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from pipesgd_ref.ops.numpy_ops import conv_out
 
@@ -45,11 +47,17 @@ def check_im2col(backend: str, op: str, X_shape, kh, kw, stride, pad, cols_shape
     _expect(backend, op, "cols", cols_shape, (B * Ho * Wo, kh * kw * C))
 
 
-def check_pool(backend: str, op: str, X_shape, k, stride, Y_shape, argmax_shape) -> None:
-    """X (B, H, W, C), Y and argmax (B, Ho, Wo, C): for maxpool_forward and maxpool_backward."""
+def check_pool(backend: str, op: str, X_shape, k, stride, Y_shape, argmax) -> None:
+    """X (B, H, W, C), Y and argmax (B, Ho, Wo, C), argmax int32 (a window index u*k + v, as
+    numpy_ops writes it): for maxpool_forward and maxpool_backward."""
+    if argmax.dtype != np.int32:
+        raise TypeError(
+            f"{backend} backend: {op}: argmax must be int32 (as numpy_ops writes it), got "
+            f"{argmax.dtype}; allocate it with dtype np.int32"
+        )
     if len(X_shape) != 4:
         raise ValueError(f"{backend} backend: {op}: expected an NHWC map, got shape {X_shape}")
     B, H, W, C = X_shape
     Ho, Wo = _window_params(backend, op, (H, W), (k, k), stride, 0)
     _expect(backend, op, "the pooled map", Y_shape, (B, Ho, Wo, C))
-    _expect(backend, op, "argmax", argmax_shape, (B, Ho, Wo, C))
+    _expect(backend, op, "argmax", argmax.shape, (B, Ho, Wo, C))
