@@ -5,9 +5,10 @@
 On the compare preset's model (default) and one worker's batch, times (median of repeats) in
 this process:
 - the step itself: a worker's loss_and_grad and the SGD update (t_comp + t_u);
-- each compensation's own work per step, exactly the calls pipe.py's `Compensation` makes: dc
-  and dc-adaptive, the copy of w_t and `DelayCompensation.correct`; predict, the copy of this
-  worker's gradient and `predicted_weights` with one step in flight (width 2);
+- each compensation's own work per step: the calls pipe_worker makes on pipe.py's
+  `Compensation` in a step with one step in flight (width 2): for dc and dc-adaptive the copy
+  of w_t and `DelayCompensation.correct`, for predict the copy of this worker's gradient and
+  `predicted_weights`;
 and prints each as milliseconds and as a share of the step, beside what the timing model
 charges (timing.compensation_passes x gamma x M, gamma timed here with np.add). Memory: the
 extra vectors of n float32 each keeps. Prints the table and nothing else.
@@ -19,7 +20,7 @@ import argparse
 
 import numpy as np
 
-from pipesgd_ref.algorithms.compensation import DelayCompensation, predicted_weights
+from pipesgd_ref.algorithms.pipe import Compensation
 from pipesgd_ref.algorithms.worker import Worker
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.timing import compensation_passes
@@ -45,23 +46,18 @@ def main() -> None:
 
     t_step = median_time(step, args.repeats)
     gamma, _ = time_gamma_and_copy(n)
-    kept, then = np.empty_like(w), w + np.float32(1e-3)
-    predicted = np.empty_like(w)
     works = {}
-    for kind in ("dc", "dc-adaptive"):
-        dc = DelayCompensation(kind, 0.04, n)
+    for kind in ("dc", "dc-adaptive", "predict"):
+        stale = Compensation(cfg.replace(compensation=kind), worker)
+        stale.computed(0, g)  # step 0's slot filled, as in a run: step 1 applies it
 
-        def work(dc=dc) -> None:
-            np.copyto(kept, w)  # computed(): w_t kept
-            dc.correct(g, w, then)  # applied(): the corrected gradient
+        def work(stale=stale) -> None:  # pipe_worker's calls at step 1 (in flight: step 0)
+            stale.weights_for([0])  # predict: w - lr * this worker's g_0
+            stale.computed(1, g)  # dc: w_1 kept; predict: this worker's g_1 kept
+            stale.applied(0, g)  # dc: the corrected gradient of step 0
 
         works[kind] = work
 
-    def predict() -> None:
-        np.copyto(kept, g)  # computed(): this worker's g_t kept
-        predicted_weights(w, [(0.03, kept)], predicted)  # weights_for(): one step in flight
-
-    works["predict"] = predict
     extra_vectors = {"dc": 2, "dc-adaptive": 3, "predict": 3}  # kept x width, + MS, + w^
     print(f"compare preset model: {n:,} parameters ({4 * n / 1e6:.1f} MB), batch "
           f"{cfg.batch_size}; a step (loss_and_grad + update): {t_step * 1e3:.2f} ms; gamma "
