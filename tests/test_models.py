@@ -103,3 +103,9 @@ def test_init_is_seeded():
     np.testing.assert_array_equal(model.init_params(3), model.init_params(3))
     assert not np.array_equal(model.init_params(3), model.init_params(4))
     assert model.init_params(3).dtype == np.float32
+
+
+def test_flops_per_sample_counts_one_multiply_add_per_dense_weight():
+    # 784 x 120 + 120 x 84 + 84 x 10 weights, each used once per sample
+    assert MLP(784, 10, (120, 84)).flops_per_sample() == 94_080 + 10_080 + 840
+    assert SoftmaxRegression(64, 10).flops_per_sample() == 640

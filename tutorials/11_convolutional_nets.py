@@ -93,11 +93,7 @@ print(f"<im2col(x), r> = {lhs:.6f}, <x, col2im(r)> = {rhs:.6f}")
 lenet = CNN((1, 28, 28), 10)  # LeNet-5: 6 and 16 channels of 5 x 5, a 120-84 head
 mlp = MLP(784, 10, hidden=(120, 84))  # the same head, no convolutions
 for model in (lenet, mlp):
-    macs = (
-        model.flops_per_sample()
-        if isinstance(model, CNN)
-        else sum(a * b for a, b in zip(model.widths[:-1], model.widths[1:], strict=True))
-    )
+    macs = model.flops_per_sample()
     print(f"{model}: {macs:,} multiply-adds per image, {macs / model.n_params:.1f} per "
           f"parameter")  # fmt: skip
 ratio_cnn = lenet.flops_per_sample() / lenet.n_params

@@ -24,11 +24,12 @@ def backend_module(backend: Backend):
 
 
 class FlatModel:
-    """The shared part of a model; a subclass sets `layout` and `n_classes`, calls
-    `_use_backend` in its constructor, and defines `logits`."""
+    """The shared part of a model; a subclass sets `layout`, `n_classes` and its dense
+    `widths`, calls `_use_backend` in its constructor, and defines `logits`."""
 
     layout: ParamLayout
     n_classes: int
+    widths: tuple[int, ...]  # the dense layers' sizes, input first
 
     def _use_backend(self, backend: Backend | str) -> None:
         self.backend = get_backend(backend) if isinstance(backend, str) else backend
@@ -91,6 +92,12 @@ class FlatModel:
                 dZ = dZs[l - 1]
                 ops.relu_backward(Z[l - 1], dA, dZ)
         return loss
+
+    def flops_per_sample(self) -> int:
+        """Multiply-adds of one sample's forward pass through the dense layers `widths`
+        (backward: about twice as many); a model with more layers adds theirs."""
+        widths = self.widths
+        return sum(a * b for a, b in zip(widths[:-1], widths[1:], strict=True))
 
     def logits(self, params, X: np.ndarray) -> np.ndarray:
         raise NotImplementedError

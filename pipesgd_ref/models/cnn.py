@@ -137,7 +137,7 @@ class CNN(FlatModel):
         for l, (c_out, k) in enumerate(zip(self.channels, self.kernels, strict=True)):
             h, w, c_in = self.maps[l]
             total += h * w * k * k * c_in * c_out  # "same" padding, stride 1: Ho, Wo = H, W
-        return total + sum(a * b for a, b in zip(self.widths[:-1], self.widths[1:], strict=True))
+        return total + super().flops_per_sample()  # the dense head
 
     # --- buffers, made once per (batch, dtype, device) -----------------------------------------
 
