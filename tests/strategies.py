@@ -101,6 +101,17 @@ def pool_input(seed: int, shape, dtype, ties: bool) -> np.ndarray:
     return random_array(seed, shape, dtype)
 
 
+def central_differences(f, w: np.ndarray, idx, eps: float = 1e-6) -> np.ndarray:
+    """(f(w + eps e_i) - f(w - eps e_i)) / 2 eps for each coordinate i of idx: the gradient
+    checks' reference (use float64 w)."""
+    out = []
+    for i in idx:
+        e = np.zeros_like(w)
+        e[i] = eps
+        out.append((f(w + e) - f(w - e)) / (2 * eps))
+    return np.array(out)
+
+
 def random_array(seed: int, shape, dtype=np.float64, scale: float = 1.0) -> np.ndarray:
     return (np.random.default_rng(seed).normal(size=shape) * scale).astype(dtype)
 

@@ -18,18 +18,9 @@ from pipesgd_ref.launch import launch_local
 from pipesgd_ref.models import CNN, build_model
 from pipesgd_ref.ops import get_backend
 from pipesgd_ref.ops import numpy_ops as ref
+from strategies import central_differences
 
 # --- the gradient ----------------------------------------------------------------------------
-
-
-def numeric_grad(f, w: np.ndarray, idx, eps: float = 1e-6) -> np.ndarray:
-    """Central differences of f at w along the coordinates idx (float64)."""
-    out = []
-    for i in idx:
-        e = np.zeros_like(w)
-        e[i] = eps
-        out.append((f(w + e) - f(w - e)) / (2 * eps))
-    return np.array(out)
 
 
 @settings(max_examples=12, deadline=None)
@@ -58,7 +49,7 @@ def test_cnn_gradient_matches_central_differences(C, H, W, layers, hidden, B, se
     model.loss_and_grad(w, X, y, grads)
     scratch = np.empty_like(w)
     idx = rng.choice(model.n_params, min(30, model.n_params), replace=False)
-    want = numeric_grad(lambda v: model.loss_and_grad(v, X, y, scratch), w, idx)
+    want = central_differences(lambda v: model.loss_and_grad(v, X, y, scratch), w, idx)
     np.testing.assert_allclose(grads[idx], want, rtol=1e-5, atol=1e-7)
 
 
@@ -100,10 +91,10 @@ def test_a_convolution_from_the_ops_has_the_right_gradient(H, W, C, K, k, stride
     ref.col2im(dcols, k, k, stride, pad, dX)
     flat = X.reshape(-1)
     idx = rng.choice(flat.size, min(20, flat.size), replace=False)
-    want = numeric_grad(lambda v: conv(v.reshape(X.shape), Wc)[0], flat, idx)
+    want = central_differences(lambda v: conv(v.reshape(X.shape), Wc)[0], flat, idx)
     np.testing.assert_allclose(dX.reshape(-1)[idx], want, rtol=1e-6, atol=1e-8)
     idx = rng.choice(Wc.size, min(10, Wc.size), replace=False)
-    want = numeric_grad(lambda v: conv(X, v.reshape(Wc.shape))[0], Wc.reshape(-1), idx)
+    want = central_differences(lambda v: conv(X, v.reshape(Wc.shape))[0], Wc.reshape(-1), idx)
     np.testing.assert_allclose(dW.reshape(-1)[idx], want, rtol=1e-6, atol=1e-8)
 
 

@@ -7,23 +7,16 @@ from hypothesis import strategies as st
 
 from pipesgd_ref.models import MLP, SoftmaxRegression, build_model
 from pipesgd_ref.models.layout import ParamLayout
-from strategies import mlp_shapes, seeds
+from strategies import central_differences, mlp_shapes, seeds
 
 backends = st.sampled_from(["numpy", "numba"])
 
 
-def finite_difference_grad(model, params, X, y, eps=1e-6):
-    """Central differences in float64: (L(w + eps e_i) - L(w - eps e_i)) / 2 eps, each i."""
-    grad = np.zeros_like(params)
+def finite_difference_grad(model, params, X, y):
+    """Central differences of the loss in float64, along every coordinate."""
     scratch = np.empty_like(params)
-    for i in range(params.size):
-        w = params.copy()
-        w[i] += eps
-        up = model.loss_and_grad(w, X, y, scratch)
-        w[i] -= 2 * eps
-        down = model.loss_and_grad(w, X, y, scratch)
-        grad[i] = (up - down) / (2 * eps)
-    return grad
+    return central_differences(lambda w: model.loss_and_grad(w, X, y, scratch), params,
+                               range(params.size))  # fmt: skip
 
 
 @settings(max_examples=40)
