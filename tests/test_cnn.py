@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from oracles import oracle_inputs
 
 from pipesgd_ref.algorithms.pipe import pipe_worker
 from pipesgd_ref.algorithms.ps import ps_async_worker, ps_sync_worker
-from pipesgd_ref.algorithms.reference import async_ps_sgd, delayed_sgd, model_grad_fn, sync_sgd
+from pipesgd_ref.algorithms.reference import async_ps_sgd, delayed_sgd, sync_sgd
 from pipesgd_ref.algorithms.sync import sync_worker
-from pipesgd_ref.algorithms.worker import Worker
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.data import load_dataset
 from pipesgd_ref.launch import launch_local
@@ -153,11 +153,6 @@ def test_image_data_sets_keep_their_shape():
 
 SMALL = TrainConfig.preset("tiny").replace(model="cnn", channels=(3, 4), kernels=(3, 3),
                                            hidden=(8,), steps=12, lr=0.05)  # fmt: skip
-
-
-def oracle_inputs(cfg: TrainConfig, n_workers: int):
-    w = Worker.build(cfg, 0, n_workers)
-    return model_grad_fn(w.model, w.data, w.sampler), w.model.init_params(cfg.seed)
 
 
 @pytest.mark.timeout(240)

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
+from oracles import oracle_inputs, use_ring_order
 
-from pipesgd_ref.algorithms import reference
 from pipesgd_ref.algorithms.compensation import (
     DelayCompensation,
     predicted_weights,
@@ -17,30 +17,18 @@ from pipesgd_ref.algorithms.pipe import pipe_worker
 from pipesgd_ref.algorithms.ps import ps_async_worker
 from pipesgd_ref.algorithms.reference import async_ps_sgd, delayed_sgd, model_grad_fn
 from pipesgd_ref.algorithms.worker import Worker
-from pipesgd_ref.comm.schedule import simulate_allreduce
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.launch import launch_local
 
 TINY = TrainConfig.preset("tiny").replace(model="mlp", hidden=(8,), steps=20)
 
 
-def grad_fn_and_w0(cfg: TrainConfig, n_workers: int):
-    w = Worker.build(cfg, 0, n_workers)
-    return model_grad_fn(w.model, w.data, w.sampler), w.model.init_params(cfg.seed)
-
-
 def pipe_oracle(cfg: TrainConfig, monkeypatch=None):
     """delayed_sgd with cfg's compensation; with monkeypatch, the mean in the ring's order of
     additions (bitwise the ring at any p)."""
     if monkeypatch is not None:
-
-        def ring_average(grad_fn, params, world_size, step):
-            got = [grad_fn(params, r, step) for r in range(world_size)]
-            grads = [g for _, g in got]
-            return sum(loss for loss, _ in got) / world_size, simulate_allreduce(grads, "mean")[0]
-
-        monkeypatch.setattr(reference, "average_gradient", ring_average)
-    grad_fn, w0 = grad_fn_and_w0(cfg, cfg.world_size)
+        use_ring_order(monkeypatch)
+    grad_fn, w0 = oracle_inputs(cfg, cfg.world_size)
     return delayed_sgd(grad_fn, w0, cfg.world_size, cfg.steps, cfg.lr_at,
                        staleness=cfg.width - 1, warmup_steps=cfg.warmup_steps,
                        compensation=cfg.compensation, dc_lambda=cfg.dc_lambda)  # fmt: skip
@@ -65,7 +53,7 @@ def test_compensated_pipe_equals_its_oracle(compensation, p, width, warmup, monk
     np.testing.assert_array_equal(results[0].params, want.params, err_msg=compensation)
     np.testing.assert_allclose(np.mean([r.losses for r in results], axis=0), want.losses,
                                rtol=1e-5)  # fmt: skip
-    grad_fn, w0 = grad_fn_and_w0(cfg, p)
+    grad_fn, w0 = oracle_inputs(cfg, p)
     plain = delayed_sgd(grad_fn, w0, p, cfg.steps, cfg.lr_at, staleness=width - 1,
                         warmup_steps=warmup)  # fmt: skip
     assert not np.array_equal(plain.params, want.params), "the compensation changed nothing"
@@ -75,7 +63,7 @@ def test_the_oracle_without_compensation_is_unchanged():
     """compensation='none' is delayed SGD as before; dc with lambda 0 is too (bitwise: the
     correction adds exact zeros)."""
     cfg = TINY.replace(world_size=2)
-    grad_fn, w0 = grad_fn_and_w0(cfg, 2)
+    grad_fn, w0 = oracle_inputs(cfg, 2)
     plain = delayed_sgd(grad_fn, w0, 2, 15, 0.2, staleness=1)
     zero = delayed_sgd(grad_fn, w0, 2, 15, 0.2, staleness=1, compensation="dc", dc_lambda=0.0)
     np.testing.assert_array_equal(plain.params, zero.params)
@@ -117,7 +105,7 @@ def test_ps_async_equals_its_oracle_in_the_recorded_order(max_staleness, compens
                            star=True)  # fmt: skip
     server = results[0]
     order = server.extra["arrival_order"]
-    grad_fn, w0 = grad_fn_and_w0(cfg, p)
+    grad_fn, w0 = oracle_inputs(cfg, p)
     want = async_ps_sgd(grad_fn, w0, p, order, cfg.lr_at, compensation=compensation,
                         dc_lambda=cfg.dc_lambda,
                         max_staleness=None if max_staleness < 0 else max_staleness)  # fmt: skip
@@ -132,7 +120,7 @@ def test_ps_async_equals_its_oracle_in_the_recorded_order(max_staleness, compens
 
 def test_ssp_oracle_refuses_an_order_the_server_cannot_see():
     cfg = TINY.replace(world_size=2)
-    grad_fn, w0 = grad_fn_and_w0(cfg, 2)
+    grad_fn, w0 = oracle_inputs(cfg, 2)
     with pytest.raises(ValueError, match="held back"):
         async_ps_sgd(grad_fn, w0, 2, [0, 0, 1], 0.1, max_staleness=0)
     lockstep = async_ps_sgd(grad_fn, w0, 2, [0, 1, 1, 0, 0, 1], 0.1, max_staleness=0)

@@ -24,12 +24,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from oracles import oracle_inputs, use_ring_order
 
 from pipesgd_ref.algorithms import reference
-from pipesgd_ref.algorithms.reference import async_ps_sgd, model_grad_fn, sync_sgd
-from pipesgd_ref.algorithms.worker import Worker
+from pipesgd_ref.algorithms.reference import async_ps_sgd, sync_sgd
 from pipesgd_ref.comm import mpi
-from pipesgd_ref.comm.schedule import simulate_allreduce
 
 REPO = Path(__file__).resolve().parents[1]
 PROGRAMS = REPO / "tests" / "mpi_programs.py"
@@ -118,22 +117,13 @@ def kill_session(proc: subprocess.Popen) -> list[int]:
 # --- the oracles -----------------------------------------------------------------------------
 
 
-def grad_fn_and_w0(cfg, n_workers: int):
-    setup = Worker.build(cfg, 0, n_workers)
-    return model_grad_fn(setup.model, setup.data, setup.sampler), setup.params
-
-
 def ring_oracle(cfg, monkeypatch):
     """reference.delayed_sgd (staleness width - 1; sync_sgd at width 1) with the mean taken in
     the ring's order of additions (schedule.simulate_allreduce), so that the run over MPI must
     equal it bitwise, at any p."""
 
-    def ring_average(grad_fn, params, world_size, step):
-        losses, grads = zip(*(grad_fn(params, r, step) for r in range(world_size)), strict=True)
-        return sum(losses) / world_size, simulate_allreduce(list(grads), "mean")[0]
-
-    monkeypatch.setattr(reference, "average_gradient", ring_average)
-    grad_fn, w0 = grad_fn_and_w0(cfg, cfg.world_size)
+    use_ring_order(monkeypatch)
+    grad_fn, w0 = oracle_inputs(cfg, cfg.world_size)
     return reference.delayed_sgd(grad_fn, w0, cfg.world_size, cfg.steps, cfg.lr_at,
                                  staleness=cfg.width - 1)  # fmt: skip
 
@@ -208,12 +198,12 @@ def test_every_method_over_mpi_equals_its_oracle(tmp_path, monkeypatch):
         )
         # and within the float32 tolerance of the oracle that sums in rank order
         monkeypatch.undo()
-        grad_fn, w0 = grad_fn_and_w0(cfg, cfg.world_size)
+        grad_fn, w0 = oracle_inputs(cfg, cfg.world_size)
         plain = reference.delayed_sgd(grad_fn, w0, 4, cfg.steps, cfg.lr_at, staleness=cfg.width - 1)
         worst = np.max(np.abs(ranks[0]["params"] - plain.params)) / np.max(np.abs(plain.params))
         assert worst <= 1e-6, f"{algo}: relative difference {worst:.2e} from the oracle"
     cfg = CONFIGS["ps-sync"]
-    grad_fn, w0 = grad_fn_and_w0(cfg, 4)
+    grad_fn, w0 = oracle_inputs(cfg, 4)
     server, *workers = ranks_of(tmp_path, "ps-sync")
     want = sync_sgd(grad_fn, w0, 4, cfg.steps, cfg.lr_at)
     np.testing.assert_array_equal(server["params"], want.params, err_msg="ps-sync != sync_sgd")
@@ -256,7 +246,7 @@ def test_pipesgd_train_under_mpirun_and_alone(tmp_path):
     from pipesgd_ref.config import TrainConfig
 
     cfg = TrainConfig.preset("tiny").replace(world_size=3, steps=15)
-    grad_fn, w0 = grad_fn_and_w0(cfg, 3)
+    grad_fn, w0 = oracle_inputs(cfg, 3)
     with np.load(out / "checkpoint.npz") as z:
         np.testing.assert_array_equal(z["params"], sync_sgd(grad_fn, w0, 3, 15, cfg.lr_at).params)
 
@@ -298,7 +288,7 @@ def test_pipesgd_compare_over_mpi_alone_and_under_mpirun(tmp_path, monkeypatch):
         monkeypatch.undo()
         with np.load(out / algo / "checkpoint.npz") as z:
             np.testing.assert_array_equal(z["params"], want.params, err_msg=algo)
-    grad_fn, w0 = grad_fn_and_w0(cfg, 3)
+    grad_fn, w0 = oracle_inputs(cfg, 3)
     with np.load(out / "ps-sync" / "checkpoint.npz") as z:
         want = sync_sgd(grad_fn, w0, 3, steps, cfg.lr_at)
         np.testing.assert_array_equal(z["params"], want.params, err_msg="ps-sync")

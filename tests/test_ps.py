@@ -9,9 +9,10 @@ import time
 
 import numpy as np
 import pytest
+from oracles import oracle_inputs
 
 from pipesgd_ref.algorithms.ps import ParameterServer, ps_async_worker, ps_sync_worker
-from pipesgd_ref.algorithms.reference import async_ps_sgd, model_grad_fn, sync_sgd
+from pipesgd_ref.algorithms.reference import async_ps_sgd, sync_sgd
 from pipesgd_ref.algorithms.worker import Worker
 from pipesgd_ref.codecs import get_codec
 from pipesgd_ref.comm.netem import LinkEmulator, LinkModel, ServerNIC
@@ -27,12 +28,6 @@ CONFIGS = {
     "softmax": TrainConfig.preset("tiny").replace(steps=STEPS),
     "mlp": TrainConfig.preset("tiny").replace(steps=STEPS, model="mlp", hidden=(16,)),
 }
-
-
-def oracle(cfg, n_workers):
-    """(grad_fn, w_0) of the one-process oracles for `n_workers` workers of `cfg`."""
-    setup = Worker.build(cfg, 0, n_workers)
-    return model_grad_fn(setup.model, setup.data, setup.sampler), setup.params
 
 
 def run(worker_fn, cfg, n_workers, timeout=10.0):
@@ -65,7 +60,7 @@ def test_ps_sync_equals_sync_sgd_bitwise(model):
     on the server and on every worker (which hold the last pulled weights)."""
     cfg = CONFIGS[model]
     for n in range(1, 5):
-        grad_fn, w0 = oracle(cfg, n)  # first: forked workers inherit the loaded data set
+        grad_fn, w0 = oracle_inputs(cfg, n)  # first: forked workers inherit the loaded data set
         results = run(ps_sync_worker, cfg, n)
         want = sync_sgd(grad_fn, w0, n, STEPS, cfg.lr_at)
         server, workers = results[0], results[1:]
@@ -106,7 +101,7 @@ def staleness_identity(arrival_order):
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_ps_async_equals_the_oracle_replayed_in_arrival_order(n, steady_workers):
     cfg = CONFIGS["mlp" if n % 2 else "softmax"]
-    grad_fn, w0 = oracle(cfg, n)
+    grad_fn, w0 = oracle_inputs(cfg, n)
     results = run(ps_async_worker, cfg, n)
     server, workers = results[0], results[1:]
     order, staleness = server.extra["arrival_order"], server.extra["staleness"]
@@ -136,7 +131,7 @@ def test_ps_async_equals_the_oracle_replayed_in_arrival_order(n, steady_workers)
 @pytest.mark.timeout(60)
 def test_ps_async_with_one_worker_is_sequential_sgd():
     cfg = CONFIGS["mlp"]
-    grad_fn, w0 = oracle(cfg, 1)
+    grad_fn, w0 = oracle_inputs(cfg, 1)
     server, worker = run(ps_async_worker, cfg, 1)
     np.testing.assert_array_equal(server.params, sync_sgd(grad_fn, w0, 1, STEPS, cfg.lr).params)
     np.testing.assert_array_equal(worker.params, server.params)
@@ -151,8 +146,8 @@ def codec_oracle(cfg, n_workers, base=None):
     """(grad_fn, w_0) of the oracles for compressed pushes: every worker's gradient is replaced
     by decode(encode(g)), where g has that worker's residual added first with error feedback
     (and the residual becomes g - decode(encode(g))), as Worker.feed_back does. `base`:
-    the (grad_fn, w_0) to wrap (default: oracle(cfg, n_workers))."""
-    grad_fn, w0 = base or oracle(cfg, n_workers)
+    the (grad_fn, w_0) to wrap (default: oracle_inputs(cfg, n_workers))."""
+    grad_fn, w0 = base or oracle_inputs(cfg, n_workers)
     codec = get_codec(cfg.codec, cfg.backend)
     wire = np.empty(codec.wire_bytes(w0.size), np.uint8)
     residual = [np.zeros_like(w0) for _ in range(n_workers)]  # calls come in each rank's order
@@ -199,7 +194,7 @@ def test_compressed_ps_sync_equals_its_simulation_bitwise(model, codec, error_fe
             result.params, want.params, err_msg=f"{model}, {codec}: rank {r} differs from the "
             f"simulation (max diff {np.abs(result.params - want.params).max()})"
         )  # fmt: skip
-    plain = sync_sgd(oracle(cfg, n)[0], w0, n, STEPS, cfg.lr_at).params
+    plain = sync_sgd(oracle_inputs(cfg, n)[0], w0, n, STEPS, cfg.lr_at).params
     assert not np.array_equal(server.params, plain), f"{codec} changed nothing"
     np.testing.assert_allclose(server.losses, want.losses, rtol=1e-6)  # the loss is not encoded
     push, pull = push_bytes(cfg, w0.size), HEADER_BYTES + w0.nbytes
@@ -253,7 +248,7 @@ def pull_oracle(cfg, n_workers):
     on the exact w_0 (built from the seed, never pulled); then the push is round-tripped as in
     codec_oracle (a no-op with codec none). The oracles' updates use the exact weights, as the
     server does."""
-    model_grad, w0 = oracle(cfg, n_workers)
+    model_grad, w0 = oracle_inputs(cfg, n_workers)
     codec = get_codec(cfg.codec_pull, cfg.backend)
 
     def on_pulled(params, rank, step):
@@ -489,7 +484,7 @@ def _fail_at(monkeypatch, worker, step, how):
 def test_a_failing_worker_fails_the_server_with_its_name(monkeypatch, method, how):
     """Worker 1 (rank 2) dies, raises, or hangs at step 3: the server's error names rank 2,
     and every other worker is told why (an ABORT from the server), within the timeout."""
-    oracle(CONFIGS["softmax"], 3)  # load the data here: forked workers start with it (< 1 s)
+    oracle_inputs(CONFIGS["softmax"], 3)  # load the data here: forked workers start with it (< 1 s)
     _fail_at(monkeypatch, worker=1, step=3, how=how)
     start = time.monotonic()
     with pytest.raises(WorkerFailed) as failure:
@@ -683,7 +678,7 @@ def test_shared_and_sequential_pulls_give_the_same_weights_bitwise(codec, codec_
     shared server books its wire for all p pulls (and their codes, with a pull codec)."""
     n, link = 3, LinkModel(latency=0.1e-3, bandwidth=200e6)
     base = CONFIGS["mlp"].replace(codec=codec, codec_pull=codec_pull)
-    grad_fn, w0 = oracle(base, n)  # first: forked workers inherit the loaded data set
+    grad_fn, w0 = oracle_inputs(base, n)  # first: forked workers inherit the loaded data set
     got = {}
     for pulls in ("sequential", "shared"):
         got[pulls] = launch_local(n + 1, ps_sync_worker, (base.replace(ps_pulls=pulls),),
