@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 import pytest
+from oracles import oracle_inputs
 from test_comm_faults import (
     TIMEOUT,
     _killed_job,
@@ -19,7 +20,6 @@ from test_comm_faults import (
     run_failing,
 )
 from test_ps import STEPS
-from test_ps import oracle as ps_oracle
 from test_train import assert_matches_oracle, oracle
 
 from pipesgd_ref.algorithms.pipe import pipe_worker
@@ -97,7 +97,7 @@ def test_parameter_server_equals_the_oracles(transport):
     the pushes arrived; over the star links of the transport."""
     n = 3
     cfg = TrainConfig.preset("tiny").replace(steps=STEPS, model="mlp", hidden=(16,))
-    grad_fn, w0 = ps_oracle(cfg, n)
+    grad_fn, w0 = oracle_inputs(cfg, n)
 
     def run(worker_fn):
         return launch_local(n + 1, worker_fn, (cfg,), start_method="fork", star=True,
