@@ -9,7 +9,7 @@ The same as `pipesgd bench allreduce` (all its flags work here); prints the tabl
 
 import sys
 
-from pipesgd_ref.cli import main
+from pipesgd_ref.commands.cli import main
 
 if __name__ == "__main__":
     sys.exit(main(["bench", "allreduce", *sys.argv[1:]]))

@@ -20,9 +20,9 @@ import argparse
 
 import numpy as np
 
-from pipesgd_ref.algorithms.pipe import Compensation
-from pipesgd_ref.algorithms.worker import Worker
 from pipesgd_ref.config import TrainConfig
+from pipesgd_ref.methods.pipe import Compensation
+from pipesgd_ref.runtime.worker import Worker
 from pipesgd_ref.timing import compensation_passes
 from pipesgd_ref.timing.calibrate import median_time, time_gamma_and_copy
 

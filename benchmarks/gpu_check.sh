@@ -62,7 +62,7 @@ import sys
 import numpy as np
 
 from pipesgd_ref.config import TrainConfig
-from pipesgd_ref.train import run_training
+from pipesgd_ref.commands.train import run_training
 
 models = {
     "mlp": dict(model="mlp", hidden=(512, 512)),

@@ -242,8 +242,8 @@ TRAIN_MODELS = {
 def train_rows(steps: int) -> list[dict]:
     """`pipesgd train --device cuda` on each of TRAIN_MODELS against the Numba CPU backend,
     one worker each: iteration time and samples per second."""
+    from pipesgd_ref.commands.train import run_training
     from pipesgd_ref.config import TrainConfig
-    from pipesgd_ref.train import run_training
 
     rows = []
     for model, changes in TRAIN_MODELS.items():

@@ -19,9 +19,9 @@ import json
 import sys
 from pathlib import Path
 
+from pipesgd_ref.commands.train import run_training
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.timing import ring_allreduce_time
-from pipesgd_ref.train import run_training
 from pipesgd_ref.units import parse_bandwidth, parse_latency
 
 

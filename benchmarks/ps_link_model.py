@@ -6,7 +6,7 @@
 Trains ps-sync with each order of the server's pulls (--ps-pulls) on p + 1 local processes
 whose links are emulated (--latency, --bandwidth), the server's p links sharing one wire each
 way (comm/netem.py ServerNIC), and prints the steady-state median iteration beside the model
-of timing.predict (algorithms/ps.py derives both):
+of timing.predict (methods/ps.py derives both):
 
     sequential   t_c + 2 alpha + (p + 1) M / B     the pulls leave one after another
     shared       t_c + 2 alpha + 2 p M / B         the pulls share the wire, then the pushes
@@ -30,11 +30,11 @@ from pathlib import Path
 import numpy as np
 
 from pipesgd_ref import timing
-from pipesgd_ref.algorithms.ps import ps_sync_worker
 from pipesgd_ref.comm.netem import LinkModel
 from pipesgd_ref.comm.ps import PULL_ORDERS
 from pipesgd_ref.config import TrainConfig
-from pipesgd_ref.launch import launch_local
+from pipesgd_ref.methods.ps import ps_sync_worker
+from pipesgd_ref.runtime.launch import launch_local
 from pipesgd_ref.units import parse_bandwidth, parse_latency
 
 WARMUP_STEPS = 2  # the first iterations pay the processes' start (first frames, caches)

@@ -157,7 +157,7 @@ class Sampler(threading.Thread):
 
 def _launcher(cfg: TrainConfig, answer: str) -> None:
     """The launcher process: train, then hand back what the samples are matched against."""
-    from pipesgd_ref.train import run_training
+    from pipesgd_ref.commands.train import run_training
 
     summary, results = run_training(cfg, progress=False, log=lambda *_: None)
     ends = results[0].step_end  # perf_counter s: the clock of the samples

@@ -78,6 +78,7 @@ import time
 from pathlib import Path
 
 from pipesgd_ref import timing
+from pipesgd_ref.commands.train import run_training
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.timing.calibrate import (
     CAL_SPREAD,
@@ -90,7 +91,6 @@ from pipesgd_ref.timing.calibrate import (
     network_figures,
     steps_spanning,
 )
-from pipesgd_ref.train import run_training
 from pipesgd_ref.units import format_bytes
 
 GRID_MINUTES = 40  # the docstring's estimate, printed at the start of a default run

@@ -1,5 +1,5 @@
 """`python -m pipesgd_ref` is the `pipesgd` command."""
 
-from pipesgd_ref.cli import main
+from pipesgd_ref.commands.cli import main
 
 raise SystemExit(main())

@@ -46,7 +46,7 @@ class TrainConfig:
     world_size: int = 4  # p: number of workers, each with its own shard of the training set
     width: int = 2  # K: pipeline width; staleness = K - 1 (1 = synchronous, 2 = Pipe-SGD)
     warmup_steps: int = 0  # synchronous steps before the pipeline starts (0 = none)
-    # --- staleness (algorithms/compensation.py) ---
+    # --- staleness (methods/compensation.py) ---
     compensation: str = "none"  # none | dc | dc-adaptive | predict (pipe); dc too for ps-async
     dc_lambda: float = 0.04  # lam of dc (lam0 of dc-adaptive); MXNet's dcasgd default
     max_staleness: int = -1  # ps-async: hold a worker back past S steps ahead (-1: no bound)
@@ -272,7 +272,7 @@ class TrainConfig:
 
 
 ALGOS = ("sync", "pipe", "ps-sync", "ps-async")
-COMPENSATIONS = ("none", "dc", "dc-adaptive", "predict")  # algorithms/compensation.py
+COMPENSATIONS = ("none", "dc", "dc-adaptive", "predict")  # methods/compensation.py
 DEVICES = ("cpu", "cuda")
 COMMS = ("sockets", "mpi")  # how the ranks talk (TrainConfig.comm)
 

@@ -106,9 +106,9 @@ def collectives(out: Path) -> None:
 
 
 def train(out: Path) -> None:
-    from pipesgd_ref.algorithms.pipe import pipe_worker
-    from pipesgd_ref.algorithms.ps import ps_async_worker, ps_sync_worker
-    from pipesgd_ref.algorithms.sync import sync_worker
+    from pipesgd_ref.methods.pipe import pipe_worker
+    from pipesgd_ref.methods.ps import ps_async_worker, ps_sync_worker
+    from pipesgd_ref.methods.sync import sync_worker
 
     MPI = init_mpi()
     world = MPI.COMM_WORLD

@@ -3,10 +3,10 @@ oracle's inputs for a config, and the mean taken in the ring's order of addition
 
 from __future__ import annotations
 
-from pipesgd_ref.algorithms import reference
-from pipesgd_ref.algorithms.reference import model_grad_fn
-from pipesgd_ref.algorithms.worker import Worker
 from pipesgd_ref.comm.schedule import simulate_allreduce
+from pipesgd_ref.methods import reference
+from pipesgd_ref.methods.reference import model_grad_fn
+from pipesgd_ref.runtime.worker import Worker
 
 
 def oracle_inputs(cfg, n_workers: int):

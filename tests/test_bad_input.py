@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipesgd_ref.launch import ENV_CONVENTIONS
+from pipesgd_ref.runtime.launch import ENV_CONVENTIONS
 
 TIMEOUT = 60  # seconds a case may take before it counts as a hang
 DIR, FIFO, LOCKED = "<dir>", "<fifo>", "<locked>"
@@ -104,8 +104,8 @@ def _checkpoint(size: int | None = None, fill: float = 0.0, next_step: int = 10,
     (default: the tiny model's) of value `fill`."""
 
     def write(path: Path) -> None:
-        from pipesgd_ref.checkpoint import save
         from pipesgd_ref.config import TrainConfig
+        from pipesgd_ref.runtime.checkpoint import save
 
         cfg = TrainConfig.preset("tiny").replace(**changes)
         p = _tiny_params(fill) if size is None else np.full(size, fill, np.float32)
@@ -384,7 +384,7 @@ PREDICT = [
     C("predict-model-unknown", "predict --model resnet", "resnet"),
     C("predict-dataset-unknown", "predict --dataset imagenet", "imagenet"),
     C("predict-ps-pulls-unknown", "predict --ps-pulls foo", "foo"),
-    # staleness compensation and bounded staleness (algorithms/compensation.py)
+    # staleness compensation and bounded staleness (methods/compensation.py)
     C("train-compensation-unknown", f"train {TINY} --compensation magic", "compensation",
       "magic"),
     C("train-compensation-sync", f"train {TINY} --algo sync --compensation dc",
@@ -575,8 +575,9 @@ def run_pipesgd(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[int, s
 # test_the_real_entry_point runs a sample of them through `python -m pipesgd_ref` itself.
 FORK_SERVER = r"""
 import json, os, sys, traceback
-import pipesgd_ref.bench, pipesgd_ref.compare, pipesgd_ref.predict, pipesgd_ref.train
-from pipesgd_ref.cli import main
+import pipesgd_ref.commands.bench, pipesgd_ref.commands.compare
+import pipesgd_ref.commands.predict, pipesgd_ref.commands.train
+from pipesgd_ref.commands.cli import main
 from pipesgd_ref.data import load_dataset
 
 load_dataset("digits")  # imports sklearn's loader

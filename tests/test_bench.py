@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from pipesgd_ref.bench import bus_factor
-from pipesgd_ref.cli import main
-from pipesgd_ref.launch import free_port
+from pipesgd_ref.commands.bench import bus_factor
+from pipesgd_ref.commands.cli import main
+from pipesgd_ref.runtime.launch import free_port
 from pipesgd_ref.timing import ring_allreduce_time
 
 
@@ -85,7 +85,7 @@ def test_rows_run_in_turns_and_keep_their_best_round(monkeypatch):
     """The schedule itself, with every row's job replaced by a stub that logs the call and
     returns figures: round 1 runs the rows in order at each size, round 2 in reverse; each row
     keeps its faster round; t/peer is over the faster peer. No process is started."""
-    import pipesgd_ref.bench as bench
+    import pipesgd_ref.commands.bench as bench
 
     calls = []
     fake = {"ring-tcp": [4e-3, 3e-3], "ring-shm": [2e-3, 2.5e-3], "gloo": [5e-3, 6e-3],
@@ -139,7 +139,7 @@ def test_bench_open_mpi_peer_for_real(tmp_path):
     """Open MPI's Allreduce through mpi4py, as a child mpirun job of 2 ranks, over shared
     memory (its default on one host) and over TCP only: both rows verified, timed, and the
     faster of them is the best peer."""
-    from pipesgd_ref.bench_peers import peer_problem
+    from pipesgd_ref.commands.bench_peers import peer_problem
 
     why = peer_problem("mpi")
     if why is not None:

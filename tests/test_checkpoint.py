@@ -8,11 +8,11 @@ import json
 import numpy as np
 import pytest
 
-from pipesgd_ref import checkpoint
-from pipesgd_ref.algorithms.worker import Worker
-from pipesgd_ref.cli import main
+from pipesgd_ref.commands.cli import main
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.errors import ConfigError
+from pipesgd_ref.runtime import checkpoint
+from pipesgd_ref.runtime.worker import Worker
 
 # The tiny preset: softmax regression on digits, 64 x 10 weights + 10 biases.
 CFG = TrainConfig.preset("tiny").replace(steps=20)

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from pipesgd_ref.cli import main
+from pipesgd_ref.commands.cli import main
 from pipesgd_ref.config import TrainConfig
 
 
@@ -16,7 +16,7 @@ from pipesgd_ref.config import TrainConfig
 def test_compare_quick_runs_and_writes_results(tmp_path, capsys):
     """The main job end to end, made cheap: a 64-32-10 MLP, 2 workers, no emulated link.
     It still calibrates this machine, runs all six methods, and writes compare.json."""
-    from pipesgd_ref.compare import quick_config
+    from pipesgd_ref.commands.compare import quick_config
     from pipesgd_ref.timing import COMPARE_RUNS, run_label
 
     overrides = ["--hidden=32", "--batch-size=16", "--steps=24", "--world-size=2",
@@ -121,7 +121,7 @@ def test_python_dash_m_entry_point():
 
 
 def test_a_yes_no_field_alone_is_a_flag():
-    from pipesgd_ref.cli import _parser, _split_overrides, resolve_config
+    from pipesgd_ref.commands.cli import _parser, _split_overrides, resolve_config
 
     argv = ["--skip-nonfinite", "--algo", "sync", "--error-feedback", "false", "--lr", "0.1",
             "--comm_first"]  # fmt: skip
@@ -213,7 +213,7 @@ def test_atomic_writes_leave_no_temporary_files(tmp_path):
 def test_a_path_error_at_the_end_is_one_line_and_a_bug_keeps_its_traceback(monkeypatch, capsys):
     import errno
 
-    import pipesgd_ref.cli as cli
+    import pipesgd_ref.commands.cli as cli
 
     def disk_full(*_, **__):
         raise OSError(errno.ENOSPC, "No space left on device", "/data/run/summary.json")
@@ -233,7 +233,7 @@ def test_a_path_error_at_the_end_is_one_line_and_a_bug_keeps_its_traceback(monke
 
 def test_many_local_workers_need_an_override(monkeypatch):
     from pipesgd_ref.errors import ConfigError
-    from pipesgd_ref.launch import ALLOW_MANY_ENV, check_local_workers, local_worker_limit
+    from pipesgd_ref.runtime.launch import ALLOW_MANY_ENV, check_local_workers, local_worker_limit
 
     limit = local_worker_limit()
     assert limit >= 64 and limit >= 16 * len(os.sched_getaffinity(0))

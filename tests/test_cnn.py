@@ -8,16 +8,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from oracles import oracle_inputs
 
-from pipesgd_ref.algorithms.pipe import pipe_worker
-from pipesgd_ref.algorithms.ps import ps_async_worker, ps_sync_worker
-from pipesgd_ref.algorithms.reference import async_ps_sgd, delayed_sgd, sync_sgd
-from pipesgd_ref.algorithms.sync import sync_worker
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.data import load_dataset
-from pipesgd_ref.launch import launch_local
+from pipesgd_ref.methods.pipe import pipe_worker
+from pipesgd_ref.methods.ps import ps_async_worker, ps_sync_worker
+from pipesgd_ref.methods.reference import async_ps_sgd, delayed_sgd, sync_sgd
+from pipesgd_ref.methods.sync import sync_worker
 from pipesgd_ref.models import CNN, build_model
 from pipesgd_ref.ops import get_backend
 from pipesgd_ref.ops import numpy_ops as ref
+from pipesgd_ref.runtime.launch import launch_local
 from strategies import central_differences
 
 # --- the gradient ----------------------------------------------------------------------------

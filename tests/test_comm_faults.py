@@ -34,7 +34,7 @@ from pipesgd_ref.comm.rendezvous import (
 from pipesgd_ref.comm.ring import allreduce, barrier, broadcast
 from pipesgd_ref.comm.transport import Frame, Kind, Link
 from pipesgd_ref.errors import CommError, LaunchError, PeerAborted, WorkerFailed
-from pipesgd_ref.launch import JobEnv, _default_token, detect_env, free_port, launch_local
+from pipesgd_ref.runtime.launch import JobEnv, _default_token, detect_env, free_port, launch_local
 
 TIMEOUT = 2.0  # the communication timeout inside the workers
 
@@ -728,7 +728,7 @@ def test_detect_env_job_token():
     ],
 )
 def test_local_ranks_and_local_rank_read_each_launcher(env, ranks, mine):
-    from pipesgd_ref.launch import local_rank, local_ranks
+    from pipesgd_ref.runtime.launch import local_rank, local_ranks
 
     assert local_ranks(env) == ranks
     assert local_rank(5, env) == mine

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from pipesgd_ref import timing
-from pipesgd_ref.compare import (
+from pipesgd_ref.commands.compare import (
     CHECKS,
     check_targets,
     format_table,

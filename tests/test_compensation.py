@@ -1,4 +1,4 @@
-"""Staleness compensation (algorithms/compensation.py) and bounded staleness: the distributed
+"""Staleness compensation (methods/compensation.py) and bounded staleness: the distributed
 runs against their one-process oracles, and the stability bounds of the module docstring on
 both sides, on random quadratics."""
 
@@ -8,17 +8,17 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from oracles import oracle_inputs, use_ring_order
 
-from pipesgd_ref.algorithms.compensation import (
+from pipesgd_ref.config import TrainConfig
+from pipesgd_ref.methods.compensation import (
     DelayCompensation,
     predicted_weights,
     stability_bound,
 )
-from pipesgd_ref.algorithms.pipe import pipe_worker
-from pipesgd_ref.algorithms.ps import ps_async_worker
-from pipesgd_ref.algorithms.reference import async_ps_sgd, delayed_sgd, model_grad_fn
-from pipesgd_ref.algorithms.worker import Worker
-from pipesgd_ref.config import TrainConfig
-from pipesgd_ref.launch import launch_local
+from pipesgd_ref.methods.pipe import pipe_worker
+from pipesgd_ref.methods.ps import ps_async_worker
+from pipesgd_ref.methods.reference import async_ps_sgd, delayed_sgd, model_grad_fn
+from pipesgd_ref.runtime.launch import launch_local
+from pipesgd_ref.runtime.worker import Worker
 
 TINY = TrainConfig.preset("tiny").replace(model="mlp", hidden=(8,), steps=20)
 
@@ -254,8 +254,8 @@ def test_resuming_a_compensated_run(tmp_path, capsys):
     """The final checkpoint of a compensated run (nothing in flight) resumes with a fresh fill;
     a mid-run one (gradients in flight, whose kept weights or local gradients a checkpoint
     does not hold) is refused in one line."""
-    from pipesgd_ref import checkpoint
-    from pipesgd_ref.cli import main
+    from pipesgd_ref.commands.cli import main
+    from pipesgd_ref.runtime import checkpoint
 
     args = ["train", "--preset=tiny", "--algo=pipe", "--compensation=dc", "--no-progress"]
     rc = main([*args, "--steps=10", f"--out={tmp_path / 'a'}"])
@@ -281,7 +281,7 @@ def test_the_staleness_study_at_a_small_size(tmp_path, capsys):
     edges and study.json; with matplotlib, the figure."""
     import json
 
-    from pipesgd_ref.cli import main
+    from pipesgd_ref.commands.cli import main
 
     out = tmp_path / "study"
     rc = main(["compare", "--study", "staleness", "--no-progress", "--hidden=16",
@@ -298,7 +298,7 @@ def test_the_staleness_study_at_a_small_size(tmp_path, capsys):
     by = {(r["method"], r["lr"]): r for r in report["rows"]}
     assert by[("sync", 5000.0)]["diverged"] and by[("pipe", 5000.0)]["diverged"]
     assert report["edges"]["sync"] == 0.5
-    from pipesgd_ref.study import run_one
+    from pipesgd_ref.commands.study import run_one
 
     cfg = TrainConfig.preset("compare").replace(hidden=(16,), world_size=2, steps=12,
                                                 eval_every=4, target_accuracy=0.3)  # fmt: skip

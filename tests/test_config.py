@@ -259,7 +259,7 @@ def test_options_that_would_do_nothing_are_refused(overrides, message):
 def test_presets_and_compare_runs_have_no_idle_options_and_fit_the_link():
     """Every preset, and every run `pipesgd compare` (--quick too) derives from its preset,
     passes the checks of a training run."""
-    from pipesgd_ref.compare import quick_config, run_config
+    from pipesgd_ref.commands.compare import quick_config, run_config
     from pipesgd_ref.config import check_before_run, check_idle_options
     from pipesgd_ref.data import load_dataset
     from pipesgd_ref.timing import COMPARE_RUNS

@@ -17,8 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipesgd_ref.algorithms.reference import delayed_sgd, model_grad_fn
 from pipesgd_ref.data import MinibatchSampler, load_dataset
+from pipesgd_ref.methods.reference import delayed_sgd, model_grad_fn
 from pipesgd_ref.models import build_model
 from strategies import seeds, spd_matrices
 

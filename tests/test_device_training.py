@@ -27,9 +27,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pipesgd_ref.commands.train import run_training
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.errors import ConfigError
-from pipesgd_ref.train import run_training
 
 REPO = Path(__file__).resolve().parents[1]
 GPU_TESTS = os.environ.get("PIPESGD_GPU_TESTS") == "1"
@@ -72,7 +72,7 @@ def _env(**changes: str | None) -> dict[str, str]:
 # holds a CUDA context (asked of the driver; only where numba.cuda is real and imported).
 SPY = r"""
 import json, os, sys
-import pipesgd_ref.launch as launch
+import pipesgd_ref.runtime.launch as launch
 
 def cuda_context():
     if "numba.cuda" not in sys.modules or os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
@@ -91,7 +91,7 @@ def spy(*args, **kwargs):
                 context=cuda_context())
     return real(*args, **kwargs)
 launch.launch_local = spy
-from pipesgd_ref.cli import main
+from pipesgd_ref.commands.cli import main
 rc = main(sys.argv[1:])
 seen.update(imported_after=imported(), context_after=cuda_context())
 print("SPY " + json.dumps(seen))
@@ -195,7 +195,7 @@ def _ring_job(comm):
 @pytest.mark.slow
 def test_device_ring_is_bitwise_the_host_ring():
     from pipesgd_ref.comm.schedule import simulate_allreduce
-    from pipesgd_ref.launch import launch_local
+    from pipesgd_ref.runtime.launch import launch_local
 
     p = 3
     results = launch_local(p, _ring_job, (), start_method=START, timeout=60.0)
@@ -234,7 +234,7 @@ def _many_segments_job(comm, n, segment_bytes):
 def test_device_ring_with_many_segments_per_chunk():
     """4 ranks, 1M float32 in 64 KiB segments: 62 segments a chunk, so the pinned slots are
     reused many times within each step; bitwise the host ring's result."""
-    from pipesgd_ref.launch import launch_local
+    from pipesgd_ref.runtime.launch import launch_local
 
     results = launch_local(4, _many_segments_job, (1_000_000, 64 << 10), start_method="fork",
                            timeout=60.0)  # fmt: skip
@@ -257,10 +257,10 @@ def test_worker_on_the_device(tmp_path):
     """The pieces the loops use, on one process: the same gradient as the CPU (batch staged
     through pinned buffers), NaN caught by the device-side sum, zeroing, the mean of the good
     ranks, and weights and checkpoints that come back as host arrays."""
-    from pipesgd_ref import checkpoint
-    from pipesgd_ref.algorithms.worker import Worker
     from pipesgd_ref.errors import TrainingDiverged
     from pipesgd_ref.models.layout import on_device
+    from pipesgd_ref.runtime import checkpoint
+    from pipesgd_ref.runtime.worker import Worker
 
     cfg = tiny(model="softmax", hidden=(), device="cuda", out=str(tmp_path))
     cpu = Worker.build(cfg, 1, 2)
@@ -362,7 +362,7 @@ def _big_ring_job(comm, n):
 @pytest.mark.skipif(not GPU_TESTS, reason="needs a real CUDA GPU: run with PIPESGD_GPU_TESTS=1")
 def test_real_gpu_device_ring_is_bitwise_the_host_ring():
     """16 MB over 4 spawned ranks (several 2 MiB segments per chunk): bitwise the host ring."""
-    from pipesgd_ref.launch import launch_local
+    from pipesgd_ref.runtime.launch import launch_local
 
     for host, dev in launch_local(4, _big_ring_job, (4 << 20,), start_method="spawn"):
         assert np.array_equal(dev.view(np.uint32), host.view(np.uint32))

@@ -1,5 +1,5 @@
 """A job's lifetime: signals stop every rank at one step, no worker outlives its launcher, and
---max-restarts picks a failed job up from its last checkpoint (pipesgd_ref/lifetime.py)."""
+--max-restarts picks a failed job up from its last checkpoint (pipesgd_ref/runtime/lifetime.py)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipesgd_ref.cli import main
-from pipesgd_ref.lifetime import StopPlan
+from pipesgd_ref.commands.cli import main
+from pipesgd_ref.runtime.lifetime import StopPlan
 
 # --- the stop plan: every rank stops before the same step ------------------------------------
 
@@ -256,7 +256,7 @@ def test_joined_ranks_stop_on_a_signal_with_one_line_each(tmp_path):
     """Ranks of a job that torchrun, mpirun or srun started: each handles the signal its
     launcher forwards; a sync rank 0 stops after a whole step, so its checkpoint is that
     step's (the replicas are identical)."""
-    from pipesgd_ref.launch import free_port
+    from pipesgd_ref.runtime.launch import free_port
 
     out = tmp_path / "joined"
     port = free_port()
@@ -341,7 +341,7 @@ def _take_the_lock_and_die(plan):
 def test_a_signal_inside_entering_does_not_deadlock_the_worker():
     """The worker's handler asks for the stop from a thread of its own: a handler that took
     the plan's lock itself would wait forever when the signal lands inside `entering`."""
-    from pipesgd_ref import lifetime
+    from pipesgd_ref.runtime import lifetime
 
     plan = StopPlan(mp.get_context("fork"), 1)
     old = {sig: signal.getsignal(sig) for sig in lifetime.STOP_SIGNALS}

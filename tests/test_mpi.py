@@ -26,9 +26,9 @@ import numpy as np
 import pytest
 from oracles import oracle_inputs, use_ring_order
 
-from pipesgd_ref.algorithms import reference
-from pipesgd_ref.algorithms.reference import async_ps_sgd, sync_sgd
 from pipesgd_ref.comm import mpi
+from pipesgd_ref.methods import reference
+from pipesgd_ref.methods.reference import async_ps_sgd, sync_sgd
 
 REPO = Path(__file__).resolve().parents[1]
 PROGRAMS = REPO / "tests" / "mpi_programs.py"

@@ -347,7 +347,7 @@ def test_a_frame_slower_than_the_timeout_is_refused_without_sleeping():
 def test_a_train_run_on_a_link_slower_than_its_timeout_stops_in_bounded_time(capsys):
     """End to end: each worker's first ring frame (1.3 KB at 125 B/s: 10.8 s) is refused by
     the emulator, so the job ends within seconds, naming the link, not a hung peer."""
-    from pipesgd_ref.cli import main
+    from pipesgd_ref.commands.cli import main
 
     start = time.monotonic()
     rc = main(["train", "--preset=tiny", "--steps=3", "--no-progress", "--bandwidth=1Kbit",

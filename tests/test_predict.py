@@ -1,4 +1,5 @@
-"""`pipesgd predict` (pipesgd_ref/predict.py): its table, sweeps, answers, files and errors.
+"""`pipesgd predict` (pipesgd_ref/commands/predict.py): its table, sweeps, answers, files and
+errors.
 
 The command is driven through its own parser (add_parser on a fresh subparsers object), as the
 CLI drives it. Most tests give --params and --t-comp, so nothing but a few per-byte costs is
@@ -13,10 +14,10 @@ import re
 
 import pytest
 
-from pipesgd_ref import predict as predict_cmd
 from pipesgd_ref import timing
+from pipesgd_ref.commands import predict as predict_cmd
+from pipesgd_ref.commands.predict import PAYS, crossings, parse_codecs, parse_count
 from pipesgd_ref.errors import ConfigError
-from pipesgd_ref.predict import PAYS, crossings, parse_codecs, parse_count
 from pipesgd_ref.timing import COMPARE_RUNS, Calibration
 
 LABELS = [timing.run_label(algo, codec) for algo, codec in COMPARE_RUNS]

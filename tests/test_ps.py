@@ -11,16 +11,16 @@ import numpy as np
 import pytest
 from oracles import oracle_inputs
 
-from pipesgd_ref.algorithms.ps import ParameterServer, ps_async_worker, ps_sync_worker
-from pipesgd_ref.algorithms.reference import async_ps_sgd, sync_sgd
-from pipesgd_ref.algorithms.worker import Worker
 from pipesgd_ref.codecs import get_codec
 from pipesgd_ref.comm.netem import LinkEmulator, LinkModel, ServerNIC
 from pipesgd_ref.comm.ps import PSClient
 from pipesgd_ref.comm.transport import HEADER_BYTES, Frame, Kind, Link
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.errors import CollectiveMismatch, ConfigError, PeerAborted, WorkerFailed
-from pipesgd_ref.launch import launch_local
+from pipesgd_ref.methods.ps import ParameterServer, ps_async_worker, ps_sync_worker
+from pipesgd_ref.methods.reference import async_ps_sgd, sync_sgd
+from pipesgd_ref.runtime.launch import launch_local
+from pipesgd_ref.runtime.worker import Worker
 from pipesgd_ref.timing import Calibration, predict
 
 STEPS = 20
@@ -354,7 +354,7 @@ def test_the_emulated_server_link_is_timings_ps_sync_model(p, pulls):
     cross the ingress wire in the order they left. The last push is usable at
         sequential:  t_c + 2 alpha + (p + 1) M / B
         shared:      t_c + 2 alpha + 2 p M / B
-    (algorithms/ps.py derives both; benchmarks/ps_link_model.py measures them in real
+    (methods/ps.py derives both; benchmarks/ps_link_model.py measures them in real
     processes.) Header bytes are left out (header_bytes=0), as timing leaves them out."""
     model, t_comp, n_params = LinkModel(latency=0.5e-3, bandwidth=10e6), 1e-3, 4810
     M = 4 * n_params

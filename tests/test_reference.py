@@ -5,7 +5,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipesgd_ref.algorithms.reference import (
+from pipesgd_ref.data import MinibatchSampler, make_synthetic
+from pipesgd_ref.methods.reference import (
     async_ps_sgd,
     average_gradient,
     delayed_sgd,
@@ -14,7 +15,6 @@ from pipesgd_ref.algorithms.reference import (
     round_robin,
     sync_sgd,
 )
-from pipesgd_ref.data import MinibatchSampler, make_synthetic
 from pipesgd_ref.models import MLP
 from strategies import seeds
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from pipesgd_ref.comm.netem import LinkModel
 from pipesgd_ref.comm.ring import allgather, allreduce, barrier, broadcast
 from pipesgd_ref.comm.schedule import simulate_allreduce
-from pipesgd_ref.launch import launch_local
+from pipesgd_ref.runtime.launch import launch_local
 from strategies import integer_valued, ring_sizes
 
 # --- real processes --------------------------------------------------------------------------

@@ -7,13 +7,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipesgd_ref.algorithms.pipe import pipe_worker
-from pipesgd_ref.algorithms.reference import delayed_sgd, model_grad_fn, sync_sgd
-from pipesgd_ref.algorithms.sync import sync_worker
-from pipesgd_ref.algorithms.worker import Worker
-from pipesgd_ref.cli import main
+from pipesgd_ref.commands.cli import main
 from pipesgd_ref.config import TrainConfig
-from pipesgd_ref.launch import launch_local
+from pipesgd_ref.methods.pipe import pipe_worker
+from pipesgd_ref.methods.reference import delayed_sgd, model_grad_fn, sync_sgd
+from pipesgd_ref.methods.sync import sync_worker
+from pipesgd_ref.runtime.launch import launch_local
+from pipesgd_ref.runtime.worker import Worker
 
 
 def oracle(cfg: TrainConfig, staleness: int, warmup: int = 0):
@@ -204,7 +204,7 @@ def test_resume_refuses_a_different_run(tmp_path):
                "--lr=0.5", f"--resume={tmp_path}"])  # fmt: skip
     assert rc == 2
     with pytest.raises(Exception, match="different run"):
-        from pipesgd_ref.checkpoint import load
+        from pipesgd_ref.runtime.checkpoint import load
 
         load(tmp_path, TrainConfig.preset("tiny").replace(algo="sync", steps=5, lr=0.5))
 
@@ -243,7 +243,7 @@ def test_summary_has_eval_curve_and_time_to_target(algo, tmp_path):
     """A copy of the weights every eval_every steps (ps-async: every eval_every * p updates of
     the server), evaluated after training: eval_curve. The first point at or above the target
     gives steps_to_target and time_to_target_s; the last point is the final weights."""
-    from pipesgd_ref.train import run_training
+    from pipesgd_ref.commands.train import run_training
 
     cfg = TrainConfig.preset("tiny").replace(algo=algo, steps=20, eval_every=5,
                                              target_accuracy=0.5, out=str(tmp_path))  # fmt: skip
@@ -263,7 +263,7 @@ def test_summary_has_eval_curve_and_time_to_target(algo, tmp_path):
 
 @pytest.mark.timeout(120)
 def test_an_unreachable_target_has_no_time_to_target():
-    from pipesgd_ref.train import run_training
+    from pipesgd_ref.commands.train import run_training
 
     cfg = TrainConfig.preset("tiny").replace(algo="sync", steps=10, eval_every=5,
                                              target_accuracy=1.0)  # fmt: skip
@@ -286,7 +286,7 @@ def test_recorder_thins_snapshots_to_the_memory_budget(monkeypatch, caplog, per_
     (120 bytes): every 4th step is kept instead, 3 copies, and a warning says so."""
     from types import SimpleNamespace
 
-    from pipesgd_ref import summary
+    from pipesgd_ref.runtime import summary
 
     monkeypatch.setattr(summary, "SNAPSHOT_BUDGET", 3 * 40)
     cfg = TrainConfig.preset("tiny").replace(eval_every=1, steps=12)
@@ -306,7 +306,7 @@ def test_recorder_thins_snapshots_to_the_memory_budget(monkeypatch, caplog, per_
 
 
 def test_recorder_within_budget_keeps_every_copy(monkeypatch):
-    from pipesgd_ref import summary
+    from pipesgd_ref.runtime import summary
 
     monkeypatch.setattr(summary, "SNAPSHOT_BUDGET", 12 * 40)
     rec = summary.Recorder(TrainConfig.preset("tiny").replace(eval_every=1), 12, 12, 1, False,
@@ -323,11 +323,11 @@ def test_recorder_within_budget_keeps_every_copy(monkeypatch):
 def test_a_run_over_the_snapshot_budget_evaluates_fewer_steps(monkeypatch):
     """The budget reaches the forked rank 0: a softmax of 650 parameters (2600 bytes a copy),
     12 steps, a copy every step, room for 3: eval_curve at steps 4, 8, 12."""
-    import pipesgd_ref.train as train
+    import pipesgd_ref.commands.train as train
     from pipesgd_ref.models import build_model
 
     assert build_model("softmax", 64, 10, ()).n_params == 650
-    monkeypatch.setattr("pipesgd_ref.summary.SNAPSHOT_BUDGET", 3 * 2600)  # read by rank 0
+    monkeypatch.setattr("pipesgd_ref.runtime.summary.SNAPSHOT_BUDGET", 3 * 2600)  # read by rank 0
     cfg = TrainConfig.preset("tiny").replace(algo="sync", steps=12, eval_every=1)
     summary, _ = train.run_training(cfg, progress=False, log=lambda *_: None)
     assert [e["step"] for e in summary["eval_curve"]] == [4, 8, 12]
@@ -346,7 +346,7 @@ def test_workers_start_step_zero_together(algo, monkeypatch):
     their codecs' first load differs)."""
     import time
 
-    from pipesgd_ref.train import run_training
+    from pipesgd_ref.commands.train import run_training
 
     codec = Worker.codec
 
@@ -368,8 +368,8 @@ def test_workers_start_step_zero_together(algo, monkeypatch):
 def test_rank_zero_trains_with_the_worker_it_built_for_the_recorder(monkeypatch):
     """Rank 0 builds its Worker once (the recorder's sizes, then the worker's training),
     and evaluates with the host model even where the worker replaced it (--device cuda)."""
-    from pipesgd_ref import train
-    from pipesgd_ref.algorithms.worker import WorkerResult
+    from pipesgd_ref.commands import train
+    from pipesgd_ref.runtime.worker import WorkerResult
 
     built, got = [], []
     build = Worker.build.__func__
@@ -406,7 +406,7 @@ def test_each_process_builds_one_worker_and_the_launcher_none(algo, tmp_path, mo
     resumed run is no different (its launcher reads the checkpoint once, to check it)."""
     import os
 
-    from pipesgd_ref.train import run_training
+    from pipesgd_ref.commands.train import run_training
 
     log = tmp_path / "builds.txt"
     build = Worker.build.__func__
@@ -444,8 +444,8 @@ def test_load_before_fork_leaves_the_workers_nothing_to_import():
     code = (
         "import sys\n"
         "from pipesgd_ref.config import TrainConfig\n"
-        "from pipesgd_ref.train import load_before_fork\n"
-        "mods = ('numba', 'pipesgd_ref.codecs', 'pipesgd_ref.algorithms.pipe')\n"
+        "from pipesgd_ref.commands.train import load_before_fork\n"
+        "mods = ('numba', 'pipesgd_ref.codecs', 'pipesgd_ref.methods.pipe')\n"
         "before = [m in sys.modules for m in mods]\n"
         "load_before_fork(TrainConfig.preset('tiny').replace(algo='pipe', codec='q8'))\n"
         "print(before, [m in sys.modules for m in mods])\n"
@@ -463,8 +463,8 @@ def test_a_worker_failing_before_the_start_ends_the_job_naming_it(algo, monkeypa
     parameter server's start message) never becomes a hang."""
     import time
 
+    from pipesgd_ref.commands.train import run_training
     from pipesgd_ref.errors import WorkerFailed
-    from pipesgd_ref.train import run_training
 
     codec = Worker.codec
 

@@ -22,10 +22,6 @@ from test_comm_faults import (
 from test_ps import STEPS
 from test_train import assert_matches_oracle, oracle
 
-from pipesgd_ref.algorithms.pipe import pipe_worker
-from pipesgd_ref.algorithms.ps import ps_async_worker, ps_sync_worker
-from pipesgd_ref.algorithms.reference import async_ps_sgd, sync_sgd
-from pipesgd_ref.algorithms.sync import sync_worker
 from pipesgd_ref.comm import shm
 from pipesgd_ref.comm.netem import LinkModel
 from pipesgd_ref.comm.rendezvous import JobSpec, link_transport
@@ -33,7 +29,11 @@ from pipesgd_ref.comm.ring import allgather, allreduce, barrier, broadcast
 from pipesgd_ref.comm.schedule import simulate_allreduce
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.errors import RendezvousError
-from pipesgd_ref.launch import launch_local
+from pipesgd_ref.methods.pipe import pipe_worker
+from pipesgd_ref.methods.ps import ps_async_worker, ps_sync_worker
+from pipesgd_ref.methods.reference import async_ps_sgd, sync_sgd
+from pipesgd_ref.methods.sync import sync_worker
+from pipesgd_ref.runtime.launch import launch_local
 
 SAME_HOST = ["unix", "shm", "auto"]
 

@@ -42,8 +42,8 @@ from pipesgd_ref.comm.schedule import (
     simulate_allreduce,
 )
 from pipesgd_ref.comm.transport import HEADER
-from pipesgd_ref.launch import launch_local
 from pipesgd_ref.plots import pyplot, save_figure
+from pipesgd_ref.runtime.launch import launch_local
 from pipesgd_ref.timing import ring_allreduce_time
 from pipesgd_ref.units import format_bandwidth, format_bytes, format_seconds
 

@@ -31,16 +31,16 @@ from pathlib import Path
 
 import numpy as np
 
-from pipesgd_ref.algorithms import reference
-from pipesgd_ref.algorithms.ps import ps_sync_worker
-from pipesgd_ref.algorithms.worker import Worker
 from pipesgd_ref.comm.transport import HEADER_BYTES
+from pipesgd_ref.commands.train import run_training
 from pipesgd_ref.config import TrainConfig, link_model
-from pipesgd_ref.launch import launch_local
+from pipesgd_ref.methods import reference
+from pipesgd_ref.methods.ps import ps_sync_worker
 from pipesgd_ref.plots import pyplot, save_figure
+from pipesgd_ref.runtime.launch import launch_local
+from pipesgd_ref.runtime.worker import Worker
 from pipesgd_ref.timing import ring_allreduce_time
 from pipesgd_ref.trace import median_duration
-from pipesgd_ref.train import run_training
 from pipesgd_ref.units import format_bandwidth, format_bytes, format_seconds
 
 SMALL = os.environ.get("PIPESGD_TUTORIAL_SMALL") == "1"  # CI: fewer steps, same lessons
@@ -61,7 +61,7 @@ def quiet(*_) -> None:
 # ## 0. The back-of-envelope, in code
 #
 # The alpha-beta model (α: per-message latency, B: bandwidth per direction of a full-duplex
-# link, M: gradient bytes), with the formulas of the docstring of `pipesgd_ref/algorithms/ps.py`:
+# link, M: gradient bytes), with the formulas of the docstring of `pipesgd_ref/methods/ps.py`:
 #
 #     ps-sync, two phases (PAPER.md):   2α + 2p·M/B          the server's link, per round
 #     ps-sync, this package:            2α + (p+1)·M/B       pulls sent one after another
@@ -80,7 +80,7 @@ def ps_sync_paper(n_bytes: float, p: int, alpha: float, bandwidth: float) -> flo
 
 
 def ps_sync_sequential(n_bytes: float, p: int, alpha: float, bandwidth: float) -> float:
-    """2 alpha + (p + 1) M / B: the pulls leave one after another (algorithms/ps.py docstring)."""
+    """2 alpha + (p + 1) M / B: the pulls leave one after another (methods/ps.py docstring)."""
     return 2 * alpha + (p + 1) * n_bytes / bandwidth
 
 
@@ -290,7 +290,7 @@ else:
 # The model is made larger (one hidden layer of 1024) so that M/B is a few milliseconds and
 # dominates the software overheads. For p = 1, 2, 4 we measure the ps-sync iteration, the
 # synchronous ring (`algo="sync"`) and the ps-async update rate, and print the formulas of
-# algorithms/ps.py's docstring next to them, with t_c the median compute span measured in the same
+# methods/ps.py's docstring next to them, with t_c the median compute span measured in the same
 # run and the exact frame sizes (header included):
 #
 #     ps-sync:   T_it = t_c + 2α + (p+1)·M/B     (PAPER.md's two phases: t_c + 2α + 2p·M/B)
@@ -326,7 +326,7 @@ print(f"MLP 64-1024-10: {emu_params} params, M = {format_bytes(M_emu)}, "
 
 
 def ps_sync_model(p: int, t_c: float) -> float:
-    """t_c + 2 alpha + (p + 1) M / B (algorithms/ps.py), with the exact frames (p pulls, a push)."""
+    """t_c + 2 alpha + (p + 1) M / B (methods/ps.py), with the exact frames (p pulls, a push)."""
     return t_c + 2 * alpha + (p * pull_emu + push_emu) / bandwidth
 
 

@@ -31,10 +31,10 @@ from pathlib import Path
 
 from pipesgd_ref import timing
 from pipesgd_ref.comm.netem import LinkModel
+from pipesgd_ref.commands.train import run_training
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.plots import pyplot, save_figure
 from pipesgd_ref.timing.calibrate import calibrate, measure_p2p
-from pipesgd_ref.train import run_training
 from pipesgd_ref.units import format_bandwidth, format_bytes, format_seconds, parse_bandwidth
 
 SMALL = os.environ.get("PIPESGD_TUTORIAL_SMALL") == "1"  # CI: fewer sizes and steps

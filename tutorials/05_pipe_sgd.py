@@ -31,16 +31,16 @@ from pathlib import Path
 
 import numpy as np
 
-from pipesgd_ref.algorithms import reference
-from pipesgd_ref.algorithms.pipe import pipe_worker
-from pipesgd_ref.algorithms.worker import Worker
+from pipesgd_ref.commands.train import run_training
 from pipesgd_ref.config import TrainConfig, link_model
-from pipesgd_ref.launch import launch_local
+from pipesgd_ref.methods import reference
+from pipesgd_ref.methods.pipe import pipe_worker
 from pipesgd_ref.models import build_model
 from pipesgd_ref.plots import pyplot, save_figure
+from pipesgd_ref.runtime.launch import launch_local
+from pipesgd_ref.runtime.worker import Worker
 from pipesgd_ref.timing import ring_allreduce_time
 from pipesgd_ref.trace import median_duration
-from pipesgd_ref.train import run_training
 from pipesgd_ref.units import format_bandwidth, format_bytes, format_seconds
 
 SMALL = os.environ.get("PIPESGD_TUTORIAL_SMALL") == "1"  # CI: a lighter run, same lessons
@@ -83,7 +83,7 @@ print(f"if t_c = T_ring: sync {format_seconds(2 * T_ring_bench)} per iteration, 
 # %% [markdown]
 # ## 1. Two threads, K buffers
 #
-# `pipe_worker` (pipesgd_ref/algorithms/pipe.py) runs in every worker process:
+# `pipe_worker` (pipesgd_ref/methods/pipe.py) runs in every worker process:
 #
 #     compute thread (the worker's main thread)        comm thread (CommThread)
 #     for t in range(steps):                            loop:

@@ -25,9 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-from pipesgd_ref.algorithms import reference
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.data import MinibatchSampler, load_dataset
+from pipesgd_ref.methods import reference
 from pipesgd_ref.models import build_model
 from pipesgd_ref.plots import pyplot, save_figure
 

@@ -35,7 +35,6 @@ from pathlib import Path
 
 import numpy as np
 
-from pipesgd_ref.algorithms.worker import Worker
 from pipesgd_ref.codecs import get_codec
 from pipesgd_ref.comm.netem import LinkModel
 from pipesgd_ref.comm.ring import allreduce, barrier
@@ -48,11 +47,12 @@ from pipesgd_ref.comm.schedule import (
     simulate_compressed_allreduce,
 )
 from pipesgd_ref.comm.transport import HEADER
+from pipesgd_ref.commands.train import run_training
 from pipesgd_ref.config import TrainConfig
-from pipesgd_ref.launch import launch_local
 from pipesgd_ref.plots import pyplot, save_figure
+from pipesgd_ref.runtime.launch import launch_local
+from pipesgd_ref.runtime.worker import Worker
 from pipesgd_ref.timing import ring_allreduce_time
-from pipesgd_ref.train import run_training
 from pipesgd_ref.units import format_bandwidth, format_bytes, format_seconds
 
 SMALL = os.environ.get("PIPESGD_TUTORIAL_SMALL") == "1"  # CI: smaller runs, same lessons

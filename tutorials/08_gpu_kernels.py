@@ -66,9 +66,9 @@ from numba import cuda, float32  # noqa: E402  (after choosing GPU or simulator)
 from pipesgd_ref.comm.device_ring import device_allreduce  # noqa: E402
 from pipesgd_ref.comm.rendezvous import JobSpec, init_process_group, new_token  # noqa: E402
 from pipesgd_ref.comm.schedule import simulate_allreduce  # noqa: E402
-from pipesgd_ref.launch import free_port  # noqa: E402
 from pipesgd_ref.ops import cuda_ops, numpy_ops  # noqa: E402
 from pipesgd_ref.ops.cuda_support import TILE, launch_2d  # noqa: E402
+from pipesgd_ref.runtime.launch import free_port  # noqa: E402
 
 where = cuda.get_current_device().name if ON_GPU else "Numba's CUDA simulator (no GPU here)"
 print(f"running on: {where}")

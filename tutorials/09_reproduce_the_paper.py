@@ -11,7 +11,7 @@
 # conventional approaches (PAPER.md section 1). Then Pipe-SGD overlaps those 77 ms with the
 # next gradient's computation: up to another 2× over synchronous AllReduce.
 #
-# `pipesgd compare` (pipesgd_ref/compare.py) is this package's version of that experiment,
+# `pipesgd compare` (pipesgd_ref/commands/compare.py) is this package's version of that experiment,
 # measured on your machine: the same problem trained six ways through one emulated network,
 # each run's iteration time put next to what the timing models (tutorial 04) predicted, and
 # each run's wall-clock time to a target test accuracy. This tutorial runs it piece by piece:
@@ -38,7 +38,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from pipesgd_ref import timing
-from pipesgd_ref.compare import CHECKS, calibrate_for, quick_config, run_compare
+from pipesgd_ref.commands.compare import CHECKS, calibrate_for, quick_config, run_compare
 from pipesgd_ref.config import TrainConfig, link_model
 from pipesgd_ref.timing.calibrate import time_compute, usable_cores
 from pipesgd_ref.units import format_bandwidth, format_bytes, format_seconds
@@ -91,7 +91,7 @@ for key in shown:
 #   long as computing it *on a two-core machine*, the regime where Pipe-SGD gains most over
 #   synchronous SGD (T = max instead of sum: up to 2×).
 # - **ps_pulls = "shared"**: the server sends a version's p pulls at once, sharing its link,
-#   the conventional server that PAPER.md's 2pM/B models (algorithms/ps.py; "sequential" sends them
+#   the conventional server that PAPER.md's 2pM/B models (methods/ps.py; "sequential" sends them
 #   one after another and pays (p+1)M/B, tutorial 03).
 # - **eval_every 2, target_accuracy 0.96**: rank 0 keeps a copy of the weights every 2 steps
 #   and evaluates them after training, so the time to 96% test accuracy is known to within

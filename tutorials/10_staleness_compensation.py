@@ -26,14 +26,14 @@ from pathlib import Path
 
 import numpy as np
 
-from pipesgd_ref.algorithms.compensation import stability_bound
-from pipesgd_ref.algorithms.pipe import pipe_worker
-from pipesgd_ref.algorithms.reference import delayed_sgd, model_grad_fn
-from pipesgd_ref.algorithms.worker import Worker
+from pipesgd_ref.commands.study import format_table, plot_study, run_staleness_study
 from pipesgd_ref.config import TrainConfig
-from pipesgd_ref.launch import launch_local
+from pipesgd_ref.methods.compensation import stability_bound
+from pipesgd_ref.methods.pipe import pipe_worker
+from pipesgd_ref.methods.reference import delayed_sgd, model_grad_fn
 from pipesgd_ref.plots import pyplot, save_figure
-from pipesgd_ref.study import format_table, plot_study, run_staleness_study
+from pipesgd_ref.runtime.launch import launch_local
+from pipesgd_ref.runtime.worker import Worker
 
 SMALL = os.environ.get("PIPESGD_TUTORIAL_SMALL") == "1"  # CI: a smaller network, fewer rates
 OUT = Path(__file__).resolve().parent / "out"  # figures go here (git-ignored)
@@ -45,7 +45,7 @@ plt = pyplot()  # None without matplotlib: the lessons are in the printed number
 #
 # Take f(w) = ½ wᵀAw with largest curvature λ. Along that eigenvector each variant is a short
 # linear recurrence in x = lr·λ (the derivations are in the docstring of
-# `pipesgd_ref/algorithms/compensation.py`):
+# `pipesgd_ref/methods/compensation.py`):
 #
 #     sync            w_{t+1} = (1 − x) w_t                            stable iff x < 2
 #     pipe            w_{t+1} = w_t − x w_{t−1}                         stable iff x < 1

@@ -24,14 +24,14 @@ from pathlib import Path
 import numpy as np
 
 from pipesgd_ref import timing
-from pipesgd_ref.algorithms.pipe import pipe_worker
-from pipesgd_ref.algorithms.reference import delayed_sgd, model_grad_fn
-from pipesgd_ref.algorithms.worker import Worker
 from pipesgd_ref.config import TrainConfig
-from pipesgd_ref.launch import launch_local
+from pipesgd_ref.methods.pipe import pipe_worker
+from pipesgd_ref.methods.reference import delayed_sgd, model_grad_fn
 from pipesgd_ref.models import CNN, MLP
 from pipesgd_ref.ops import numpy_ops as ops
 from pipesgd_ref.plots import pyplot, save_figure
+from pipesgd_ref.runtime.launch import launch_local
+from pipesgd_ref.runtime.worker import Worker
 from pipesgd_ref.timing.calibrate import cluster_calibration
 from pipesgd_ref.units import parse_bandwidth
 

@@ -413,7 +413,7 @@ def mpi_job(mpi_comm=None):
     """This process's job as launch.JobEnv (rank and size of MPI_COMM_WORLD, or of `mpi_comm`;
     source "MPI"); the store's address and the token stay empty: MPI formed the job.
     Initialises MPI."""
-    from pipesgd_ref.launch import JobEnv
+    from pipesgd_ref.runtime.launch import JobEnv
 
     MPI = init_mpi()
     comm = MPI.COMM_WORLD if mpi_comm is None else mpi_comm

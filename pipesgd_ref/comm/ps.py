@@ -1,7 +1,7 @@
 """Parameter server: the wire protocol of the star, the worker's client, the server's links.
 
 What the server does with the pushes (the sync and async loops, their cost, their oracles) is
-the algorithm, in algorithms/ps.py; this module is how the bytes move.
+the algorithm, in methods/ps.py; this module is how the bytes move.
 
 Roles (shared/PAPER.md section 1). A job of p workers has p + 1 ranks: rank 0 is a dedicated
 server that holds the authoritative weights and never computes a gradient; ranks 1..p are the
@@ -60,7 +60,7 @@ The server's one link. Under link emulation its p links are one network card (ne
 the pulls share one outgoing wire, the pushes are re-timed on arrival through one ingress queue
 in the order they left their workers. ps-sync sends the p pulls of a version in one of
 PULL_ORDERS: "sequential" (one after another) or "shared" (all at once sharing the wire:
---ps-pulls=shared); algorithms/ps.py says what each costs.
+--ps-pulls=shared); methods/ps.py says what each costs.
 """
 
 from __future__ import annotations

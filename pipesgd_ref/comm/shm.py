@@ -60,10 +60,10 @@ import time
 
 import numpy as np
 
-from pipesgd_ref import faults
 from pipesgd_ref.comm.netem import wait_until
 from pipesgd_ref.comm.transport import HEADER, INLINE_SEND_BYTES, POLL_SECONDS, Frame, Kind, Link
 from pipesgd_ref.errors import CollectiveMismatch, CommError, PeerTimeout, RendezvousError
+from pipesgd_ref.runtime import faults
 
 N_SLOTS = 4  # slots per direction: how far a sender may run ahead of its receiver
 SLOT_BYTES = 2 << 20  # = comm/schedule.SEGMENT_BYTES: one ring segment per slot

@@ -46,7 +46,6 @@ from enum import IntEnum
 
 import numpy as np
 
-from pipesgd_ref import faults
 from pipesgd_ref.comm.netem import LinkEmulator, LinkModel, wait_until
 from pipesgd_ref.errors import (
     CollectiveMismatch,
@@ -56,6 +55,7 @@ from pipesgd_ref.errors import (
     PeerTimeout,
     ProtocolError,
 )
+from pipesgd_ref.runtime import faults
 
 MAGIC = b"PSGD"
 VERSION = 1

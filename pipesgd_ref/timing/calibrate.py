@@ -40,16 +40,16 @@ from dataclasses import replace
 
 import numpy as np
 
-from pipesgd_ref.algorithms.pipe import CommThread
-from pipesgd_ref.algorithms.worker import Worker
 from pipesgd_ref.codecs import get_codec
 from pipesgd_ref.comm.ring import allreduce, barrier
 from pipesgd_ref.comm.transport import Frame, Kind
+from pipesgd_ref.commands.train import load_before_fork
 from pipesgd_ref.config import link_model
-from pipesgd_ref.launch import launch_local
+from pipesgd_ref.methods.pipe import CommThread
+from pipesgd_ref.runtime.launch import launch_local
+from pipesgd_ref.runtime.worker import Worker
 from pipesgd_ref.timing.models import COMPARE_RUNS, Calibration, Prediction, describe, predict
 from pipesgd_ref.trace import Timeline
-from pipesgd_ref.train import load_before_fork
 
 CALIBRATION_REPS = 12  # timed steps per process when timing compute shared by several workers
 
@@ -217,7 +217,7 @@ HOP_STEPS = 3  # steps of the busy compute measurement that also time a ring hop
 
 def _busy_compute_job(comm, cfg, reps: int, hop_bytes: int = 4) -> tuple[list[float], float]:
     """Pipe-SGD's schedule without the optimizer: step t hands a gradient-sized buffer to pipe's
-    communication thread (algorithms/pipe.py: one ring AllReduce, the run's codec and link) and
+    communication thread (methods/pipe.py: one ring AllReduce, the run's codec and link) and
     computes the next gradient meanwhile, then waits for that AllReduce. Returns the compute
     thread's cycles (computing and that wait: step t + 1 of a rank starts once the AllReduce of
     the gradient before step t is done everywhere, as in pipe.py, one step of slack between the

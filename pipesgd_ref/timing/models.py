@@ -22,12 +22,12 @@ of a chunk encodes and decodes it once more: (p-1)/p M (d + e) + (p-1)/p M d + 1
 
     codec = M (d + e) + (p-1)/p * M d                                        (2)
 
-Synchronous AllReduce SGD (algorithms/sync.py): compute, then communicate, then update; nothing
+Synchronous AllReduce SGD (methods/sync.py): compute, then communicate, then update; nothing
 overlaps:
 
     T_sync = t_comp + T_ar + t_u      (on shared cores: at least the cpu bound (9), too)  (3)
 
-Pipe-SGD of width K (algorithms/pipe.py). Two resources per worker, the compute thread (needs
+Pipe-SGD of width K (methods/pipe.py). Two resources per worker, the compute thread (needs
 t_comp + t_u per iteration) and the communication thread (needs T_ar). With K iterations in
 flight the steady-state cycle is bounded by each resource, and by the K-deep dependency chain
 (a gradient must be computed, reduced and applied before the iteration K later can start):
@@ -37,7 +37,7 @@ flight the steady-state cycle is bounded by each resource, and by the K-deep dep
 Since max(a, b) >= (a + b)/2, K = 2 already reaches max(t_comp + t_u, T_ar): wider pipelines
 add staleness, never speed. The hidden share of communication is min(T_ar, t_comp + t_u) / T_ar.
 
-Parameter server, synchronous (algorithms/ps.py). The server's single link carries
+Parameter server, synchronous (methods/ps.py). The server's single link carries
 every push in and every pull out. It sends the p pulls one after another, so worker i has its
 weights (i+1) M/B after the update; the last worker computes and pushes while the earlier pushes
 already cross the (full-duplex) ingress wire; its push arrives M/(rB) later, and the server
@@ -45,7 +45,7 @@ averages p gradients (p M gamma, plus p decodes with a codec) and updates:
 
     T_ps-sync = t_comp + 2 alpha + p M/B + M/(rB) + p M gamma + t_u   (+ p M d with a codec)  (5)
 
-(PAPER.md writes 2pM/B: all pulls sent at once sharing the link; algorithms/ps.py explains why this
+(PAPER.md writes 2pM/B: all pulls sent at once sharing the link; methods/ps.py explains why this
 server pays (p+1) M/B.) With --ps-pulls=shared the server does send them at once: all workers
 have their weights after p M/B, compute together (k = p), and their p pushes queue on the
 ingress wire:
@@ -442,7 +442,7 @@ def sync(world_size: int, cal: Calibration, codec: str = "none") -> Prediction:
 
 def compensation_passes(compensation: str, width: int = 2) -> int:
     """Elementwise passes over the n parameters that --compensation adds to each step of
-    Pipe-SGD of width K (s = K - 1; algorithms/compensation.py): dc, the copy of w_t and
+    Pipe-SGD of width K (s = K - 1; methods/compensation.py): dc, the copy of w_t and
     w - w_then, two products, the scale, the sum: 6; dc-adaptive 6 more for the mean square
     and the elementwise lam; predict, the copies of w and of g_t and two passes (product,
     subtraction) per step in flight: 2 + 2 s."""
@@ -550,7 +550,7 @@ def predict(
 ) -> Prediction:
     """The predicted iteration time of `algo` on p = world_size workers (a Prediction), from
     its method's function. `width`: Pipe-SGD's K; `ps_pulls`: how ps-sync's server sends its
-    pulls (algorithms/ps.py): "sequential" or "shared"; `compensation`: Pipe-SGD's."""
+    pulls (methods/ps.py): "sequential" or "shared"; `compensation`: Pipe-SGD's."""
     if algo == "sync":
         return sync(world_size, cal, codec)
     if algo == "pipe":

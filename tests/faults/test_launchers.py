@@ -25,9 +25,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pipesgd_ref.commands.train import run_training
 from pipesgd_ref.config import TrainConfig, apply_overrides
-from pipesgd_ref.launch import detect_env, free_port
-from pipesgd_ref.train import run_training
+from pipesgd_ref.runtime.launch import detect_env, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 JOB_DEADLINE = 180.0  # seconds a whole job may take (10-20 s on a busy 2-core machine)

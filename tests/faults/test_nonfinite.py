@@ -15,14 +15,14 @@ import sys
 import numpy as np
 import pytest
 
-from pipesgd_ref import faults
-from pipesgd_ref.algorithms.pipe import pipe_worker
-from pipesgd_ref.algorithms.ps import ps_async_worker, ps_sync_worker
-from pipesgd_ref.algorithms.reference import delayed_sgd, model_grad_fn, sync_sgd
-from pipesgd_ref.algorithms.sync import sync_worker
-from pipesgd_ref.algorithms.worker import Worker
 from pipesgd_ref.config import TrainConfig
-from pipesgd_ref.launch import launch_local
+from pipesgd_ref.methods.pipe import pipe_worker
+from pipesgd_ref.methods.ps import ps_async_worker, ps_sync_worker
+from pipesgd_ref.methods.reference import delayed_sgd, model_grad_fn, sync_sgd
+from pipesgd_ref.methods.sync import sync_worker
+from pipesgd_ref.runtime import faults
+from pipesgd_ref.runtime.launch import launch_local
+from pipesgd_ref.runtime.worker import Worker
 
 ALGOS = ("sync", "pipe", "ps-sync", "ps-async")
 WORKER_FN = {"sync": sync_worker, "pipe": pipe_worker, "ps-sync": ps_sync_worker,

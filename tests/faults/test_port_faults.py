@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from test_launchers import _kill, clean_env, train_cmd
 
-from pipesgd_ref.launch import free_port
+from pipesgd_ref.runtime.launch import free_port
 
 REFUSAL_BOUND_S = 20.0  # start-up of a Python process on a loaded 2-core machine, and the answer
 

@@ -1,8 +1,8 @@
 """Faults during training, for every method: what the surviving processes do, and how fast.
 
 Each case starts an ordinary `pipesgd train` (a real job: local worker processes over TCP) with
-PIPESGD_FAULT set (pipesgd_ref/faults.py), so that one rank fails in a chosen way at a chosen
-step, and checks that:
+PIPESGD_FAULT set (pipesgd_ref/runtime/faults.py), so that one rank fails in a chosen way at a
+chosen step, and checks that:
 - the job ends (every surviving process exits) within a stated bound after the fault;
 - the error names the failed rank, and says what to do;
 - no process of the job is left behind;
@@ -22,10 +22,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipesgd_ref import faults
+from pipesgd_ref.commands.train import run_training
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.errors import WorkerFailed
-from pipesgd_ref.train import run_training
+from pipesgd_ref.runtime import faults
 
 TIMEOUT = 2.0  # --timeout of every job here: how long a silent peer is waited for
 STEPS = 14

@@ -37,17 +37,17 @@ from typing import Any
 
 from pipesgd_ref import timing
 from pipesgd_ref.comm import mpi
-from pipesgd_ref.compare import (
+from pipesgd_ref.commands.compare import (
     CALIBRATION_REPS,
     CALIBRATION_TRIES,
     REPEATS,
     calibrate_for,
     run_compare,
 )
+from pipesgd_ref.commands.train import n_ranks, run_training_joined
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.errors import LaunchError
 from pipesgd_ref.timing.calibrate import hop_job, p2p_job, p2p_summary, stream_and_copy
-from pipesgd_ref.train import n_ranks, run_training_joined
 
 WIRE_BYTES = 16 << 20  # the stream of the bandwidth measurement (as network_figures')
 WIRE_REPS = 6  # its timed repeats; the hop takes a ring AllReduce of 4 bytes per hop ...

@@ -90,7 +90,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "predict",
         help="predicted iteration time of every method, from the timing models",
         description=__doc__.split("\n\n")[0],
-        epilog="See pipesgd_ref/predict.py for the models and where each figure comes from.",
+        epilog="See pipesgd_ref/commands/predict.py for the models and where each figure "
+        "comes from.",
     )
     m = p.add_argument_group("the model (timed here), or --params and --t-comp")
     m.add_argument("--model", default=None, metavar="{mlp,softmax,cnn}", help="default: mlp")
@@ -120,7 +121,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     r.add_argument("--plot", default=None, help="write the sweep's figure here (.png, .pdf)")
     r.add_argument("--json", dest="json_path", default=None, help="write the predictions here")
     r.add_argument("--out", dest="out_dir", default=None, help="folder for the JSON and figure")
-    from pipesgd_ref.launch import add_many_workers_flag
+    from pipesgd_ref.runtime.launch import add_many_workers_flag
 
     add_many_workers_flag(n)  # --this-machine starts --world-size processes
     return p

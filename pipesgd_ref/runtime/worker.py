@@ -36,13 +36,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pipesgd_ref import faults
 from pipesgd_ref.config import TrainConfig, check_memory
 from pipesgd_ref.data import Dataset, MinibatchSampler, load_dataset
 from pipesgd_ref.errors import TrainingDiverged
-from pipesgd_ref.launch import local_rank
 from pipesgd_ref.models import CNN, MLP, model_for
 from pipesgd_ref.ops import OP_NAMES
+from pipesgd_ref.runtime import faults
+from pipesgd_ref.runtime.launch import local_rank
 
 log = logging.getLogger("pipesgd.worker")
 
@@ -96,7 +96,7 @@ class Worker:
         built = cls(cfg, worker, n_workers, data, model, sampler, steps_for(cfg, sampler),
                     model.init_params(cfg.seed))  # fmt: skip
         if cfg.resume:
-            from pipesgd_ref import checkpoint
+            from pipesgd_ref.runtime import checkpoint
 
             # n_params: a checkpoint of another model's size is refused here, in one line
             built.params, built.start_step, built.pending = checkpoint.load(
@@ -215,7 +215,7 @@ class Worker:
     def save_checkpoint(self, next_step: int, pending: dict | None = None) -> None:
         """Write the checkpoint after step next_step - 1, never over the last good one with
         weights that are no longer finite."""
-        from pipesgd_ref import checkpoint
+        from pipesgd_ref.runtime import checkpoint
 
         params = self.params_host()
         if self.on_device and pending:

@@ -36,11 +36,11 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from pipesgd_ref.bench_peers import peer_problem, run_peer
 from pipesgd_ref.comm.netem import LinkModel
 from pipesgd_ref.comm.ring import allreduce, barrier
-from pipesgd_ref.launch import join_from_env, launch_local
+from pipesgd_ref.commands.bench_peers import peer_problem, run_peer
 from pipesgd_ref.outputs import write_text_atomic
+from pipesgd_ref.runtime.launch import join_from_env, launch_local
 from pipesgd_ref.timing import ring_allreduce_time
 from pipesgd_ref.timing.calibrate import measure_gamma, measure_p2p
 from pipesgd_ref.units import format_bytes

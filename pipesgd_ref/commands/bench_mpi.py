@@ -2,7 +2,7 @@
 
 The bench starts it as a job of its own (bench_peers.run_mpi), never by hand:
 
-    mpirun -n P --oversubscribe python -m pipesgd_ref.bench_mpi \\
+    mpirun -n P --oversubscribe python -m pipesgd_ref.commands.bench_mpi \\
         --size 16000000 --reps 10 --warmup 2 --out FILE
 
 Every rank sums a float32 array of `--size` bytes in place with MPI.COMM_WORLD.Allreduce
@@ -61,7 +61,9 @@ def time_allreduce(size_bytes: int, reps: int, warmup: int) -> dict | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m pipesgd_ref.bench_mpi", description=__doc__)
+    ap = argparse.ArgumentParser(
+        prog="python -m pipesgd_ref.commands.bench_mpi", description=__doc__
+    )
     ap.add_argument("--size", type=int, required=True, help="bytes to sum (a multiple of 4)")
     ap.add_argument("--reps", type=int, default=10, help="timed calls")
     ap.add_argument("--warmup", type=int, default=2, help="untimed calls before them")

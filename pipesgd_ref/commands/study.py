@@ -2,8 +2,8 @@
 much each compensation pays back.
 
 The same problem is trained at several learning rates by sync, pipe (width 2: staleness one),
-pipe+dc, pipe+dc-adaptive and pipe+predict (algorithms/compensation.py), for the same number of
-steps. Each run is the method's one-process oracle (algorithms/reference.py: delayed_sgd with
+pipe+dc, pipe+dc-adaptive and pipe+predict (methods/compensation.py), for the same number of
+steps. Each run is the method's one-process oracle (methods/reference.py: delayed_sgd with
 the compensation), which the distributed runs equal bitwise for p <= 2 and to float32 rounding
 beyond (tests/test_compensation.py): the study measures accuracy, not speed, and the oracles are
 p times cheaper than p processes on shared cores. For each run: the final test accuracy (or
@@ -40,10 +40,10 @@ from typing import Any
 import numpy as np
 
 from pipesgd_ref import timing
-from pipesgd_ref.algorithms.reference import delayed_sgd, model_grad_fn
-from pipesgd_ref.algorithms.worker import Worker
 from pipesgd_ref.config import TrainConfig, model_label
+from pipesgd_ref.methods.reference import delayed_sgd, model_grad_fn
 from pipesgd_ref.outputs import write_json
+from pipesgd_ref.runtime.worker import Worker
 from pipesgd_ref.timing.calibrate import cluster_calibration
 
 # (label, width, compensation): the methods the study compares

@@ -27,7 +27,7 @@ AllReduce of a step needs every rank, and every rank does it), and no rank begin
 every rank ends having run steps start .. stop_at - 1, the same on all, whatever their skew.
 The cost is one uncontended lock a step (about a microsecond). A parameter server's rank 0
 takes part with its rounds (ps-sync); in ps-async, each worker runs up to stop_at and the
-server counts its remaining pushes from that (`algorithms/ps.py` run_async).
+server counts its remaining pushes from that (`methods/ps.py` run_async).
 
 A joined rank (torchrun, mpirun, srun, on several hosts) has no memory shared with the others:
 its plan (`LocalStop`) stops it at the top of its next step, and its launcher signals every

@@ -29,10 +29,10 @@ from typing import Any
 
 import numpy as np
 
-from pipesgd_ref.algorithms.worker import WorkerResult, is_ps
 from pipesgd_ref.comm.ring import allgather
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.logs import progress_bar
+from pipesgd_ref.runtime.worker import WorkerResult, is_ps
 from pipesgd_ref.trace import hidden_fraction
 
 SNAPSHOT_BUDGET = 1 << 30  # bytes of weight copies rank 0 may keep for the evaluation

@@ -111,13 +111,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pipesgd_ref import checkpoint, faults, lifetime
-from pipesgd_ref.algorithms.compensation import DelayCompensation
-from pipesgd_ref.algorithms.worker import Worker, WorkerResult
 from pipesgd_ref.comm.ps import PSClient, ServerLinks, worker_name, worker_of
 from pipesgd_ref.comm.rendezvous import Communicator
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.errors import JobError
+from pipesgd_ref.methods.compensation import DelayCompensation
+from pipesgd_ref.runtime import checkpoint, faults, lifetime
+from pipesgd_ref.runtime.worker import Worker, WorkerResult
 from pipesgd_ref.trace import Timeline
 
 log = logging.getLogger("pipesgd.ps")

@@ -24,20 +24,20 @@ from typing import Any
 
 import numpy as np
 
-from pipesgd_ref.algorithms.reference import delayed_sgd, model_grad_fn
-from pipesgd_ref.algorithms.worker import Worker, diverged, is_ps, steps_for
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.data import MinibatchSampler, load_dataset
 from pipesgd_ref.logs import progress_bar, tag_log_lines
+from pipesgd_ref.methods.reference import delayed_sgd, model_grad_fn
 from pipesgd_ref.models import model_for
 from pipesgd_ref.outputs import write_json
-from pipesgd_ref.summary import (
+from pipesgd_ref.runtime.summary import (
     Recorder,
     gather_for_summary,
     reaching_target,
     summarise,
     summary_of_gathered,
 )
+from pipesgd_ref.runtime.worker import Worker, diverged, is_ps, steps_for
 
 
 def run_reference(
@@ -133,14 +133,14 @@ def run_reference(
 
 def _worker_fn(algo: str):
     if algo == "sync":
-        from pipesgd_ref.algorithms.sync import sync_worker
+        from pipesgd_ref.methods.sync import sync_worker
 
         return sync_worker
     if algo == "pipe":
-        from pipesgd_ref.algorithms.pipe import pipe_worker
+        from pipesgd_ref.methods.pipe import pipe_worker
 
         return pipe_worker
-    from pipesgd_ref.algorithms.ps import ps_async_worker, ps_sync_worker
+    from pipesgd_ref.methods.ps import ps_async_worker, ps_sync_worker
 
     return {"ps-sync": ps_sync_worker, "ps-async": ps_async_worker}[algo]
 
@@ -199,7 +199,7 @@ def _check_inputs(cfg: TrainConfig, worker: Worker | None = None) -> None:
         start_step, steps = 0, steps_for(cfg, sampler)
     check_before_run(cfg, data)  # the model fits in memory, the link delivers a frame in time
     if cfg.resume and worker is None:
-        from pipesgd_ref import checkpoint
+        from pipesgd_ref.runtime import checkpoint
 
         # n_params: a checkpoint of another model's size is refused here, in one line
         _, start_step, _ = checkpoint.load(cfg.resume, cfg, n_params=n_params_of(cfg, data))
@@ -332,9 +332,9 @@ def _launch_with_restarts(cfg: TrainConfig, launch: dict, job_args: tuple, log):
     with its cause. A fault injected through PIPESGD_FAULT fires in the first run only.
     Returns (the config of the last run, its results, the restarts as summary.json lists
     them); JobStopped carries the same three as .cfg, .results, .restarts."""
-    from pipesgd_ref import checkpoint, faults
     from pipesgd_ref.errors import JobStopped, WorkerFailed
-    from pipesgd_ref.launch import launch_local
+    from pipesgd_ref.runtime import checkpoint, faults
+    from pipesgd_ref.runtime.launch import launch_local
 
     ran, restarts = cfg, []
     fault_env = os.environ.get(faults.ENV)
@@ -419,8 +419,8 @@ def run_training_joined(
     """
     from pipesgd_ref.config import link_model
     from pipesgd_ref.errors import CommError, JobStopped, LaunchError
-    from pipesgd_ref.launch import ENV_CONVENTIONS, detect_env, join_from_env
-    from pipesgd_ref.lifetime import LocalStop, worker_signals
+    from pipesgd_ref.runtime.launch import ENV_CONVENTIONS, detect_env, join_from_env
+    from pipesgd_ref.runtime.lifetime import LocalStop, worker_signals
     from pipesgd_ref.trace import chrome_trace
 
     if cfg.comm == "mpi":
@@ -469,7 +469,7 @@ def run_training_joined(
     worker_signals(plan)
     if cfg.comm == "mpi":
         from pipesgd_ref.comm.mpi import join_mpi
-        from pipesgd_ref.launch import local_ranks, share_cores
+        from pipesgd_ref.runtime.launch import local_ranks, share_cores
 
         share_cores(local_ranks())  # as join_from_env does: each rank its share of the cores
         comm = join_mpi(timeout=cfg.timeout, star=is_ps(cfg.algo), mpi_comm=mpi_comm)

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import time
 
-from pipesgd_ref import checkpoint, lifetime
-from pipesgd_ref.algorithms.worker import Worker, WorkerResult
 from pipesgd_ref.comm.rendezvous import Communicator
 from pipesgd_ref.comm.ring import barrier
 from pipesgd_ref.config import TrainConfig
+from pipesgd_ref.runtime import checkpoint, lifetime
+from pipesgd_ref.runtime.worker import Worker, WorkerResult
 from pipesgd_ref.trace import Timeline
 
 

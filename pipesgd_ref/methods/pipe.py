@@ -34,13 +34,13 @@ import time
 
 import numpy as np
 
-from pipesgd_ref import checkpoint, lifetime
-from pipesgd_ref.algorithms.compensation import DelayCompensation, predicted_weights
-from pipesgd_ref.algorithms.worker import Worker, WorkerResult
 from pipesgd_ref.comm.rendezvous import Communicator
 from pipesgd_ref.comm.ring import barrier
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.errors import JobError
+from pipesgd_ref.methods.compensation import DelayCompensation, predicted_weights
+from pipesgd_ref.runtime import checkpoint, lifetime
+from pipesgd_ref.runtime.worker import Worker, WorkerResult
 from pipesgd_ref.trace import Timeline
 
 _STOP = None  # tells the communication thread to finish
@@ -207,7 +207,7 @@ def pipe_worker(
 
 
 class Compensation:
-    """One replica's --compensation (algorithms/compensation.py), in the order the oracle
+    """One replica's --compensation (methods/compensation.py), in the order the oracle
     (reference.delayed_sgd) uses, so the replicas stay bitwise identical and equal to it:
 
         weights_for(in flight)  the weights g_t is computed at: w_t (None: the worker's own),

@@ -15,7 +15,7 @@ compare-cnn-compute, tiny), --config FILE (.toml/.json), then any --key=value (o
 naming a TrainConfig field, e.g. --lr=0.05 --hidden=128,64. `compare --model cnn` starts from
 the compare-cnn preset.
 
-`compare` (pipesgd_ref/compare.py) trains ps-sync, ps-async, sync, pipe, pipe+trunc16 and
+`compare` (pipesgd_ref/commands/compare.py) trains ps-sync, ps-async, sync, pipe, pipe+trunc16 and
 pipe+q8 on the same problem (the `compare` preset) through one emulated network, each twice
 (--repeats), and prints measured against predicted iteration times and the wall-clock time to
 the target accuracy (of each method's repeat that reached it soonest). With --comm mpi every
@@ -46,6 +46,7 @@ import math
 import os
 import sys
 
+from pipesgd_ref.commands.train import run_reference, run_training, run_training_joined
 from pipesgd_ref.config import (
     TrainConfig,
     apply_dict,
@@ -63,8 +64,7 @@ from pipesgd_ref.errors import (
     LaunchError,
     TrainingDiverged,
 )
-from pipesgd_ref.launch import add_many_workers_flag, check_local_workers, detect_env
-from pipesgd_ref.train import run_reference, run_training, run_training_joined
+from pipesgd_ref.runtime.launch import add_many_workers_flag, check_local_workers, detect_env
 
 EXIT_USAGE = 2
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -157,7 +157,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--overwrite", action="store_true", help="replace the results already in --out")
     g = sub.add_parser("config", help="print the resolved configuration as JSON")
     common(g)
-    from pipesgd_ref.predict import add_parser as add_predict_parser
+    from pipesgd_ref.commands.predict import add_parser as add_predict_parser
 
     add_predict_parser(sub)
     b = sub.add_parser("bench", help="benchmarks of the communication layer")
@@ -252,7 +252,7 @@ def _claimed(path: str, overwrite: bool, resume: str = "", flag: str = "--out"):
 def _check_faults(n_ranks: int, cfg: TrainConfig | None) -> None:
     """PIPESGD_FAULT, parsed and checked against the job here, in one line (each worker would
     otherwise fail on its own, or a fault for a rank outside the job would never fire)."""
-    from pipesgd_ref import faults
+    from pipesgd_ref.runtime import faults
 
     try:
         faults.check(n_ranks, steps=None if cfg is None else _fixed_steps(cfg),
@@ -267,7 +267,7 @@ def _fixed_steps(cfg: TrainConfig) -> int | None:
 
 
 def cmd_compare(args: argparse.Namespace, cfg: TrainConfig) -> int:
-    from pipesgd_ref.compare import (
+    from pipesgd_ref.commands.compare import (
         QUICK_CALIBRATION_REPS,
         QUICK_CALIBRATION_TRIES,
         REPEATS,
@@ -303,7 +303,7 @@ def cmd_compare(args: argparse.Namespace, cfg: TrainConfig) -> int:
 
 def _study(args: argparse.Namespace, cfg: TrainConfig) -> int:
     """`pipesgd compare --study staleness` (study.py): one process, the oracles."""
-    from pipesgd_ref.study import LRS, QUICK_LRS, run_staleness_study
+    from pipesgd_ref.commands.study import LRS, QUICK_LRS, run_staleness_study
 
     if cfg.comm == "mpi" or args.repeats is not None:
         flag = "--comm mpi" if cfg.comm == "mpi" else "--repeats"
@@ -330,10 +330,10 @@ def _compare_mpi(args: argparse.Namespace, cfg: TrainConfig, more: dict) -> int:
     """`pipesgd compare --comm mpi`: under mpirun or srun, this process is one rank of the
     job (rank 0 drives, compare_mpi.py); run alone, it starts the job through mpirun,
     world size + 1 ranks of this very command, and returns mpirun's exit code."""
-    from pipesgd_ref import faults
     from pipesgd_ref.comm import mpi
-    from pipesgd_ref.compare_mpi import ranks_needed, run_compare_mpi
+    from pipesgd_ref.commands.compare_mpi import ranks_needed, run_compare_mpi
     from pipesgd_ref.logs import configure_parent_logging
+    from pipesgd_ref.runtime import faults
 
     if faults.planned():
         raise ConfigError(f"{faults.ENV} is not taken by compare --comm mpi (a fault would end "
@@ -371,8 +371,8 @@ def _bench_memory(world_size: int, sizes: list[int]) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from pipesgd_ref.bench import bench_allreduce, bench_allreduce_joined, link_problem
     from pipesgd_ref.comm.netem import LinkModel
+    from pipesgd_ref.commands.bench import bench_allreduce, bench_allreduce_joined, link_problem
     from pipesgd_ref.logs import configure_parent_logging
     from pipesgd_ref.units import parse_size
 
@@ -387,8 +387,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise ConfigError(f"sizes must be whole float32 arrays (multiples of 4 bytes): {sizes}")
     if args.codec not in ("none", "trunc16", "bf16", "q8"):
         raise ConfigError(f"--codec must be none, trunc16, bf16 or q8, got {args.codec!r}")
-    from pipesgd_ref.bench_peers import PEERS
     from pipesgd_ref.comm.rendezvous import TRANSPORTS
+    from pipesgd_ref.commands.bench_peers import PEERS
 
     transports = _names("--transport", args.transport, TRANSPORTS)
     if not transports:
@@ -465,8 +465,8 @@ def _names(flag: str, text: str, known: tuple[str, ...]) -> list[str]:
 
 
 def cmd_train(args: argparse.Namespace, cfg: TrainConfig) -> int:
+    from pipesgd_ref.commands.train import n_ranks
     from pipesgd_ref.logs import configure_parent_logging
-    from pipesgd_ref.train import n_ranks
 
     check_idle_options(cfg)  # an option that would do nothing in this run: refused, saying why
     if cfg.comm == "mpi":
@@ -490,10 +490,10 @@ def _train_mpi(args: argparse.Namespace, cfg: TrainConfig) -> int:
     """`pipesgd train --comm mpi`: under mpirun or srun, this process is one rank of the job
     (MPI_COMM_WORLD says which); run alone, it starts the job through mpirun, n_ranks(cfg)
     ranks of this very command, and returns mpirun's exit code (comm/mpi.py)."""
-    from pipesgd_ref import faults
     from pipesgd_ref.comm import mpi
+    from pipesgd_ref.commands.train import n_ranks
     from pipesgd_ref.logs import configure_parent_logging
-    from pipesgd_ref.train import n_ranks
+    from pipesgd_ref.runtime import faults
 
     def check_faults(n: int) -> None:
         _check_faults(n, cfg)
@@ -531,7 +531,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, rest: list[s
         if rest:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
         if args.command == "predict":
-            from pipesgd_ref.predict import cmd_predict
+            from pipesgd_ref.commands.predict import cmd_predict
 
             if args.this_machine:  # it starts --world-size processes here to measure them
                 check_local_workers(args.world_size, args.allow_many_workers, "predict")

@@ -54,14 +54,14 @@ from pipesgd_ref.errors import (
     LaunchError,
     WorkerFailed,
 )
-from pipesgd_ref.lifetime import (
+from pipesgd_ref.logs import WorkerLogging
+from pipesgd_ref.runtime.lifetime import (
     EXIT_ORPHANED,
     LauncherSignals,
     StopPlan,
     bind_to_parent,
     worker_signals,
 )
-from pipesgd_ref.logs import WorkerLogging
 
 log = logging.getLogger("pipesgd.launch")
 

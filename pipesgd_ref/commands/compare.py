@@ -43,10 +43,10 @@ from pathlib import Path
 from typing import Any
 
 from pipesgd_ref import timing
+from pipesgd_ref.commands.train import run_training
 from pipesgd_ref.config import TrainConfig, model_label
 from pipesgd_ref.outputs import write_json
 from pipesgd_ref.timing.calibrate import CALIBRATION_REPS, CALIBRATION_TRIES, calibrate
-from pipesgd_ref.train import run_training
 
 # The paper's headline and the bars: (faster run, slower run, minimum ratio of their
 # wall-clock times to the target accuracy).

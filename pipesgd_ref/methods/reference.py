@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pipesgd_ref.algorithms.compensation import DC_LAMBDA, DelayCompensation, predicted_weights
+from pipesgd_ref.methods.compensation import DC_LAMBDA, DelayCompensation, predicted_weights
 
 GradFn = Callable[[np.ndarray, int, int], tuple[float, np.ndarray]]
 LR = float | Callable[[int], float]

@@ -5,7 +5,8 @@ AllReduce on the same sizes, world size and repeats, on the same machine, in the
               processes that launch_local starts as it starts ours
     mpi       Open MPI's MPI_Allreduce through mpi4py (where mpi4py and Open MPI's mpirun are
               installed): a child job `mpirun -n P --oversubscribe python -m
-              pipesgd_ref.bench_mpi`; between ranks on one host Open MPI picks shared memory
+              pipesgd_ref.commands.bench_mpi`; between ranks on one host Open MPI picks
+              shared memory
     mpi-tcp   the same with `--mca btl tcp,self`: Open MPI over loopback TCP, as our tcp rows
 
 Each returns what the ring's job returns for one size: {"times": the slowest rank's time of
@@ -30,8 +31,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from pipesgd_ref.errors import JobStopped, LaunchError
-from pipesgd_ref.launch import free_port, launch_local
-from pipesgd_ref.lifetime import PR_SET_PDEATHSIG, STOP_SIGNALS
+from pipesgd_ref.runtime.launch import free_port, launch_local
+from pipesgd_ref.runtime.lifetime import PR_SET_PDEATHSIG, STOP_SIGNALS
 
 PEERS = ("gloo", "mpi", "mpi-tcp")
 MPI_START_S = 30.0  # on top of --timeout: mpirun and P Pythons importing NumPy and mpi4py
@@ -127,7 +128,7 @@ def mpi_command(world_size: int, nbytes: int, reps: int, warmup: int, out: str,
         argv += ["--mca", "btl", "tcp,self"]
     # OMP_NUM_THREADS: a library under NumPy must not start a thread per core in every rank.
     argv += ["-x", "OMP_NUM_THREADS=1", "-x", "PYTHONPATH"]
-    return argv + [sys.executable, "-m", "pipesgd_ref.bench_mpi", "--size", str(nbytes),
+    return argv + [sys.executable, "-m", "pipesgd_ref.commands.bench_mpi", "--size", str(nbytes),
                    "--reps", str(reps), "--warmup", str(warmup), "--out", out]  # fmt: skip
 
 
