@@ -1,0 +1,94 @@
+"""The methods, one row each: the only place a method's name is tied to what it is.
+
+    name       the loop (one file)     ranks    staleness of the applied gradient
+    sync       sync.sync_worker        p        0
+    pipe       pipe.pipe_worker        p        K - 1   (K = --width; 1 with the default K = 2)
+    ps-sync    ps.ps_sync_worker       p + 1    0       (rank 0 serves, ranks 1..p compute)
+    ps-async   ps.ps_async_worker      p + 1    unbounded; <= (p - 1)(2S + 1) with --max-staleness S
+
+Everything else that differs between methods is a field of the row (which options a method
+takes, its weight copies, whether it keeps a server): commands, checks and reports ask the row,
+never compare the name. Adding a method is one file with its loop and one row here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pipesgd_ref.config import TrainConfig
+from pipesgd_ref.errors import ConfigError
+from pipesgd_ref.methods.pipe import pipe_worker
+from pipesgd_ref.methods.ps import ps_async_worker, ps_sync_worker
+from pipesgd_ref.methods.sync import sync_worker
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    loop: Callable  # loop(comm, cfg, run=None) -> WorkerResult: one rank of the method
+    server: bool  # rank 0 is a parameter server: the job runs world_size + 1 processes
+    # "0", "K - 1" or "unbounded": how many updates old the applied gradient may be
+    staleness: str
+    pipelined: bool = False  # takes --width K > 2 and --warmup-steps (a pipeline to fill)
+    compensations: tuple[str, ...] = ()  # the --compensation kinds that pay its staleness back
+    bounded_staleness: bool = False  # takes --max-staleness S (stale synchronous parallel)
+    # Takes --device cuda: the ring methods' weights, buffers and ring live on the GPU.
+    on_device: bool = False
+    checkpoint_rounds: bool = False  # a checkpoint step is a round of p pushes (ps-async)
+
+    def ranks(self, world_size: int) -> int:
+        """Processes a job of p workers runs: p, or p + 1 with a server."""
+        return world_size + 1 if self.server else world_size
+
+    def stale(self, cfg: TrainConfig) -> bool:
+        """Whether an applied gradient can be older than the weights it meets."""
+        return self.staleness == "unbounded" or (self.pipelined and cfg.width > 1)
+
+    def weight_copies(self, cfg: TrainConfig) -> int:
+        """Vectors of n_params float32 each rank keeps at least: the server's weights, the
+        sum and a receive buffer; a ring method's weights, one gradient buffer per step in
+        flight (K for the pipe, 1 for sync) and one for the AllReduce's codes; plus the
+        error-feedback residual."""
+        if self.server:
+            copies = 3
+        else:
+            copies = 1 + (cfg.width if self.pipelined else 1) + 1
+        return copies + (1 if cfg.error_feedback else 0)
+
+
+METHODS: dict[str, Method] = {
+    m.name: m
+    for m in (
+        Method("sync", sync_worker, server=False, staleness="0", on_device=True),
+        Method(
+            "pipe",
+            pipe_worker,
+            server=False,
+            staleness="K - 1",
+            pipelined=True,
+            compensations=("dc", "dc-adaptive", "predict"),
+            on_device=True,
+        ),
+        Method("ps-sync", ps_sync_worker, server=True, staleness="0"),
+        Method(
+            "ps-async",
+            ps_async_worker,
+            server=True,
+            staleness="unbounded",
+            compensations=("dc", "dc-adaptive"),
+            bounded_staleness=True,
+            checkpoint_rounds=True,
+        ),
+    )
+}
+
+
+def method(name: str) -> Method:
+    """The row of `name`; a name no row has is refused with the list of those that exist."""
+    try:
+        return METHODS[name]
+    except KeyError:
+        raise ConfigError(
+            f"algo must be one of {', '.join(METHODS)}, got {name!r}"
+        ) from None
