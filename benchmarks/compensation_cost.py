@@ -6,7 +6,7 @@ On the compare preset's model (default) and one worker's batch, times (median of
 this process:
 - the step itself: a worker's loss_and_grad and the SGD update (t_comp + t_u);
 - each compensation's own work per step: the calls pipe_worker makes on pipe.py's
-  `Compensation` in a step with one step in flight (width 2): for dc and dc-adaptive the copy
+  `PipeCompensation` in a step with one step in flight (width 2): for dc and dc-adaptive the copy
   of w_t and `DelayCompensation.correct`, for predict the copy of this worker's gradient and
   `predicted_weights`;
 and prints each as milliseconds and as a share of the step, beside what the timing model
@@ -21,7 +21,7 @@ import argparse
 import numpy as np
 
 from pipesgd_ref.config import TrainConfig
-from pipesgd_ref.methods.pipe import Compensation
+from pipesgd_ref.methods.compensation import PipeCompensation
 from pipesgd_ref.runtime.worker import Worker
 from pipesgd_ref.timing import compensation_passes
 from pipesgd_ref.timing.calibrate import median_time, time_gamma_and_copy
@@ -48,7 +48,7 @@ def main() -> None:
     gamma, _ = time_gamma_and_copy(n)
     works = {}
     for kind in ("dc", "dc-adaptive", "predict"):
-        stale = Compensation(cfg.replace(compensation=kind), worker)
+        stale = PipeCompensation(cfg.replace(compensation=kind), worker)
         stale.computed(0, g)  # step 0's slot filled, as in a run: step 1 applies it
 
         def work(stale=stale) -> None:  # pipe_worker's calls at step 1 (in flight: step 0)

@@ -431,7 +431,7 @@ def test_emulated_ps_sync_a_late_worker_0_does_not_delay_the_pushes_before_it():
     compute = Worker.loss_and_grad
 
     def late_worker_0(self, step, grads, params=None):
-        if self.worker == 0:
+        if self.index == 0:
             time.sleep(30e-3)
         return compute(self, step, grads, params)
 
@@ -463,7 +463,7 @@ def _fail_at(monkeypatch, worker, step, how):
     compute = Worker.loss_and_grad
 
     def failing(self, t, grads, params=None):
-        if self.worker == worker and t == step:
+        if self.index == worker and t == step:
             if how == "exit":
                 os._exit(3)  # dies without a word: only its closed socket tells
             if how == "hang":

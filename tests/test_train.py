@@ -6,38 +6,14 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from oracles import assert_matches_oracle, oracle
 
 from pipesgd_ref.commands.cli import main
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.methods.pipe import pipe_worker
-from pipesgd_ref.methods.reference import delayed_sgd, model_grad_fn, sync_sgd
 from pipesgd_ref.methods.sync import sync_worker
 from pipesgd_ref.runtime.launch import launch_local
 from pipesgd_ref.runtime.worker import Worker
-
-
-def oracle(cfg: TrainConfig, staleness: int, warmup: int = 0):
-    worker = Worker.build(cfg, 0, cfg.world_size)
-    grad_fn = model_grad_fn(worker.model, worker.data, worker.sampler)
-    if staleness == 0 and warmup == 0:
-        return sync_sgd(
-            grad_fn, worker.model.init_params(cfg.seed), cfg.world_size, worker.steps, cfg.lr_at
-        )
-    return delayed_sgd(grad_fn, worker.model.init_params(cfg.seed), cfg.world_size, worker.steps,
-                       cfg.lr_at, staleness=staleness, warmup_steps=warmup)  # fmt: skip
-
-
-def assert_matches_oracle(results, want, p):
-    for r in results:  # the replicas never drift apart
-        np.testing.assert_array_equal(r.params, results[0].params, err_msg=f"rank {r.rank}")
-    got = results[0].params
-    scale = np.max(np.abs(want.params))
-    worst = np.max(np.abs(got - want.params)) / scale
-    if p <= 2:  # two terms add in the same order in the ring and in the oracle: bitwise
-        assert worst == 0, f"p={p}: expected bitwise equality, relative difference {worst:.2e}"
-    assert worst <= 1e-6, f"p={p}: relative difference {worst:.2e} from the oracle (max 1e-6)"
-    np.testing.assert_allclose(np.mean([r.losses for r in results], axis=0), want.losses,
-                               rtol=1e-5)  # fmt: skip
 
 
 @pytest.mark.slow
@@ -352,7 +328,7 @@ def test_workers_start_step_zero_together(algo, monkeypatch):
 
     def late_codec(self):  # the last thing a worker does before its loop
         made = codec(self)
-        if self.worker == 1:
+        if self.index == 1:
             time.sleep(1.0)
         return made
 
@@ -368,6 +344,8 @@ def test_workers_start_step_zero_together(algo, monkeypatch):
 def test_rank_zero_trains_with_the_worker_it_built_for_the_recorder(monkeypatch):
     """Rank 0 builds its Worker once (the recorder's sizes, then the worker's training),
     and evaluates with the host model even where the worker replaced it (--device cuda)."""
+    import dataclasses
+
     from pipesgd_ref.commands import train
     from pipesgd_ref.runtime.worker import WorkerResult
 
@@ -378,7 +356,8 @@ def test_rank_zero_trains_with_the_worker_it_built_for_the_recorder(monkeypatch)
         built.append(worker)
         return build(cls, cfg, worker, n_workers)
 
-    def fake_worker(comm, cfg, progress, worker):
+    def fake_worker(comm, cfg, hooks):
+        worker, progress = hooks.worker, hooks.progress
         got.append(worker)
         host_model = worker.model
         worker.model = None  # as to_device does: the recorder must keep the host model
@@ -386,7 +365,8 @@ def test_rank_zero_trains_with_the_worker_it_built_for_the_recorder(monkeypatch)
         return WorkerResult(0, worker.params, [1.0], [0.0], [], 0, {"host": host_model})
 
     monkeypatch.setattr(Worker, "build", classmethod(counting_build))
-    monkeypatch.setattr(train, "_worker_fn", lambda algo: fake_worker)
+    row = dataclasses.replace(train.method(TrainConfig().algo), loop=fake_worker)
+    monkeypatch.setattr(train, "method", lambda algo: row)
     cfg = TrainConfig.preset("tiny").replace(steps=1, eval_every=1)
     comm = type("Comm", (), {"rank": 0, "world_size": cfg.world_size})()
     result = train._train_job(comm, cfg, False)
@@ -469,7 +449,7 @@ def test_a_worker_failing_before_the_start_ends_the_job_naming_it(algo, monkeypa
     codec = Worker.codec
 
     def failing_codec(self):
-        if self.worker == 1:
+        if self.index == 1:
             raise RuntimeError("no codec for worker 1 (a test)")
         return codec(self)
 

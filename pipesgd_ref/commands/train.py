@@ -28,8 +28,10 @@ from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.data import MinibatchSampler, load_dataset
 from pipesgd_ref.logs import progress_bar, tag_log_lines
 from pipesgd_ref.methods.reference import delayed_sgd, model_grad_fn
+from pipesgd_ref.methods.table import method
 from pipesgd_ref.models import model_for
 from pipesgd_ref.outputs import write_json
+from pipesgd_ref.runtime.hooks import Hooks
 from pipesgd_ref.runtime.summary import (
     Recorder,
     gather_for_summary,
@@ -37,7 +39,7 @@ from pipesgd_ref.runtime.summary import (
     summarise,
     summary_of_gathered,
 )
-from pipesgd_ref.runtime.worker import Worker, diverged, is_ps, steps_for
+from pipesgd_ref.runtime.worker import Worker, diverged, steps_for
 
 
 def run_reference(
@@ -131,27 +133,24 @@ def run_reference(
 # --- distributed runs ----------------------------------------------------------------------
 
 
-def _worker_fn(algo: str):
-    if algo == "sync":
-        from pipesgd_ref.methods.sync import sync_worker
-
-        return sync_worker
-    if algo == "pipe":
-        from pipesgd_ref.methods.pipe import pipe_worker
-
-        return pipe_worker
-    from pipesgd_ref.methods.ps import ps_async_worker, ps_sync_worker
-
-    return {"ps-sync": ps_sync_worker, "ps-async": ps_async_worker}[algo]
-
-
 def n_ranks(cfg: TrainConfig) -> int:
     """Processes in a job of cfg: one per worker, plus the server for ps-sync and ps-async."""
-    return cfg.world_size + 1 if is_ps(cfg.algo) else cfg.world_size
+    return method(cfg.algo).ranks(cfg.world_size)
 
 
-def _train_job(comm, cfg: TrainConfig, show_progress: bool, label: str | None = None,
-               worker: Worker | None = None):  # fmt: skip
+def build_worker(cfg: TrainConfig, rank: int) -> Worker:
+    """The Worker of `rank` in a job of cfg, as its method's row lays out the ranks."""
+    row = method(cfg.algo)
+    return Worker.for_rank(cfg, rank, row.server, row.stale_note(cfg))
+
+
+def _train_job(
+    comm,
+    cfg: TrainConfig,
+    show_progress: bool,
+    label: str | None = None,
+    worker: Worker | None = None,
+):
     """One rank's part of a job: its Worker, built once here (a joined rank brings the one it
     checked its inputs with) and handed to cfg.algo's method, which trains with it. Rank 0
     also records the run (a progress bar, weight snapshots) and, after training, evaluates the
@@ -160,16 +159,24 @@ def _train_job(comm, cfg: TrainConfig, show_progress: bool, label: str | None = 
     # Why once: a Worker loads the data and the checkpoint and builds w_0; building it again
     # (the recorder's sizes, then the method) would delay this rank's first step, and with
     # it every rank's.
-    worker = worker or Worker.for_rank(cfg, comm.rank)
+    worker = worker or build_worker(cfg, comm.rank)
+    row = method(cfg.algo)
     recorder = None
     if comm.rank == 0:
         # ps-async's server counts one update per push: p per step.
-        per_step = cfg.world_size if cfg.algo == "ps-async" else 1
-        recorder = Recorder(cfg, worker.steps * per_step, worker.sampler.steps_per_epoch * per_step,
-                            per_step, show_progress, label, worker.params.size)  # fmt: skip
+        per_step = cfg.world_size if row.checkpoint_rounds else 1
+        recorder = Recorder(
+            cfg,
+            worker.steps * per_step,
+            worker.sampler.steps_per_epoch * per_step,
+            per_step,
+            show_progress,
+            label,
+            worker.params.size,
+        )
         model, data = worker.model, worker.data  # the host model (--device cuda replaces it)
     try:
-        result = _worker_fn(cfg.algo)(comm, cfg, recorder, worker)
+        result = row.loop(comm, cfg, Hooks(comm.rank, worker, recorder))
     finally:
         if recorder is not None:
             recorder.close()
@@ -228,9 +235,11 @@ def _check_device(cfg: TrainConfig) -> None:
 
 def _describe(cfg: TrainConfig, model) -> str:
     """The start-of-run line: method, workers, data, model, link."""
-    width = f", width {cfg.width}" if cfg.algo == "pipe" else ""
-    return (f"{cfg.algo}: {cfg.world_size} workers, {cfg.dataset}, {cfg.model}{width}, "
-            f"link: {model if model.enabled else 'not emulated'}")  # fmt: skip
+    width = f", width {cfg.width}" if method(cfg.algo).pipelined else ""
+    return (
+        f"{cfg.algo}: {cfg.world_size} workers, {cfg.dataset}, {cfg.model}{width}, "
+        f"link: {model if model.enabled else 'not emulated'}"
+    )
 
 
 def _log_outcome(cfg: TrainConfig, summary: dict, wall: float, log) -> None:
@@ -241,9 +250,11 @@ def _log_outcome(cfg: TrainConfig, summary: dict, wall: float, log) -> None:
         f"{summary['final_train_loss']:.4f}, test accuracy {summary['test_accuracy']:.4f}"
     )
     if summary["time_to_target_s"] is not None:
-        log(f"{cfg.algo}: test accuracy {cfg.target_accuracy:.2%} reached at step "
+        log(
+            f"{cfg.algo}: test accuracy {cfg.target_accuracy:.2%} reached at step "
             f"{summary['steps_to_target']}, {summary['time_to_target_s']:.2f} s into "
-            f"training")  # fmt: skip
+            f"training"
+        )
 
 
 def run_training(
@@ -277,11 +288,18 @@ def run_training(
     stopped = None
     try:
         ran, results, restarts = _launch_with_restarts(
-            cfg, dict(model=model, star=is_ps(cfg.algo), timeout=cfg.timeout,
-                      transport=cfg.transport,
-                      start_method=start_method, master_port=cfg.master_port or None),
-            (progress, label), log,
-        )  # fmt: skip
+            cfg,
+            dict(
+                model=model,
+                star=method(cfg.algo).server,
+                timeout=cfg.timeout,
+                transport=cfg.transport,
+                start_method=start_method,
+                master_port=cfg.master_port or None,
+            ),
+            (progress, label),
+            log,
+        )
     except JobStopped as e:
         stopped, ran, results, restarts = e, e.cfg, e.results, e.restarts
         if results is None or not any(r.losses for r in results):  # nothing to summarise
@@ -349,21 +367,33 @@ def _launch_with_restarts(cfg: TrainConfig, launch: dict, job_args: tuple, log):
             except WorkerFailed as e:
                 if len(restarts) >= cfg.max_restarts:
                     if restarts:
-                        e.args = (f"{e.args[0]}\n(after {len(restarts)} restart(s), "
-                                  f"--max-restarts {cfg.max_restarts})",)  # fmt: skip
+                        e.args = (
+                            f"{e.args[0]}\n(after {len(restarts)} restart(s), "
+                            f"--max-restarts {cfg.max_restarts})",
+                        )
                     raise
                 saved = Path(cfg.out) / checkpoint.FILE if cfg.out else None
                 ran = cfg.replace(resume=cfg.out) if saved and saved.is_file() else cfg
                 from_step = _checkpoint_step(saved) if ran.resume else 0
                 cause = e.errors.get(e.cause) if e.cause is not None else None
                 cause = (cause or next(iter(e.errors.values()), "")).strip().splitlines()[-1]
-                restarts.append({"restart": len(restarts) + 1, "cause_rank": e.cause,
-                                 "cause": cause, "resumed_from_step": from_step})  # fmt: skip
+                restarts.append(
+                    {
+                        "restart": len(restarts) + 1,
+                        "cause_rank": e.cause,
+                        "cause": cause,
+                        "resumed_from_step": from_step,
+                    }
+                )
                 logging.getLogger("pipesgd.train").warning(
-                    "restart %d of %d: %s; %s", len(restarts), cfg.max_restarts, cause,
-                    f"resuming from step {from_step} ({saved})" if ran.resume
+                    "restart %d of %d: %s; %s",
+                    len(restarts),
+                    cfg.max_restarts,
+                    cause,
+                    f"resuming from step {from_step} ({saved})"
+                    if ran.resume
                     else "starting over (no checkpoint: --out DIR --checkpoint-every N)",
-                )  # fmt: skip
+                )
                 os.environ.pop(faults.ENV, None)  # injected faults fire once per job
     finally:
         if fault_env is not None:
@@ -387,7 +417,7 @@ def load_before_fork(cfg: TrainConfig) -> None:
     from pipesgd_ref.codecs import get_codec
 
     get_codec(cfg.codec, cfg.codec_backend)
-    _worker_fn(cfg.algo)
+    _ = method(cfg.algo).loop  # the property imports the method's module
 
 
 def run_training_joined(
@@ -444,12 +474,17 @@ def run_training_joined(
         )
     ranks = n_ranks(cfg)
     if job.world_size != ranks:
-        size_var = next((size for _, size, source in ENV_CONVENTIONS if source == job.source),
-                        "MPI_COMM_WORLD size")  # fmt: skip
-        servers = 1 if is_ps(cfg.algo) else 0
+        size_var = next(
+            (size for _, size, source in ENV_CONVENTIONS if source == job.source),
+            "MPI_COMM_WORLD size",
+        )
+        servers = 1 if method(cfg.algo).server else 0
         need = f"{cfg.world_size} workers" + (" + 1 server" if servers else "")
-        fix = (f"pass --world-size={job.world_size - servers}" if job.world_size > servers
-               else f"start at least {servers + 1} ranks")  # fmt: skip
+        fix = (
+            f"pass --world-size={job.world_size - servers}"
+            if job.world_size > servers
+            else f"start at least {servers + 1} ranks"
+        )
         raise LaunchError(
             f"rank {job.rank}: the {job.source} job has {size_var}={job.world_size} ranks, but "
             f"{cfg.algo} with --world-size={cfg.world_size} needs {ranks} ({need}); start "
@@ -457,7 +492,7 @@ def run_training_joined(
         )
     # This rank's Worker, built once: its data and checkpoint are checked now (a bad spec is
     # one line on every rank, before any rank waits) and it trains in _train_job.
-    worker = Worker.for_rank(cfg, job.rank)
+    worker = build_worker(cfg, job.rank)
     _check_inputs(cfg, worker)
     _check_device(cfg)
     model = link_model(cfg)
@@ -472,10 +507,15 @@ def run_training_joined(
         from pipesgd_ref.runtime.launch import local_ranks, share_cores
 
         share_cores(local_ranks())  # as join_from_env does: each rank its share of the cores
-        comm = join_mpi(timeout=cfg.timeout, star=is_ps(cfg.algo), mpi_comm=mpi_comm)
+        comm = join_mpi(timeout=cfg.timeout, star=method(cfg.algo).server, mpi_comm=mpi_comm)
     else:
-        comm = join_from_env(timeout=cfg.timeout, bind=bind, model=model, star=is_ps(cfg.algo),
-                             transport=cfg.transport)  # fmt: skip
+        comm = join_from_env(
+            timeout=cfg.timeout,
+            bind=bind,
+            model=model,
+            star=method(cfg.algo).server,
+            transport=cfg.transport,
+        )
     try:
         t0 = time.perf_counter()  # "the job formed", on this rank's clock
         tag_log_lines(comm.rank)
@@ -483,11 +523,15 @@ def run_training_joined(
             if cfg.comm == "mpi":
                 from pipesgd_ref.comm.mpi import thread_level_name
 
-                log(f"{_describe(cfg, model)}; {ranks} ranks joined through MPI ("
-                    f"{thread_level_name()}, the project's ring over point-to-point)")  # fmt: skip
+                log(
+                    f"{_describe(cfg, model)}; {ranks} ranks joined through MPI ("
+                    f"{thread_level_name()}, the project's ring over point-to-point)"
+                )
             else:
-                log(f"{_describe(cfg, model)}; {ranks} ranks joined from {job.source} variables "
-                    f"at {job.master_addr}:{job.master_port}")  # fmt: skip
+                log(
+                    f"{_describe(cfg, model)}; {ranks} ranks joined from {job.source} variables "
+                    f"at {job.master_addr}:{job.master_port}"
+                )
         try:
             result = _train_job(comm, cfg, progress, worker=worker)
         except CommError:
@@ -507,7 +551,7 @@ def run_training_joined(
         return None, result
     summary = summary_of_gathered(cfg, wall, result, gathered, t0)
     _log_outcome(cfg, summary, wall, log)
-    if not is_ps(cfg.algo) and not summary["params_identical_on_all_ranks"]:
+    if not method(cfg.algo).server and not summary["params_identical_on_all_ranks"]:
         # (A parameter server's workers keep the weights they last pulled: they may differ.)
         logging.getLogger("pipesgd.train").warning(
             "the final weights differ between the ranks, which %s never should: the AllReduce "

@@ -66,8 +66,14 @@ import numpy as np
 
 from pipesgd_ref.config import COMPENSATIONS, TrainConfig
 
-__all__ = ["COMPENSATIONS", "DC_LAMBDA", "DelayCompensation", "predicted_weights",
-           "stability_bound"]  # fmt: skip
+__all__ = [
+    "COMPENSATIONS",
+    "DC_LAMBDA",
+    "DelayCompensation",
+    "PipeCompensation",
+    "predicted_weights",
+    "stability_bound",
+]
 
 DC_LAMBDA = TrainConfig.dc_lambda  # 0.04, MXNet's dcasgd default
 DC_MOMENTUM = 0.95  # of the moving mean square of dc-adaptive
@@ -132,3 +138,51 @@ def stability_bound(variant: str, c: float = 1.0) -> float:
             bounds.append(2.0 / (2.0 * c - 1.0))
         return float(min(bounds))
     raise ValueError(f"unknown variant {variant!r}")
+
+
+class PipeCompensation:
+    """One Pipe-SGD replica's --compensation (the functions above, with the state they keep
+    between steps), in the order the oracle
+    (reference.delayed_sgd) uses, so the replicas stay bitwise identical and equal to it:
+
+        weights_for(in flight)  the weights g_t is computed at: w_t (None: the worker's own),
+                                or for predict w_t - sum over the steps u in flight of
+                                lr_{u+s} * (this worker's own g_u)
+        computed(t, g_t)        after the computation, before the AllReduce overwrites g_t:
+                                dc keeps a copy of w_t, predict a copy of g_t
+        applied(u, avg)         what the update of avg(g_u) applies: avg, or for dc
+                                avg + lam * avg * avg * (w_now - w_u)
+
+    Memory: K vectors (one per step in flight and the one being computed, reused as the pipe's
+    gradient buffers are: step t's in slot t % K), and predict's weights."""
+
+    def __init__(self, cfg, worker):
+        self.kind, self.s, self.lr_at, self.worker = (
+            cfg.compensation,
+            cfg.staleness,
+            cfg.lr_at,
+            worker,
+        )
+        w = worker.params
+        self.kept = [np.empty_like(w) for _ in range(cfg.width)] if self.kind != "none" else []
+        self.dc = None
+        if self.kind in ("dc", "dc-adaptive"):
+            self.dc = DelayCompensation(self.kind, cfg.dc_lambda, w.size, w.dtype)
+        self.predicted = np.empty_like(w) if self.kind == "predict" else None
+
+    def weights_for(self, in_flight: list[int]):
+        if self.predicted is None:
+            return None
+        ahead = [(self.lr_at(u + self.s), self.kept[u % len(self.kept)]) for u in in_flight]
+        return predicted_weights(self.worker.params, ahead, self.predicted)
+
+    def computed(self, t: int, grads: np.ndarray) -> None:
+        if self.kept:
+            np.copyto(
+                self.kept[t % len(self.kept)], grads if self.dc is None else self.worker.params
+            )
+
+    def applied(self, u: int, avg: np.ndarray) -> np.ndarray:
+        if self.dc is None:
+            return avg
+        return self.dc.correct(avg, self.worker.params, self.kept[u % len(self.kept)])

@@ -15,51 +15,41 @@ ring (comm/device_ring.py), bitwise the host ring's on the same gradients.
 
 from __future__ import annotations
 
-import time
-
-from pipesgd_ref.comm.rendezvous import Communicator
 from pipesgd_ref.comm.ring import barrier
 from pipesgd_ref.config import TrainConfig
-from pipesgd_ref.runtime import checkpoint, lifetime
-from pipesgd_ref.runtime.worker import Worker, WorkerResult
-from pipesgd_ref.trace import Timeline
+from pipesgd_ref.runtime.hooks import Hooks
+from pipesgd_ref.runtime.worker import WorkerResult
 
 
-def sync_worker(
-    comm: Communicator, cfg: TrainConfig, progress=None, worker: Worker | None = None
-) -> WorkerResult:
-    """One rank of synchronous SGD. `worker`: this process's runtime, built once by the
-    caller (train.py's per-rank job); built here when a caller runs the method directly."""
-    worker = worker or Worker.build(cfg, comm.rank, comm.world_size)
+def sync_worker(comm, cfg: TrainConfig, hooks: Hooks | None = None) -> WorkerResult:
+    """One rank of synchronous SGD. `hooks`: this rank's runtime (its Worker, built once by
+    the per-rank job); built here when a caller runs the method directly."""
+    hooks = hooks or Hooks.build(comm, cfg)
+    worker, span = hooks.worker, hooks.timeline.span
     worker.to_device(comm.rank)  # --device cuda: weights and buffers on this rank's GPU
-    timeline = Timeline(comm.rank)
     grads = worker.new_buffer()  # preallocated once, beside the weights: the loop allocates none
     codec = worker.codec()
-    losses, step_end = [], []
     skipped = []  # --skip-nonfinite: (step, ranks left out)
     barrier(comm)  # every rank starts step 0 together: the run's clock starts with training
-    end = worker.steps  # the first step not run: worker.steps, or where a signal stopped the job
     for t in range(worker.start_step, worker.steps):
-        if not lifetime.entering(comm.rank, t):  # a signal: every rank stops before this step
-            end = t
+        if not hooks.keep_going(t):  # a signal: every rank stops before this same step
             break
-        with timeline.span("compute", "compute", t):
-            loss, ok = worker.compute(t, grads, codec, comm.rank)  # ok False: left out (zeros)
-        with timeline.span("allreduce", "comm", t):
-            # the sync point: every rank waits for every rank (host ring, or the device ring)
+        # --- compute: g_r = grad f(w_t; minibatch (r, t)); ok False: left out (zeros)
+        with span("compute", "compute", t):
+            loss, ok = worker.compute(t, grads, codec, comm.rank)
+        # --- communicate: g = AllReduce(g_r) / p, the sync point (every rank waits for all)
+        with span("allreduce", "comm", t):
             bad = worker.average(comm, grads, codec, ok)
             if bad:  # --skip-nonfinite: their gradients were left out of the mean
                 skipped.append((t, bad))
-        with timeline.span("update", "compute", t):
+        # --- update: w_{t+1} = w_t - lr_t * g, the same on every rank
+        with span("update", "compute", t):
             worker.sgd_step(grads, t)
-        losses.append(loss)
-        step_end.append(time.perf_counter())
-        if progress is not None:
-            progress(t, worker.params_host(), loss)  # on the GPU: a copy, rank 0 only
-        if comm.rank == 0 and checkpoint.due(cfg, t):  # every replica is the same: one writes
-            worker.save_checkpoint(t + 1)
-    if comm.rank == 0 and cfg.out:
-        worker.save_checkpoint(end)
-    extra = {"nonfinite_skipped": skipped, "stopped_at": end if end < worker.steps else None}
-    return WorkerResult(comm.rank, worker.host(worker.params), losses, step_end, timeline.events,
-                        comm.bytes_sent, extra)  # fmt: skip
+        hooks.step_done(t, loss)
+        if hooks.checkpoint_due(t):
+            hooks.save(t + 1)
+    end = worker.steps if hooks.stopped_at is None else hooks.stopped_at
+    hooks.save(end)
+    return hooks.result(
+        worker.params, comm.bytes_sent, nonfinite_skipped=skipped, stopped_at=hooks.stopped_at
+    )

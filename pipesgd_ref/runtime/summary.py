@@ -32,7 +32,7 @@ import numpy as np
 from pipesgd_ref.comm.ring import allgather
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.logs import progress_bar
-from pipesgd_ref.runtime.worker import WorkerResult, is_ps
+from pipesgd_ref.runtime.worker import WorkerResult
 from pipesgd_ref.trace import hidden_fraction
 
 SNAPSHOT_BUDGET = 1 << 30  # bytes of weight copies rank 0 may keep for the evaluation
@@ -45,8 +45,16 @@ class Recorder:
     (`eval_curve`): evaluating during the run would slow rank 0, and with it every rank, by
     exactly the time it took, and distort the times it measures."""
 
-    def __init__(self, cfg: TrainConfig, total: int, per_epoch: int, per_step: int, bar: bool,
-                 label: str | None = None, n_params: int = 0):  # fmt: skip
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        total: int,
+        per_epoch: int,
+        per_step: int,
+        bar: bool,
+        label: str | None = None,
+        n_params: int = 0,
+    ):
         self.cfg = cfg
         self.steps, self.steps_per_epoch = total, per_epoch  # in updates of rank 0
         self.per_step = per_step  # updates per step: p for ps-async's server, else 1
@@ -64,8 +72,10 @@ class Recorder:
                 self.log.warning(
                     "keeping a copy of the weights every %d steps instead of every %d (memory "
                     "budget %d MB): the time to target is that coarse",
-                    self.every // per_step, cfg.eval_every, SNAPSHOT_BUDGET >> 20,
-                )  # fmt: skip
+                    self.every // per_step,
+                    cfg.eval_every,
+                    SNAPSHOT_BUDGET >> 20,
+                )
             # Allocated and touched now, before training: a copy during the run is then a
             # plain memcpy, not page faults on fresh memory that would slow rank 0, and
             # with it every rank that waits for it.
@@ -84,16 +94,23 @@ class Recorder:
         rate = self.cfg.world_size * self.cfg.batch_size * done / max(now - self.start, 1e-9)
         self.bar.set_postfix(loss=f"{loss:.4f}", samples_s=f"{rate / self.per_step:.0f}")
         if done % self.steps_per_epoch == 0 and done < self.steps:
-            self.log.info("epoch %d (step %d): loss %.4f", done // self.steps_per_epoch,
-                          done // self.per_step, loss)  # fmt: skip
+            self.log.info(
+                "epoch %d (step %d): loss %.4f",
+                done // self.steps_per_epoch,
+                done // self.per_step,
+                loss,
+            )
 
     def eval_curve(self, model, data) -> list[dict]:
         """[{step, time (perf_counter s), test_accuracy}] of the snapshots, evaluated now."""
         return [
-            {"step": step, "time": when, "test_accuracy": model.accuracy(self.store[row],
-                                                                         data.X_test, data.y_test)}
+            {
+                "step": step,
+                "time": when,
+                "test_accuracy": model.accuracy(self.store[row], data.X_test, data.y_test),
+            }
             for step, when, row in self.snapshots
-        ]  # fmt: skip
+        ]
 
     def close(self) -> None:
         self.bar.close()
@@ -102,11 +119,17 @@ class Recorder:
 COMM_SPANS = ("allreduce", "push", "pull")  # the timeline spans that are communication
 
 
+def served(answer: WorkerResult) -> bool:
+    """Whether rank 0 was a parameter server (its result says so): the workers are then
+    ranks 1..p, and the server's weights are the answer."""
+    return answer.extra.get("role") == "server"
+
+
 def summarise(cfg: TrainConfig, results: list[WorkerResult], wall: float) -> dict[str, Any]:
     """summary.json: what happened, measured."""
     events = [e for r in results for e in r.events]
     answer = results[0]  # rank 0: a ring rank, or the parameter server (its weights count)
-    workers = results[1:] if is_ps(cfg.algo) else results
+    workers = results[1:] if served(answer) else results
     ends = np.array(workers[0].step_end)
     return _summary(
         cfg,
@@ -165,17 +188,20 @@ def _summary(
         tail = losses[-max(1, steps // 20) :]
         final_loss = float(np.nanmean(tail))
     eval_curve = [
-        {"step": e["step"], "wall_time_s": float(e["time"] - start),
-         "test_accuracy": e["test_accuracy"]}
+        {
+            "step": e["step"],
+            "wall_time_s": float(e["time"] - start),
+            "test_accuracy": e["test_accuracy"],
+        }
         for e in answer.extra.get("eval_curve", [])
-    ]  # fmt: skip
+    ]
     return {
         "algo": cfg.algo,
         "world_size": cfg.world_size,
         "width": cfg.width,
         "codec": cfg.codec,
         "error_feedback": cfg.error_feedback,
-        "codec_pull": cfg.codec_pull if is_ps(cfg.algo) else None,
+        "codec_pull": cfg.codec_pull if served(answer) else None,
         "steps": steps,
         "wall_time_s": wall,
         "iter_time_s": float(np.median(iter_times)) if len(iter_times) else None,
@@ -267,7 +293,7 @@ def summary_of_gathered(
     """Rank 0's summary of a joined job: `_summary` from rank 0's own result and what
     `gather_for_summary` brought from the others (times moved onto rank 0's clock)."""
     scalars = [dict(zip(_SCALARS, row, strict=True)) for row in gathered["scalars"]]
-    workers = range(1, len(scalars)) if is_ps(cfg.algo) else range(len(scalars))
+    workers = range(1, len(scalars)) if served(answer) else range(len(scalars))
     ends = gathered["step_end"][workers[0]] + t0
     first = min(s["first_span"] for s in scalars)
     comm_total = sum(s["comm_s"] for s in scalars)

@@ -9,7 +9,7 @@
 - `WorkerResult`: what a worker hands back to the launcher when it is done.
 - `diverged`: the one error of a run whose loss or weights are no longer finite.
 
-A worker trains on its own shard: worker index `worker` (0..n_workers-1) draws minibatch
+A worker trains on its own shard: worker index `index` (0..n_workers-1) draws minibatch
 (worker, step) from the sampler, exactly as the one-process oracles do. A parameter
 server's rank 0 holds a Worker too (worker index 0): its weights, model and steps; it never
 computes a gradient.
@@ -47,11 +47,6 @@ from pipesgd_ref.runtime.launch import local_rank
 log = logging.getLogger("pipesgd.worker")
 
 
-def is_ps(algo: str) -> bool:
-    """Parameter-server methods run one more process: rank 0 is the server."""
-    return algo.startswith("ps-")
-
-
 def steps_for(cfg: TrainConfig, sampler: MinibatchSampler) -> int:
     """cfg.steps, or cfg.epochs passes over each worker's shard when epochs > 0."""
     if cfg.epochs > 0:
@@ -62,7 +57,7 @@ def steps_for(cfg: TrainConfig, sampler: MinibatchSampler) -> int:
 @dataclass
 class Worker:
     cfg: TrainConfig
-    worker: int  # this worker's index among the n_workers that compute gradients
+    index: int  # this worker's index among the n_workers that compute gradients
     n_workers: int
     data: Dataset
     model: MLP | CNN
@@ -73,28 +68,38 @@ class Worker:
     start_step: int = 0  # 0, or the step a resumed run continues from
     pending: dict = field(default_factory=dict)  # resumed pipe: averaged gradients in flight
     gpu: int | None = None  # --device cuda: the GPU this worker computes on (to_device sets it)
+    # how stale its gradients may be, for the advice of a diverged run ("staleness 1",
+    # "ps-async's staleness"; "" when the method applies fresh gradients)
+    stale: str = ""
 
     @classmethod
-    def for_rank(cls, cfg: TrainConfig, rank: int) -> Worker:
-        """The Worker of `rank` in a job of cfg: worker index = rank in the ring methods; in
-        the parameter-server methods rank 0 is the server (index 0, the weights' keeper) and
-        worker i is rank i + 1."""
-        if is_ps(cfg.algo) and rank > 0:
-            from pipesgd_ref.comm.ps import worker_of
-
-            return cls.build(cfg, worker_of(rank), cfg.world_size)
-        return cls.build(cfg, rank, cfg.world_size)
+    def for_rank(cls, cfg: TrainConfig, rank: int, server: bool = False, stale: str = "") -> Worker:
+        """The Worker of `rank` in a job of cfg: worker index = rank in the ring methods; with
+        a parameter `server` rank 0 is the server (index 0, the weights' keeper) and worker i
+        is rank i + 1."""
+        index = rank - 1 if server and rank > 0 else rank
+        built = cls.build(cfg, index, cfg.world_size)
+        built.stale = stale
+        return built
 
     @classmethod
-    def build(cls, cfg: TrainConfig, worker: int, n_workers: int) -> Worker:
+    def build(cls, cfg: TrainConfig, index: int, n_workers: int) -> Worker:
         """Load the data, build the model and w_0 (or load the checkpoint of --resume, checked
         against this run's config and model size): everything before the first step."""
         data = load_dataset(cfg.dataset)
         model = model_for(cfg, data, cfg.backend)
         sampler = MinibatchSampler(data.n_train, n_workers, cfg.batch_size, cfg.seed)
         check_memory(cfg, model.n_params)  # a huge --hidden: one line, not the OOM killer
-        built = cls(cfg, worker, n_workers, data, model, sampler, steps_for(cfg, sampler),
-                    model.init_params(cfg.seed))  # fmt: skip
+        built = cls(
+            cfg,
+            index,
+            n_workers,
+            data,
+            model,
+            sampler,
+            steps_for(cfg, sampler),
+            model.init_params(cfg.seed),
+        )
         if cfg.resume:
             from pipesgd_ref.runtime import checkpoint
 
@@ -141,8 +146,14 @@ class Worker:
         self._params_host = cuda.pinned_array(self.params.shape, self.params.dtype)
         self._zeros = cuda_ops.zeros(self.params.shape, self.params.dtype)
         self._device_sum = cuda.reduce(lambda a, b: a + b)  # Numba's tree reduction kernel
-        log.info("rank %d (worker %d): training on GPU %d of %d%s", rank, self.worker, self.gpu,
-                 len(cuda.gpus), " (Numba's CUDA simulator)" if simulated() else "")  # fmt: skip
+        log.info(
+            "rank %d (worker %d): training on GPU %d of %d%s",
+            rank,
+            self.index,
+            self.gpu,
+            len(cuda.gpus),
+            " (Numba's CUDA simulator)" if simulated() else "",
+        )
 
     def device_scope(self):
         """Make this worker's GPU current in the calling thread (CUDA contexts are per thread):
@@ -221,15 +232,19 @@ class Worker:
         if self.on_device and pending:
             pending = {t: self.host(g) for t, g in pending.items()}
         if not np.all(np.isfinite(params)):
-            raise diverged(f"worker {self.worker}", f"the weights are no longer finite after "
-                           f"step {next_step - 1}", self.cfg, " (the last good checkpoint is "
-                           "kept)")  # fmt: skip
+            raise diverged(
+                f"worker {self.index}",
+                f"the weights are no longer finite after step {next_step - 1}",
+                self.cfg,
+                " (the last good checkpoint is kept)",
+                self.stale,
+            )
 
         checkpoint.save(self.cfg.out, self.cfg, params, next_step, pending or {})
 
     def loss_and_grad(self, step: int, grads: np.ndarray, params: np.ndarray | None = None):
         """This worker's loss on its minibatch `step`, gradient written into `grads`."""
-        X, y = self.sampler.batch(self.data, self.worker, step)
+        X, y = self.sampler.batch(self.data, self.index, step)
         if self.on_device:  # through the pinned buffers (see to_device)
             self._X_host[...] = X
             self._y_host[...] = y
@@ -241,8 +256,12 @@ class Worker:
         with np.errstate(over="ignore", invalid="ignore"), compute_priority(self.cfg.comm_first):
             loss = self.model.loss_and_grad(self.params if params is None else params, X, y, grads)
         if not math.isfinite(loss) and not self.cfg.skip_nonfinite:
-            raise diverged(f"worker {self.worker}", f"the training loss is {loss} at step {step}",
-                           self.cfg)  # fmt: skip
+            raise diverged(
+                f"worker {self.index}",
+                f"the training loss is {loss} at step {step}",
+                self.cfg,
+                stale=self.stale,
+            )
         return loss
 
     def compute(self, step: int, grads, codec, rank: int, params=None) -> tuple[float, bool]:
@@ -275,12 +294,17 @@ class Worker:
         if bad == 0 and math.isfinite(loss):
             return True
         if self.cfg.skip_nonfinite:
-            log.warning("rank %d: step %d: the gradient has %d NaN/Inf values (loss %s); "
-                        "left out of this step's average (--skip-nonfinite)", rank, step, bad,
-                        loss)  # fmt: skip
+            log.warning(
+                "rank %d: step %d: the gradient has %d NaN/Inf values (loss %s); "
+                "left out of this step's average (--skip-nonfinite)",
+                rank,
+                step,
+                bad,
+                loss,
+            )
             return False
         raise TrainingDiverged(
-            f"rank {rank} (worker {self.worker}): the gradient of step {step} has {bad} NaN/Inf "
+            f"rank {rank} (worker {self.index}): the gradient of step {step} has {bad} NaN/Inf "
             f"values of {grads.size} (loss {loss}); stopped before it reached the other ranks' "
             f"weights. Look for bad input or an unstable model on this rank, lower --lr (now "
             f"{self.cfg.lr}), or pass --skip-nonfinite to leave such gradients out and go on"
@@ -330,16 +354,17 @@ class Worker:
         self.model.backend.sgd_step(self.params, grads, self.cfg.lr_at(step))
 
 
-def diverged(who: str, what: str, cfg: TrainConfig, kept: str = "") -> TrainingDiverged:
+def diverged(
+    who: str, what: str, cfg: TrainConfig, kept: str = "", stale: str = ""
+) -> TrainingDiverged:
     """The error of a run whose loss or weights are no longer finite, in one form wherever it
     is found (a worker's loss or checkpoint, the one-process oracle's loss): who, what, and
-    what to do. Stale gradients (pipe of width K > 1, ps-async) lower the largest stable step
-    size (PAPER.md section 4), so the advice says so where they are in play."""
+    what to do. Stale gradients (`stale`: "staleness 1" for pipe of width 2, "ps-async's
+    staleness") lower the largest stable step size (PAPER.md section 4), so the advice says
+    so where they are in play."""
     advice = f"Lower --lr (now {cfg.lr})"
-    if cfg.width > 1 or cfg.algo == "ps-async":
-        staleness = f"staleness {cfg.width - 1}" if cfg.width > 1 else "ps-async's staleness"
-        advice += (f"; with {staleness} the largest stable step size is smaller than for "
-                   f"synchronous SGD")  # fmt: skip
+    if stale:
+        advice += f"; with {stale} the largest stable step size is smaller than for synchronous SGD"
     return TrainingDiverged(f"{who}: {what}; the run diverged{kept}. {advice}")
 
 
