@@ -17,19 +17,18 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from pipesgd_ref.ops import OP_NAMES, get_backend
+from pipesgd_ref.ops import OP_NAMES, cuda_matmul, get_backend
 from pipesgd_ref.ops import cuda_ops as dev  # importing needs no GPU; launching does
 from pipesgd_ref.ops import numpy_ops as ref
-from pipesgd_ref.ops.cuda_ops import (
-    ROW_THREADS,
-    _add_into,
-    _col2im,
-    _im2col,
-    _maxpool_backward,
-    _maxpool_forward,
-    _softmax_xent_rows,
+from pipesgd_ref.ops.cuda_elementwise import add_into_kernel
+from pipesgd_ref.ops.cuda_softmax import ROW_THREADS, softmax_xent_rows_kernel
+from pipesgd_ref.ops.cuda_support import gpu_problem, launch, simulated
+from pipesgd_ref.ops.cuda_windows import (
+    col2im_kernel,
+    im2col_kernel,
+    maxpool_backward_kernel,
+    maxpool_forward_kernel,
 )
-from pipesgd_ref.ops.cuda_support import gpu_problem, simulated
 from pipesgd_ref.ops.numpy_ops import conv_out
 from strategies import conv_shapes, pool_input, pool_shapes, random_array, seeds
 
@@ -185,7 +184,7 @@ def test_grid_stride_loops_cover_more_elements_than_threads():
     every element must still be visited exactly once."""
     dst, src = np.arange(100, dtype=np.float32), np.ones(100, np.float32)
     d = dev.to_device(dst)
-    _add_into[2, 16](d, dev.to_device(src))  # 32 threads, 100 elements
+    add_into_kernel[2, 16](d, dev.to_device(src))  # 32 threads, 100 elements
     np.testing.assert_array_equal(dev.to_host(d), dst + 1, err_msg="grid-stride add_into")
 
     B, C = 5, 4  # 2 blocks for 5 rows: blocks take rows 0, 2, 4 and 1, 3
@@ -194,7 +193,9 @@ def test_grid_stride_loops_cover_more_elements_than_threads():
     want = np.empty_like(logits)
     ref.softmax_xent_grad(logits, y, want)
     dlogits, row_loss = nan_device((B, C)), nan_device(B)
-    _softmax_xent_rows[2, ROW_THREADS](dev.to_device(logits), dev.to_device(y), dlogits, row_loss)
+    softmax_xent_rows_kernel[2, ROW_THREADS](
+        dev.to_device(logits), dev.to_device(y), dlogits, row_loss
+    )
     assert_close(dev.to_host(dlogits), want, "grid-stride softmax rows")
 
 
@@ -298,8 +299,8 @@ def test_window_kernels_grid_stride():
     ref.im2col(X, k, k, stride, pad, want_cols)
     ref.col2im(want_cols, k, k, stride, pad, want_dX)
     cols, dX = nan_device(want_cols.shape), nan_device(X.shape)
-    _im2col[1, 32](dev.to_device(X), k, k, stride, pad, cols)  # 360 elements
-    _col2im[1, 32](cols, k, k, stride, pad, dX)  # 40 pixels
+    im2col_kernel[1, 32](dev.to_device(X), k, k, stride, pad, cols)  # 360 elements
+    col2im_kernel[1, 32](cols, k, k, stride, pad, dX)  # 40 pixels
     np.testing.assert_array_equal(dev.to_host(cols), want_cols, err_msg="grid-stride im2col")
     np.testing.assert_array_equal(dev.to_host(dX), want_dX, err_msg="grid-stride col2im")
 
@@ -308,8 +309,8 @@ def test_window_kernels_grid_stride():
     ref.maxpool_forward(X, 2, 1, want_Y, want_argmax)
     ref.maxpool_backward(want_Y, want_argmax, 2, 1, want_dX)
     Y, argmax, dX = nan_device(pooled), dev.empty(pooled, np.int32), nan_device(X.shape)
-    _maxpool_forward[1, 16](dev.to_device(X), 2, 1, Y, argmax)
-    _maxpool_backward[1, 16](Y, argmax, 2, 1, dX)
+    maxpool_forward_kernel[1, 16](dev.to_device(X), 2, 1, Y, argmax)
+    maxpool_backward_kernel[1, 16](Y, argmax, 2, 1, dX)
     np.testing.assert_array_equal(dev.to_host(Y), want_Y, err_msg="grid-stride maxpool Y")
     np.testing.assert_array_equal(dev.to_host(dX), want_dX, err_msg="grid-stride maxpool dX")
 
@@ -404,9 +405,9 @@ def test_register_tiled_matmul(trans_a, trans_b):
     B = random_array(12, (N, K) if trans_b else (K, N), np.float32)
     bias = random_array(13, (N,), np.float32)
     C = nan_device((M, N))
-    dev._launch(dev._matmul_register_tiled, ((1, 1), (dev.RT_THREADS, dev.RT_THREADS)),
-                dev.to_device(A), dev.to_device(B), dev.to_device(bias), C, trans_a,
-                trans_b)  # fmt: skip
+    threads = (cuda_matmul.RT_THREADS, cuda_matmul.RT_THREADS)
+    operands = (dev.to_device(A), dev.to_device(B), dev.to_device(bias), C)
+    launch(cuda_matmul.matmul_register_tiled_kernel, ((1, 1), threads), *operands, trans_a, trans_b)
     want = (A.T if trans_a else A) @ (B.T if trans_b else B) + bias
     assert_close(C.copy_to_host(), want, f"register-tiled matmul {trans_a=} {trans_b=}")
 
@@ -414,10 +415,10 @@ def test_register_tiled_matmul(trans_a, trans_b):
 def test_dense_ops_take_the_register_tiled_kernel_from_its_size(monkeypatch):
     """With the size threshold lowered, dense_forward and dense_backward run on the register-
     tiled kernel and still match NumPy."""
-    monkeypatch.setattr(dev, "REGISTER_TILED_FROM", 1)
+    monkeypatch.setattr(cuda_matmul, "REGISTER_TILED_FROM", 1)
     launched = []
-    real = dev._launch
-    monkeypatch.setattr(dev, "_launch", lambda k, *a: (launched.append(k), real(k, *a)))
+    monkeypatch.setattr(cuda_matmul, "launch", lambda k, *a: (launched.append(k), launch(k, *a)))
     check_dense_forward((3, 5, 4), 21)
     check_dense_backward((3, 5, 4), 22, with_dX=True)
-    assert dev._matmul_register_tiled in launched and dev._matmul_tiled not in launched
+    kernels = cuda_matmul.matmul_register_tiled_kernel, cuda_matmul.matmul_tiled_kernel
+    assert kernels[0] in launched and kernels[1] not in launched

@@ -21,8 +21,8 @@
 # 1. see where this tutorial runs: a real GPU, or Numba's CUDA simulator (CPU threads);
 # 2. write the matmul as loops, then as a naive CUDA kernel (one thread per output), and check
 #    it against NumPy;
-# 3. read the package's tiled kernel (`ops/cuda_ops.py: _matmul_tiled`) and check it too,
-#    counting the global-memory reads each one makes;
+# 3. read the package's tiled kernel (`ops/cuda_matmul.py: matmul_tiled_kernel`) and check it
+#    too, counting the global-memory reads each one makes;
 # 4. run the package's ring AllReduce on device arrays (`comm.device_ring.device_allreduce`,
 #    what `--device cuda` runs): only the chunks in flight cross to the host, the additions are
 #    a kernel, and the result is bitwise the CPU ring's;
@@ -151,7 +151,7 @@ assert np.allclose(dY.copy_to_host(), Y_ref, rtol=1e-4, atol=1e-4)
 # %% [markdown]
 # ## 3. The tiled kernel
 #
-# `cuda_ops.dense_forward` launches `_matmul_tiled` (read its docstring in ops/cuda_ops.py).
+# `cuda_ops.dense_forward` launches `matmul_tiled_kernel` (its docstring: ops/cuda_matmul.py).
 # A block of TILE x TILE threads computes one TILE x TILE tile of Y. It walks the shared
 # dimension in steps of TILE: each thread loads ONE element of the X tile and ONE of the W
 # tile into shared memory, `cuda.syncthreads()` waits until the whole tile is there, then every
@@ -281,9 +281,9 @@ print("all checks passed")
 #   but 22 ms if every multiply-add fetched its two operands from global memory. Matmuls on a
 #   GPU are bounded by how well they reuse what they load.
 # - The naive kernel (one thread per output, a dot product from global memory) is correct and
-#   easy to check; the tiled kernel (`_matmul_tiled`) stages TILE x TILE tiles of each operand
-#   in shared memory between two `cuda.syncthreads()` barriers and reads global memory TILE
-#   times less. Both equal `numpy_ops.dense_forward`, the definition, to float32 rounding.
+#   easy to check; the tiled kernel (`matmul_tiled_kernel`) stages TILE x TILE tiles of each
+#   operand in shared memory between two `cuda.syncthreads()` barriers and reads global memory
+#   TILE times less. Both equal `numpy_ops.dense_forward`, the definition, to float32 rounding.
 # - `device_allreduce` runs the ring of `comm.ring` on device arrays: the same schedule and order
 #   of additions, chunks staged through reused pinned buffers, the additions a kernel. Its sum is
 #   bitwise the CPU ring's on every rank.

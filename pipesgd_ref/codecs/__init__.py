@@ -1,4 +1,4 @@
-"""Gradient codecs for the compressed ring AllReduce (shared/PAPER.md section 3, "codecs").
+"""Gradient codecs for the compressed ring AllReduce (the paper's section 3, "codecs").
 
 Compression is Pipe-SGD's second lever: fewer bytes per hop. Codes cannot be added, so every
 reduce-scatter hop of the ring decodes what arrives, adds it to its own chunk and encodes the
@@ -53,6 +53,7 @@ The rungs, side by side (same names, same signatures, each tested bitwise agains
                       a communication thread encodes while the compute thread runs
     cuda_kernels.py   "cuda": the same definitions as CUDA kernels on device arrays, bitwise
                       equal as well; imported (with numba.cuda) only when asked for
+    cuda_codec.py     `CudaCodec`: the codec object of the cuda rung, its buffers on the GPU
     codec.py          `Codec`, the object the rings hold: dispatch and buffer checks
 
 A stochastic codec owns its generator: use one codec object per thread.
@@ -65,7 +66,7 @@ from pipesgd_ref.codecs.codec import Codec
 __all__ = ["BACKENDS", "CODECS", "Codec", "get_codec"]
 
 CODECS = ("none", "trunc16", "bf16", "q8")
-BACKENDS = ("numpy", "numba", "cuda")  # cuda: device arrays, codecs/cuda_kernels.py
+BACKENDS = ("numpy", "numba", "cuda")  # cuda: device arrays, codecs/cuda_codec.py
 
 
 def get_codec(name: str, backend: str = "numpy", stochastic: bool = False, seed: int = 0) -> Codec:
@@ -87,7 +88,7 @@ def get_codec(name: str, backend: str = "numpy", stochastic: bool = False, seed:
     if backend == "cuda":
         # Imported here: numba.cuda loads only when asked for (and after the caller has chosen
         # the simulator or a GPU: NUMBA_ENABLE_CUDASIM is read when numba.cuda first loads).
-        from pipesgd_ref.codecs.cuda_kernels import CudaCodec
+        from pipesgd_ref.codecs.cuda_codec import CudaCodec
 
         return CudaCodec(name, stochastic=stochastic, seed=seed)
     return Codec(name, backend, stochastic=stochastic, seed=seed)

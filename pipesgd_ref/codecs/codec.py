@@ -1,7 +1,7 @@
 """The codec object the rings use: one codec on one backend, with the buffer checks.
 
 `Codec` dispatches encode / decode / add_decoded_into to a rung's functions (reference.py:
-NumPy, numba_cpu.py: Numba loops; cuda_kernels.CudaCodec subclasses it for device buffers) and
+NumPy, numba_cpu.py: Numba loops; cuda_codec.CudaCodec subclasses it for device buffers) and
 checks the caller's buffers first, so that a wrong buffer is a ValueError that says what to
 pass, never a silent reinterpretation of the wrong bytes. Get one with `codecs.get_codec`.
 """

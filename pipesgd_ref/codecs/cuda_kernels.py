@@ -1,23 +1,9 @@
 """The codecs as CUDA kernels: the third rung (reference.py -> numba_cpu.py -> cuda_kernels.py).
 
-`get_codec(name, "cuda")` returns a `CudaCodec`: a `Codec` (codec.py), with the same wire
-layout and the same `wire_bytes(n)`, whose encode / decode / add_decoded_into take Numba CUDA
-device arrays (values: 1-D float32; wire: 1-D uint8 of wire_bytes(n)) and run the kernels
-below. Every result is bitwise the NumPy reference's: the codes byte for byte (the q8 scale
-included), the decoded and the added values bit for bit (tests/test_cuda_codecs.py).
-
-    codec     encode                            decode / add_decoded_into
-    none      device-to-device copy             copy / _f32_add_kernel
-    trunc16   _trunc16_encode_kernel            _half16_decode_kernel / _half16_add_kernel
-    bf16      _bf16_encode_kernel               (the same two)
-    q8        _abs_max_bits_kernel (1 or 2x),   _q8_decode_kernel / _q8_add_kernel
-              then _q8_codes_kernel
-
-Cost per call: one pass over the n values, like the CPU rungs (q8 encode: the max-abs pass,
-a second tiny pass over at most _MAX_PARTIALS block maxima, then the codes pass). Launches are
-asynchronous on the default stream: a call returns at once, and a later kernel or copy on that
-stream (`copy_to_host`, which waits) sees the result. Stochastic q8 is the exception: it reads
-max|x| back (a sync) and uploads n uniforms, drawn on the host (see `CudaCodec._q8_encode`).
+Each kernel is one codec function of reference.py on device arrays, its loop in its docstring;
+`CudaCodec` (cuda_codec.py) launches them. Every result is bitwise the NumPy reference's: the
+codes byte for byte (the q8 scale included), the decoded and the added values bit for bit
+(tests/test_cuda_codecs.py).
 
 How "bitwise" survives the trip to the GPU, and why each rule is needed:
 - Bit manipulation happens on uint32 / uint16 views of the same device memory (`.view` on the
@@ -36,15 +22,12 @@ How "bitwise" survives the trip to the GPU, and why each rule is needed:
 - Exact rounding: float32 division is IEEE (`div.rn`: fastmath stays off), q8 rounds with
   libdevice's `rintf` (ties to even, as np.rint), denormals are kept (no flush-to-zero).
 
-Kernels call libdevice directly and never a `cuda.jit(device=True)` helper: numba 0.68 compiles
-device functions for the current GPU, so a kernel that calls one cannot be compiled to PTX on a
-machine without a GPU (the compile check, tests/test_cuda_compile.py); the same holds for the
-builtins min and max. Numba's simulator has no libdevice: there `libdevice` below is a stand-in
-with the NumPy meaning of the four functions used.
-
-Wire alignment: the kernels read the wire through float32 / uint16 views, so a device wire must
-start at a 4-byte-aligned address (a fresh `cuda.device_array` is 256-aligned; slice framed
-buffers at multiples of 4). CudaCodec checks it.
+Kernels call libdevice directly. The one device function, `_quieted`, is compiled for the
+current GPU when a kernel that calls it compiles; without a GPU the compile check
+(tests/test_cuda_compile.py) answers for it (cuda_support.compile_kernels). The builtins min and
+max are avoided: numba 0.68 cannot compile them without a GPU. Numba's simulator has no
+libdevice: there `libdevice` below is a stand-in with the NumPy meaning of the four functions
+used.
 
 The module loads numba.cuda at import, so nothing imports it at module level: `get_codec(name,
 "cuda")` does, when asked (by then the process has chosen a GPU or the simulator, whose switch
@@ -71,9 +54,7 @@ from pipesgd_ref.codecs.bits import (
     QUIET16,
     QUIET32,
 )
-from pipesgd_ref.codecs.codec import Codec
-from pipesgd_ref.codecs.reference import q8_scale
-from pipesgd_ref.ops.cuda_support import THREADS_PER_BLOCK, gpu_problem, launch_1d, simulated
+from pipesgd_ref.ops.cuda_support import THREADS_PER_BLOCK, launch_1d, simulated
 
 if simulated():
     # The simulator runs kernels as Python on NumPy scalars and has no libdevice: these are the
@@ -99,9 +80,9 @@ _Q8_NAN = np.float32(np.nan)  # the scale of a chunk holding NaN or Inf: q8_scal
 _Q8_CLIP = 127.0  # codes -127..127, as Q8_LEVELS
 
 # q8's max |x| pass 1 launches at most this many blocks (each grid-strides over its share), so
-# pass 2 reduces at most _MAX_PARTIALS block maxima in one block: 4 per thread at 256 threads.
+# pass 2 reduces at most MAX_PARTIALS block maxima in one block: 4 per thread at 256 threads.
 # 1024 blocks of 256 threads still fill an H100/H200 (132 SMs x 2048 resident threads).
-_MAX_PARTIALS = 1024
+MAX_PARTIALS = 1024
 
 # The simulator starts a Python thread per CUDA thread (about 0.1 to 1 ms each): there the grid
 # is at most 2 blocks of 32 threads, which keeps a test example fast and makes the grid-stride
@@ -110,7 +91,7 @@ _SIM_THREADS = 32
 _SIM_BLOCKS = 2
 
 
-def _grid(n: int, max_blocks: int | None = None) -> tuple[int, int]:
+def grid_for(n: int, max_blocks: int | None = None) -> tuple[int, int]:
     """(blocks, threads) for a grid-stride kernel over n elements (cuda_support.launch_1d; in
     the simulator, the small grid above); at most `max_blocks` blocks."""
     if simulated():
@@ -127,7 +108,7 @@ def _grid(n: int, max_blocks: int | None = None) -> tuple[int, int]:
 
 
 @cuda.jit
-def _trunc16_encode_kernel(bits, out16):
+def trunc16_encode_kernel(bits, out16):
     """trunc16 encode (reference.trunc16_encode), on the float32 bits as uint32:
         for i in range(n):
             h = bits[i] >> 16
@@ -145,7 +126,7 @@ def _trunc16_encode_kernel(bits, out16):
 
 
 @cuda.jit
-def _bf16_encode_kernel(bits, out16):
+def bf16_encode_kernel(bits, out16):
     """bf16 encode (reference.bf16_encode): round to nearest, ties to even, on the bits:
         for i in range(n):
             b = bits[i]
@@ -164,7 +145,7 @@ def _bf16_encode_kernel(bits, out16):
 
 
 @cuda.jit
-def _half16_decode_kernel(src16, out_bits):
+def half16_decode_kernel(src16, out_bits):
     """trunc16 / bf16 decode (reference.half16_decode), into the bits of the float32 output:
         for i in range(n): out_bits[i] = src16[i] << 16
 
@@ -175,7 +156,7 @@ def _half16_decode_kernel(src16, out_bits):
 
 
 @cuda.jit
-def _half16_add_kernel(src16, dst):
+def half16_add_kernel(src16, dst):
     """trunc16 / bf16 decode-add (reference.half16_add_decoded_into):
         for i in range(n): dst[i] += float32_from_bits(src16[i] << 16)
 
@@ -196,7 +177,7 @@ def _half16_add_kernel(src16, dst):
 
 
 @cuda.jit
-def _f32_add_kernel(src, dst):
+def f32_add_kernel(src, dst):
     """none decode-add (reference.none_add_decoded_into): for i in range(n): dst[i] += src[i].
 
     NaN operands as NumPy (dst first, then src, quieted). Optimisations: grid-stride, coalesced.
@@ -213,13 +194,13 @@ def _f32_add_kernel(src, dst):
 
 
 @cuda.jit
-def _abs_max_bits_kernel(bits, block_max):
+def abs_max_bits_kernel(bits, block_max):
     """q8's max |x|, as bits: block_max[b] = max(bits[i] & 0x7FFFFFFF for the i of block b).
 
     As a loop over the whole grid (B = number of blocks, T = threads per block):
         for b in range(B):
             block_max[b] = max(bits[i] & 0x7FFFFFFF for i in range(n) if (i // T) % B == b)
-    Called twice: over the input (B <= _MAX_PARTIALS blocks), then over those B maxima with one
+    Called twice: over the input (B <= MAX_PARTIALS blocks), then over those B maxima with one
     block (the max of the maxima); a single block writes the final max directly.
     The sign cleared, non-negative floats sort like their bit patterns (NaN above Inf), so an
     integer max is max|x| with NaN and Inf on top, as in the Numba rung; and an integer max
@@ -250,7 +231,7 @@ def _abs_max_bits_kernel(bits, block_max):
 
 
 @cuda.jit
-def _q8_codes_kernel(x, amax, uniforms, header, codes):
+def q8_codes_kernel(x, amax, uniforms, header, codes):
     """q8 codes (reference.q8_encode), from amax[0] = the bits of max|x|; writes the scale too:
         scale = q8_scale(float32_from_bits(amax[0]))   # NaN if Inf/NaN, else min(amax / 127, cap)
         header[0] = scale
@@ -293,7 +274,7 @@ def _q8_codes_kernel(x, amax, uniforms, header, codes):
 
 
 @cuda.jit
-def _q8_decode_kernel(codes, header, out):
+def q8_decode_kernel(codes, header, out):
     """q8 decode (reference.q8_decode): for i in range(n): out[i] = float32(codes[i]) * header[0].
 
     A NaN scale is every result, quieted (NumPy's NaN rule; the GPU's product would be the
@@ -309,7 +290,7 @@ def _q8_decode_kernel(codes, header, out):
 
 
 @cuda.jit
-def _q8_add_kernel(codes, header, dst):
+def q8_add_kernel(codes, header, dst):
     """q8 decode-add (reference.q8_add_decoded_into):
         for i in range(n): dst[i] += float32(codes[i]) * header[0]   (the product rounded first)
 
@@ -331,183 +312,16 @@ def _q8_add_kernel(codes, header, dst):
 
 # Every kernel with one example signature, for the compile check (tests/test_cuda_compile.py).
 KERNELS = [
-    (_trunc16_encode_kernel, "void(uint32[::1], uint16[::1])"),
-    (_bf16_encode_kernel, "void(uint32[::1], uint16[::1])"),
-    (_half16_decode_kernel, "void(uint16[::1], uint32[::1])"),
-    (_half16_add_kernel, "void(uint16[::1], float32[::1])"),
-    (_f32_add_kernel, "void(float32[::1], float32[::1])"),
-    (_abs_max_bits_kernel, "void(uint32[::1], uint32[::1])"),
+    (trunc16_encode_kernel, "void(uint32[::1], uint16[::1])"),
+    (bf16_encode_kernel, "void(uint32[::1], uint16[::1])"),
+    (half16_decode_kernel, "void(uint16[::1], uint32[::1])"),
+    (half16_add_kernel, "void(uint16[::1], float32[::1])"),
+    (f32_add_kernel, "void(float32[::1], float32[::1])"),
+    (abs_max_bits_kernel, "void(uint32[::1], uint32[::1])"),
     (
-        _q8_codes_kernel,
+        q8_codes_kernel,
         "void(float32[::1], uint32[::1], float64[::1], float32[::1], int8[::1])",
     ),
-    (_q8_decode_kernel, "void(int8[::1], float32[::1], float32[::1])"),
-    (_q8_add_kernel, "void(int8[::1], float32[::1], float32[::1])"),
+    (q8_decode_kernel, "void(int8[::1], float32[::1], float32[::1])"),
+    (q8_add_kernel, "void(int8[::1], float32[::1], float32[::1])"),
 ]
-
-
-# ---------------------------------------------------------------------------------------------
-# The codec object: codec.Codec with device buffers.
-
-
-def _is_device_array(a) -> bool:
-    """A Numba device array (real, or the simulator's stand-in; both set __cuda_ndarray__)."""
-    return bool(getattr(a, "__cuda_ndarray__", False))
-
-
-def _address(a) -> int:
-    try:
-        return a.__cuda_array_interface__["data"][0]
-    except AttributeError:  # the simulator's device arrays wrap NumPy arrays
-        return a.__array_interface__["data"][0]
-
-
-def _describe(a) -> str:
-    if _is_device_array(a):
-        layout = "C-contiguous" if a.is_c_contiguous() else "non-contiguous"
-        return f"a {layout} {a.dtype} device array of shape {tuple(a.shape)}"
-    if isinstance(a, np.ndarray):
-        return f"a host (NumPy) {a.dtype} array of shape {a.shape}"
-    return f"a {type(a).__name__}"
-
-
-class CudaCodec(Codec):
-    """One codec whose buffers live on the GPU; get one with `get_codec(name, "cuda")`.
-
-    As `codec.Codec` (same attributes, wire layout and `wire_bytes`), but the buffers are
-    preallocated Numba device arrays: values 1-D C-contiguous float32, wire 1-D C-contiguous
-    uint8 of exactly wire_bytes(n) bytes at a 4-byte-aligned address. Wrong buffers (host
-    arrays included) raise ValueError. Calls are asynchronous on the default stream.
-    """
-
-    def __init__(self, name: str, stochastic: bool = False, seed: int = 0):
-        problem = gpu_problem()
-        if problem:  # now, not at the first launch deep inside the ring
-            raise RuntimeError(f"codec backend 'cuda' cannot run here: {problem}")
-        # q8's scratch: [max|x| bits, up to _MAX_PARTIALS block maxima]. Allocated once, on the
-        # first q8 encode, and reused: a device allocation costs more than a whole small encode.
-        self._scratch = None
-        self._no_uniforms = None
-        super().__init__(name, "cuda", stochastic=stochastic, seed=seed)
-
-    def _functions(self):
-        return {
-            "none": (self._none_encode, self._none_decode, self._none_add),
-            "trunc16": (self._trunc16_encode, self._half16_decode, self._half16_add),
-            "bf16": (self._bf16_encode, self._half16_decode, self._half16_add),
-            "q8": (self._q8_encode, self._q8_decode, self._q8_add),
-        }[self.name]
-
-    # --- host-side launchers: views on the host, then one grid-stride launch each -------------
-
-    @staticmethod
-    def _none_encode(src, out) -> None:
-        if src.size:
-            out.view(np.float32).copy_to_device(src)  # device to device: the bytes as they are
-
-    @staticmethod
-    def _none_decode(src, out) -> None:
-        if out.size:
-            out.copy_to_device(src.view(np.float32))
-
-    @staticmethod
-    def _none_add(src, dst) -> None:
-        if dst.size:
-            _f32_add_kernel[_grid(dst.size)](src.view(np.float32), dst)
-
-    @staticmethod
-    def _trunc16_encode(src, out) -> None:
-        if src.size:
-            _trunc16_encode_kernel[_grid(src.size)](src.view(np.uint32), out.view(np.uint16))
-
-    @staticmethod
-    def _bf16_encode(src, out) -> None:
-        if src.size:
-            _bf16_encode_kernel[_grid(src.size)](src.view(np.uint32), out.view(np.uint16))
-
-    @staticmethod
-    def _half16_decode(src, out) -> None:
-        if out.size:
-            _half16_decode_kernel[_grid(out.size)](src.view(np.uint16), out.view(np.uint32))
-
-    @staticmethod
-    def _half16_add(src, dst) -> None:
-        if dst.size:
-            _half16_add_kernel[_grid(dst.size)](src.view(np.uint16), dst)
-
-    def _q8_encode(self, src, out, rng: np.random.Generator | None = None) -> None:
-        n = src.size
-        if n == 0:  # the wire is the scale alone, that of an all-zero chunk (no zero-size launch)
-            out.copy_to_device(np.array([q8_scale(np.float32(0))], np.float32).view(np.uint8))
-            return
-        if self._scratch is None:
-            self._scratch = cuda.device_array(1 + _MAX_PARTIALS, np.uint32)
-            self._no_uniforms = cuda.device_array(0, np.float64)
-        amax = self._scratch[:1]
-        # Pass 1: one max per block; pass 2 (only when there are several): their max.
-        blocks, threads = _grid(n, _MAX_PARTIALS)
-        bits = src.view(np.uint32)
-        if blocks == 1:
-            _abs_max_bits_kernel[1, threads](bits, amax)
-        else:
-            partials = self._scratch[1 : 1 + blocks]
-            _abs_max_bits_kernel[blocks, threads](bits, partials)
-            _abs_max_bits_kernel[1, threads](partials, amax)
-        uniforms = self._no_uniforms
-        if rng is not None:
-            # Stochastic: the uniforms come from the codec's NumPy generator, the very stream the
-            # NumPy and Numba backends draw (bitwise the same codes, for 8 bytes per value over
-            # PCIe and one sync; a GPU generator, numba.cuda.random, would differ). The generator
-            # is drawn only when the scale is positive, as in the reference: read max|x| first.
-            scale = q8_scale(amax.copy_to_host().view(np.float32)[0])
-            if scale > 0:
-                uniforms = cuda.to_device(rng.random(n))
-        _q8_codes_kernel[_grid(n)](
-            src, amax, uniforms, out[:4].view(np.float32), out[4:].view(np.int8)
-        )
-
-    @staticmethod
-    def _q8_decode(src, out) -> None:
-        if out.size:
-            _q8_decode_kernel[_grid(out.size)](src[4:].view(np.int8), src[:4].view(np.float32), out)
-
-    @staticmethod
-    def _q8_add(src, dst) -> None:
-        if dst.size:
-            _q8_add_kernel[_grid(dst.size)](src[4:].view(np.int8), src[:4].view(np.float32), dst)
-
-    # --- buffer checks: device arrays, not host ones ------------------------------------------
-
-    def _check_values(self, op: str, role: str, a) -> None:
-        if not (
-            _is_device_array(a) and a.dtype == np.float32 and a.ndim == 1 and a.is_c_contiguous()
-        ):
-            raise ValueError(
-                f"{self.name} {op} (cuda): {role} must be a 1-D C-contiguous float32 device "
-                f"array, got {_describe(a)}; copy host values over with "
-                f"numba.cuda.to_device(x.reshape(-1)), or use the numpy or numba backend"
-            )
-
-    def _check_wire(self, op: str, role: str, a, n: int) -> None:
-        want = self.wire_bytes(n)
-        if not (
-            _is_device_array(a) and a.dtype == np.uint8 and a.ndim == 1 and a.is_c_contiguous()
-        ):
-            raise ValueError(
-                f"{self.name} {op} (cuda): {role} must be a 1-D C-contiguous uint8 device array "
-                f"of wire_bytes({n}) = {want} bytes, got {_describe(a)}; allocate "
-                f"numba.cuda.device_array(codec.wire_bytes({n}), np.uint8)"
-            )
-        if a.size != want:
-            raise ValueError(
-                f"{self.name} {op} (cuda): {role} has {a.size} bytes, but {n} float32 values "
-                f"take wire_bytes({n}) = {want} bytes; allocate numba.cuda.device_array("
-                f"codec.wire_bytes({n}), np.uint8), or slice the buffer to that length"
-            )
-        if _address(a) % 4:
-            raise ValueError(
-                f"{self.name} {op} (cuda): {role} starts at device address "
-                f"0x{_address(a):x}, not a multiple of 4; the kernels read the wire as float32 / "
-                f"uint16 words. Slice framed buffers at offsets that are multiples of 4 (a "
-                f"fresh numba.cuda.device_array is aligned)"
-            )

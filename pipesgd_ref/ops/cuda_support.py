@@ -1,7 +1,8 @@
 """What every CUDA module of the package shares: launch geometry, the GPU check, compilation.
 
-The CUDA code (ops/cuda_ops.py: the model's ops; codecs/cuda_kernels.py: the codecs) runs three
-ways, chosen by the environment before numba is imported:
+The CUDA code (ops/cuda_ops.py and the kernel modules beside it: the model's ops;
+codecs/cuda_kernels.py: the codecs) runs three ways, chosen by the environment before numba is
+imported:
 
     a real GPU                    numba.cuda.is_available() is True
     Numba's CUDA simulator        NUMBA_ENABLE_CUDASIM=1: the kernels run as Python threads on
@@ -62,6 +63,25 @@ def gpu_problem() -> str | None:
         "(pip install 'pipesgd_ref[cuda]'), or run on the CPU (--device cpu), or set "
         "NUMBA_ENABLE_CUDASIM=1 to run the kernels in Numba's simulator (slow, tiny sizes)"
     )
+
+
+_checked = False  # whether `launch` has found that kernels can run here
+
+
+def launch(kernel, geometry, *args) -> None:
+    """kernel[grid, block](*args): the one place every op launches a kernel.
+
+    `geometry` is (grid, block), e.g. from launch_1d / launch_2d. The first launch checks that
+    kernels can run here at all and says what to do if not (instead of a driver error).
+    """
+    global _checked
+    if not _checked:
+        problem = gpu_problem()
+        if problem is not None:
+            raise RuntimeError(f"cuda backend: {problem}")
+        _checked = True
+    grid, block = geometry
+    kernel[grid, block](*args)
 
 
 def compile_kernels(kernels, cc: tuple[int, int] = (9, 0)) -> dict[str, str]:
