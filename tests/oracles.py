@@ -1,11 +1,14 @@
 """What the tests that hold a distributed run against its one-process oracle share: the
-oracle's inputs for a config, and the mean taken in the ring's order of additions."""
+oracle's inputs for a config, the oracle's run (sync or delayed SGD), how close a run must come
+to it, and the mean taken in the ring's order of additions."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from pipesgd_ref.comm.schedule import simulate_allreduce
 from pipesgd_ref.methods import reference
-from pipesgd_ref.methods.reference import model_grad_fn
+from pipesgd_ref.methods.reference import delayed_sgd, model_grad_fn, sync_sgd
 from pipesgd_ref.runtime.worker import Worker
 
 
@@ -14,6 +17,32 @@ def oracle_inputs(cfg, n_workers: int):
     worker's minibatches and the w_0 every rank starts from."""
     setup = Worker.build(cfg, 0, n_workers)
     return model_grad_fn(setup.model, setup.data, setup.sampler), setup.params
+
+
+def oracle(cfg, staleness: int, warmup: int = 0):
+    """The one-process run of `cfg` on cfg.world_size workers: sync SGD (staleness 0, no
+    warm-up), else SGD applying the gradient `staleness` steps late after `warmup` sync steps."""
+    worker = Worker.build(cfg, 0, cfg.world_size)
+    grad_fn = model_grad_fn(worker.model, worker.data, worker.sampler)
+    w0, p, steps = worker.model.init_params(cfg.seed), cfg.world_size, worker.steps
+    if staleness == 0 and warmup == 0:
+        return sync_sgd(grad_fn, w0, p, steps, cfg.lr_at)
+    return delayed_sgd(grad_fn, w0, p, steps, cfg.lr_at, staleness=staleness, warmup_steps=warmup)
+
+
+def assert_matches_oracle(results, want, p):
+    """Every rank ends with the same weights, within 1e-6 (relative) of the oracle's, bitwise
+    for p <= 2; the ranks' mean losses within 1e-5 of the oracle's."""
+    for r in results:  # the replicas never drift apart
+        np.testing.assert_array_equal(r.params, results[0].params, err_msg=f"rank {r.rank}")
+    got = results[0].params
+    scale = np.max(np.abs(want.params))
+    worst = np.max(np.abs(got - want.params)) / scale
+    if p <= 2:  # two terms add in the same order in the ring and in the oracle: bitwise
+        assert worst == 0, f"p={p}: expected bitwise equality, relative difference {worst:.2e}"
+    assert worst <= 1e-6, f"p={p}: relative difference {worst:.2e} from the oracle (max 1e-6)"
+    losses = np.mean([r.losses for r in results], axis=0)
+    np.testing.assert_allclose(losses, want.losses, rtol=1e-5)
 
 
 def ring_ordered_average(grad_fn, params, world_size: int, step: int):

@@ -38,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from procs import processes
 
 from pipesgd_ref.runtime.launch import ENV_CONVENTIONS
 
@@ -509,34 +510,15 @@ def _tree(root: Path) -> set[str]:
     return {str(p.relative_to(root)) for p in root.rglob("*")}
 
 
-def _stat(pid: str) -> tuple[str, int] | None:
-    """(state, process group) of a pid from /proc, or None when it is gone."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = text[text.rindex(")") + 2 :].split()  # after "pid (comm) "
-    return fields[0], int(fields[2])
-
-
 def left_behind(group: int, root: Path) -> list[str]:
     """Live processes (not zombies) of the command's process group, or working in `root`."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        st = _stat(pid)
-        if st is None or st[0] == "Z" or int(pid) == os.getpid():
-            continue
-        try:
-            cwd = os.readlink(f"/proc/{pid}/cwd")
-        except OSError:
-            cwd = ""
-        if st[1] == group or cwd.startswith(str(root)):
-            try:
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-            except OSError:
-                cmd = "?"
-            found.append(f"pid {pid}: {cmd.strip()}")
-    return found
+    return [
+        f"pid {p.pid}: {p.cmdline() or '?'}"
+        for p in processes()
+        if p.alive
+        and p.pid != os.getpid()
+        and (p.group == group or (p.cwd() or "").startswith(str(root)))
+    ]
 
 
 def _wait(proc: subprocess.Popen, argv: list[str], group: int) -> tuple[bytes, bytes]:

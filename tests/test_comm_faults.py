@@ -23,6 +23,15 @@ import time
 
 import numpy as np
 import pytest
+from jobs import (
+    TIMEOUT,
+    assert_nothing_left_alive,
+    blamed,
+    killed_job,
+    run_failing,
+    stopped_job,
+    write_pid,
+)
 
 from pipesgd_ref.comm.rendezvous import (
     CAUSE_WAIT_SECONDS,
@@ -33,72 +42,21 @@ from pipesgd_ref.comm.rendezvous import (
 )
 from pipesgd_ref.comm.ring import allreduce, barrier, broadcast
 from pipesgd_ref.comm.transport import Frame, Kind, Link
-from pipesgd_ref.errors import CommError, LaunchError, PeerAborted, WorkerFailed
+from pipesgd_ref.errors import CommError, LaunchError, PeerAborted
 from pipesgd_ref.runtime.launch import JobEnv, _default_token, detect_env, free_port, launch_local
-
-TIMEOUT = 2.0  # the communication timeout inside the workers
 
 
 def record(case: str, seconds: float) -> None:
     print(f"\n[detection] {case}: {seconds:.2f} s")
 
 
-# --- helpers ---------------------------------------------------------------------------------
-
-
-def write_pid(pid_dir) -> None:
-    (pid_dir / f"{os.getpid()}.pid").write_text(str(os.getpid()))
-
-
-def assert_nothing_left_alive(pid_dir, expected: int) -> None:
-    """No multiprocessing child, and none of the workers' pids exists any more."""
-    assert mp.active_children() == [], f"workers still alive: {mp.active_children()}"
-    pids = [int(p.read_text()) for p in pid_dir.glob("*.pid")]
-    assert len(pids) == expected, f"{len(pids)} of {expected} workers wrote their pid"
-    for pid in pids:
-        with pytest.raises(ProcessLookupError):
-            os.kill(pid, 0)  # signal 0: "does it exist?"
-
-
-def run_failing(world_size: int, job, args: tuple, **kw) -> tuple[WorkerFailed, float]:
-    """launch_local that must fail; returns the WorkerFailed and the wall time it took."""
-    kw = dict(start_method="fork", timeout=TIMEOUT, job_timeout=20.0) | kw
-    start = time.monotonic()
-    with pytest.raises(WorkerFailed) as info:
-        launch_local(world_size, job, args, **kw)
-    elapsed = time.monotonic() - start
-    assert -1 not in info.value.errors, f"the job hit job_timeout: {info.value}"
-    return info.value, elapsed
-
-
-# Which rank an error blames: "rank R closed", "rank R failed", "no data from rank R"...
-BLAME = re.compile(
-    r"^rank \d+: (?:rank (\d+) (?:closed|failed|accepted no data)|no data from rank (\d+))"
-)
-
-
-def blamed(text: str) -> int | None:
-    m = BLAME.match(text.strip())
-    return int(m.group(1) or m.group(2)) if m else None
-
-
 # --- 1. a rank killed mid-collective ---------------------------------------------------------
-
-
-def _killed_job(comm, victim, n, reps, pid_dir):
-    write_pid(pid_dir)
-    x = np.ones(n, np.float32)
-    allreduce(comm, x)  # warm-up: every link is up and carrying data
-    if comm.rank == victim:  # SIGKILL: no cleanup, no error message, sockets reset by the kernel
-        threading.Timer(0.01, os.kill, (os.getpid(), signal.SIGKILL)).start()
-    for _ in range(reps):
-        allreduce(comm, x)
 
 
 @pytest.mark.timeout(60)
 def test_rank_killed_mid_allreduce_is_named_by_every_rank(tmp_path):
     p, victim = 4, 2
-    failed, elapsed = run_failing(p, _killed_job, (victim, 4_000_000, 5, tmp_path))
+    failed, elapsed = run_failing(p, killed_job, (victim, 4_000_000, 5, tmp_path))
     record(f"SIGKILL of rank {victim} (timeout {TIMEOUT} s)", elapsed)
     assert elapsed < 2 * TIMEOUT, (
         f"the job took {elapsed:.2f} s to fail; bound: 2 x the {TIMEOUT} s timeout "
@@ -295,15 +253,6 @@ def test_news_from_the_right_stops_a_wait_on_the_left():
 # --- 2. a stopped rank -----------------------------------------------------------------------
 
 
-def _stopped_job(comm, victim, n, pid_dir):
-    write_pid(pid_dir)
-    x = np.ones(n, np.float32)
-    allreduce(comm, x)
-    if comm.rank == victim:  # alive, sockets open, silent: only a timeout can tell
-        os.kill(os.getpid(), signal.SIGSTOP)
-    allreduce(comm, x)
-
-
 STOP_GRACE = 0.5  # launch_local's grace: the stopped rank cannot exit on its own anyway
 
 
@@ -311,7 +260,7 @@ STOP_GRACE = 0.5  # launch_local's grace: the stopped rank cannot exit on its ow
 def stopped_run(tmp_path_factory):
     """Rank 2 of 4 stops itself before an allreduce; run once, judged by several tests."""
     pid_dir = tmp_path_factory.mktemp("stopped")
-    failed, elapsed = run_failing(4, _stopped_job, (2, 1000, pid_dir), grace=STOP_GRACE)
+    failed, elapsed = run_failing(4, stopped_job, (2, 1000, pid_dir), grace=STOP_GRACE)
     record(f"SIGSTOP of rank 2 (timeout {TIMEOUT} s, grace {STOP_GRACE} s)", elapsed)
     return failed, elapsed, pid_dir
 

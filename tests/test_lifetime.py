@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from procs import processes
 
 from pipesgd_ref.commands.cli import main
 from pipesgd_ref.runtime.lifetime import StopPlan
@@ -68,17 +69,8 @@ def test_a_stop_before_any_step_stops_every_rank_at_its_start():
 
 def _job_pids(marker: str) -> list[int]:
     """Processes whose command line holds `marker` (the run's unique --out)."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                if marker.encode() in f.read():
-                    pids.append(int(entry))
-        except OSError:
-            continue
-    return pids
+    me = os.getpid()
+    return [p.pid for p in processes() if p.pid != me and marker in (p.cmdline() or "")]
 
 
 def _start(out: Path, *extra: str, steps: int = 200_000) -> subprocess.Popen:

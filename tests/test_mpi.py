@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from oracles import oracle_inputs, use_ring_order
+from procs import kill, processes
 
 from pipesgd_ref.comm import mpi
 from pipesgd_ref.methods import reference
@@ -95,19 +95,8 @@ def run(command: list[str], env: dict[str, str], logs: Path) -> tuple[int, str, 
 
 def kill_session(proc: subprocess.Popen) -> list[int]:
     """SIGKILL every process left in proc's session; returns those that were there."""
-    left = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[3]) == proc.pid and fields[0] != "Z":  # its session, not a zombie
-            left.append(int(stat.parent.name))
-    for pid in left:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    left = [p.pid for p in processes() if p.session == proc.pid and p.alive]
+    kill(left)
     if proc.poll() is None:
         proc.kill()
         proc.wait(timeout=10)

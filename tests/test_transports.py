@@ -10,17 +10,15 @@ import time
 
 import numpy as np
 import pytest
-from oracles import oracle_inputs
-from test_comm_faults import (
+from jobs import (
     TIMEOUT,
-    _killed_job,
-    _stopped_job,
     assert_nothing_left_alive,
     blamed,
+    killed_job,
     run_failing,
+    stopped_job,
 )
-from test_ps import STEPS
-from test_train import assert_matches_oracle, oracle
+from oracles import assert_matches_oracle, oracle, oracle_inputs
 
 from pipesgd_ref.comm import shm
 from pipesgd_ref.comm.netem import LinkModel
@@ -36,6 +34,7 @@ from pipesgd_ref.methods.sync import sync_worker
 from pipesgd_ref.runtime.launch import launch_local
 
 SAME_HOST = ["unix", "shm", "auto"]
+STEPS = 20  # of the parameter server's runs, as in test_ps.py
 
 
 def _ring_job(comm, n, segment_bytes, seed):
@@ -139,7 +138,7 @@ def test_rank_killed_mid_allreduce_is_named_by_every_rank(transport, tmp_path):
     """As fast as on tcp: a closed control socket is a death, noticed at once, whether the
     survivor was receiving or waiting for a free slot."""
     p, victim = 4, 2
-    failed, elapsed = run_failing(p, _killed_job, (victim, 4_000_000, 5, tmp_path),
+    failed, elapsed = run_failing(p, killed_job, (victim, 4_000_000, 5, tmp_path),
                                   transport=transport)  # fmt: skip
     assert elapsed < 2 * TIMEOUT, f"{transport}: the job took {elapsed:.2f} s to fail"
     assert "died with exit code -9" in failed.errors[victim], failed.errors[victim]
@@ -153,7 +152,7 @@ def test_rank_killed_mid_allreduce_is_named_by_every_rank(transport, tmp_path):
 @pytest.mark.timeout(60)
 def test_a_stopped_rank_on_shm_is_a_timeout(tmp_path):
     """A slot never filled: the stopped rank's right neighbour times out naming it."""
-    failed, elapsed = run_failing(4, _stopped_job, (2, 1000, tmp_path), grace=0.5,
+    failed, elapsed = run_failing(4, stopped_job, (2, 1000, tmp_path), grace=0.5,
                                   transport="shm")  # fmt: skip
     text = failed.errors[3]
     assert f"rank 3: no data from rank 2 for {TIMEOUT:.1f} s" in text, text

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -24,47 +23,28 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from jobs import REPO, TRAIN_ARGS, clean_env, train_cmd
+from procs import stop_sessions
 
 from pipesgd_ref.commands.train import run_training
 from pipesgd_ref.config import TrainConfig, apply_overrides
 from pipesgd_ref.runtime.launch import detect_env, free_port
 
-REPO = Path(__file__).resolve().parents[2]
 JOB_DEADLINE = 180.0  # seconds a whole job may take (10-20 s on a busy 2-core machine)
-# tiny (digits, softmax regression) on 4 workers, 30 steps: each rank a few seconds
-CONFIG = ["--preset=tiny", "--world-size=4", "--steps=30", "--eval-every=10"]
 TOKEN = "launcher-test-token"
-# Variables a launcher may have left in the environment pytest runs in (say, inside an
-# sbatch script or an mpirun): the jobs below must see only the ones each test sets.
-LAUNCHER_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "MPI_LOCAL")
-LAUNCHER_VARS = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-                 "MASTER_ADDR", "MASTER_PORT", "PIPESGD_JOB_TOKEN"}  # fmt: skip
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in LAUNCHER_VARS and not k.startswith(LAUNCHER_PREFIXES)}  # fmt: skip
-    env["OMP_NUM_THREADS"] = "1"  # 4-5 ranks on 2 cores: one BLAS thread each
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    return env | extra
-
-
-def train_cmd(out: Path, *more: str) -> list[str]:
-    return [sys.executable, "-m", "pipesgd_ref", "train", *CONFIG, *more, "--no-progress",
-            f"--out={out}"]  # fmt: skip
 
 
 def run_job(commands: list[tuple[list[str], dict[str, str]]], logs: Path) -> list[tuple[int, str]]:
     """Start every (argv, env) at once; wait for all of them, at most JOB_DEADLINE seconds in
     total; return (exit code, stdout + stderr) per process. Whatever happens, nothing they
-    started outlives the call (`_kill`); on a timeout the test fails with their output."""
+    started outlives the call (`stop_sessions`); on a timeout the test fails with their output."""
     logs.mkdir(parents=True, exist_ok=True)
     procs, files = [], []
     try:
         for i, (argv, env) in enumerate(commands):
             f = open(logs / f"proc{i}.log", "w+")  # closed below, once the job is over
             files.append(f)
-            # A session of its own: `_kill` finds everything it started (mpirun's ranks too).
+            # A session of its own: `stop_sessions` finds all it started (mpirun's ranks too).
             procs.append(subprocess.Popen(argv, env=env, cwd=REPO, stdout=f,
                                           stderr=subprocess.STDOUT,
                                           start_new_session=True))  # fmt: skip
@@ -72,64 +52,17 @@ def run_job(commands: list[tuple[list[str], dict[str, str]]], logs: Path) -> lis
         for p in procs:
             p.wait(timeout=max(0.1, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
-        _kill(procs)
+        stop_sessions(procs)
         pytest.fail(f"the job did not finish within {JOB_DEADLINE:.0f} s; its output:\n"
                     + _read(files))  # fmt: skip
     finally:
-        _kill(procs)
+        stop_sessions(procs)
     outputs = []
     for p, f in zip(procs, files, strict=True):
         f.seek(0)
         outputs.append((p.returncode, f.read()))
         f.close()
     return outputs
-
-
-def _kill(procs: list[subprocess.Popen]) -> None:
-    """Stop what is still running of each process's session: SIGTERM to its group first
-    (mpirun and torchrun then stop their ranks), SIGKILL a few seconds later to whatever is
-    left in the session, which is all that mpirun's ranks share with it (each rank has a
-    process group of its own)."""
-    alive = [p for p in procs if p.poll() is None]
-    for p in alive:
-        _signal_group(p.pid, signal.SIGTERM)
-    deadline = time.monotonic() + 5.0
-    for p in alive:
-        try:
-            p.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
-    for p in procs:
-        # The process itself while it runs, and what it left: Linux never hands out a
-        # session's id to a new process while any member of that session is alive.
-        for pid in _session_members(p.pid):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        if p.poll() is None:  # where there is no /proc
-            p.kill()
-        p.wait(timeout=10)
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _session_members(sid: int) -> list[int]:
-    """Processes in session `sid` (Linux: /proc/PID/stat; elsewhere none are found)."""
-    members = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue  # gone meanwhile
-        if int(fields[3]) == sid:  # state, ppid, pgrp, session
-            members.append(int(stat.parent.name))
-    return members
 
 
 def _read(files) -> str:
@@ -149,9 +82,9 @@ def local_run(algo: str, tmp_path_factory) -> tuple[dict, np.ndarray | None]:
     workers), once per algo for the whole module."""
     if algo not in _LOCAL:
         out = tmp_path_factory.mktemp(f"local-{algo}")
-        assert CONFIG[0] == "--preset=tiny"
+        assert TRAIN_ARGS[0] == "--preset=tiny"
         cfg = apply_overrides(TrainConfig.preset("tiny"),
-                              [*CONFIG[1:], f"--algo={algo}", f"--out={out}"])  # fmt: skip
+                              [*TRAIN_ARGS[1:], f"--algo={algo}", f"--out={out}"])  # fmt: skip
         summary, _ = run_training(cfg, progress=False, log=lambda line: None)
         ckpt = out / "checkpoint.npz"
         _LOCAL[algo] = (summary, np.load(ckpt)["params"] if ckpt.exists() else None)

@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
-from test_launchers import _kill, clean_env, train_cmd
+from jobs import clean_env, train_cmd
+from procs import stop_sessions
 
 from pipesgd_ref.runtime.launch import free_port
 
@@ -101,6 +102,6 @@ def test_wrong_token_and_second_job_on_the_port_leave_the_job_unharmed(algo, tmp
         assert summary["algo"] == algo and summary["steps"] == 30
         assert "refused a connection" in outputs[0] and "wrong job token" in outputs[0]
     finally:
-        _kill(procs)
+        stop_sessions(procs)
         for f in files:
             f.close()

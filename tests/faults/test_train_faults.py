@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from procs import process, processes
 
 from pipesgd_ref.commands.train import run_training
 from pipesgd_ref.config import TrainConfig
@@ -39,11 +40,6 @@ ALGOS = ("sync", "pipe", "ps-sync", "ps-async")
 RESUMABLE = ("sync", "pipe", "ps-sync")  # bitwise: a resumed run ends as an uninterrupted one
 
 
-def proc_stat(pid: int | str) -> list[str]:
-    """The fields of /proc/PID/stat after the command name: state, parent, group, session..."""
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-
-
 def session_processes() -> set[int]:
     """Live processes of this test's session that run this Python and are this test's: its
     descendants (the job's workers are forked from it), or orphans, re-parented out of the
@@ -51,24 +47,15 @@ def session_processes() -> set[int]:
     started in the session is not one of them, nor another pytest run from a shell of the
     session (a stress run beside other work), nor that run's workers."""
     sid, me = os.getsid(0), os.getpid()
-    python = os.readlink("/proc/self/exe")
-    parent, session, candidates = {}, {}, []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        pid = int(entry.name)
-        try:
-            fields = proc_stat(pid)  # state, parent, group, session...
-        except OSError:  # exited meanwhile
-            continue
-        parent[pid], session[pid] = int(fields[1]), int(fields[3])
-        if pid == me or fields[0] == "Z" or session[pid] != sid:
-            continue
-        try:
-            if os.readlink(f"/proc/{pid}/exe") == python:
-                candidates.append(pid)
-        except OSError:  # exited meanwhile (or a kernel thread)
-            continue
+    python = process(me).exe()
+    everyone = {p.pid: p for p in processes()}
+    parent = {pid: p.parent for pid, p in everyone.items()}
+    session = {pid: p.session for pid, p in everyone.items()}
+    candidates = [
+        p.pid
+        for p in everyone.values()
+        if p.pid != me and p.alive and p.session == sid and p.exe() == python
+    ]
 
     def ours(pid: int) -> bool:
         if session.get(parent.get(pid), None) != sid:
@@ -96,13 +83,12 @@ def describe(pids: set[int]) -> str:
     """One line per process: pid, parent, state, command line (for a failing assertion)."""
     lines = []
     for pid in sorted(pids):
-        try:
-            stat = proc_stat(pid)
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
+        p = process(pid)
+        cmd = p.cmdline() if p else None
+        if p is None or cmd is None:
             lines.append(f"  {pid}: exited since")
             continue
-        lines.append(f"  {pid}: parent {stat[1]}, state {stat[0]}, {cmd[:200]}")
+        lines.append(f"  {pid}: parent {p.parent}, state {p.state}, {cmd[:200]}")
     return "\n".join(lines)
 
 
