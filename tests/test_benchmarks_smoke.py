@@ -1,4 +1,5 @@
-"""The benchmarks run end to end at their quick size. (Their figures are read by people, never
+"""The benchmarks run end to end at their quick size, and each report's figures agree with
+each other and with its verdicts. (How well the figures come out is read by people, never
 asserted: a timing error on a busy machine is a measurement, not a failure.)"""
 
 import json
@@ -15,26 +16,66 @@ BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 @pytest.mark.slow
 def test_timing_model_accuracy_quick(tmp_path):
+    """The quick grid: one row per network and method, none failed, and a report whose figures
+    agree with each other. How close the models come on a busy machine is read, not asserted:
+    the verdict may be either, but it must be the one the printed figures give."""
     out = tmp_path / "accuracy.json"
     cmd = [sys.executable, str(BENCHMARKS / "timing_model_accuracy.py"), "--quick", "--json", out]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=55)
     log = f"stdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-3000:]}"
     assert done.returncode == 0, f"timing_model_accuracy.py --quick exited {done.returncode}\n{log}"
-    summary = re.search(r"^overall: median \|error\| [\d.]+%, worst [\d.]+%", done.stdout, re.M)
-    assert summary, f"no 'overall: median |error| ..., worst ...' line in the output\n{log}"
-    assert re.search(r"^targets \(.*\): (met|NOT met)$", done.stdout, re.M), (
-        f"no 'targets (...): met / NOT met' verdict in the output\n{log}"
-    )
-    rows = json.loads(out.read_text())["rows"]
+    report = json.loads(out.read_text())
+    rows = report["rows"]
     # --quick: p = 2, two networks, one model, every method of timing.COMPARE_RUNS
     assert len(rows) == 2 * 6, f"expected 12 rows (2 networks x 6 methods), got {len(rows)}"
     failed = [f"{r['network']} {r['method']}: {r['failed']}" for r in rows if r.get("failed")]
     assert not failed, "runs failed:\n" + "\n".join(failed)
     for r in rows:
-        assert r["measured_s"] > 0 and r["predicted_s"] > 0, (
-            f"{r['network']} {r['method']}: measured {r['measured_s']} s, predicted "
-            f"{r['predicted_s']} s; both must be positive"
-        )
+        assert_row_agrees(r, done.stdout, log)
+    assert_verdict_agrees(rows, report["summary"], done.stdout, log)
+
+
+def assert_row_agrees(r: dict, stdout: str, log: str) -> None:
+    """Both times positive, the error the ratio of the two, and the printed row the JSON's."""
+    where = f"{r['network']} {r['method']}"
+    meas, pred = r["measured_s"], r["predicted_s"]
+    assert meas > 0 and pred > 0, f"{where}: measured {meas} s, predicted {pred} s\n{log}"
+    assert r["error"] == pytest.approx(pred / meas - 1, rel=1e-9, abs=1e-12), (
+        f"{where}: error {r['error']} is not predicted / measured - 1 = {pred / meas - 1}"
+    )
+    printed = f" {meas * 1e3:8.2f} {pred * 1e3:8.2f} {r['error']:+7.1%}  {r['bound']}"
+    head = rf"^\s*{r['world_size']}\s+{re.escape(r['network'])}\s.*\s{re.escape(r['method'])}\s*"
+    assert re.search(head + re.escape(printed) + "$", stdout, re.M), (
+        f"{where}: no printed row ending {printed!r}\n{log}"
+    )
+
+
+def assert_verdict_agrees(rows: list[dict], summary: dict, stdout: str, log: str) -> None:
+    """The overall median and worst |error| are those of the rows, printed as such, and the
+    verdict is theirs against the targets: each target's yes/no, "met" only when both are."""
+    errors = [abs(r["error"]) for r in rows]
+    overall, targets = summary["overall"], summary["targets"]
+    assert overall["n"] == len(rows), overall
+    assert overall["median_abs"] == pytest.approx(statistics.median(errors)), overall
+    assert overall["worst_abs"] == pytest.approx(max(errors)), overall
+    median, worst = overall["median_abs"], overall["worst_abs"]
+    printed = f"overall: median |error| {median:.1%}, worst {worst:.1%}"
+    assert re.search(rf"^{re.escape(printed)} ", stdout, re.M), f"no line {printed!r}\n{log}"
+    met_median = overall["median_abs"] <= targets["median_abs"]
+    met_worst = overall["worst_abs"] <= targets["worst_abs"]
+    assert targets["met"] == (met_median and met_worst), (
+        f"median {overall['median_abs']:.1%} against {targets['median_abs']:.0%}, worst "
+        f"{overall['worst_abs']:.1%} against {targets['worst_abs']:.0%}: the JSON says met = "
+        f"{targets['met']}\n{log}"
+    )
+    verdict = (
+        f"targets (median |error| <= {targets['median_abs']:.0%}: "
+        f"{'yes' if met_median else 'no'}; worst <= {targets['worst_abs']:.0%}: "
+        f"{'yes' if met_worst else 'no'}): {'met' if targets['met'] else 'NOT met'}"
+    )
+    assert re.search(rf"^{re.escape(verdict)}$", stdout, re.M), (
+        f"the verdict the figures give, {verdict!r}, is not the one printed\n{log}"
+    )
 
 
 @pytest.mark.slow

@@ -21,9 +21,15 @@ def test_every_field_has_a_comment():
 
 
 def test_presets_build_valid_configs():
-    for name in PRESETS:
+    """Each preset is the default config with the values it names, and nothing else changed;
+    it passes the checks (TrainConfig validates on construction) and survives the round trip
+    through the dict a summary stores."""
+    default = TrainConfig().to_dict()
+    for name, values in PRESETS.items():
         cfg = TrainConfig.preset(name)
-        assert isinstance(cfg, TrainConfig)
+        named = {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
+        assert cfg.to_dict() == default | named, f"preset {name!r}"
+        assert TrainConfig().replace(**cfg.to_dict()) == cfg, f"preset {name!r} round trip"
     every = "laptop, compare, compare-cnn, compare-cnn-compute, tiny"
     with pytest.raises(ConfigError, match=f"choose one of: {every}"):
         TrainConfig.preset("supercomputer")

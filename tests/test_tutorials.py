@@ -4,17 +4,32 @@ A tutorial ends with asserts against the oracle, so running it is a test of what
 """
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-TUTORIALS = sorted((Path(__file__).parent.parent / "tutorials").glob("[0-9][0-9]_*.py"))
+ROOT = Path(__file__).parent.parent
+TUTORIALS = sorted((ROOT / "tutorials").glob("[0-9][0-9]_*.py"))
 
 
-def test_there_are_tutorials():
-    assert len(TUTORIALS) >= 2, f"expected the tutorials in tutorials/, found {TUTORIALS}"
+def test_every_tutorial_is_run_and_listed():
+    """The tests below run every script in tutorials/ (none left out by a name that the glob
+    misses), numbered 01, 02, ... without a gap or a repeat, and the README lists each one."""
+    scripts = sorted(p.name for p in (ROOT / "tutorials").glob("*.py"))
+    run = [p.name for p in TUTORIALS]
+    assert run == scripts, (
+        f"tutorials/ holds {scripts} but the tests run {run}: name each tutorial NN_topic.py"
+    )
+    numbers = [int(name[:2]) for name in run]
+    assert numbers == list(range(1, len(run) + 1)), (
+        f"tutorials numbered {numbers}: number them 01, 02, ... in reading order, no gap"
+    )
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    listed = re.findall(r"^- `(\d\d_\w+\.py)`:", readme, flags=re.M)
+    assert listed == run, f"README.md lists the tutorials {listed}, tutorials/ holds {run}"
 
 
 @pytest.mark.slow
