@@ -344,17 +344,16 @@ def test_workers_start_step_zero_together(algo, monkeypatch):
 def test_rank_zero_trains_with_the_worker_it_built_for_the_recorder(monkeypatch):
     """Rank 0 builds its Worker once (the recorder's sizes, then the worker's training),
     and evaluates with the host model even where the worker replaced it (--device cuda)."""
-    import dataclasses
-
-    from pipesgd_ref.commands import train
+    from pipesgd_ref.methods.table import Method
+    from pipesgd_ref.runtime import job
     from pipesgd_ref.runtime.worker import WorkerResult
 
     built, got = [], []
     build = Worker.build.__func__
 
-    def counting_build(cls, cfg, worker, n_workers):
+    def counting_build(cls, cfg, worker, n_workers, inputs=None):
         built.append(worker)
-        return build(cls, cfg, worker, n_workers)
+        return build(cls, cfg, worker, n_workers, inputs)
 
     def fake_worker(comm, cfg, hooks):
         worker, progress = hooks.worker, hooks.progress
@@ -365,11 +364,10 @@ def test_rank_zero_trains_with_the_worker_it_built_for_the_recorder(monkeypatch)
         return WorkerResult(0, worker.params, [1.0], [0.0], [], 0, {"host": host_model})
 
     monkeypatch.setattr(Worker, "build", classmethod(counting_build))
-    row = dataclasses.replace(train.method(TrainConfig().algo), loop=fake_worker)
-    monkeypatch.setattr(train, "method", lambda algo: row)
+    monkeypatch.setattr(Method, "loop", property(lambda row: fake_worker))
     cfg = TrainConfig.preset("tiny").replace(steps=1, eval_every=1)
     comm = type("Comm", (), {"rank": 0, "world_size": cfg.world_size})()
-    result = train._train_job(comm, cfg, False)
+    result = job.train_job(comm, cfg, False)
     assert built == [0], f"rank 0 built {len(built)} Workers"
     assert got[0] is not None and got[0].cfg == cfg
     assert [e["step"] for e in result.extra["eval_curve"]] == [1]  # after step 0
@@ -391,10 +389,10 @@ def test_each_process_builds_one_worker_and_the_launcher_none(algo, tmp_path, mo
     log = tmp_path / "builds.txt"
     build = Worker.build.__func__
 
-    def logging_build(cls, cfg, worker, n_workers):
+    def logging_build(cls, cfg, worker, n_workers, inputs=None):
         with open(log, "a") as f:  # the forked ranks inherit this patch; a file sees them all
             f.write(f"{os.getpid()} {worker}\n")
-        return build(cls, cfg, worker, n_workers)
+        return build(cls, cfg, worker, n_workers, inputs)
 
     monkeypatch.setattr(Worker, "build", classmethod(logging_build))
     out = tmp_path / "run"
@@ -424,7 +422,7 @@ def test_load_before_fork_leaves_the_workers_nothing_to_import():
     code = (
         "import sys\n"
         "from pipesgd_ref.config import TrainConfig\n"
-        "from pipesgd_ref.commands.train import load_before_fork\n"
+        "from pipesgd_ref.runtime.job import load_before_fork\n"
         "mods = ('numba', 'pipesgd_ref.codecs', 'pipesgd_ref.methods.pipe')\n"
         "before = [m in sys.modules for m in mods]\n"
         "load_before_fork(TrainConfig.preset('tiny').replace(algo='pipe', codec='q8'))\n"

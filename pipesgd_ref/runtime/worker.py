@@ -36,22 +36,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pipesgd_ref.config import TrainConfig, check_memory
-from pipesgd_ref.data import Dataset, MinibatchSampler, load_dataset
+from pipesgd_ref.config import TrainConfig
+from pipesgd_ref.data import Dataset, MinibatchSampler
 from pipesgd_ref.errors import TrainingDiverged
 from pipesgd_ref.models import CNN, MLP, model_for
 from pipesgd_ref.ops import OP_NAMES
 from pipesgd_ref.runtime import faults
+from pipesgd_ref.runtime.inputs import JobInputs
 from pipesgd_ref.runtime.launch import local_rank
 
 log = logging.getLogger("pipesgd.worker")
-
-
-def steps_for(cfg: TrainConfig, sampler: MinibatchSampler) -> int:
-    """cfg.steps, or cfg.epochs passes over each worker's shard when epochs > 0."""
-    if cfg.epochs > 0:
-        return max(1, math.ceil(cfg.epochs * sampler.steps_per_epoch))
-    return cfg.steps
 
 
 @dataclass
@@ -73,41 +67,42 @@ class Worker:
     stale: str = ""
 
     @classmethod
-    def for_rank(cls, cfg: TrainConfig, rank: int, server: bool = False, stale: str = "") -> Worker:
+    def for_rank(
+        cls,
+        cfg: TrainConfig,
+        rank: int,
+        server: bool = False,
+        stale: str = "",
+        inputs: JobInputs | None = None,
+    ) -> Worker:
         """The Worker of `rank` in a job of cfg: worker index = rank in the ring methods; with
         a parameter `server` rank 0 is the server (index 0, the weights' keeper) and worker i
-        is rank i + 1."""
+        is rank i + 1. `stale`: how stale the method's gradients are (for a diverged run's
+        advice); `inputs`: the job's data, model and checkpoint, built once by the launcher."""
         index = rank - 1 if server and rank > 0 else rank
-        built = cls.build(cfg, index, cfg.world_size)
+        built = cls.build(cfg, index, cfg.world_size, inputs)
         built.stale = stale
         return built
 
     @classmethod
-    def build(cls, cfg: TrainConfig, index: int, n_workers: int) -> Worker:
-        """Load the data, build the model and w_0 (or load the checkpoint of --resume, checked
-        against this run's config and model size): everything before the first step."""
-        data = load_dataset(cfg.dataset)
-        model = model_for(cfg, data, cfg.backend)
-        sampler = MinibatchSampler(data.n_train, n_workers, cfg.batch_size, cfg.seed)
-        check_memory(cfg, model.n_params)  # a huge --hidden: one line, not the OOM killer
-        built = cls(
+    def build(
+        cls, cfg: TrainConfig, index: int, n_workers: int, inputs: JobInputs | None = None
+    ) -> Worker:
+        """Everything before the first step: the data, the model and w_0 (or the checkpoint
+        of --resume), from `inputs` when the launcher built them once, else loaded here."""
+        inputs = inputs or JobInputs.load(cfg, n_workers)
+        return cls(
             cfg,
             index,
             n_workers,
-            data,
-            model,
-            sampler,
-            steps_for(cfg, sampler),
-            model.init_params(cfg.seed),
+            inputs.data,
+            inputs.model,
+            inputs.sampler,
+            inputs.steps,
+            inputs.initial_params(cfg.seed),
+            inputs.start_step,
+            dict(inputs.pending),
         )
-        if cfg.resume:
-            from pipesgd_ref.runtime import checkpoint
-
-            # n_params: a checkpoint of another model's size is refused here, in one line
-            built.params, built.start_step, built.pending = checkpoint.load(
-                cfg.resume, cfg, n_params=model.n_params
-            )
-        return built
 
     # --- the device (--device cuda) ----------------------------------------------------------
 

@@ -1,0 +1,82 @@
+"""One rank's part of a training job, whoever started it (local workers, torchrun, mpirun,
+srun): its Worker, built once from the job's inputs, handed to the method's loop through the
+rank's Hooks; rank 0 also records the run and evaluates it after training.
+"""
+
+from __future__ import annotations
+
+from pipesgd_ref.config import TrainConfig
+from pipesgd_ref.methods.table import method
+from pipesgd_ref.runtime.hooks import Hooks
+from pipesgd_ref.runtime.inputs import JobInputs
+from pipesgd_ref.runtime.summary import Recorder
+from pipesgd_ref.runtime.worker import Worker, WorkerResult
+
+
+def n_ranks(cfg: TrainConfig) -> int:
+    """Processes in a job of cfg: one per worker, plus the server for ps-sync and ps-async."""
+    return method(cfg.algo).ranks(cfg.world_size)
+
+
+def build_worker(cfg: TrainConfig, rank: int, inputs: JobInputs | None = None) -> Worker:
+    """The Worker of `rank` in a job of cfg, as its method's row lays out the ranks; `inputs`:
+    the job's data, model and checkpoint, when the launcher built them once."""
+    row = method(cfg.algo)
+    return Worker.for_rank(cfg, rank, row.server, row.stale_note(cfg), inputs)
+
+
+def train_job(
+    comm,
+    cfg: TrainConfig,
+    show_progress: bool,
+    label: str | None = None,
+    worker: Worker | None = None,
+    inputs: JobInputs | None = None,
+) -> WorkerResult:
+    """One rank's part of a job: its Worker, built once here (a joined rank brings the one it
+    checked its inputs with) and handed to cfg.algo's method, which trains with it. Rank 0
+    also records the run (a progress bar, weight snapshots) and, after training, evaluates the
+    snapshots and the final weights on the test set, into its result's extra: the summary
+    needs neither model nor data then, and the evaluation costs the run nothing."""
+    # Why once: a Worker loads the data and the checkpoint and builds w_0; building it again
+    # (the recorder's sizes, then the method) would delay this rank's first step, and with
+    # it every rank's.
+    worker = worker or build_worker(cfg, comm.rank, inputs)
+    row = method(cfg.algo)
+    recorder = None
+    if comm.rank == 0:
+        per_step = cfg.world_size if row.checkpoint_rounds else 1  # ps-async: an update a push
+        recorder = Recorder(
+            cfg,
+            worker.steps * per_step,
+            worker.sampler.steps_per_epoch * per_step,
+            per_step,
+            show_progress,
+            label,
+            worker.params.size,
+        )
+        model, data = worker.model, worker.data  # the host model (--device cuda replaces it)
+    try:
+        result = row.loop(comm, cfg, Hooks(comm.rank, worker, recorder))
+    finally:
+        if recorder is not None:
+            recorder.close()
+    if recorder is not None:  # after training: the evaluation costs the run nothing
+        result.extra["eval_curve"] = recorder.eval_curve(model, data)
+        result.extra["test_accuracy"] = model.accuracy(result.params, data.X_test, data.y_test)
+        # where this run began: the checkpoint it resumed may be overwritten by now (a
+        # restart resumes from the folder it writes to)
+        result.extra["start_step"] = worker.start_step
+    return result
+
+
+def load_before_fork(cfg: TrainConfig) -> None:
+    """Import and load in this process what every forked worker of cfg would otherwise load
+    on its own: Numba and the codecs, and the method's module. Forked workers inherit it
+    all. Why: each worker would pay the import itself, all of them at once on the same cores
+    when there are more workers than cores, and a short run's wall time is then mostly
+    imports."""
+    from pipesgd_ref.codecs import get_codec
+
+    get_codec(cfg.codec, cfg.codec_backend)
+    _ = method(cfg.algo).loop  # the property imports the method's module
