@@ -1,7 +1,7 @@
 """Ring AllReduce of a GPU-resident array: only the chunks in flight cross to the host.
 
 The schedule, the frames and the order of additions are exactly those of the host ring (the
-same loop, comm/schedule.py's `RingReduce`, with the same headers and checks), so a device rank
+same loop, comm/ring.py's `RingReduce`, with the same headers and checks), so a device rank
 and a host rank can sit in one ring, and the result is bitwise the host ring's. What changes
 is where each segment is between the wire and the array:
 
@@ -32,7 +32,7 @@ to host and 2(p-1)/p * M host to device (plus M/p for the owner's mean), and (p-
 additions on the GPU. The copies are synchronous, on the default stream: each one waits for the
 kernels that wrote its part of the array.
 
-With a codec other than none, the compressed ring (comm/compressed.py) runs on a host copy of
+With a codec other than none, the compressed ring (comm/compressed_ring.py) runs on a host copy of
 the whole array (one D2H and one H2D of M bytes per call; O(M) pinned memory): its codecs
 re-encode partial sums on the host.
 
@@ -56,8 +56,8 @@ import numpy as np
 
 from pipesgd_ref.comm.frames import aborting_on_error
 from pipesgd_ref.comm.rendezvous import Communicator
-from pipesgd_ref.comm.ring import allreduce
-from pipesgd_ref.comm.schedule import SEGMENT_BYTES, RingReduce
+from pipesgd_ref.comm.ring import RingReduce, allreduce
+from pipesgd_ref.comm.schedule import SEGMENT_BYTES
 from pipesgd_ref.comm.transport import Op
 
 _local = threading.local()  # per thread: pinned slots and device scratch, reused across calls
@@ -138,7 +138,7 @@ def _check_device_array(array) -> None:
 
 
 class DeviceRingReduce(RingReduce):
-    """The ring's loop (comm/schedule.py) on a device array: every frame is staged through a
+    """The ring's loop (comm/ring.py) on a device array: every frame is staged through a
     ring of pinned slots, and the additions run on the device (`ops.add_into`)."""
 
     where = "device"

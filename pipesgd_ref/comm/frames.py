@@ -1,6 +1,6 @@
 """The frames of the ring's collectives: one header per (step, segment), checked on arrival, and
-a failure told to both neighbours. Used by every ring (comm/schedule.py's loop, broadcast in
-comm/ring.py, the compressed and device rings).
+a failure told to both neighbours. Used by every ring (comm/ring.py's loop and broadcast, the
+compressed and device rings).
 
 Agreement: every frame carries (sequence number, op, dtype, total length, step, segment); the
 receiver checks them against its own call before reading the payload, so two ranks in different

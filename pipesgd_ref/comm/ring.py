@@ -1,14 +1,23 @@
-"""Ring AllReduce, all-gather, broadcast and barrier over a Communicator's ring links.
+"""Ring AllReduce: the loop one rank runs over its two ring links, and the collectives on it.
 
-The schedule (comm/schedule.py): the flat array cut into p chunks; p-1 reduce-scatter steps,
-after which each rank holds the complete sum of one chunk, then p-1 all-gather steps that copy
-each complete chunk round the ring.
+p ranks in a ring, each holding a flat array of M bytes. The array is cut into p chunks (the
+index math: comm/schedule.py); each rank sends to its right neighbour and receives from its
+left one:
 
-Cost per rank: 2(p-1) steps, each sending and receiving one chunk of M/p bytes: 2(p-1)/p * M
-bytes each way, independent of p (bandwidth-optimal), plus (p-1)/p * M bytes of additions.
-In the alpha-beta model (shared/PAPER.md section 3):
+    reduce-scatter, p-1 steps: at step s rank r sends chunk (r - s) mod p and receives chunk
+        (r - s - 1) mod p, adding it into its own copy; after p-1 steps rank r holds the
+        complete sum of chunk (r + 1) mod p
+    all-gather, p-1 steps: each complete chunk is copied once round the ring, overwriting
 
-    T_ring = 2(p-1) * alpha + 2(p-1)/p * M / B + (p-1)/p * M * gamma
+`RingReduce` below is that loop, for one rank, over its links.
+
+Cost per rank, in the alpha-beta model (alpha the latency of a message, B the bandwidth of a
+link, gamma the time of one addition per byte):
+
+    steps             2(p-1)
+    bytes sent        2(p-1)/p * M each way: independent of p (bandwidth-optimal)
+    additions         (p-1)/p * M bytes
+    time              T_ring = 2(p-1) * (alpha + M/(pB)) + (p-1)/p * M * gamma
 
 Determinism: chunk c is summed in one fixed order, x_c + x_{c+1} + ... + x_{c-1} (by rank,
 starting at c and going round the ring), by one rank, and the all-gather copies its bytes to
@@ -22,17 +31,183 @@ receive buffer (at most a chunk, O(M/p)), kept by the communicator for the next 
 Agreement: every frame carries (sequence number, op, dtype, total length, step, segment); the
 receiver checks them against its own call before reading the payload, so two ranks in different
 collectives get an error naming both, never a hang or wrong numbers (comm/frames.py).
+
+Variants beside this file: the compressed ring (compressed_ring.py: codes on the wire), the
+device ring (device_ring.py: a GPU array, staged through pinned host buffers), and the
+shared-memory hop (shm_hop.py: a reduce-scatter hop added straight into the right neighbour's
+slot).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from pipesgd_ref.comm.compressed import CompressedRingReduce
+from pipesgd_ref.comm.compressed_ring import CompressedHops
 from pipesgd_ref.comm.frames import aborting_on_error, frame_at, recv_checked
 from pipesgd_ref.comm.rendezvous import Communicator
-from pipesgd_ref.comm.schedule import SEGMENT_BYTES, RingReduce, segments
+from pipesgd_ref.comm.schedule import (
+    SEGMENT_BYTES,
+    all_gather_chunks,
+    chunk_bounds,
+    reduce_scatter_chunks,
+    segments,
+)
+from pipesgd_ref.comm.shm_hop import hop_in_slots
 from pipesgd_ref.comm.transport import CODE_OF_DTYPE, DTYPE_CODES, Frame, Kind, Op, as_bytes
+from pipesgd_ref.logs import trace, trace_enabled
+
+# --- one rank's loop over its links ---------------------------------------------------------
+
+
+class RingReduce:
+    """One rank's part of a ring reduce (sum, mean or barrier) of `flat`, over comm's links.
+
+    `run()` walks the schedule above: it sends its own first chunk, then at every reduce-scatter
+    step receives each segment of the chunk due, folds it into its own copy and forwards it at
+    once; at every all-gather step receives each complete segment, puts it into place and
+    forwards it unless the right neighbour already has it. Every frame carries its (step,
+    segment) and is checked on arrival (frames.recv_checked); sending runs on the link's
+    sending thread, receiving on this one. One object per call: `run()` once.
+
+    A variant says what a segment is between the wire and `flat`, by overriding:
+
+        prepare(largest, per)        allocate its buffers (largest chunk, elements a segment)
+        outgoing(s, e)               step 0: the buffer that carries our own [s, e)
+        inbox(s, e, gathering)       where the frame of segment [s, e) is received
+        reduce(got, s, e, last)      fold the partial sum `got` into [s, e) (and, `last`, the
+                                     owner's final touch: the mean); return what to forward
+        place(got, s, e)             all-gather: put the complete `got` into [s, e); return
+                                     what to forward
+        wire_dtype                   the dtype of the frames' payload
+
+    The defaults are the host ring's: frames of flat's own dtype, received into a reused
+    scratch segment (reduce-scatter) or straight into place (all-gather), np.add in a fixed
+    order (the running sum arrives, our term joins), the mean divided once by the owner.
+    """
+
+    where = ""  # where the reduction runs, when not the host: named in errors and traces
+
+    def __init__(self, comm, flat, op: Op, segment_bytes: int, name: str | None = None):
+        self.comm, self.flat, self.op = comm, flat, op
+        self.dtype = np.dtype(flat.dtype)
+        self.per = max(1, segment_bytes // self.dtype.itemsize)  # elements per segment
+        if name is None:
+            name = "barrier" if op == Op.BARRIER else "allreduce"
+        self.name = name
+        self.queued = 0  # frames handed to the sending thread so far in this call
+
+    # --- the per-variant parts (defaults: the host ring) ---
+
+    @property
+    def wire_dtype(self) -> np.dtype:
+        return self.dtype
+
+    def prepare(self, largest: int, per: int) -> None:
+        # One segment: each is received here, added into place and forwarded from there, so
+        # the next one can reuse it (and it stays in cache). At most O(M/p).
+        self.scratch = self.comm.scratch(min(per, largest), self.dtype)
+
+    def outgoing(self, s: int, e: int):
+        return self.flat[s:e]
+
+    def inbox(self, s: int, e: int, gathering: bool):
+        return self.flat[s:e] if gathering else self.scratch[: e - s]
+
+    def reduce(self, got, s: int, e: int, last: bool):
+        dst = self.flat[s:e]
+        np.add(got, dst, out=dst)  # fixed order: the running sum arrives, our term joins
+        if last and self.op == Op.ALLREDUCE_MEAN:
+            dst /= dst.dtype.type(self.comm.world_size)  # the owner scales once
+        return dst
+
+    def place(self, got, s: int, e: int):
+        return got  # received straight into place
+
+    def chunk_bytes(self, n: int) -> int:
+        """Bytes of a chunk of n elements on the wire (for the trace)."""
+        return n * self.dtype.itemsize
+
+    # --- the schedule, the same for every variant ---
+
+    def phase(self, step: int) -> str:
+        """The phase of frame step `step` ("reduce-scatter" or "all-gather")."""
+        return "reduce-scatter" if step < self.comm.world_size - 1 else "all-gather"
+
+    def doing(self, step: int) -> str:
+        """What this rank is doing at `step`, for errors and traces."""
+        where = f", {self.where}" if self.where else ""
+        return f"{self.name} #{self.seq} step {step} ({self.phase(step)}{where})"
+
+    def send(self, step: int, chunk: int, part: int, payload) -> None:
+        """Queue `payload` (segment `part` of `chunk`) as frame (step, part) to the right."""
+        where = f" ({self.where})" if self.where else ""
+        self.sender.put(frame_at(self.header, step, part), as_bytes(payload),
+                        f"{self.name} #{self.seq} {self.phase(step)}{where}")  # fmt: skip
+        self.queued += 1
+        self.trace(step, chunk, part)
+
+    def trace(self, step: int, chunk: int, part: int) -> None:
+        if self.tracing and part == 0:  # one line per chunk and step (PIPESGD_TRACE=1)
+            a, b = self.bounds[chunk]
+            trace("%s | rank %d -> %d | chunk %d | %d bytes", self.doing(step), self.comm.rank,
+                  self.comm.right.peer, chunk, self.chunk_bytes(b - a))  # fmt: skip
+
+    def in_slots(self) -> bool:
+        """Whether reduce-scatter hops go through shared-memory slots (comm/shm_hop.py) both
+        ways, with the host ring's own reduction (a variant's hooks take the usual path)."""
+        comm, cls = self.comm, type(self)
+        return (comm.left.transport == "shm" and comm.right.transport == "shm"
+                and cls.reduce is RingReduce.reduce and cls.inbox is RingReduce.inbox)  # fmt: skip
+
+    def run(self) -> None:
+        comm = self.comm
+        p, rank = comm.world_size, comm.rank
+        self.seq = seq = comm.next_seq()  # every rank numbers every collective, even alone
+        if p == 1:
+            return  # the sum of one array is itself; the mean divides by 1
+        per = self.per
+        self.bounds = bounds = chunk_bounds(self.flat.size, p)
+        self.prepare(max(b - a for a, b in bounds), per)
+        self.header = header = Frame(kind=Kind.DATA, op=self.op, seq=seq, src=rank,
+                                     dtype=CODE_OF_DTYPE[np.dtype(self.wire_dtype)],
+                                     total_len=self.flat.size)  # fmt: skip
+        self.sender = sender = comm.right.start_sender()
+        self.tracing = trace_enabled()
+        # Reduce-scatter. Step 0's chunk is ready now; every later chunk is sent segment by
+        # segment as soon as it has been reduced.
+        first = reduce_scatter_chunks(rank, 0, p)[0]
+        for part, (s, e) in enumerate(segments(*bounds[first], per)):
+            self.send(0, first, part, self.outgoing(s, e))
+        slots = self.in_slots()
+        for step in range(p - 1):
+            _, chunk = reduce_scatter_chunks(rank, step, p)
+            doing = self.doing(step)
+            last = step == p - 2  # after this step, `chunk` is complete on this rank
+            for part, (s, e) in enumerate(segments(*bounds[chunk], per)):
+                if slots:
+                    hop_in_slots(self, step, chunk, part, s, e, last)
+                    continue
+                got = self.inbox(s, e, gathering=False)
+                recv_checked(comm, header, step, part, got, doing, sender)
+                self.send(step + 1, chunk, part, self.reduce(got, s, e, last))  # at once
+        # All-gather: each complete chunk goes into place and on, unless the right neighbour
+        # already has it.
+        for step in range(p - 1, 2 * p - 2):
+            _, chunk = all_gather_chunks(rank, step - (p - 1), p)
+            doing = self.doing(step)
+            for part, (s, e) in enumerate(segments(*bounds[chunk], per)):
+                got = self.inbox(s, e, gathering=True)
+                recv_checked(comm, header, step, part, got, doing, sender)
+                ahead = self.place(got, s, e)
+                if step < 2 * p - 3:
+                    self.send(step + 1, chunk, part, ahead)
+        sender.flush(comm.timeout)
+
+
+class CompressedRingReduce(CompressedHops, RingReduce):
+    """The ring's loop with a codec on every hop: comm/compressed_ring.py says what a segment
+    is on the wire (codes) and how a hop reduces it."""
+
 
 # --- the collectives -------------------------------------------------------------------------
 
@@ -50,7 +225,7 @@ def allreduce(
 
     `array` must be a contiguous 1-D float32 or float64 array of the same length and dtype on
     every rank (checked). Any length works, 0 and fewer than p included. With a `codec`
-    (pipesgd_ref.codecs) other than "none", every hop is compressed: see comm/compressed.py.
+    (pipesgd_ref.codecs) other than "none", every hop is compressed: see comm/compressed_ring.py.
     """
     if op not in ("sum", "mean"):
         raise ValueError(f"allreduce op must be 'sum' or 'mean', got {op!r}")

@@ -1,4 +1,4 @@
-"""Ring AllReduce with a codec on every hop (shared/PAPER.md section 3: compression inside the
+"""The compressed ring: ring AllReduce with a codec on every hop (compression inside the
 AllReduce).
 
 Codes cannot be added: a truncated or quantized number plus another is not the code of their
@@ -22,22 +22,23 @@ and the mean divides the same error by p.
 Memory: the codes of every segment this rank sends are kept until the sending thread has sent
 them, about 2(p-1)/p * M / r bytes per collective.
 
-The loop is the host ring's (comm/schedule.py's `RingReduce`); `CompressedRingReduce` says what
-a segment is on the wire (codes) and how a hop reduces it. Its one-process oracle, bitwise:
-comm/schedule.py's `simulate_compressed_allreduce`.
+The loop is the host ring's (comm/ring.py's `RingReduce`); `CompressedHops` says what a segment
+is on the wire (codes) and how a hop reduces it, and comm/ring.py joins the two as
+`CompressedRingReduce`. Its one-process oracle, bitwise: comm/schedule.py's
+`simulate_compressed_allreduce`.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from pipesgd_ref.comm.schedule import RingReduce
 from pipesgd_ref.comm.transport import Op
 
 
-class CompressedRingReduce(RingReduce):
-    """The ring's loop (comm/schedule.py) with codes on the wire: decode-add-encode on every
-    reduce-scatter hop, decode-and-forward-the-same-bytes in the all-gather."""
+class CompressedHops:
+    """What a segment is in the compressed ring, as RingReduce's hooks (comm/ring.py): codes on
+    the wire, decode-add-encode on every reduce-scatter hop, decode-and-forward-the-same-bytes
+    in the all-gather. Mixed in before RingReduce (ring.py's `CompressedRingReduce`)."""
 
     wire_dtype = np.dtype(np.uint8)  # the frames carry codes
 

@@ -1,0 +1,50 @@
+"""The ring's reduce-scatter hop over shared memory: add where the bytes lie.
+
+On a socket a hop costs three passes over a segment: the kernel copies it into a scratch
+buffer, the rank adds its own chunk into place, and the sum is copied out to the right
+neighbour. Between two ranks of one host whose links are both shared memory (comm/shm.py),
+the left neighbour's partial sum already lies in a slot this rank maps, and the right
+neighbour's next slot is memory this rank may write: so the hop is one pass,
+
+    right neighbour's slot  <-  left neighbour's slot + this rank's own chunk
+
+with the same operands in the same order as the host ring's `reduce` (the running sum arrives,
+our term joins): the same bits. This rank's own copy of the chunk keeps its gradient (the
+all-gather overwrites it). The owner of a chunk (its last reduce-scatter step) adds into place
+instead, scales the mean there, and sends as usual; so does any hop whose segment has no free
+slot now, or does not fit one.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pipesgd_ref.comm.frames import checked_header, frame_at, waiting_check
+from pipesgd_ref.comm.transport import Op, as_bytes
+
+
+def hop_in_slots(ring, step: int, chunk: int, part: int, s: int, e: int, last: bool) -> None:
+    """One reduce-scatter hop of `ring` (a RingReduce, comm/ring.py) for segment `part`
+    ([s, e) of `chunk`) at `step`, through the shared-memory slots (module docstring)."""
+    comm, doing = ring.comm, ring.doing(step)
+    frame = checked_header(comm, ring.header, step, part, doing, ring.sender)
+    mine = ring.flat[s:e]
+    if not comm.left.slotted(frame):  # empty, or a segment larger than a slot
+        got = ring.inbox(s, e, gathering=False)
+        stop = waiting_check(comm, ring.sender, doing)
+        comm.left.recv_payload_into(frame, as_bytes(got), doing, stop)
+        ring.send(step + 1, chunk, part, ring.reduce(got, s, e, last))
+        return
+    got = comm.left.payload_view(frame, mine.nbytes, doing).view(ring.dtype)
+    slot = None if last else comm.right.claim(mine.nbytes)
+    if slot is not None:
+        np.add(got, mine, out=slot.view(ring.dtype))  # as reduce: the running sum, ours
+        comm.left.release()
+        comm.right.send_claimed(frame_at(ring.header, step + 1, part), doing)
+        ring.trace(step + 1, chunk, part)
+        return
+    np.add(got, mine, out=mine)
+    comm.left.release()
+    if last and ring.op == Op.ALLREDUCE_MEAN:
+        mine /= mine.dtype.type(comm.world_size)  # the owner scales once
+    ring.send(step + 1, chunk, part, mine)
