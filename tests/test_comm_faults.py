@@ -33,17 +33,13 @@ from jobs import (
     write_pid,
 )
 
-from pipesgd_ref.comm.rendezvous import (
-    CAUSE_WAIT_SECONDS,
-    Communicator,
-    JobSpec,
-    RendezvousError,
-    init_process_group,
-)
+from pipesgd_ref.comm.communicator import CAUSE_WAIT_SECONDS, Communicator
+from pipesgd_ref.comm.rendezvous import JobSpec, RendezvousError, init_process_group
 from pipesgd_ref.comm.ring import allreduce, barrier, broadcast
 from pipesgd_ref.comm.transport import Frame, Kind, Link
 from pipesgd_ref.errors import CommError, LaunchError, PeerAborted
-from pipesgd_ref.runtime.launch import JobEnv, _default_token, detect_env, free_port, launch_local
+from pipesgd_ref.runtime.jobenv import JobEnv, _default_token, detect_env
+from pipesgd_ref.runtime.launch import free_port, launch_local
 
 
 def record(case: str, seconds: float) -> None:
@@ -677,7 +673,7 @@ def test_detect_env_job_token():
     ],
 )
 def test_local_ranks_and_local_rank_read_each_launcher(env, ranks, mine):
-    from pipesgd_ref.runtime.launch import local_rank, local_ranks
+    from pipesgd_ref.runtime.jobenv import local_rank, local_ranks
 
     assert local_ranks(env) == ranks
     assert local_rank(5, env) == mine

@@ -110,7 +110,8 @@ def test_spawned_workers():
 
 
 def test_bad_arrays_are_refused():
-    from pipesgd_ref.comm.rendezvous import Communicator, JobSpec
+    from pipesgd_ref.comm.communicator import Communicator
+    from pipesgd_ref.comm.rendezvous import JobSpec
 
     comm = Communicator(JobSpec(0, 1), None, None)
     with pytest.raises(ValueError, match="float32, float64"):

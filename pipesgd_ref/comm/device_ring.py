@@ -54,8 +54,8 @@ import threading
 
 import numpy as np
 
+from pipesgd_ref.comm.communicator import Communicator
 from pipesgd_ref.comm.frames import aborting_on_error
-from pipesgd_ref.comm.rendezvous import Communicator
 from pipesgd_ref.comm.ring import RingReduce, allreduce
 from pipesgd_ref.comm.schedule import SEGMENT_BYTES
 from pipesgd_ref.comm.transport import Op

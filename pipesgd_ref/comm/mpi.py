@@ -7,7 +7,7 @@ of one host) is reached through the MPI library, and jobs are started by `mpirun
 Which schedule, and why. MPI_Allreduce does not promise the same bits on every rank, nor the
 same order of additions from one call, library or process count to the next (the standard only
 "advises" it), and our replicas must stay bitwise identical and equal to the oracles. So the
-project's own ring runs over MPI point-to-point: the same loop (comm/schedule.py's RingReduce,
+project's own ring runs over MPI point-to-point: the same loop (comm/ring.py's RingReduce,
 and its compressed and device variants), the same frames and header checks (comm/frames.py),
 the same parameter-server protocol (comm/ps.py). Only how the bytes move changes: an `MPILink`
 is a transport.Link whose frames travel as MPI messages instead of socket bytes. The results are
@@ -60,8 +60,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from pipesgd_ref.comm.communicator import Communicator
 from pipesgd_ref.comm.netem import LinkEmulator, LinkModel
-from pipesgd_ref.comm.rendezvous import Communicator, JobSpec
+from pipesgd_ref.comm.rendezvous import JobSpec
 from pipesgd_ref.comm.transport import HEADER_BYTES, POLL_SECONDS, DeviceBytes, Frame, Kind, Link
 from pipesgd_ref.errors import CommError, ConfigError, PeerTimeout, ProtocolError
 
@@ -377,7 +378,7 @@ class _MPISender:
 
 
 class MPICommunicator(Communicator):
-    """A rank's place in an MPI job, with the surface of rendezvous.Communicator: ring links to
+    """A rank's place in an MPI job, with the surface of communicator.Communicator: ring links to
     rank ± 1 and, with `star`, the parameter server's links to rank 0, all MPILinks on one
     private duplicate of `mpi_comm` (our messages never meet anyone else's). Every collective
     of comm/ring.py and every PS message of comm/ps.py runs over it unchanged."""
@@ -410,10 +411,10 @@ def join_mpi(timeout: float = 30.0, star: bool = False, mpi_comm=None) -> MPICom
 
 
 def mpi_job(mpi_comm=None):
-    """This process's job as launch.JobEnv (rank and size of MPI_COMM_WORLD, or of `mpi_comm`;
+    """This process's job as jobenv.JobEnv (rank and size of MPI_COMM_WORLD, or of `mpi_comm`;
     source "MPI"); the store's address and the token stay empty: MPI formed the job.
     Initialises MPI."""
-    from pipesgd_ref.runtime.launch import JobEnv
+    from pipesgd_ref.runtime.jobenv import JobEnv
 
     MPI = init_mpi()
     comm = MPI.COMM_WORLD if mpi_comm is None else mpi_comm

@@ -40,19 +40,14 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from pipesgd_ref.comm import shm
+from pipesgd_ref.comm.communicator import Communicator
 from pipesgd_ref.comm.netem import LinkModel
-from pipesgd_ref.comm.transport import POLL_SECONDS, Kind, Link
-from pipesgd_ref.errors import CommError, PeerAborted, PeerClosed, RendezvousError
+from pipesgd_ref.comm.transport import Kind, Link
+from pipesgd_ref.errors import CommError, RendezvousError
 
 log = logging.getLogger("pipesgd.rendezvous")
 HELLO_TIMEOUT = 5.0  # a connection that has not said hello by then is dropped
-# A left neighbour that closed in the middle of a frame may have died, or may have failed
-# because of another rank without being able to say so (its frame to us was stuck half sent):
-# news naming that rank is waited for this long (at most half the timeout) on the other link.
-CAUSE_WAIT_SECONDS = 1.0
 TRANSPORTS = ("auto", "tcp", "unix", "shm")
 # What `auto` picks between two ranks on one host: the fastest path measured here
 # (`pipesgd bench allreduce --transport tcp,unix,shm`; benchmarks/RESULTS.md).
@@ -88,133 +83,6 @@ class JobSpec:
         if self.transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}, got "
                              f"{self.transport!r}")  # fmt: skip
-
-
-class Communicator:
-    """A rank's place in the job: its ring neighbours and the collective sequence number."""
-
-    def __init__(self, spec: JobSpec, left: Link | None, right: Link | None, bind_host: str = ""):
-        self.spec = spec
-        self.rank = spec.rank
-        self.world_size = spec.world_size
-        self.timeout = spec.timeout
-        self.left = left  # we receive from rank - 1
-        self.right = right  # we send to rank + 1
-        self.seq = 0  # collectives issued so far; every rank must issue the same sequence
-        self.bind_host = bind_host
-        self.server: Link | None = None  # star links (parameter server): worker -> rank 0
-        self.clients: dict[int, Link] = {}  # on rank 0: one link per worker rank
-        self._scratch: np.ndarray | None = None  # see scratch()
-
-    def next_seq(self) -> int:
-        self.seq += 1
-        return self.seq
-
-    @property
-    def transports(self) -> dict[str, str]:
-        """The transport of each link: {"left": "shm", "right": "shm", "server": ...}."""
-        links = {"left": self.left, "right": self.right, "server": self.server}
-        links.update({f"client {r}": link for r, link in self.clients.items()})
-        return {name: link.transport for name, link in links.items() if link is not None}
-
-    def scratch(self, n: int, dtype) -> np.ndarray:
-        """A receive buffer of n elements, kept for the next collective: a fresh one would be
-        mapped, page-faulted and zeroed by the kernel on every call (milliseconds per 4 MB).
-        Grows to the largest n asked for; one collective at a time uses it."""
-        dtype = np.dtype(dtype)
-        nbytes = n * dtype.itemsize
-        if self._scratch is None or self._scratch.nbytes < nbytes:
-            self._scratch = np.empty(nbytes, np.uint8)
-        return self._scratch[:nbytes].view(dtype)
-
-    @property
-    def bytes_sent(self) -> int:
-        return self.right.bytes_sent if self.right else 0
-
-    @property
-    def bytes_received(self) -> int:
-        return self.left.bytes_received if self.left else 0
-
-    def abort(self, error: BaseException) -> bool:
-        """Tell both neighbours that this collective failed, and why (an ABORT naming the rank
-        at fault), before anything is closed, so the news goes round the ring both ways and
-        every rank's error names the rank at fault: a neighbour that sees this rank close
-        finds the news before the close (Link.take_news), never only the close. Best effort:
-        the job is failing anyway. True when the news was sent on some link."""
-        told = False
-        broken = getattr(error, "link", None)  # the link the error happened on
-        # Left first: this rank never sends data on it, so the news goes out at once; the right
-        # link may first have to finish the frame on the wire.
-        for link in (self.left, self.right):
-            if link is None or link is broken:
-                continue  # that link itself is broken: nothing can be sent on it
-            sender = link._sender
-            if sender is not None and not sender.cancel(wait=1.0):
-                continue  # a frame is stuck half-sent: another header would garble the stream
-            told = link.send_abort(error, default_origin=self.rank) or told
-        return told
-
-    def check_news(self, doing: str) -> None:
-        """Raise PeerAborted if the right neighbour has sent news of a failure back along the
-        ring (it arrives on the right link, which otherwise carries nothing towards this
-        rank). Called while this rank waits on its left neighbour, so news travels both ways
-        round the ring, not only with the data."""
-        right = self.right
-        if right is None:
-            return
-        try:
-            news = right.take_news(0.0)
-        except PeerClosed:
-            return  # gone without news: it finished, or its own send will tell (Link.send)
-        if news is not None:
-            origin, reason = news
-            raise PeerAborted(
-                f"rank {self.rank}: rank {origin} failed, so {doing} cannot finish "
-                f"(news from rank {right.peer}): {reason}",
-                origin=origin,
-            )
-
-    def explain(self, error: CommError) -> CommError:
-        """The error to report for `error`: itself, unless the left neighbour closed the
-        connection in the middle of a frame, and news naming another rank arrives on the
-        right link within CAUSE_WAIT_SECONDS. A neighbour that passes a failure on sends its
-        ABORT between frames, before it closes; one that closes mid-frame died, unless its
-        frame to us was stuck (then it told its left neighbour, and the news comes round)."""
-        link = error.link if isinstance(error, PeerClosed) else None
-        right = self.right
-        if link is None or link is not self.left or not link.mid_frame or right is None:
-            return error
-        deadline = time.monotonic() + min(CAUSE_WAIT_SECONDS, self.timeout / 2)
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                news = right.take_news(min(left, POLL_SECONDS))
-            except PeerClosed:
-                return error  # the right neighbour is gone too: no news can come
-            if news is not None:
-                origin, reason = news
-                return PeerAborted(
-                    f"rank {self.rank}: rank {origin} failed, so {error.doing} cannot finish "
-                    f"(news from rank {right.peer}, after rank {link.peer} closed the "
-                    f"connection mid-frame): {reason}",
-                    origin=origin,
-                )
-        return error
-
-    def close(self) -> None:
-        for link in (self.left, self.right, self.server, *self.clients.values()):
-            if link is not None:
-                link.close()
-        self.left = self.right = self.server = None
-        self.clients = {}
-
-    def __enter__(self) -> Communicator:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        return f"Communicator(rank {self.rank} of {self.world_size})"
 
 
 # --- sockets ---------------------------------------------------------------------------------

@@ -42,9 +42,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from pipesgd_ref.comm.communicator import Communicator
 from pipesgd_ref.comm.compressed_ring import CompressedHops
 from pipesgd_ref.comm.frames import aborting_on_error, frame_at, recv_checked
-from pipesgd_ref.comm.rendezvous import Communicator
 from pipesgd_ref.comm.schedule import (
     SEGMENT_BYTES,
     all_gather_chunks,

@@ -1,0 +1,165 @@
+"""The Communicator: what a method holds for its rank in the job.
+
+Every method's loop (methods/) gets one, from init_process_group (comm/rendezvous.py) or
+join_mpi (comm/mpi.py), and hands it to the collectives (comm/ring.py) or the parameter
+server's ends (comm/ps.py). It holds:
+
+    rank, world_size, timeout       who this rank is, and how long any one wait may take
+    left, right                     the ring's links: receive from rank - 1, send to rank + 1
+    server, clients                 the star's links (parameter server): worker -> rank 0
+    seq                             collectives issued so far: every rank issues the same
+                                    sequence, and every frame carries its number
+    scratch                         one receive buffer, reused by every collective
+
+and what the ring does when a collective fails: `abort` tells both neighbours why (an ABORT
+naming the rank at fault) before anything is closed, `check_news` raises the news a neighbour
+sent back, and `explain` tells a neighbour's death apart from a neighbour that only passed
+another rank's failure on. Together they give every rank of a failing ring the same cause.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from pipesgd_ref.comm.transport import POLL_SECONDS, Link
+from pipesgd_ref.errors import CommError, PeerAborted, PeerClosed
+
+# A left neighbour that closed in the middle of a frame may have died, or may have failed
+# because of another rank without being able to say so (its frame to us was stuck half sent):
+# news naming that rank is waited for this long (at most half the timeout) on the other link.
+CAUSE_WAIT_SECONDS = 1.0
+
+
+class Communicator:
+    """A rank's place in the job: its ring neighbours and the collective sequence number.
+
+    `spec`: the JobSpec this rank joined with (comm/rendezvous.py; MPI's jobs make one too):
+    its rank, world size and timeout. `left`, `right`: the ring links (None when alone);
+    `bind_host`: the interface its listeners used. The star links of a parameter server,
+    when asked for, are set by init_process_group: `server` on a worker, `clients` on rank 0.
+    """
+
+    def __init__(self, spec, left: Link | None, right: Link | None, bind_host: str = ""):
+        self.spec = spec
+        self.rank = spec.rank
+        self.world_size = spec.world_size
+        self.timeout = spec.timeout
+        self.left = left  # we receive from rank - 1
+        self.right = right  # we send to rank + 1
+        self.seq = 0  # collectives issued so far; every rank must issue the same sequence
+        self.bind_host = bind_host
+        self.server: Link | None = None  # star links (parameter server): worker -> rank 0
+        self.clients: dict[int, Link] = {}  # on rank 0: one link per worker rank
+        self._scratch: np.ndarray | None = None  # see scratch()
+
+    def next_seq(self) -> int:
+        self.seq += 1
+        return self.seq
+
+    @property
+    def transports(self) -> dict[str, str]:
+        """The transport of each link: {"left": "shm", "right": "shm", "server": ...}."""
+        links = {"left": self.left, "right": self.right, "server": self.server}
+        links.update({f"client {r}": link for r, link in self.clients.items()})
+        return {name: link.transport for name, link in links.items() if link is not None}
+
+    def scratch(self, n: int, dtype) -> np.ndarray:
+        """A receive buffer of n elements, kept for the next collective: a fresh one would be
+        mapped, page-faulted and zeroed by the kernel on every call (milliseconds per 4 MB).
+        Grows to the largest n asked for; one collective at a time uses it."""
+        dtype = np.dtype(dtype)
+        nbytes = n * dtype.itemsize
+        if self._scratch is None or self._scratch.nbytes < nbytes:
+            self._scratch = np.empty(nbytes, np.uint8)
+        return self._scratch[:nbytes].view(dtype)
+
+    @property
+    def bytes_sent(self) -> int:
+        return self.right.bytes_sent if self.right else 0
+
+    @property
+    def bytes_received(self) -> int:
+        return self.left.bytes_received if self.left else 0
+
+    def abort(self, error: BaseException) -> bool:
+        """Tell both neighbours that this collective failed, and why (an ABORT naming the rank
+        at fault), before anything is closed, so the news goes round the ring both ways and
+        every rank's error names the rank at fault: a neighbour that sees this rank close
+        finds the news before the close (Link.take_news), never only the close. Best effort:
+        the job is failing anyway. True when the news was sent on some link."""
+        told = False
+        broken = getattr(error, "link", None)  # the link the error happened on
+        # Left first: this rank never sends data on it, so the news goes out at once; the right
+        # link may first have to finish the frame on the wire.
+        for link in (self.left, self.right):
+            if link is None or link is broken:
+                continue  # that link itself is broken: nothing can be sent on it
+            sender = link._sender
+            if sender is not None and not sender.cancel(wait=1.0):
+                continue  # a frame is stuck half-sent: another header would garble the stream
+            told = link.send_abort(error, default_origin=self.rank) or told
+        return told
+
+    def check_news(self, doing: str) -> None:
+        """Raise PeerAborted if the right neighbour has sent news of a failure back along the
+        ring (it arrives on the right link, which otherwise carries nothing towards this
+        rank). Called while this rank waits on its left neighbour, so news travels both ways
+        round the ring, not only with the data."""
+        right = self.right
+        if right is None:
+            return
+        try:
+            news = right.take_news(0.0)
+        except PeerClosed:
+            return  # gone without news: it finished, or its own send will tell (Link.send)
+        if news is not None:
+            origin, reason = news
+            raise PeerAborted(
+                f"rank {self.rank}: rank {origin} failed, so {doing} cannot finish "
+                f"(news from rank {right.peer}): {reason}",
+                origin=origin,
+            )
+
+    def explain(self, error: CommError) -> CommError:
+        """The error to report for `error`: itself, unless the left neighbour closed the
+        connection in the middle of a frame, and news naming another rank arrives on the
+        right link within CAUSE_WAIT_SECONDS. A neighbour that passes a failure on sends its
+        ABORT between frames, before it closes; one that closes mid-frame died, unless its
+        frame to us was stuck (then it told its left neighbour, and the news comes round)."""
+        link = error.link if isinstance(error, PeerClosed) else None
+        right = self.right
+        if link is None or link is not self.left or not link.mid_frame or right is None:
+            return error
+        deadline = time.monotonic() + min(CAUSE_WAIT_SECONDS, self.timeout / 2)
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                news = right.take_news(min(left, POLL_SECONDS))
+            except PeerClosed:
+                return error  # the right neighbour is gone too: no news can come
+            if news is not None:
+                origin, reason = news
+                return PeerAborted(
+                    f"rank {self.rank}: rank {origin} failed, so {error.doing} cannot finish "
+                    f"(news from rank {right.peer}, after rank {link.peer} closed the "
+                    f"connection mid-frame): {reason}",
+                    origin=origin,
+                )
+        return error
+
+    def close(self) -> None:
+        for link in (self.left, self.right, self.server, *self.clients.values()):
+            if link is not None:
+                link.close()
+        self.left = self.right = self.server = None
+        self.clients = {}
+
+    def __enter__(self) -> Communicator:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Communicator(rank {self.rank} of {self.world_size})"
