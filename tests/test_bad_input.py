@@ -40,7 +40,7 @@ import numpy as np
 import pytest
 from procs import processes
 
-from pipesgd_ref.runtime.launch import ENV_CONVENTIONS
+from pipesgd_ref.runtime.jobenv import ENV_CONVENTIONS
 
 TIMEOUT = 60  # seconds a case may take before it counts as a hang
 DIR, FIFO, LOCKED = "<dir>", "<fifo>", "<locked>"

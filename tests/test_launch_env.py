@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from pipesgd_ref.errors import LaunchError
-from pipesgd_ref.runtime.launch import detect_env, free_port, launch_local
+from pipesgd_ref.runtime.jobenv import detect_env
+from pipesgd_ref.runtime.launch import free_port, launch_local
 
 REPO = Path(__file__).resolve().parents[1]
 ADDR, PORT = {"MASTER_ADDR": "10.0.0.7"}, {"MASTER_PORT": "23456"}

@@ -24,7 +24,7 @@ from pipesgd_ref.logs import tag_log_lines
 from pipesgd_ref.methods.table import method
 from pipesgd_ref.outputs import write_json
 from pipesgd_ref.runtime.job import build_worker, n_ranks, train_job
-from pipesgd_ref.runtime.launch import ENV_CONVENTIONS, detect_env, join_from_env
+from pipesgd_ref.runtime.jobenv import ENV_CONVENTIONS, detect_env, join_from_env
 from pipesgd_ref.runtime.lifetime import LocalStop, worker_signals
 from pipesgd_ref.runtime.summary import gather_for_summary, summary_of_gathered
 from pipesgd_ref.trace import chrome_trace
@@ -38,7 +38,7 @@ def run_training_joined(
     mpi_comm=None,
 ):
     """Run cfg.algo as the one rank of a multi-host job that the environment describes
-    (launch.detect_env: torchrun's, Open MPI's, MPICH's or SLURM's variables); every rank of
+    (jobenv.detect_env: torchrun's, Open MPI's, MPICH's or SLURM's variables); every rank of
     the job runs this with the same config. Returns (summary, this rank's WorkerResult); the
     summary only on rank 0, None elsewhere.
 
@@ -146,7 +146,7 @@ def join(cfg: TrainConfig, link, bind: str | None, mpi_comm=None):
     star = method(cfg.algo).server
     if cfg.comm == "mpi":
         from pipesgd_ref.comm.mpi import join_mpi
-        from pipesgd_ref.runtime.launch import local_ranks, share_cores
+        from pipesgd_ref.runtime.jobenv import local_ranks, share_cores
 
         share_cores(local_ranks())  # as join_from_env does: each rank its share of the cores
         return join_mpi(timeout=cfg.timeout, star=star, mpi_comm=mpi_comm)

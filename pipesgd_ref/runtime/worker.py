@@ -43,7 +43,7 @@ from pipesgd_ref.models import CNN, MLP, model_for
 from pipesgd_ref.ops import OP_NAMES
 from pipesgd_ref.runtime import faults
 from pipesgd_ref.runtime.inputs import JobInputs
-from pipesgd_ref.runtime.launch import local_rank
+from pipesgd_ref.runtime.jobenv import local_rank
 
 log = logging.getLogger("pipesgd.worker")
 

@@ -28,7 +28,8 @@ from procs import stop_sessions
 
 from pipesgd_ref.commands.train import run_training
 from pipesgd_ref.config import TrainConfig, apply_overrides
-from pipesgd_ref.runtime.launch import detect_env, free_port
+from pipesgd_ref.runtime.jobenv import detect_env
+from pipesgd_ref.runtime.launch import free_port
 
 JOB_DEADLINE = 180.0  # seconds a whole job may take (10-20 s on a busy 2-core machine)
 TOKEN = "launcher-test-token"
