@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from pipesgd_ref import timing
-from pipesgd_ref.comm.netem import LinkModel
+from pipesgd_ref.comm.netem import LinkSpec
 from pipesgd_ref.comm.ps import PULL_ORDERS
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.methods.ps import ps_sync_worker
@@ -40,20 +40,20 @@ from pipesgd_ref.units import parse_bandwidth, parse_latency
 WARMUP_STEPS = 2  # the first iterations pay the processes' start (first frames, caches)
 
 
-def measure(cfg: TrainConfig, p: int, model: LinkModel) -> tuple[float, float, int]:
+def measure(cfg: TrainConfig, p: int, link: LinkSpec) -> tuple[float, float, int]:
     """(median iteration s, median compute span s, n_params) of one emulated ps-sync run."""
     results = launch_local(p + 1, ps_sync_worker, (cfg,), start_method="fork", star=True,
-                           model=model, timeout=10, job_timeout=120)  # fmt: skip
+                           model=link, timeout=10, job_timeout=120)  # fmt: skip
     server = results[0]
     iteration = float(np.median(np.diff(server.step_end[WARMUP_STEPS:])))
     spans = [e["dur"] for r in results for e in r.events if e["name"] == "compute"]
     return iteration, float(np.median(spans)) / 1e6, server.params.size
 
 
-def predicted(n_params: int, t_comp: float, p: int, model: LinkModel, pulls: str):
+def predicted(n_params: int, t_comp: float, p: int, link: LinkSpec, pulls: str):
     """timing.predict's ps-sync iteration on this link, with this run's t_c (a Prediction)."""
     cal = timing.Calibration(n_params=n_params, t_comp=t_comp, t_update=0.0,
-                             alpha=model.latency, bandwidth=model.bandwidth, gamma=0.0,
+                             alpha=link.latency, bandwidth=link.bandwidth, gamma=0.0,
                              cores=10**9)  # fmt: skip
     return timing.predict("ps-sync", p, cal, ps_pulls=pulls)
 
@@ -72,20 +72,20 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--steps must be at least {WARMUP_STEPS + 2}, --repeats and --workers >= 1")
     p = args.workers
     latency, bandwidth = parse_latency(args.latency), parse_bandwidth(args.bandwidth)
-    model = LinkModel(latency=latency, bandwidth=bandwidth)
+    link = LinkSpec(latency=latency, bandwidth=bandwidth)
     base = TrainConfig.preset("tiny").replace(steps=args.steps, model="mlp",
                                               hidden=(args.hidden,))  # fmt: skip
-    print(f"ps-sync, {p} workers, link {model}, {args.steps} steps, fastest of {args.repeats}")
+    print(f"ps-sync, {p} workers, link {link}, {args.steps} steps, fastest of {args.repeats}")
     print(f"{'pulls':>10} {'measured ms':>12} {'t_c ms':>8} {'predicted ms':>13} {'error':>7}")
     rows = []
     for pulls in PULL_ORDERS:
         cfg = base.replace(ps_pulls=pulls)
-        runs = [measure(cfg, p, model) for _ in range(args.repeats)]
+        runs = [measure(cfg, p, link) for _ in range(args.repeats)]
         iteration, t_comp, n_params = min(runs)
-        pred = predicted(n_params, t_comp, p, model, pulls)
+        pred = predicted(n_params, t_comp, p, link, pulls)
         error = pred.iter_time_s / iteration - 1
         rows.append({"pulls": pulls, "world_size": p, "n_params": n_params,
-                     "latency_s": model.latency, "bandwidth": model.bandwidth,
+                     "latency_s": link.latency, "bandwidth": link.bandwidth,
                      "measured_s": iteration, "measured_all_s": [r[0] for r in runs],
                      "t_comp_s": t_comp, "predicted_s": pred.iter_time_s,
                      "bound": pred.bound, "error": error})  # fmt: skip

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from pipesgd_ref.config import PRESETS, TrainConfig, apply_overrides, field_names, load_config_file
 from pipesgd_ref.errors import ConfigError
+from pipesgd_ref.runtime import preflight
 
 
 def test_every_field_has_a_comment():
@@ -22,11 +23,12 @@ def test_every_field_has_a_comment():
 
 def test_presets_build_valid_configs():
     """Each preset is the default config with the values it names, and nothing else changed;
-    it passes the checks (TrainConfig validates on construction) and survives the round trip
-    through the dict a summary stores."""
+    it passes the checks (each field on construction, the rest in the preflight) and survives
+    the round trip through the dict a summary stores."""
     default = TrainConfig().to_dict()
     for name, values in PRESETS.items():
         cfg = TrainConfig.preset(name)
+        preflight.check_config(cfg)
         named = {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
         assert cfg.to_dict() == default | named, f"preset {name!r}"
         assert TrainConfig().replace(**cfg.to_dict()) == cfg, f"preset {name!r} round trip"
@@ -144,8 +146,8 @@ def test_new_fields_default_and_override():
     ],
 )
 def test_new_fields_reject_bad_values_naming_the_field(override, message):
-    with pytest.raises(ConfigError, match=message):
-        apply_overrides(TrainConfig(), [override])
+    with pytest.raises(ConfigError, match=message):  # ps_pulls: the server's list (preflight)
+        preflight.check_config(apply_overrides(TrainConfig(), [override]))
 
 
 def test_new_fields_are_checked_in_files_too(tmp_path):
@@ -199,7 +201,7 @@ def test_timeout_must_be_positive_and_bounded(timeout, shown):
 
 def test_latency_beyond_any_sleep_is_refused():
     with pytest.raises(ConfigError, match="latency '1e12s' is 1e.12 s per message, more than"):
-        apply_overrides(TrainConfig(), ["--latency=1e12s"])
+        preflight.check_config(apply_overrides(TrainConfig(), ["--latency=1e12s"]))
 
 
 @pytest.mark.parametrize(
@@ -217,28 +219,28 @@ def test_latency_beyond_any_sleep_is_refused():
 )  # fmt: skip
 def test_a_link_slower_than_the_timeout_is_refused_before_the_first_step(overrides, message):
     """The tiny preset: 650 parameters, 2 ranks: a ring segment of 325 values, 1348 bytes."""
-    from pipesgd_ref.config import check_link_against_timeout
-
     cfg = apply_overrides(TrainConfig.preset("tiny"), overrides)  # a valid config on its own
+    preflight.check_config(cfg)
     with pytest.raises(ConfigError, match=message):
-        check_link_against_timeout(cfg, 650)
+        preflight.check_link_against_timeout(cfg, 650)
 
 
 def test_a_one_rank_ring_never_uses_its_link():
-    from pipesgd_ref.config import check_link_against_timeout
-
     slow = ["--world-size=1", "--latency=10s", "--timeout=3"]
-    check_link_against_timeout(apply_overrides(TrainConfig(), slow), 650)
+    preflight.check_link_against_timeout(apply_overrides(TrainConfig(), slow), 650)
     with pytest.raises(ConfigError, match="server's one link"):  # a server and one worker do
-        check_link_against_timeout(apply_overrides(TrainConfig(), [*slow, "--algo=ps-sync"]), 650)
+        server = apply_overrides(TrainConfig(), [*slow, "--algo=ps-sync"])
+        preflight.check_link_against_timeout(server, 650)
 
 
 @pytest.mark.parametrize("algo", ["sync", "ps-sync", "ps-async"])
 def test_width_does_nothing_without_the_pipe(algo):
     with pytest.raises(ConfigError, match=f"width 3 does nothing with --algo {algo}"):
-        apply_overrides(TrainConfig(), [f"--algo={algo}", "--width=3"])
+        preflight.check_config(apply_overrides(TrainConfig(), [f"--algo={algo}", "--width=3"]))
     for width in ("1", "2"):  # what compare sets, and the default
-        apply_overrides(TrainConfig(), [f"--algo={algo}", f"--width={width}"])
+        preflight.check_config(
+            apply_overrides(TrainConfig(), [f"--algo={algo}", f"--width={width}"])
+        )
 
 
 @pytest.mark.parametrize(
@@ -255,47 +257,46 @@ def test_width_does_nothing_without_the_pipe(algo):
     ],
 )  # fmt: skip
 def test_options_that_would_do_nothing_are_refused(overrides, message):
-    from pipesgd_ref.config import check_idle_options
-
     cfg = apply_overrides(TrainConfig(), overrides)  # each is a valid config on its own
+    preflight.check_config(cfg)
     with pytest.raises(ConfigError, match=message):
-        check_idle_options(cfg)
+        preflight.check_idle_options(cfg)
 
 
 def test_presets_and_compare_runs_have_no_idle_options_and_fit_the_link():
     """Every preset, and every run `pipesgd compare` (--quick too) derives from its preset,
     passes the checks of a training run."""
     from pipesgd_ref.commands.compare import quick_config, run_config
-    from pipesgd_ref.config import check_before_run, check_idle_options
     from pipesgd_ref.data import load_dataset
     from pipesgd_ref.timing import COMPARE_RUNS
 
     for name in PRESETS:
         cfg = TrainConfig.preset(name)
         data = load_dataset(cfg.dataset)
-        check_before_run(cfg, data)
+        preflight.check_config(cfg)
+        preflight.check_run(cfg, preflight.n_params_of(cfg, data))
         if name != "compare":  # its ps_pulls is for the ps-sync run of the comparison
-            check_idle_options(cfg)
+            preflight.check_idle_options(cfg)
     base = TrainConfig.preset("compare")
     for cfg in (base, quick_config(base)):
         for algo, codec in COMPARE_RUNS:
             run = run_config(cfg, algo, codec, None)
-            check_idle_options(run)
-            check_before_run(run, load_dataset(run.dataset))
+            preflight.check_config(run)
+            preflight.check_idle_options(run)
+            preflight.check_run(run, preflight.n_params_of(run, load_dataset(run.dataset)))
     # the options accepted by compare's base config stay valid for every derived run
     loud = base.replace(error_feedback=True, warmup_steps=2, codec_pull="q8")
     for algo, codec in COMPARE_RUNS:
-        run_config(loud, algo, codec, None)
+        preflight.check_config(run_config(loud, algo, codec, None))
 
 
 # --- the emulated link against --timeout: the run's slowest frame ---------------------------
 
 
 def _n_params(cfg):
-    from pipesgd_ref.config import n_params_of
     from pipesgd_ref.data import load_dataset
 
-    return n_params_of(cfg, load_dataset(cfg.dataset))
+    return preflight.n_params_of(cfg, load_dataset(cfg.dataset))
 
 
 @pytest.mark.parametrize(
@@ -315,17 +316,15 @@ def _n_params(cfg):
     ],
 )  # fmt: skip
 def test_check_link_against_timeout_names_frame_latency_bandwidth_timeout(overrides, message):
-    from pipesgd_ref.config import check_link_against_timeout
-
     cfg = apply_overrides(TrainConfig.preset("compare"), overrides)
     with pytest.raises(ConfigError, match=message):
-        check_link_against_timeout(cfg, _n_params(cfg))
+        preflight.check_link_against_timeout(cfg, _n_params(cfg))
 
 
 def test_slowest_frame_of_the_ring_is_one_segment_of_one_chunk():
     from pipesgd_ref.comm.schedule import SEGMENT_BYTES
     from pipesgd_ref.comm.transport import HEADER_BYTES
-    from pipesgd_ref.config import check_link_against_timeout, slowest_frame
+    from pipesgd_ref.runtime.preflight import check_link_against_timeout, slowest_frame
 
     cfg = TrainConfig.preset("compare").replace(bandwidth="1Gbit", latency="0")
     _, nbytes, seconds = slowest_frame(cfg, 10)  # ceil(10 / 4) = 3 values
@@ -338,7 +337,7 @@ def test_slowest_frame_of_the_ring_is_one_segment_of_one_chunk():
 
 def test_check_memory_refuses_a_model_beyond_this_machine(monkeypatch):
     from pipesgd_ref import data
-    from pipesgd_ref.config import check_memory
+    from pipesgd_ref.runtime.preflight import check_memory
 
     monkeypatch.setattr(data, "physical_memory", lambda: 8 * 10**9)
     cfg = TrainConfig.preset("laptop").replace(hidden=(100_000_000,))
@@ -383,7 +382,7 @@ def test_emulated_allreduce_seconds_is_2_p_minus_1_chunk_times():
     """What the pipe's compute thread must wait beyond --timeout for a whole AllReduce: with
     world size 4 and 2333 bit/s, each frame of 700 B takes 2.4 s (within --timeout 4), the
     AllReduce 6 of them, 14.4 s: more than the 2 x 4 + 5 s the pipe allowed (issue 18)."""
-    from pipesgd_ref.config import emulated_allreduce_seconds
+    from pipesgd_ref.timing.emulated import emulated_allreduce_seconds
 
     cfg = TrainConfig.preset("tiny").replace(world_size=4, bandwidth="2333bit", timeout=4.0)
     chunk = -(-650 // 4) * 4 + 48  # 163 float32 values and one header

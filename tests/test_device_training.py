@@ -30,6 +30,7 @@ import pytest
 from pipesgd_ref.commands.train import run_training
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.errors import ConfigError
+from pipesgd_ref.runtime.preflight import check_config
 
 REPO = Path(__file__).resolve().parents[1]
 GPU_TESTS = os.environ.get("PIPESGD_GPU_TESTS") == "1"
@@ -308,7 +309,7 @@ def test_config_device():
     with pytest.raises(ConfigError, match="device must be cpu or cuda"):
         TrainConfig(device="tpu")
     with pytest.raises(ConfigError, match="--device cuda trains with the ring methods"):
-        TrainConfig(device="cuda", algo="ps-sync")
+        check_config(TrainConfig(device="cuda", algo="ps-sync"))
 
 
 # --- no GPU ---------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Link emulation: unit parsing and formatting, and the alpha-beta pacing of LinkEmulator.
 
 The pacing tests run on a fake clock whose sleep advances it, so they are exact and instant;
-one real-clock test checks that the emulation actually sleeps as long as the model says.
+one real-clock test checks that the emulation actually sleeps as long as the link says.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from pipesgd_ref.comm.netem import LinkEmulator, LinkModel, wait_until
+from pipesgd_ref.comm.netem import LinkEmulator, LinkSpec, wait_until
 from pipesgd_ref.units import (
     format_bandwidth,
     format_bytes,
@@ -160,27 +160,27 @@ def test_format_parse_round_trip():
         assert parse_bandwidth(format_bandwidth(bps).split(" (")[0].replace(" ", "")) == bps
 
 
-# --- the link model --------------------------------------------------------------------------
+# --- the link spec ---------------------------------------------------------------------------
 
 
-def test_link_model():
-    ideal = LinkModel()
+def test_link_spec():
+    ideal = LinkSpec()
     assert not ideal.enabled and ideal.message_time(10**9) == 0.0
-    model = LinkModel.from_strings("50us", "1Gbit")
-    assert model.enabled
-    assert model == LinkModel(latency=5e-5, bandwidth=125e6)
+    link = LinkSpec.from_strings("50us", "1Gbit")
+    assert link.enabled
+    assert link == LinkSpec(latency=5e-5, bandwidth=125e6)
     # alpha + b / B: 50 us + 125 MB at 125 MB/s
-    assert model.message_time(125_000_000) == pytest.approx(1.00005)
-    assert LinkModel.from_strings(None, None) == ideal
-    assert LinkModel.from_strings("1ms", None).enabled
-    assert LinkModel.from_strings(None, "1Gbit").enabled
-    assert "50 us" in str(model) and "1 Gbit/s" in str(model)
+    assert link.message_time(125_000_000) == pytest.approx(1.00005)
+    assert LinkSpec.from_strings(None, None) == ideal
+    assert LinkSpec.from_strings("1ms", None).enabled
+    assert LinkSpec.from_strings(None, "1Gbit").enabled
+    assert "50 us" in str(link) and "1 Gbit/s" in str(link)
 
 
 @pytest.mark.parametrize("latency, bandwidth", [(-1.0, math.inf), (0.0, 0.0), (math.nan, 1.0)])
-def test_link_model_rejects_nonsense(latency, bandwidth):
+def test_link_spec_rejects_nonsense(latency, bandwidth):
     with pytest.raises(ValueError):
-        LinkModel(latency=latency, bandwidth=bandwidth)
+        LinkSpec(latency=latency, bandwidth=bandwidth)
 
 
 class FakeClock:
@@ -203,7 +203,7 @@ LATENCY, BANDWIDTH, NBYTES = 0.005, 100e6, 1_000_000  # 5 ms; 100 MB/s; 1 MB tak
 
 
 def make_emulator(clock: FakeClock) -> LinkEmulator:
-    return LinkEmulator(LinkModel(LATENCY, BANDWIDTH), clock=clock, sleep=clock.sleep)
+    return LinkEmulator(LinkSpec(LATENCY, BANDWIDTH), clock=clock, sleep=clock.sleep)
 
 
 def test_one_message_arrives_after_latency_plus_serialization():
@@ -211,7 +211,7 @@ def test_one_message_arrives_after_latency_plus_serialization():
     t0 = clock.now
     deliver_at = make_emulator(clock).schedule(NBYTES)
     assert clock.sleeps == [], "an idle wire must not delay the sender"
-    expected = LinkModel(LATENCY, BANDWIDTH).message_time(NBYTES)
+    expected = LinkSpec(LATENCY, BANDWIDTH).message_time(NBYTES)
     assert deliver_at - t0 == pytest.approx(expected), (
         f"one message of {NBYTES} B: expected arrival after {expected} s, got {deliver_at - t0} s"
     )
@@ -249,20 +249,20 @@ def test_message_after_idle_wire_departs_now():
 
 def test_latency_only_link():
     clock = FakeClock()
-    emulator = LinkEmulator(LinkModel(latency=LATENCY), clock=clock, sleep=clock.sleep)
+    emulator = LinkEmulator(LinkSpec(latency=LATENCY), clock=clock, sleep=clock.sleep)
     t0 = clock.now
     assert [emulator.schedule(10**9) - t0 for _ in range(3)] == pytest.approx([LATENCY] * 3)
     assert clock.sleeps == []
 
 
-def test_disabled_model_costs_nothing():
+def test_disabled_link_costs_nothing():
     def no_clock() -> float:
         raise AssertionError("a disabled link must not read the clock")
 
     def no_sleep(seconds: float) -> None:
         raise AssertionError("a disabled link must not sleep")
 
-    emulator = LinkEmulator(LinkModel(), clock=no_clock, sleep=no_sleep)
+    emulator = LinkEmulator(LinkSpec(), clock=no_clock, sleep=no_sleep)
     assert [emulator.schedule(n) for n in (0, 1, 10**9)] == [0.0, 0.0, 0.0]
     assert wait_until(0.0, max_wait=1.0, clock=no_clock, sleep=no_sleep) == 0.0
 
@@ -281,7 +281,7 @@ def test_wait_until_clamps_and_skips_the_past():
 
 def test_real_clock_two_messages():
     """On the real clock: 2 x 1 MB at 100 MB/s with 5 ms latency arrive after 5 + 20 ms."""
-    emulator = LinkEmulator(LinkModel(LATENCY, BANDWIDTH))
+    emulator = LinkEmulator(LinkSpec(LATENCY, BANDWIDTH))
     t0 = time.monotonic()
     deliver_at = [emulator.schedule(NBYTES) for _ in range(2)][-1]
     wait_until(deliver_at, max_wait=1.0)
@@ -301,32 +301,32 @@ def test_parse_latency_refuses_what_no_sleep_can_take():
     with pytest.raises(ValueError, match=r"latency '1e12s' is 1e\+12 s per message, more than"):
         parse_latency("1e12s")
     with pytest.raises(ValueError, match="latency must be finite, >= 0 and <= 1e\\+06"):
-        LinkModel(latency=1e12)
+        LinkSpec(latency=1e12)
     assert parse_latency("1e6s") == 1e6
 
 
 @pytest.mark.parametrize("timeout", [0.0, -1.0, math.nan])
-def test_link_model_timeout_must_be_positive(timeout):
+def test_link_spec_timeout_must_be_positive(timeout):
     with pytest.raises(ValueError, match="timeout must be > 0 seconds"):
-        LinkModel(latency=0.001, timeout=timeout)
+        LinkSpec(latency=0.001, timeout=timeout)
 
 
-def test_link_model_from_strings_carries_the_timeout():
-    model = LinkModel.from_strings("1ms", "1Gbit", timeout=3.0)
-    assert model.timeout == 3.0 and LinkModel.from_strings("1ms", "1Gbit").timeout == math.inf
-    assert str(model) == str(LinkModel.from_strings("1ms", "1Gbit"))  # logs unchanged
+def test_link_spec_from_strings_carries_the_timeout():
+    link = LinkSpec.from_strings("1ms", "1Gbit", timeout=3.0)
+    assert link.timeout == 3.0 and LinkSpec.from_strings("1ms", "1Gbit").timeout == math.inf
+    assert str(link) == str(LinkSpec.from_strings("1ms", "1Gbit"))  # logs unchanged
 
 
 def test_frame_problem_names_frame_link_and_timeout():
     from pipesgd_ref.comm.netem import frame_problem
 
-    model = LinkModel.from_strings("0", "1Kbit")  # 125 B/s
-    assert frame_problem(model, 125, timeout=1.0) is None  # exactly 1 s: in time
-    problem = frame_problem(model, 1300, timeout=3.0, what="a ring segment")
+    link = LinkSpec.from_strings("0", "1Kbit")  # 125 B/s
+    assert frame_problem(link, 125, timeout=1.0) is None  # exactly 1 s: in time
+    problem = frame_problem(link, 1300, timeout=3.0, what="a ring segment")
     assert problem.startswith("a ring segment of 1.3 KB takes 10.40 s on the emulated link")
     assert "--bandwidth 1 Kbit/s" in problem and "more than --timeout 3 s" in problem
     assert "raise --bandwidth" in problem
-    slow = frame_problem(LinkModel.from_strings("10s", None), 48, timeout=3.0)
+    slow = frame_problem(LinkSpec.from_strings("10s", None), 48, timeout=3.0)
     assert "--latency 10.00 s" in slow and "lower --latency" in slow
 
 
@@ -336,11 +336,11 @@ def test_a_frame_slower_than_the_timeout_is_refused_without_sleeping():
     from pipesgd_ref.errors import CommError
 
     clock = FakeClock()
-    emulator = LinkEmulator(LinkModel(0.0, 1 / 8, timeout=3.0), clock=clock, sleep=clock.sleep)
+    emulator = LinkEmulator(LinkSpec(0.0, 1 / 8, timeout=3.0), clock=clock, sleep=clock.sleep)
     with pytest.raises(CommError, match=r"a frame of 1.3 KB takes .* more than --timeout 3 s"):
         emulator.schedule(1300)
     assert clock.sleeps == [] and emulator.wire_free == -math.inf, "nothing booked or slept"
-    fast = LinkEmulator(LinkModel(0.0, 1000.0, timeout=3.0), clock=clock, sleep=clock.sleep)
+    fast = LinkEmulator(LinkSpec(0.0, 1000.0, timeout=3.0), clock=clock, sleep=clock.sleep)
     assert fast.schedule(2000) == pytest.approx(clock.now + 2.0)  # 2 s: within the timeout
 
 

@@ -12,7 +12,7 @@ import pytest
 from oracles import oracle_inputs
 
 from pipesgd_ref.codecs import get_codec
-from pipesgd_ref.comm.netem import LinkEmulator, LinkModel, ServerNIC
+from pipesgd_ref.comm.netem import LinkEmulator, LinkSpec, ServerNIC
 from pipesgd_ref.comm.ps import PSClient
 from pipesgd_ref.comm.transport import HEADER_BYTES, Frame, Kind, Link
 from pipesgd_ref.config import TrainConfig
@@ -20,6 +20,7 @@ from pipesgd_ref.errors import CollectiveMismatch, ConfigError, PeerAborted, Wor
 from pipesgd_ref.methods.ps import ParameterServer, ps_async_worker, ps_sync_worker
 from pipesgd_ref.methods.reference import async_ps_sgd, sync_sgd
 from pipesgd_ref.runtime.launch import launch_local
+from pipesgd_ref.runtime.preflight import check_config
 from pipesgd_ref.runtime.worker import Worker
 from pipesgd_ref.timing import Calibration, predict
 
@@ -338,7 +339,7 @@ def test_codec_pull_is_validated():
     assert TrainConfig().codec_pull == "none"
     assert TrainConfig().replace(codec_pull="q8").codec_pull == "q8"
     with pytest.raises(ConfigError, match="codec_pull must be none, trunc16, bf16 or q8"):
-        TrainConfig().replace(codec_pull="fp8")
+        check_config(TrainConfig().replace(codec_pull="fp8"))
 
 
 # --- the server's one link, emulated ---------------------------------------------------------
@@ -356,7 +357,7 @@ def test_the_emulated_server_link_is_timings_ps_sync_model(p, pulls):
         shared:      t_c + 2 alpha + 2 p M / B
     (methods/ps.py derives both; benchmarks/ps_link_model.py measures them in real
     processes.) Header bytes are left out (header_bytes=0), as timing leaves them out."""
-    model, t_comp, n_params = LinkModel(latency=0.5e-3, bandwidth=10e6), 1e-3, 4810
+    model, t_comp, n_params = LinkSpec(latency=0.5e-3, bandwidth=10e6), 1e-3, 4810
     M = 4 * n_params
 
     class FakeLink:  # what ServerNIC reads of a transport Link
@@ -395,7 +396,7 @@ def test_the_ingress_wire_takes_pushes_in_the_order_they_departed():
     last one's end."""
 
     class FakeLink:
-        model = LinkModel(latency=1e-4, bandwidth=1e6)
+        model = LinkSpec(latency=1e-4, bandwidth=1e6)
         emulator = None
 
     nic = ServerNIC([FakeLink(), FakeLink(), FakeLink()], header_bytes=HEADER_BYTES)
@@ -427,7 +428,7 @@ def test_emulated_ps_sync_a_late_worker_0_does_not_delay_the_pushes_before_it():
     leaves: an iteration of about t_c + 30 ms + the pulls + M / B, not 2 M / B later (as when
     the pushes queued in the order read)."""
     cfg = TrainConfig.preset("tiny").replace(steps=12, model="mlp", hidden=(64,))
-    p, model = 3, LinkModel(latency=0.2e-3, bandwidth=4e6)
+    p, model = 3, LinkSpec(latency=0.2e-3, bandwidth=4e6)
     compute = Worker.loss_and_grad
 
     def late_worker_0(self, step, grads, params=None):
@@ -676,7 +677,7 @@ def test_shared_and_sequential_pulls_give_the_same_weights_bitwise(codec, codec_
     pushes are summed in worker order either way. Both equal each other bitwise on every rank,
     and without codecs both equal reference.sync_sgd. Run over an emulated link, so that the
     shared server books its wire for all p pulls (and their codes, with a pull codec)."""
-    n, link = 3, LinkModel(latency=0.1e-3, bandwidth=200e6)
+    n, link = 3, LinkSpec(latency=0.1e-3, bandwidth=200e6)
     base = CONFIGS["mlp"].replace(codec=codec, codec_pull=codec_pull)
     grad_fn, w0 = oracle_inputs(base, n)  # first: forked workers inherit the loaded data set
     got = {}

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipesgd_ref.comm.netem import LinkModel
+from pipesgd_ref.comm.netem import LinkSpec
 from pipesgd_ref.comm.ring import allgather, allreduce, barrier, broadcast
 from pipesgd_ref.comm.schedule import simulate_allreduce
 from pipesgd_ref.runtime.launch import launch_local
@@ -139,7 +139,7 @@ def _timed_allreduce_job(comm, n, reps):
 def test_emulated_ring_matches_the_alpha_beta_formula():
     """Latency 2 ms, bandwidth 100 MB/s, 4 MB on 4 ranks: within 15% of
     T = 2(p-1) alpha + 2(p-1)/p M/B (the gamma term is below 3% of it here)."""
-    p, n, model = 4, 1_000_000, LinkModel(latency=2e-3, bandwidth=100e6)
+    p, n, model = 4, 1_000_000, LinkSpec(latency=2e-3, bandwidth=100e6)
     M = 4 * n
     predicted = 2 * (p - 1) * model.latency + 2 * (p - 1) / p * M / model.bandwidth
     per_rank = launch_local(p, _timed_allreduce_job, (n, 7), start_method="fork", model=model)

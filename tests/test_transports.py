@@ -21,7 +21,7 @@ from jobs import (
 from oracles import assert_matches_oracle, oracle, oracle_inputs
 
 from pipesgd_ref.comm import shm
-from pipesgd_ref.comm.netem import LinkModel
+from pipesgd_ref.comm.netem import LinkSpec
 from pipesgd_ref.comm.rendezvous import JobSpec, link_transport
 from pipesgd_ref.comm.ring import allgather, allreduce, barrier, broadcast
 from pipesgd_ref.comm.schedule import simulate_allreduce
@@ -125,7 +125,7 @@ def test_link_emulation_paces_shared_memory_too():
     """The emulated wire decides when a slotted frame arrives, as on a socket: an AllReduce
     takes at least its bandwidth term 2(p-1)/p M / B (a lower bound: load only adds time)."""
     p, n, bandwidth = 4, 250_000, 100e6  # 1 MB at 100 MB/s
-    model = LinkModel(latency=0.0, bandwidth=bandwidth)
+    model = LinkSpec(latency=0.0, bandwidth=bandwidth)
     per_rank = launch_local(p, _timed_job, (n, 3), start_method="fork", timeout=10,
                             model=model, transport="shm")  # fmt: skip
     floor = 2 * (p - 1) / p * n * 4 / bandwidth

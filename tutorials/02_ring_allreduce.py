@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipesgd_ref.comm.netem import LinkModel
+from pipesgd_ref.comm.netem import LinkSpec
 from pipesgd_ref.comm.ring import allreduce, barrier
 from pipesgd_ref.comm.schedule import (
     SEGMENT_BYTES,
@@ -327,9 +327,9 @@ def timing_job(comm, sizes: list[int], repeats: int) -> dict[int, list[float]]:
     return times
 
 
-def measure(sizes: list[int], repeats: int, model: LinkModel | None = None) -> dict[int, float]:
+def measure(sizes: list[int], repeats: int, link: LinkSpec | None = None) -> dict[int, float]:
     """Median over repeats of the rank-averaged allreduce time, per size (P ranks)."""
-    per_rank = launch_local(P, timing_job, (sizes, repeats), start_method="fork", model=model)
+    per_rank = launch_local(P, timing_job, (sizes, repeats), start_method="fork", model=link)
     return {s: float(np.median(np.mean([t[s] for t in per_rank], axis=0))) for s in sizes}
 
 
@@ -366,16 +366,16 @@ print(f"least-squares fit T = a + b*M: a = {format_seconds(intercept)} "
 # ranks, processes waiting for their turn on a core (on a 2-core machine the fit puts α at a few
 # hundred microseconds). Its "bandwidth" is memory copies through the kernel, shared with the
 # additions (the γ term) and with every other process on the same cores. To see the ring
-# behave as on a network, `LinkModel(latency, bandwidth)` makes every link of the job an
+# behave as on a network, `LinkSpec(latency, bandwidth)` makes every link of the job an
 # emulated one: each frame is paced by the sender (a link carries B bytes/s, per direction) and
 # delivered α after its last byte (pipesgd_ref/comm/netem.py). Here α = 1 ms and B = 100 MB/s
 # (800 Mbit/s), slow enough that the emulated link, not this machine, sets the time.
 
 # %%
-link = LinkModel(latency=1e-3, bandwidth=100e6)
+link = LinkSpec(latency=1e-3, bandwidth=100e6)
 emu_repeats = 3 if SMALL else 5
 t0 = time.perf_counter()
-emulated = measure(sizes, emu_repeats, model=link)
+emulated = measure(sizes, emu_repeats, link=link)
 print(f"emulated link ({link}), p = {P} ({time.perf_counter() - t0:.1f} s for the whole job):")
 print("     size |  measured |   formula | measured/formula | gather+bcast |       algbw |"
       "       busbw")  # fmt: skip

@@ -31,9 +31,10 @@ from pathlib import Path
 
 import numpy as np
 
+from pipesgd_ref.comm.netem import link_of
 from pipesgd_ref.comm.transport import HEADER_BYTES
 from pipesgd_ref.commands.train import run_training
-from pipesgd_ref.config import TrainConfig, link_model
+from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.methods import reference
 from pipesgd_ref.methods.ps import ps_sync_worker
 from pipesgd_ref.plots import pyplot, save_figure
@@ -309,7 +310,7 @@ sweep_steps = 20 if SMALL else 30  # start-up dominates a run: steps are cheap
 emu = TrainConfig.preset("laptop").replace(
     hidden=(1024,), steps=sweep_steps, eval_every=0, latency="100us", bandwidth="100MB"
 )
-link = link_model(emu)
+link = link_of(emu)
 alpha, bandwidth = link.latency, link.bandwidth
 sweep = {}  # (algo, p) -> (summary, results)
 t0 = time.perf_counter()

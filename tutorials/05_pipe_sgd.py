@@ -31,8 +31,9 @@ from pathlib import Path
 
 import numpy as np
 
+from pipesgd_ref.comm.netem import link_of
 from pipesgd_ref.commands.train import run_training
-from pipesgd_ref.config import TrainConfig, link_model
+from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.methods import reference
 from pipesgd_ref.methods.pipe import pipe_worker
 from pipesgd_ref.models import build_model
@@ -71,7 +72,7 @@ bench = TrainConfig(
 )  # fmt: skip
 bench_model = build_model(bench.model, 256, 10, bench.hidden)
 M_bench = 4 * bench_model.n_params
-bench_link = link_model(bench)
+bench_link = link_of(bench)
 
 
 T_ring_bench = ring_allreduce_time(4, M_bench, bench_link.latency, bench_link.bandwidth)
@@ -230,7 +231,7 @@ for r in ratios:
 # %%
 run_cfg = bench.replace(batch_size=128, bandwidth="2Gbit") if SMALL else bench
 p = run_cfg.world_size
-link = link_model(run_cfg)
+link = link_of(run_cfg)
 T_ring = ring_allreduce_time(p, M_bench, link.latency, link.bandwidth)
 runs = {}  # algo -> (summary, results)
 t0 = time.perf_counter()

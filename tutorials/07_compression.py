@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from pipesgd_ref.codecs import get_codec
-from pipesgd_ref.comm.netem import LinkModel
+from pipesgd_ref.comm.netem import LinkSpec
 from pipesgd_ref.comm.ring import allreduce, barrier
 from pipesgd_ref.comm.schedule import (
     SEGMENT_BYTES,
@@ -478,7 +478,7 @@ for name in socket_codecs:
 # ## 5. Time saved on a slow link
 #
 # Now on an emulated link, α = 100 µs and B = 1 Gbit/s (125 MB/s) per direction
-# (`LinkModel`, passed as `model=` to `launch_local`). The timing precautions are those of
+# (`LinkSpec`, passed as `model=` to `launch_local`). The timing precautions are those of
 # tutorial 02: a warm-up call per codec, a barrier before each timed call, the average over
 # ranks per call and the median over repeats. The data is re-copied before each call, outside
 # the timed region (a sum in place would grow it).
@@ -505,7 +505,7 @@ def timing_job(comm, n: int, names: tuple[str, ...], repeats: int) -> dict[str, 
     return times
 
 
-link = LinkModel(latency=100e-6, bandwidth=125e6)
+link = LinkSpec(latency=100e-6, bandwidth=125e6)
 n_time = 500_000 if SMALL else 1_000_000  # 2 MB / 4 MB of float32
 M_time = 4 * n_time
 timed_codecs = ("none", "trunc16", "q8")

@@ -3,10 +3,10 @@
 On one machine every worker talks over loopback, which moves gigabytes per second with a few
 microseconds of latency: far from the 1-10 Gbit/s Ethernet of the paper's cluster, so
 communication would look free and Pipe-SGD would have nothing to hide. This module slows each
-link down to a chosen latency `alpha` and `bandwidth` B, so the timing models of
-shared/PAPER.md can be checked against measurements on a laptop.
+link down to a chosen latency `alpha` and `bandwidth` B, so the timing models
+(timing/iteration.py) can be checked against measurements on a laptop.
 
-The model is the standard alpha-beta link, per direction:
+Each direction of a link is the standard alpha-beta link (`LinkSpec`):
 
     message_time(b) = alpha + b / B          (seconds for one message of b bytes)
 
@@ -40,6 +40,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.errors import CommError
 from pipesgd_ref.units import (
     MAX_SECONDS,
@@ -52,28 +53,30 @@ from pipesgd_ref.units import (
 
 __all__ = [
     "LinkEmulator",
-    "LinkModel",
+    "LinkSpec",
     "LinkTooSlow",
     "ServerNIC",
     "frame_problem",
+    "link_of",
     "too_slow_advice",
     "wait_until",
 ]
 
 # ---------------------------------------------------------------------------------------------
-# The link model and its emulation.
+# The link and its emulation.
 # ---------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class LinkModel:
-    """One direction of a link under the alpha-beta model (every link is full duplex)."""
+class LinkSpec:
+    """One direction of an emulated link: its latency alpha and bandwidth B (every link is
+    full duplex), and the timeout no single frame on it may exceed."""
 
     latency: float = 0.0  # alpha: seconds from the last byte leaving to it arriving, per message
     bandwidth: float = math.inf  # B: bytes/s per direction; inf = no bandwidth limit
-    # The --timeout of the links this model paces: a frame whose message_time exceeds it could
+    # The --timeout of the links this spec paces: a frame whose message_time exceeds it could
     # never arrive in time, so LinkEmulator.schedule refuses it (LinkTooSlow) instead of sleeping
-    # past every deadline of the receiver. inf: no such bound (a bare model, tests, benchmarks).
+    # past every deadline of the receiver. inf: no such bound (a bare spec, tests, benchmarks).
     timeout: float = math.inf
 
     def __post_init__(self) -> None:
@@ -100,8 +103,8 @@ class LinkModel:
     @classmethod
     def from_strings(
         cls, latency: str | None, bandwidth: str | None, timeout: float = math.inf
-    ) -> LinkModel:
-        """Model from command-line text, e.g. from_strings("50us", "1Gbit"); None = ideal.
+    ) -> LinkSpec:
+        """The link of command-line text, e.g. from_strings("50us", "1Gbit"); None = ideal.
         `timeout`: the links' --timeout, which no single frame may exceed (see `timeout`)."""
         return cls(
             latency=0.0 if latency is None else parse_latency(latency),
@@ -115,23 +118,28 @@ class LinkModel:
         )
 
 
-def frame_problem(
-    model: LinkModel, nbytes: int, timeout: float, what: str = "a frame"
-) -> str | None:
-    """None when one message of `nbytes` crosses an idle link of `model` within `timeout`
+def link_of(cfg: TrainConfig) -> LinkSpec:
+    """The emulated link of a run: cfg.latency and cfg.bandwidth, bounded by cfg.timeout (every
+    frame slower than that is refused when it is sent, LinkEmulator.schedule). The one place a
+    config's link is parsed; ValueError on text that is no latency or bandwidth."""
+    return LinkSpec.from_strings(cfg.latency, cfg.bandwidth, timeout=cfg.timeout)
+
+
+def frame_problem(link: LinkSpec, nbytes: int, timeout: float, what: str = "a frame") -> str | None:
+    """None when one message of `nbytes` crosses an idle `link` within `timeout`
     seconds; otherwise the sentence that says so, naming the frame, the link and the timeout.
 
     Why an error and not a slow run: every wait on a peer gives up after --timeout without
     data, and an emulated frame holds its receiver (wait_until) for its whole message_time, so a
     frame slower than the timeout can only end in a timeout that blames a healthy peer."""
-    seconds = model.message_time(nbytes)  # alpha + b / B
+    seconds = link.message_time(nbytes)  # alpha + b / B
     if seconds <= timeout:
         return None
     return (
         f"{what} of {format_bytes(nbytes)} takes {format_seconds(seconds)} on the emulated link "
-        f"(--latency {format_seconds(model.latency)}, --bandwidth "
-        f"{format_bandwidth(model.bandwidth)}), more than --timeout {timeout:g} s, so it "
-        f"could never arrive in time; {too_slow_advice(model.latency, seconds - model.latency)}"
+        f"(--latency {format_seconds(link.latency)}, --bandwidth "
+        f"{format_bandwidth(link.bandwidth)}), more than --timeout {timeout:g} s, so it "
+        f"could never arrive in time; {too_slow_advice(link.latency, seconds - link.latency)}"
     )
 
 
@@ -161,11 +169,11 @@ class LinkEmulator:
 
     def __init__(
         self,
-        model: LinkModel,
+        link: LinkSpec,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        self.model = model
+        self.link = link
         self._clock = clock
         self._sleep = sleep
         # The time the last scheduled byte leaves the wire; -inf: the wire has never been used.
@@ -173,21 +181,21 @@ class LinkEmulator:
 
     def free_now(self) -> bool:
         """True when `schedule` would not wait: no emulation, or the wire is idle."""
-        return not self.model.enabled or self.wire_free <= self._clock()
+        return not self.link.enabled or self.wire_free <= self._clock()
 
     def schedule(self, nbytes: int) -> float:
         """Wait while the wire is busy, book it for `nbytes`; return the arrival time (clock()).
 
         Returns 0.0 ("not emulated") at once for an ideal link, without reading the clock.
         """
-        model = self.model
-        if not model.enabled:
+        link = self.link
+        if not link.enabled:
             return 0.0
-        if model.message_time(nbytes) > model.timeout:
+        if link.message_time(nbytes) > link.timeout:
             # A frame on the wire honours the timeout: refuse it now rather than book (and make
             # the receiver sleep) longer than any peer waits. check_link_against_timeout
-            # (config.py) finds this before a run starts; this is the guard of every frame.
-            raise LinkTooSlow(frame_problem(model, nbytes, model.timeout))
+            # (runtime/preflight.py) finds this before a run starts; this guards every frame.
+            raise LinkTooSlow(frame_problem(link, nbytes, link.timeout))
         now = self._clock()
         depart = max(now, self.wire_free)
         if depart > now:
@@ -196,9 +204,9 @@ class LinkEmulator:
             self._sleep(depart - now)
         # Book the wire from the *scheduled* departure, not from the clock after the sleep: an
         # oversleep then shortens the next wait instead of drifting the whole timeline.
-        self.wire_free = depart + nbytes / model.bandwidth  # serialization: b / B
+        self.wire_free = depart + nbytes / link.bandwidth  # serialization: b / B
         # alpha after the last byte left; the next message may serialize during this latency.
-        return self.wire_free + model.latency
+        return self.wire_free + link.latency
 
 
 def wait_until(
@@ -250,19 +258,19 @@ class ServerNIC:
     departed before it (`departure`), read or not: a worker that pushes last must not hold up
     on the emulated wire the pushes that left before it.
 
-    `links`: the server's transport Links (each with its `model` and `emulator`), in worker
-    order; `header_bytes`: the frame header every message carries (transport.HEADER_BYTES).
+    `links`: the server's transport Links (each with its LinkSpec `model` and `emulator`), in
+    worker order; `header_bytes`: the frame header every message carries (transport.HEADER_BYTES).
     A frame here is a transport Frame: its `nbytes` (payload) and `deliver_at` are read.
     """
 
     def __init__(self, links: list, header_bytes: int):
-        self.model = links[0].model if links else None
-        self.enabled = bool(links) and self.model.enabled
+        self.link = links[0].model if links else None  # every client link has the same spec
+        self.enabled = bool(links) and self.link.enabled
         self.header_bytes = header_bytes
         self.ingress_free = -math.inf
         self.round_end: float | None = None  # where the ingress wire is free after a round
         self.n_links = len(links)
-        self.egress = LinkEmulator(self.model) if self.enabled else None
+        self.egress = LinkEmulator(self.link) if self.enabled else None
         if self.enabled:
             for link in links:
                 link.emulator = self.egress  # the pulls share the server's one outgoing wire
@@ -277,17 +285,17 @@ class ServerNIC:
             return 0.0
         size = nbytes + self.header_bytes
         arrive = self.egress.schedule(n_messages * size)
-        one = self.model.message_time(size)
+        one = self.link.message_time(size)
         wait_until(arrive - one, max_wait=n_messages * one + 1.0)
         return arrive
 
     def wire_time(self, frame) -> float:
         """b / B of a frame on the ingress wire, header included."""
-        return (frame.nbytes + self.header_bytes) / self.model.bandwidth
+        return (frame.nbytes + self.header_bytes) / self.link.bandwidth
 
     def departure(self, frame) -> float:
         """When a push left its worker: its deliver_at less its own link's alpha + b / B."""
-        return frame.deliver_at - self.model.latency - self.wire_time(frame)
+        return frame.deliver_at - self.link.latency - self.wire_time(frame)
 
     def arrive(self, frame) -> None:
         """Wait until `frame` (its payload already read) has crossed the ingress wire, queued
@@ -295,7 +303,7 @@ class ServerNIC:
         if not self.enabled or not frame.deliver_at:
             return
         self.ingress_free = max(self.departure(frame), self.ingress_free) + self.wire_time(frame)
-        self._wait(frame, self.ingress_free + self.model.latency)
+        self._wait(frame, self.ingress_free + self.link.latency)
 
     def arrive_in_round(self, frames: list, i: int) -> None:
         """Wait until push `frames[i]` (its payload already read) has crossed the ingress wire,
@@ -316,7 +324,7 @@ class ServerNIC:
         for departed, j in order:
             free = max(departed, free) + self.wire_time(frames[j])
             if j == i:
-                arrive = free + self.model.latency
+                arrive = free + self.link.latency
         if all(f is not None for f in frames):
             self.round_end = free
         return arrive
@@ -328,5 +336,5 @@ class ServerNIC:
 
     def _wait(self, frame, arrive: float) -> None:
         # At most every worker's push is queued ahead: a bogus deliver_at cannot stall us longer.
-        one = self.model.message_time(frame.nbytes + self.header_bytes)
+        one = self.link.message_time(frame.nbytes + self.header_bytes)
         wait_until(arrive, max_wait=self.n_links * one + 1.0)

@@ -50,7 +50,7 @@ class CommThread:
     of it (the calibration times ring hops there, beside the computation)."""
 
     def __init__(self, comm, timeline: Timeline, worker: Worker, codec=None, after=None):
-        from pipesgd_ref.config import emulated_allreduce_seconds
+        from pipesgd_ref.timing.emulated import emulated_allreduce_seconds
 
         self.comm = comm
         self.allreduce_s = emulated_allreduce_seconds(worker.cfg, worker.params.size)
