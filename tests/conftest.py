@@ -1,7 +1,7 @@
 """Test-wide settings: hypothesis profiles.
 
 `ci` (chosen when the CI environment variable is set): derandomized, so a CI run is
-reproducible; no deadline, because a shared 2-core machine has noisy timings. `dev` (default):
+reproducible; no deadline, because a shared machine has noisy timings. `dev` (default):
 random examples, also without deadlines (Numba compiles on the first call of each op).
 Choose another with HYPOTHESIS_PROFILE=name.
 
