@@ -1,4 +1,4 @@
-"""Pipe-SGD of width K (docs/paper.md, section 2): compute and communication overlap.
+"""Pipe-SGD of width K (Li et al., NeurIPS 2018, section 2): compute and communication overlap.
 
 Each worker runs two threads. The compute thread computes g_t on the current weights and hands
 it to the communication thread, which AllReduces it while the compute thread goes on to
@@ -52,12 +52,9 @@ class CommThread:
     def __init__(self, comm, timeline: Timeline, worker: Worker, codec=None, after=None):
         from pipesgd_ref.timing.emulated import emulated_allreduce_seconds
 
-        self.comm = comm
+        self.comm, self.timeline, self.codec, self.after = comm, timeline, codec, after
         self.allreduce_s = emulated_allreduce_seconds(worker.cfg, worker.params.size)
         self.worker = worker  # where the buffers live: its `average` fits them
-        self.timeline = timeline
-        self.codec = codec
-        self.after = after
         self.skipped: list[tuple[int, list[int]]] = []  # (step, ranks left out)
         self.todo: queue.SimpleQueue = queue.SimpleQueue()
         self.done: queue.SimpleQueue = queue.SimpleQueue()
@@ -66,22 +63,19 @@ class CommThread:
 
     def _run(self) -> None:
         with self.worker.device_scope():  # --device cuda: the worker's GPU, in this thread too
-            self._loop()
-
-    def _loop(self) -> None:
-        while (item := self.todo.get()) is not _STOP:
-            step, buf, ok = item
-            try:
-                with self.timeline.span("allreduce", "comm", step):
-                    bad = self.worker.average(self.comm, buf, self.codec, ok)  # host or device
-                    if bad:  # --skip-nonfinite: their gradients were left out of the mean
-                        self.skipped.append((step, bad))
-                if self.after is not None:
-                    self.after(step)
-            except BaseException as e:  # handed to the compute thread, which re-raises
-                self.done.put(e)
-                return
-            self.done.put((step, buf))
+            while (item := self.todo.get()) is not _STOP:
+                step, buf, ok = item
+                try:
+                    with self.timeline.span("allreduce", "comm", step):
+                        bad = self.worker.average(self.comm, buf, self.codec, ok)  # host/device
+                        if bad:  # --skip-nonfinite: their gradients were left out of the mean
+                            self.skipped.append((step, bad))
+                    if self.after is not None:
+                        self.after(step)
+                except BaseException as e:  # handed to the compute thread, which re-raises
+                    self.done.put(e)
+                    return
+                self.done.put((step, buf))
 
     def start_allreduce(self, step: int, buf: np.ndarray, ok: bool = True) -> None:
         """Hand over g_step; `ok` False: it was left out (zeros, --skip-nonfinite)."""
@@ -109,46 +103,60 @@ class CommThread:
         self.thread.join(timeout=self.comm.timeout)
 
 
+class InFlight:
+    """The averaged gradients whose update is still to come: AllReduces the communication
+    thread is running, and gradients already back (restored from a checkpoint, or fetched
+    early to write one), by step."""
+
+    def __init__(self, comm_thread: CommThread, cfg: TrainConfig, first: int, restored: dict):
+        self.comm_thread, self.ready = comm_thread, dict(restored)
+        self.s, self.warmup, self.first = cfg.staleness, cfg.warmup_steps, first
+
+    def steps(self, end: int) -> list[int]:
+        """The steps whose averaged gradients are not yet applied when step `end` is next:
+        the s before it (none of the warm-up's), computed in this run or restored (a run
+        resumed from a final, drained checkpoint has none of the steps before its start)."""
+        before = range(max(self.warmup, end - self.s), end)
+        return [u for u in before if u >= self.first or u in self.ready]
+
+    def averaged(self, step: int):
+        """avg(g_step): waits for its AllReduce unless it is back already."""
+        return self.ready.pop(step) if step in self.ready else self.comm_thread.wait(step)
+
+    def fetch(self, end: int) -> dict:
+        """Every gradient in flight before step `end`, waited for now (and still applied
+        later, in order): a checkpoint's part of the state."""
+        for u in self.steps(end):
+            self.ready[u] = self.ready[u] if u in self.ready else self.comm_thread.wait(u)
+        return {u: self.ready[u] for u in self.steps(end)}
+
+
 def pipe_worker(comm, cfg: TrainConfig, hooks: Hooks | None = None) -> WorkerResult:
     """One rank of Pipe-SGD of width cfg.width (the phases of the module docstring). `hooks`:
     this rank's runtime (its Worker, built once by the per-rank job); built here when a
     caller runs the method directly."""
-    stale = f"staleness {cfg.staleness}" if cfg.width > 1 else ""
-    hooks = hooks or Hooks.build(comm, cfg, stale=stale)
+    K, s = cfg.width, cfg.staleness  # width, staleness
+    if hooks is None:  # run directly (tests): this rank's runtime is built here
+        hooks = Hooks.build(comm, cfg, stale=f"staleness {cfg.staleness}" if K > 1 else "")
     worker, span = hooks.worker, hooks.timeline.span
     worker.to_device(comm.rank)  # --device cuda: weights, buffers, resumed gradients on the GPU
-    K, s, warmup, first = cfg.width, cfg.staleness, cfg.warmup_steps, worker.start_step
+    warmup, first = cfg.warmup_steps, worker.start_step
     # K buffers: K-1 gradients in flight, one being computed. Buffer t % K is reused at step
     # t + K; its gradient was applied at step t + K - 1 at the latest.
     buffers = [worker.new_buffer() for _ in range(K)]
     codec = worker.codec()
     comm_thread = CommThread(comm, hooks.timeline, worker, codec)
+    flight = InFlight(comm_thread, cfg, first, worker.pending)
     stale = PipeCompensation(cfg, worker)  # --compensation: none, dc, dc-adaptive or predict
-    # Averaged gradients already back (from a checkpoint, or fetched early to write one).
-    ready: dict = dict(worker.pending)
 
-    def averaged(step: int):
-        return ready.pop(step) if step in ready else comm_thread.wait(step)
-
-    def in_flight(end: int) -> list[int]:
-        """The steps whose averaged gradients are not yet applied when step `end` is next:
-        the s before it (none of the warm-up's), computed in this run or restored (a run
-        resumed from a final, drained checkpoint has none of the steps before its start)."""
-        return [u for u in range(max(warmup, end - s), end) if u >= first or u in ready]
-
-    def save(end: int) -> None:
-        """The checkpoint before step `end`: the gradients in flight are part of the state,
-        so wait for them now (they are applied later, from `ready`) and save them too."""
-        if not cfg.out:
-            return
-        pending = in_flight(end)
-        for u in pending:
-            ready[u] = ready[u] if u in ready else comm_thread.wait(u)
-        hooks.save(end, {u: ready[u] for u in pending})
-
-    def update(t: int, t_grad: int, avg) -> None:
-        with span("update", "compute", t):  # w_{t+1} = w_t - lr_t * avg(g_{t_grad})
+    def update(t: int, t_grad: int) -> None:  # w_{t+1} = w_t - lr_t * avg(g_{t_grad})
+        avg = flight.averaged(t_grad)
+        with span("update", "compute", t):
             worker.sgd_step(stale.applied(t_grad, avg), t)
+
+    def save(end: int) -> None:  # the gradients in flight are part of the state
+        if cfg.out:
+            hooks.save(end, flight.fetch(end))
 
     barrier(comm)  # every rank starts step 0 together, before the comm thread's first AllReduce
     try:
@@ -158,7 +166,7 @@ def pipe_worker(comm, cfg: TrainConfig, hooks: Hooks | None = None) -> WorkerRes
             buf, pipelined = buffers[t % K], t >= warmup
             # --- compute g_t on the current w_t (predict: on the weights it will meet)
             with span("compute", "compute", t):
-                at = stale.weights_for(in_flight(t)) if pipelined else None
+                at = stale.weights_for(flight.steps(t)) if pipelined else None
                 loss, ok = worker.compute(t, buf, codec, comm.rank, at)
                 if pipelined:
                     stale.computed(t, buf)  # dc: keep w_t; predict: keep this g_t
@@ -166,12 +174,12 @@ def pipe_worker(comm, cfg: TrainConfig, hooks: Hooks | None = None) -> WorkerRes
             comm_thread.start_allreduce(t, buf, ok)
             # --- update
             if t < warmup:  # warm-up: synchronous, the fresh gradient
-                update(t, t, averaged(t))
-            elif t >= warmup + s and (t - s >= first or t - s in ready):
+                update(t, t)
+            elif t >= warmup + s and (t - s >= first or t - s in flight.ready):
                 # steady state: w_{t+1} = w_t - lr_t * avg(g_{t-s}), whose AllReduce ran
                 # during this compute (after a resume from a final, drained checkpoint,
                 # g_{t-s} was already applied: the pipe refills)
-                update(t, t - s, averaged(t - s))
+                update(t, t - s)
             # else: fill, nothing has arrived yet
             hooks.step_done(t, loss)
             if hooks.checkpoint_due(t):  # so that a resumed run applies the same gradients
@@ -182,14 +190,10 @@ def pipe_worker(comm, cfg: TrainConfig, hooks: Hooks | None = None) -> WorkerRes
             save(hooks.stopped_at)
         else:
             # --- drain: the gradients still in flight, oldest first, as the oracle applies them
-            for j, t_grad in enumerate(in_flight(worker.steps)):
-                update(worker.steps + j, t_grad, averaged(t_grad))
+            for j, t_grad in enumerate(flight.steps(worker.steps)):
+                update(worker.steps + j, t_grad)
             hooks.save(worker.steps)  # after the drain: nothing in flight
     finally:
         comm_thread.stop()
-    return hooks.result(
-        worker.params,
-        comm.bytes_sent,
-        nonfinite_skipped=comm_thread.skipped,
-        stopped_at=hooks.stopped_at,
-    )
+    extra = dict(nonfinite_skipped=comm_thread.skipped, stopped_at=hooks.stopped_at)
+    return hooks.result(worker.params, comm.bytes_sent, **extra)

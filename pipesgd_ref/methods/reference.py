@@ -104,6 +104,19 @@ def sync_sgd(
     return out
 
 
+def _predicted_gradient(grad_fn, w, world_size: int, t: int, in_flight, lr_ahead):
+    """predict: each worker computes its gradient at w_t less its own gradients in flight,
+    each times the lr of the step that will apply it (u + s): the weights its gradient will
+    be applied to. Returns (loss, the average gradient, each worker's own gradient)."""
+    predicted = np.empty_like(w)
+    grads = []
+    for rank in range(world_size):
+        ahead = [(lr_ahead(u), own[rank]) for u, _, _, own in in_flight]
+        grads.append(grad_fn(predicted_weights(w, ahead, predicted), rank, t))
+    loss, g = average_gradient(lambda _w, r, _t, got=grads: got[r], w, world_size, t)
+    return loss, g, [gr for _, gr in grads]
+
+
 def delayed_sgd(
     grad_fn: GradFn,
     params0: np.ndarray,
@@ -144,7 +157,6 @@ def delayed_sgd(
     dc = None
     if compensation in ("dc", "dc-adaptive"):
         dc = DelayCompensation(compensation, dc_lambda, w.size, w.dtype)
-    predicted = np.empty_like(w)
 
     def stale(u: int, g: np.ndarray, w_then) -> np.ndarray:
         if curvature is not None:
@@ -153,14 +165,8 @@ def delayed_sgd(
 
     for t in range(steps):
         if compensation == "predict" and t >= warmup_steps:
-            # each worker at w_t less its own gradients in flight, each times the lr of the
-            # step that will apply it (u + s): the weights its gradient will be applied to
-            grads = []
-            for rank in range(world_size):
-                ahead = [(lr_at(u + staleness), own[rank]) for u, _, _, own in in_flight]
-                grads.append(grad_fn(predicted_weights(w, ahead, predicted), rank, t))
-            loss, g = average_gradient(lambda _w, r, _t, got=grads: got[r], w, world_size, t)
-            own = [gr for _, gr in grads]
+            lr_ahead = lambda u: lr_at(u + staleness)  # noqa: E731 (the step that applies g_u)
+            loss, g, own = _predicted_gradient(grad_fn, w, world_size, t, in_flight, lr_ahead)
         else:
             loss, g = average_gradient(grad_fn, w, world_size, t)  # g_t, computed at w_t
             own = None
