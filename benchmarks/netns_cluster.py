@@ -567,10 +567,10 @@ def train_emulated(world_size: int, latency: float, bandwidth: float, overrides=
 
 def train_config(world_size: int, overrides=TRAIN_OVERRIDES):
     """The TrainConfig `pipesgd train --preset laptop OVERRIDES` runs."""
-    from pipesgd_ref.commands.cli import _split_overrides
+    from pipesgd_ref.commands.parser import split_overrides
     from pipesgd_ref.config import TrainConfig, apply_overrides
 
-    args = _split_overrides([*overrides, f"--world-size={world_size}"])
+    args = split_overrides([*overrides, f"--world-size={world_size}"])
     return apply_overrides(TrainConfig.preset("laptop"), args)
 
 

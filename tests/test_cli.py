@@ -121,14 +121,14 @@ def test_python_dash_m_entry_point():
 
 
 def test_a_yes_no_field_alone_is_a_flag():
-    from pipesgd_ref.commands.cli import _parser, _split_overrides, resolve_config
+    from pipesgd_ref.commands.parser import build_parser, resolve_config, split_overrides
 
     argv = ["--skip-nonfinite", "--algo", "sync", "--error-feedback", "false", "--lr", "0.1",
             "--comm_first"]  # fmt: skip
-    assert _split_overrides(argv) == ["--skip-nonfinite=true", "--algo=sync",
+    assert split_overrides(argv) == ["--skip-nonfinite=true", "--algo=sync",
                                       "--error-feedback=false", "--lr=0.1",
                                       "--comm_first=true"]  # fmt: skip
-    args, rest = _parser().parse_known_args(["train", "--skip-nonfinite", "--steps=3"])
+    args, rest = build_parser().parse_known_args(["train", "--skip-nonfinite", "--steps=3"])
     cfg = resolve_config(args, rest)
     assert cfg.skip_nonfinite and cfg.steps == 3
 

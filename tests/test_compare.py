@@ -12,13 +12,13 @@ from pipesgd_ref.commands.compare import (
     CHECKS,
     check_targets,
     format_table,
-    plot_compare,
     quick_config,
     run_compare,
     run_config,
     soonest,
     table_rows,
 )
+from pipesgd_ref.commands.compare_figures import plot_compare
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.timing import Calibration, Prediction
 

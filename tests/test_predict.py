@@ -16,7 +16,8 @@ import pytest
 
 from pipesgd_ref import timing
 from pipesgd_ref.commands import predict as predict_cmd
-from pipesgd_ref.commands.predict import PAYS, crossings, parse_codecs, parse_count
+from pipesgd_ref.commands.predict_scenario import parse_codecs, parse_count
+from pipesgd_ref.commands.predict_sweep import PAYS, crossings
 from pipesgd_ref.errors import ConfigError
 from pipesgd_ref.timing import COMPARE_RUNS, Calibration
 

@@ -10,7 +10,7 @@ why. For each size M, each row reports, as nccl-tests does:
     busbw   algbw * 2(p-1)/p                (what each link carried: comparable across p)
     of mem  busbw / the memory bandwidth: np.copyto of M bytes in this process, best of 5
     of TCP  busbw / the point-to-point TCP limit between two processes on this machine
-            (timing/calibrate.py: a ping-pong for alpha, a one-way stream for B)
+            (timing/network.py: a ping-pong for alpha, a one-way stream for B)
     t/peer  time / the fastest peer's time at that size (below 1: faster than every peer)
 
 and, for the ring over TCP or an emulated link (--latency, --bandwidth), the alpha-beta
@@ -36,13 +36,15 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from pipesgd_ref.comm.netem import LinkModel
+from pipesgd_ref.comm.netem import LinkSpec
 from pipesgd_ref.comm.ring import allreduce, barrier
 from pipesgd_ref.commands.bench_peers import peer_problem, run_peer
 from pipesgd_ref.outputs import write_text_atomic
-from pipesgd_ref.runtime.launch import join_from_env, launch_local
+from pipesgd_ref.runtime.jobenv import join_from_env
+from pipesgd_ref.runtime.launch import launch_local
 from pipesgd_ref.timing import ring_allreduce_time
-from pipesgd_ref.timing.calibrate import measure_gamma, measure_p2p
+from pipesgd_ref.timing.measure import measure_gamma
+from pipesgd_ref.timing.network import measure_p2p
 from pipesgd_ref.units import format_bytes
 
 ROUNDS = 2  # every row is run this many times at each size, its best kept ("best of two")
@@ -61,7 +63,7 @@ class Row:
     time_vs_best_peer: float | None  # time_s / the fastest peer's time_s; None: no peer ran
     verified: bool  # every round's first sum was exact
     round_times_s: list[float]  # each round's time, in round order
-    predicted_s: float | None = None  # the alpha-beta model (ring over TCP or emulated link)
+    predicted_s: float | None = None  # alpha-beta prediction (ring over TCP or emulated link)
     wire_bytes: int | None = None  # ring rows: what rank 0 sent for one AllReduce, headers in
 
 
@@ -121,25 +123,40 @@ def _ring_job(comm, sizes: list[int], reps: int, warmup: int, codec_name: str = 
     return out
 
 
-def run_ring(world_size: int, nbytes: int, reps: int, warmup: int, transport: str,
-             codec: str, model: LinkModel, timeout: float) -> dict:  # fmt: skip
+def run_ring(
+    world_size: int,
+    nbytes: int,
+    reps: int,
+    warmup: int,
+    transport: str,
+    codec: str,
+    link: LinkSpec,
+    timeout: float,
+) -> dict:
     """One ring row at one size, in fresh worker processes: {"times": the slowest rank's time
     of each call, "verified", "wire"}."""
-    per_rank = launch_local(world_size, _ring_job, ([nbytes], reps, warmup, codec),
-                            start_method="fork", model=model, timeout=timeout,
-                            transport=transport)  # fmt: skip
+    per_rank = launch_local(
+        world_size,
+        _ring_job,
+        ([nbytes], reps, warmup, codec),
+        start_method="fork",
+        model=link,
+        timeout=timeout,
+        transport=transport,
+    )
     mine = [rank[nbytes] for rank in per_rank]
     # A call's time is its slowest rank's: the collective is done when the last rank has it.
     slowest = [max(rank["times"][i] for rank in mine) for i in range(reps)]
-    return {"times": slowest, "verified": all(rank["verified"] for rank in mine),
-            "wire": mine[0]["wire"]}  # fmt: skip
+    verified = all(rank["verified"] for rank in mine)
+    return {"times": slowest, "verified": verified, "wire": mine[0]["wire"]}
 
 
 # --- the benchmark ----------------------------------------------------------------------------
 
 
-def link_problem(world_size: int, sizes: list[int], model: LinkModel, timeout: float,
-                 codec: str = "none") -> str | None:  # fmt: skip
+def link_problem(
+    world_size: int, sizes: list[int], link: LinkSpec, timeout: float, codec: str = "none"
+) -> str | None:
     """None when the emulated link carries the benchmark's largest ring frame within
     `timeout`; otherwise the sentence that says why not (netem.frame_problem), for the CLI to
     print before any rank starts: the frame is a segment of the largest chunk, ceil(n / p)
@@ -147,19 +164,42 @@ def link_problem(world_size: int, sizes: list[int], model: LinkModel, timeout: f
     from pipesgd_ref.codecs import get_codec
     from pipesgd_ref.comm.netem import frame_problem
     from pipesgd_ref.comm.schedule import SEGMENT_BYTES
-    from pipesgd_ref.comm.transport import HEADER_BYTES
+    from pipesgd_ref.comm.wire import HEADER_BYTES
 
-    if world_size < 2 or not model.enabled:
+    if world_size < 2 or not link.enabled:
         return None
     values = min(-(-max(sizes) // 4 // world_size), max(1, SEGMENT_BYTES // 4))
     nbytes = get_codec(codec, "numpy").wire_bytes(values) + HEADER_BYTES
-    return frame_problem(model, nbytes, timeout, what="a ring segment")
+    return frame_problem(link, nbytes, timeout, what="a ring segment")
+
+
+@dataclass
+class Machine:
+    """What a row is measured against, timed in this process before the rows run."""
+
+    p2p_bw: float  # bytes/s of a one-way TCP stream between two processes here
+    p2p_alpha: float  # s: one-way latency of a TCP ping-pong here
+    gamma: float  # s per byte of the reduction (np.add)
+    copy_bps: dict[int, float]  # size -> bytes/s of np.copyto (copy_bandwidth)
+
+
+def measure_machine(sizes: list[int], print_fn=_print) -> Machine:
+    """The point-to-point TCP limit, the reduction's cost and the memory bandwidth, printed."""
+    p2p_bw, p2p_alpha = measure_p2p()
+    gamma = measure_gamma()
+    copy_bps = {nbytes: copy_bandwidth(nbytes) for nbytes in sizes}
+    print_fn(
+        f"point-to-point TCP: {p2p_bw / 1e9:.2f} GB/s, one-way latency "
+        f"{p2p_alpha * 1e6:.0f} us; reduction {1 / gamma / 1e9:.2f} GB/s; memory copy "
+        + ", ".join(f"{format_bytes(n)} {copy_bps[n] / 1e9:.2f} GB/s" for n in sizes)
+    )
+    return Machine(p2p_bw, p2p_alpha, gamma, copy_bps)
 
 
 def bench_allreduce(
     world_size: int,
     sizes: list[int],
-    model: LinkModel | None = None,
+    link: LinkSpec | None = None,
     reps: int = 10,
     warmup: int = 2,
     transports: list[str] | tuple[str, ...] = ("tcp",),
@@ -173,74 +213,32 @@ def bench_allreduce(
     """Every row (each transport's ring, each peer that can run) at every size, `rounds`
     times in turns; one table of each row's best round (module docstring); the result as a
     dict, also written to `json_path`."""
-    model = model or LinkModel()
-    print_fn(f"ring AllReduce, {world_size} ranks on this machine, transports "
-             f"{','.join(transports)}, codec {codec}, "
-             f"link: {model if model.enabled else 'not emulated'}")  # fmt: skip
-    p2p_bw, p2p_alpha = measure_p2p()
-    gamma = measure_gamma()
-    copy_bps = {nbytes: copy_bandwidth(nbytes) for nbytes in sizes}
+    link = link or LinkSpec()
     print_fn(
-        f"point-to-point TCP: {p2p_bw / 1e9:.2f} GB/s, one-way latency "
-        f"{p2p_alpha * 1e6:.0f} us; reduction {1 / gamma / 1e9:.2f} GB/s; memory copy "
-        + ", ".join(f"{format_bytes(n)} {copy_bps[n] / 1e9:.2f} GB/s" for n in sizes)
+        f"ring AllReduce, {world_size} ranks on this machine, transports "
+        f"{','.join(transports)}, codec {codec}, "
+        f"link: {link if link.enabled else 'not emulated'}"
     )
-    alpha = model.latency if model.enabled else p2p_alpha
-    bandwidth = model.bandwidth if model.bandwidth != float("inf") else p2p_bw
-    skipped = {}
-    for peer in peers:
-        why = ("the link is emulated (--latency/--bandwidth) and the peers' traffic does not "
-               "pass through the emulation") if model.enabled else peer_problem(peer)  # fmt: skip
-        if why is not None:
-            skipped[peer] = why
-            print_fn(f"peer {peer} skipped: {why}")
+    machine = measure_machine(sizes, print_fn)
+    skipped = skipped_peers(peers, link, print_fn)
     ran_peers = [peer for peer in peers if peer not in skipped]
     names = [f"ring-{t}" for t in transports] + ran_peers
 
     def run(name: str, nbytes: int) -> dict:
         if name.startswith("ring-"):
-            return run_ring(world_size, nbytes, reps, warmup, name[len("ring-"):], codec, model,
-                            timeout)  # fmt: skip
+            transport = name[len("ring-") :]
+            return run_ring(world_size, nbytes, reps, warmup, transport, codec, link, timeout)
         return run_peer(name, world_size, nbytes, reps, warmup, timeout)
 
-    # In turns: round k runs every row at every size, the rows reversed in odd rounds.
-    got: dict[tuple[str, int], list[dict]] = {(name, n): [] for name in names for n in sizes}
-    for k in range(rounds):
-        for nbytes in sizes:
-            for name in names if k % 2 == 0 else names[::-1]:
-                figures = run(name, nbytes)
-                figures["time_s"] = statistics.median(figures["times"])
-                got[name, nbytes].append(figures)
-            print_fn(f"round {k + 1} of {rounds}, {format_bytes(nbytes)}: "
-                     + ", ".join(f"{name} {got[name, nbytes][-1]['time_s'] * 1e3:.2f} ms"
-                                 for name in names))  # fmt: skip
-
-    rows = []
-    for nbytes in sizes:
-        best = {name: min(r["time_s"] for r in got[name, nbytes]) for name in names}
-        best_peer = min((best[peer] for peer in ran_peers), default=None)
-        for name in names:
-            t = best[name]
-            algbw = nbytes / t
-            busbw = algbw * bus_factor(world_size)
-            runs = got[name, nbytes]
-            ring = name.startswith("ring-")
-            modelled = ring and (model.enabled or name == "ring-tcp")  # the model is TCP's
-            rows.append(Row(
-                name, nbytes, t, algbw, busbw, copy_bps[nbytes], busbw / copy_bps[nbytes],
-                busbw / p2p_bw, None if best_peer is None else t / best_peer,
-                all(r["verified"] for r in runs), [r["time_s"] for r in runs],
-                ring_allreduce_time(world_size, nbytes, alpha, bandwidth, gamma)
-                if modelled else None,
-                runs[0]["wire"] if ring else None,
-            ))  # fmt: skip
-    print_table(rows, rounds, model.bandwidth if model.enabled else None, print_fn)
+    got = in_turns(names, sizes, rounds, run, print_fn)
+    rows = best_rows(got, names, sizes, ran_peers, world_size, link, machine)
+    print_table(rows, rounds, link.bandwidth if link.enabled else None, print_fn)
     result = {
         "world_size": world_size,
-        "link": {"latency_s": model.latency, "bandwidth_Bps": model.bandwidth},
-        "p2p_bandwidth_Bps": p2p_bw,
-        "p2p_latency_s": p2p_alpha,
-        "gamma_s_per_byte": gamma,
+        "link": {"latency_s": link.latency, "bandwidth_Bps": link.bandwidth},
+        "p2p_bandwidth_Bps": machine.p2p_bw,
+        "p2p_latency_s": machine.p2p_alpha,
+        "gamma_s_per_byte": machine.gamma,
         "codec": codec,
         "transports": list(transports),
         "peers": ran_peers,
@@ -257,21 +255,104 @@ def bench_allreduce(
     return result
 
 
+def skipped_peers(peers, link: LinkSpec, print_fn=_print) -> dict[str, str]:
+    """{peer: why it cannot run}, each said in one line: its library is missing, or the link
+    is emulated and the peers' traffic would not pass through the emulation."""
+    skipped = {}
+    for peer in peers:
+        if link.enabled:
+            why = (
+                "the link is emulated (--latency/--bandwidth) and the peers' traffic does not "
+                "pass through the emulation"
+            )
+        else:
+            why = peer_problem(peer)
+        if why is not None:
+            skipped[peer] = why
+            print_fn(f"peer {peer} skipped: {why}")
+    return skipped
+
+
+def in_turns(names: list[str], sizes: list[int], rounds: int, run, print_fn=_print) -> dict:
+    """{(row, size): each round's figures}: round k runs every row at every size, the rows
+    reversed in odd rounds, so that no row always runs first on a machine whose speed drifts."""
+    got: dict[tuple[str, int], list[dict]] = {(name, n): [] for name in names for n in sizes}
+    for k in range(rounds):
+        for nbytes in sizes:
+            for name in names if k % 2 == 0 else names[::-1]:
+                figures = run(name, nbytes)
+                figures["time_s"] = statistics.median(figures["times"])
+                got[name, nbytes].append(figures)
+            times = (f"{name} {got[name, nbytes][-1]['time_s'] * 1e3:.2f} ms" for name in names)
+            print_fn(f"round {k + 1} of {rounds}, {format_bytes(nbytes)}: " + ", ".join(times))
+    return got
+
+
+def best_rows(
+    got: dict,
+    names: list[str],
+    sizes: list[int],
+    peers: list[str],
+    world_size: int,
+    link: LinkSpec,
+    m: Machine,
+) -> list[Row]:
+    """One Row per size and row name: its best round against the machine's figures, the peers'
+    best and, for the ring over TCP or an emulated link, the alpha-beta prediction."""
+    alpha = link.latency if link.enabled else m.p2p_alpha
+    bandwidth = link.bandwidth if link.bandwidth != float("inf") else m.p2p_bw
+    rows = []
+    for nbytes in sizes:
+        best = {name: min(r["time_s"] for r in got[name, nbytes]) for name in names}
+        best_peer = min((best[peer] for peer in peers), default=None)
+        for name in names:
+            t = best[name]
+            algbw = nbytes / t
+            busbw = algbw * bus_factor(world_size)
+            runs = got[name, nbytes]
+            ring = name.startswith("ring-")
+            predicted = None
+            if ring and (link.enabled or name == "ring-tcp"):  # the unemulated figures are TCP's
+                predicted = ring_allreduce_time(world_size, nbytes, alpha, bandwidth, m.gamma)
+            copy = m.copy_bps[nbytes]
+            rows.append(
+                Row(
+                    name=name,
+                    size_bytes=nbytes,
+                    time_s=t,
+                    algbw=algbw,
+                    busbw=busbw,
+                    copy_Bps=copy,
+                    of_memory=busbw / copy,
+                    of_tcp=busbw / m.p2p_bw,
+                    time_vs_best_peer=None if best_peer is None else t / best_peer,
+                    verified=all(r["verified"] for r in runs),
+                    round_times_s=[r["time_s"] for r in runs],
+                    predicted_s=predicted,
+                    wire_bytes=runs[0]["wire"] if ring else None,
+                )
+            )
+    return rows
+
+
 def print_table(rows: list[Row], rounds: int, link_bandwidth: float | None, print_fn=print):
     """The table: one line per row and size, "-" where a figure does not apply. With an
     emulated link, an "of link" column: busbw / the link's bandwidth."""
     width = max(len("row"), *(len(r.name) for r in rows))
-    header = (f"{'row':<{width}} {'size':>10} {'time ms':>9} {'algbw GB/s':>11} "
-              f"{'busbw GB/s':>11} {'of mem':>7} {'of TCP':>7}")  # fmt: skip
+    header = (
+        f"{'row':<{width}} {'size':>10} {'time ms':>9} {'algbw GB/s':>11} "
+        f"{'busbw GB/s':>11} {'of mem':>7} {'of TCP':>7}"
+    )
     if link_bandwidth is not None:
         header += f" {'of link':>7}"
     header += f" {'model ms':>9} {'verified':>9} {'sent MB':>8} {'t/peer':>7}"
     print_fn(f"best of {rounds} rounds:")
     print_fn(header)
     for r in rows:
-        line = (f"{r.name:<{width}} {format_bytes(r.size_bytes):>10} {r.time_s * 1e3:9.2f} "
-                f"{r.algbw / 1e9:11.3f} {r.busbw / 1e9:11.3f} {r.of_memory:7.0%} "
-                f"{r.of_tcp:7.0%}")  # fmt: skip
+        line = (
+            f"{r.name:<{width}} {format_bytes(r.size_bytes):>10} {r.time_s * 1e3:9.2f} "
+            f"{r.algbw / 1e9:11.3f} {r.busbw / 1e9:11.3f} {r.of_memory:7.0%} {r.of_tcp:7.0%}"
+        )
         if link_bandwidth is not None:
             line += f" {r.busbw / link_bandwidth:7.0%}"
         line += (
@@ -289,7 +370,7 @@ def _or_dash(value: float | None, scale: float, width: int) -> str:
 
 def bench_allreduce_joined(
     sizes: list[int],
-    model: LinkModel | None = None,
+    link: LinkSpec | None = None,
     reps: int = 10,
     warmup: int = 2,
     timeout: float = 60.0,
@@ -302,13 +383,13 @@ def bench_allreduce_joined(
     """The benchmark as one rank of a job from the environment (torchrun, mpirun, srun
     variables): every rank runs the same sizes; rank 0 prints the table (its own times).
     comm_kind "mpi": the same ring over MPI point-to-point (comm/mpi.py), in MPI_COMM_WORLD."""
-    model = model or LinkModel()
+    link = link or LinkSpec()
     if comm_kind == "mpi":
         from pipesgd_ref.comm.mpi import join_mpi
 
         comm, how = join_mpi(timeout=timeout), "over MPI point-to-point"
     else:
-        comm = join_from_env(timeout=timeout, bind=bind, model=model, transport=transport)
+        comm = join_from_env(timeout=timeout, bind=bind, model=link, transport=transport)
         how = "joined from the environment"
     try:
         mine = _ring_job(comm, sizes, reps, warmup)
@@ -324,8 +405,10 @@ def bench_allreduce_joined(
         for nbytes in sizes:
             t, ok = statistics.median(mine[nbytes]["times"]), mine[nbytes]["verified"]
             busbw = nbytes / t * bus_factor(p)
-            print_fn(f"{format_bytes(nbytes):>10} {t * 1e3:9.2f} {nbytes / t / 1e9:11.3f} "
-                     f"{busbw / 1e9:11.3f} {'yes' if ok else 'NO':>9}")  # fmt: skip
+            print_fn(
+                f"{format_bytes(nbytes):>10} {t * 1e3:9.2f} {nbytes / t / 1e9:11.3f} "
+                f"{busbw / 1e9:11.3f} {'yes' if ok else 'NO':>9}"
+            )
             rows.append({"size_bytes": nbytes, "time_s": t, "busbw": busbw, "verified_rank0": ok})
         result = {"world_size": p, "rows": rows}
         if json_path:

@@ -84,9 +84,13 @@ def gloo_job(comm, nbytes: int, reps: int, warmup: int, port: int, timeout: floa
     import torch.distributed as dist
 
     torch.set_num_threads(1)  # one core a rank, as ours: the machine's cores are shared
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=comm.rank,
-                            world_size=comm.world_size,
-                            timeout=datetime.timedelta(seconds=timeout))  # fmt: skip
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=comm.rank,
+        world_size=comm.world_size,
+        timeout=datetime.timedelta(seconds=timeout),
+    )
     try:
         p = comm.world_size
         x = torch.full((nbytes // 4,), float(comm.rank + 1))
@@ -106,8 +110,13 @@ def gloo_job(comm, nbytes: int, reps: int, warmup: int, port: int, timeout: floa
 
 
 def run_gloo(world_size: int, nbytes: int, reps: int, warmup: int, timeout: float) -> dict:
-    per_rank = launch_local(world_size, gloo_job, (nbytes, reps, warmup, free_port(), timeout),
-                            start_method="fork", timeout=timeout)  # fmt: skip
+    per_rank = launch_local(
+        world_size,
+        gloo_job,
+        (nbytes, reps, warmup, free_port(), timeout),
+        start_method="fork",
+        timeout=timeout,
+    )
     # A call's time is its slowest rank's: the collective is done when the last rank has it.
     slowest = [max(r["times"][i] for r in per_rank) for i in range(reps)]
     return {"times": slowest, "verified": all(r["verified"] for r in per_rank)}
@@ -116,8 +125,9 @@ def run_gloo(world_size: int, nbytes: int, reps: int, warmup: int, timeout: floa
 # --- Open MPI: a child job under mpirun -------------------------------------------------------
 
 
-def mpi_command(world_size: int, nbytes: int, reps: int, warmup: int, out: str,
-                tcp: bool = False) -> list[str]:  # fmt: skip
+def mpi_command(
+    world_size: int, nbytes: int, reps: int, warmup: int, out: str, tcp: bool = False
+) -> list[str]:
     mpirun, why = find_mpirun()
     if mpirun is None:
         raise LaunchError(why)
@@ -128,15 +138,17 @@ def mpi_command(world_size: int, nbytes: int, reps: int, warmup: int, out: str,
         argv += ["--mca", "btl", "tcp,self"]
     # OMP_NUM_THREADS: a library under NumPy must not start a thread per core in every rank.
     argv += ["-x", "OMP_NUM_THREADS=1", "-x", "PYTHONPATH"]
-    return argv + [sys.executable, "-m", "pipesgd_ref.commands.bench_mpi", "--size", str(nbytes),
-                   "--reps", str(reps), "--warmup", str(warmup), "--out", out]  # fmt: skip
+    bench = [sys.executable, "-m", "pipesgd_ref.commands.bench_mpi"]
+    flags = ["--size", nbytes, "--reps", reps, "--warmup", warmup, "--out", out]
+    return argv + bench + [str(f) for f in flags]
 
 
-def run_mpi(world_size: int, nbytes: int, reps: int, warmup: int, timeout: float,
-            tcp: bool = False) -> dict:  # fmt: skip
+def run_mpi(
+    world_size: int, nbytes: int, reps: int, warmup: int, timeout: float, tcp: bool = False
+) -> dict:
     """Open MPI's Allreduce timed by bench_mpi in a job of its own; its figures. The job runs
     in a session of its own, so that on any way out of here (an error, a signal, its time
-    limit MPI_START_S + timeout, a signal) it is ended whole, mpirun and its ranks."""
+    limit MPI_START_S + timeout) it is ended whole, mpirun and its ranks."""
     # The ranks import this very copy of the package (a checkout, not only an installed one).
     path = [_package_root(), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
@@ -152,12 +164,19 @@ def run_mpi(world_size: int, nbytes: int, reps: int, warmup: int, timeout: float
             return json.load(f)
 
 
-def _run_job(argv: list[str], env: dict, tcp: bool, world_size: int, nbytes: int,
-             timeout: float) -> str:  # fmt: skip
+def _run_job(
+    argv: list[str], env: dict, tcp: bool, world_size: int, nbytes: int, timeout: float
+) -> str:
     """Run the mpirun job to its end; its output. Raises LaunchError when it fails."""
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env, start_new_session=True,
-                            preexec_fn=_die_with_parent)  # fmt: skip
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        start_new_session=True,
+        preexec_fn=_die_with_parent,
+    )
     try:
         output, _ = proc.communicate(timeout=MPI_START_S + timeout)
     except subprocess.TimeoutExpired:
@@ -170,8 +189,9 @@ def _run_job(argv: list[str], env: dict, tcp: bool, world_size: int, nbytes: int
         _end_session(proc)
     if proc.returncode != 0:
         tail = "; ".join(output.strip().splitlines()[-3:]) or "no output"
-        raise LaunchError(f"the mpi peer's job failed (mpirun exit status {proc.returncode}): "
-                          f"{tail}")  # fmt: skip
+        raise LaunchError(
+            f"the mpi peer's job failed (mpirun exit status {proc.returncode}): {tail}"
+        )
     return output
 
 
@@ -225,8 +245,9 @@ def _end_session(proc: subprocess.Popen) -> None:
             continue
 
 
-def run_peer(peer: str, world_size: int, nbytes: int, reps: int, warmup: int,
-             timeout: float) -> dict:  # fmt: skip
+def run_peer(
+    peer: str, world_size: int, nbytes: int, reps: int, warmup: int, timeout: float
+) -> dict:
     if peer == "gloo":
         return run_gloo(world_size, nbytes, reps, warmup, timeout)
     return run_mpi(world_size, nbytes, reps, warmup, timeout, tcp=peer == "mpi-tcp")

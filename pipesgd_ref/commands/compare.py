@@ -43,10 +43,13 @@ from pathlib import Path
 from typing import Any
 
 from pipesgd_ref import timing
+from pipesgd_ref.commands.compare_figures import plot_compare
 from pipesgd_ref.commands.train import run_training
 from pipesgd_ref.config import TrainConfig, model_label
+from pipesgd_ref.methods.table import method
 from pipesgd_ref.outputs import write_json
-from pipesgd_ref.timing.calibrate import CALIBRATION_REPS, CALIBRATION_TRIES, calibrate
+from pipesgd_ref.timing.calibrate import calibrate
+from pipesgd_ref.timing.sharing import CALIBRATION_REPS, CALIBRATION_TRIES
 
 # The paper's headline and the issue's bars: (faster run, slower run, minimum ratio of their
 # wall-clock times to the target accuracy).
@@ -63,9 +66,10 @@ QUICK_CALIBRATION_TRIES = 1  # ...and one launch per figure (the default takes t
 
 
 def quick_config(cfg: TrainConfig) -> TrainConfig:
-    """`--quick`: the same problem, fewer steps, run once (CI and tutorials: under a minute;
-    the default problem reaches its target at step 28-30 of 32); never more steps than asked
-    for."""
+    """`--quick`: the same problem, four fifths of its steps (at least 10, never more than
+    asked for), run once: for CI and tutorials, a run that shows the comparison's shape in
+    under a minute, not one sure to reach the target (the default problem reaches it only in
+    its last few steps)."""
     return cfg.replace(steps=min(cfg.steps, max(10, cfg.steps * 4 // 5)))
 
 
@@ -79,7 +83,7 @@ def calibrate_for(
     """The calibration compare uses: everything calibrate measures, plus Pipe-SGD's
     compute next to its communication for every codec a pipe run of `runs` uses. `network`:
     the wire's figures when measured elsewhere (calibrate's; compare_mpi.py measures MPI's)."""
-    busy = tuple(sorted({codec for algo, codec in runs if algo == "pipe"}))
+    busy = tuple(sorted({codec for algo, codec in runs if method(algo).pipelined}))
     return calibrate(cfg, network=network, busy_codecs=busy, reps=reps, tries=tries)
 
 
@@ -88,6 +92,7 @@ def run_config(
 ) -> TrainConfig:
     """The config of one run of the comparison: cfg with this algo and codec, written to
     out/LABEL, or out/LABEL/repeat-K when the method runs more than once."""
+    row = method(algo)
     folder = ""
     if out:
         folder = out / timing.run_label(algo, codec)
@@ -95,17 +100,13 @@ def run_config(
     return cfg.replace(
         algo=algo,
         codec=codec,
-        width=cfg.width if algo == "pipe" else 1,
-        # pipe's compensation for pipe's runs, dc for ps-async's; the bound ps-async's alone
-        compensation=cfg.compensation if _compensates(algo, cfg.compensation) else "none",
-        max_staleness=cfg.max_staleness if algo == "ps-async" else -1,
+        width=cfg.width if row.pipelined else 1,
+        # cfg's compensation and staleness bound for the methods that take them, else none
+        compensation=cfg.compensation if cfg.compensation in row.compensations else "none",
+        max_staleness=cfg.max_staleness if row.bounded_staleness else -1,
         codec_pull="none",
         out=folder,
     )
-
-
-def _compensates(algo: str, compensation: str) -> bool:
-    return algo == "pipe" or (algo == "ps-async" and compensation.startswith("dc"))
 
 
 def soonest(repeats: list[dict]) -> int:
@@ -121,8 +122,14 @@ def soonest(repeats: list[dict]) -> int:
 
 def repeat_brief(s: dict) -> dict:
     """What compare.json keeps of every repeat, kept or not."""
-    keys = ("iter_time_s", "t_comp_s", "time_to_target_s", "steps_to_target", "test_accuracy",
-            "wall_time_s")  # fmt: skip
+    keys = (
+        "iter_time_s",
+        "t_comp_s",
+        "time_to_target_s",
+        "steps_to_target",
+        "test_accuracy",
+        "wall_time_s",
+    )
     return {k: s[k] for k in keys}
 
 
@@ -147,16 +154,60 @@ def run_compare(
     out_dir = Path(out) if out else None
     started = time.perf_counter()
     times = f" x {repeats} repeats" if repeats > 1 else ""
-    log(f"compare: {len(runs)} runs{times} of {cfg.world_size} workers, {cfg.dataset}, "
-        f"{model_label(cfg)}, batch {cfg.batch_size}, {cfg.steps} steps, link "
-        f"{timing_link(cfg)}")  # fmt: skip
+    log(
+        f"compare: {len(runs)} runs{times} of {cfg.world_size} workers, {cfg.dataset}, "
+        f"{model_label(cfg)}, batch {cfg.batch_size}, {cfg.steps} steps, link {timing_link(cfg)}"
+    )
     if calibration is None:
         log("calibrating the timing model on this machine ...")
     cal = calibration or calibrate_for(cfg, runs, calibration_reps, calibration_tries)
     log("  " + timing.describe(cal))
-    preds = timing.predict_all(cfg.world_size, cal, runs, width=cfg.width,
-                               ps_pulls=cfg.ps_pulls, compensation=cfg.compensation)  # fmt: skip
+    options = dict(width=cfg.width, ps_pulls=cfg.ps_pulls, compensation=cfg.compensation)
+    preds = timing.predict_all(cfg.world_size, cal, runs, **options)
+    done, all_traces = run_repeats(cfg, runs, preds, out_dir, repeats, progress, log, train)
+    summaries: dict[str, dict] = {}
+    traces: dict[str, list[dict]] = {}
+    for label, repeat_summaries in done.items():
+        kept = soonest(repeat_summaries)
+        briefs = [repeat_brief(s) for s in repeat_summaries]
+        summaries[label] = {**repeat_summaries[kept], "repeat": kept + 1, "repeats": briefs}
+        traces[label] = all_traces[label][kept]
 
+    rows = table_rows(summaries, preds)
+    checks = check_targets(rows)
+    report = {
+        "kind": "compare",
+        "config": cfg.to_dict(),
+        "calibration": cal.to_dict(),
+        "predictions": {k: v.to_dict() for k, v in preds.items()},
+        "table": rows,
+        "checks": checks,
+        "repeats": repeats,
+        "runs": {k: _without_heavy(v) for k, v in summaries.items()},
+        "wall_time_s": time.perf_counter() - started,
+    }
+    _log_report(report, cfg, log)
+    if out_dir is not None:
+        write_json(out_dir / "compare.json", report)
+        figures = plot_compare(report, summaries, traces, cal, cfg, out_dir)
+        extra = f" and {len(figures)} figures" if figures else " (no matplotlib: no figures)"
+        log(f"wrote {out_dir / 'compare.json'}{extra}")
+    log(f"compare: done in {report['wall_time_s']:.0f} s")
+    return report
+
+
+def run_repeats(
+    cfg: TrainConfig,
+    runs,
+    preds: dict,
+    out_dir: Path | None,
+    repeats: int,
+    progress: bool,
+    log: Callable[[str], None],
+    train: Callable[..., tuple[dict, list]],
+) -> tuple[dict[str, list[dict]], dict[str, list[list[dict]]]]:
+    """Every run `repeats` times, in passes (all runs once, then all again): {label: each
+    repeat's summary} and {label: each repeat's trace events}."""
     labels = [timing.run_label(algo, codec) for algo, codec in runs]
     done: dict[str, list[dict]] = {label: [] for label in labels}
     all_traces: dict[str, list[list[dict]]] = {label: [] for label in labels}
@@ -174,48 +225,30 @@ def run_compare(
             all_traces[label].append([e for r in results for e in r.events])
             reached = summary["time_to_target_s"]
             got = f"reached in {reached:.2f} s" if reached is not None else "not reached"
-            log(f"{tag}: iteration {summary['iter_time_s'] * 1e3:.1f} ms, test accuracy "
-                f"{summary['test_accuracy']:.4f}, target {got}")  # fmt: skip
+            log(
+                f"{tag}: iteration {summary['iter_time_s'] * 1e3:.1f} ms, test accuracy "
+                f"{summary['test_accuracy']:.4f}, target {got}"
+            )
+    return done, all_traces
 
-    summaries: dict[str, dict] = {}
-    traces: dict[str, list[dict]] = {}
-    for label in labels:
-        kept = soonest(done[label])
-        summaries[label] = {**done[label][kept], "repeat": kept + 1,
-                            "repeats": [repeat_brief(s) for s in done[label]]}  # fmt: skip
-        traces[label] = all_traces[label][kept]
 
-    rows = table_rows(summaries, preds)
-    checks = check_targets(rows)
-    report = {
-        "kind": "compare",
-        "config": cfg.to_dict(),
-        "calibration": cal.to_dict(),
-        "predictions": {k: v.to_dict() for k, v in preds.items()},
-        "table": rows,
-        "checks": checks,
-        "repeats": repeats,
-        "runs": {k: _without_heavy(v) for k, v in summaries.items()},
-        "wall_time_s": time.perf_counter() - started,
-    }
+def _log_report(report: dict, cfg: TrainConfig, log: Callable[[str], None]) -> None:
+    """The table, the checks, and what to read them as."""
     log("")
-    log(format_table(rows, cfg))
-    if repeats > 1:
-        log(f"(each method ran {repeats} times; the table keeps the repeat that reached the "
-            f"target soonest; every repeat is in compare.json)")  # fmt: skip
+    log(format_table(report["table"], cfg))
+    if report["repeats"] > 1:
+        log(
+            f"(each method ran {report['repeats']} times; the table keeps the repeat that "
+            f"reached the target soonest; every repeat is in compare.json)"
+        )
     log("")
-    for c in checks:
+    for c in report["checks"]:
         log(c["text"])
     if cfg.model != "mlp":
-        log(f"(the bars are the paper's headline on the MLP problem of the compare preset; on "
-            f"--model {cfg.model} they are figures to read, not targets)")  # fmt: skip
-    if out_dir is not None:
-        write_json(out_dir / "compare.json", report)
-        figures = plot_compare(report, summaries, traces, cal, cfg, out_dir)
-        extra = f" and {len(figures)} figures" if figures else " (no matplotlib: no figures)"
-        log(f"wrote {out_dir / 'compare.json'}{extra}")
-    log(f"compare: done in {report['wall_time_s']:.0f} s")
-    return report
+        log(
+            f"(the bars are the paper's headline on the MLP problem of the compare preset; on "
+            f"--model {cfg.model} they are figures to read, not targets)"
+        )
 
 
 def _quiet(*_: Any) -> None:
@@ -223,12 +256,13 @@ def _quiet(*_: Any) -> None:
 
 
 def timing_link(cfg: TrainConfig) -> str:
-    from pipesgd_ref.config import link_model
+    """The link the runs share, in words."""
+    from pipesgd_ref.comm.netem import link_of
 
     if cfg.comm == "mpi":
         return "MPI's own, not emulated"
-    model = link_model(cfg)
-    return str(model) if model.enabled else "loopback, not emulated"
+    link = link_of(cfg)
+    return str(link) if link.enabled else "loopback, not emulated"
 
 
 def _without_heavy(summary: dict) -> dict:
@@ -267,8 +301,10 @@ def table_rows(summaries: dict[str, dict], preds: dict) -> list[dict]:
 
 def format_table(rows: list[dict], cfg: TrainConfig) -> str:
     target = f"to {cfg.target_accuracy:.0%} s"
-    head = (f"{'run':<13} {'iter ms':>8} {'predicted':>9} {'error':>6} {'x ps-sync':>9} "
-            f"{target:>9} {'steps':>5} {'x ps-sync':>9} {'test acc':>8}")  # fmt: skip
+    head = (
+        f"{'run':<13} {'iter ms':>8} {'predicted':>9} {'error':>6} {'x ps-sync':>9} "
+        f"{target:>9} {'steps':>5} {'x ps-sync':>9} {'test acc':>8}"
+    )
     lines = [
         f"{cfg.world_size} workers, {cfg.dataset}, link {timing_link(cfg)}; 'x ps-sync': "
         f"speedup over ps-sync per iteration, then in time to {cfg.target_accuracy:.0%} test "
@@ -325,123 +361,6 @@ def check_targets(rows: list[dict]) -> list[dict]:
             if ratio is not None
             else f"{fast} vs {slow}: a run did not reach the target"
         )
-        out.append({"check": f"{fast} vs {slow}", "ratio": ratio, "bar": bar, "ok": ok,
-                    "text": text})  # fmt: skip
+        check = {"check": f"{fast} vs {slow}", "ratio": ratio, "bar": bar, "ok": ok}
+        out.append({**check, "text": text})
     return out
-
-
-# --- figures -------------------------------------------------------------------------------
-
-COLORS = {
-    "ps-sync": "tab:red",
-    "ps-async": "tab:orange",
-    "sync": "tab:blue",
-    "pipe": "tab:green",
-    "pipe+trunc16": "tab:olive",
-    "pipe+q8": "tab:purple",
-}
-
-
-def plot_compare(report, summaries, traces, cal, cfg, out_dir: Path) -> list[Path]:
-    """The four figures of the comparison; [] without matplotlib."""
-    from pipesgd_ref.plots import pyplot, save_figure
-
-    plt = pyplot()
-    if plt is None:
-        return []
-    paths = []
-
-    # 1. loss and test accuracy against wall-clock time
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    for label, s in summaries.items():
-        c = COLORS.get(label)
-        ax1.plot([p["wall_time_s"] for p in s["loss_curve"]],
-                 [p["loss"] for p in s["loss_curve"]], label=label, color=c, lw=1)  # fmt: skip
-        ax2.plot([p["wall_time_s"] for p in s["eval_curve"]],
-                 [p["test_accuracy"] for p in s["eval_curve"]], label=label, color=c)  # fmt: skip
-    ax1.set(xlabel="wall-clock time (s)", ylabel="training loss (mean over workers)",
-            yscale="log", title="loss against wall-clock time")  # fmt: skip
-    ax2.axhline(cfg.target_accuracy, color="gray", ls="--", lw=1, label="target")
-    ax2.set(xlabel="wall-clock time (s)", ylabel="test accuracy",
-            title="test accuracy against wall-clock time")  # fmt: skip
-    ax1.legend(fontsize=8)
-    ax2.legend(fontsize=8)
-    paths.append(save_figure(fig, out_dir / "loss_vs_time.png"))
-
-    # 2. stacked compute / exposed communication per iteration, predicted marked
-    fig, ax = plt.subplots(figsize=(8, 4))
-    labels = list(summaries)
-    comp = [summaries[k]["t_comp_s"] * 1e3 for k in labels]
-    iters = [summaries[k]["iter_time_s"] * 1e3 for k in labels]
-    rest = [max(0.0, it - c) for it, c in zip(iters, comp, strict=True)]
-    ax.bar(labels, comp, label="compute (measured)", color="tab:blue")
-    ax.bar(labels, rest, bottom=comp, label="communication not hidden (measured)",
-           color="tab:orange")  # fmt: skip
-    pred = [report["predictions"][k]["iter_time_s"] * 1e3 for k in labels]
-    ax.scatter(labels, pred, marker="_", s=600, color="black", zorder=3,
-               label="predicted iteration")  # fmt: skip
-    ax.set(ylabel="time per iteration (ms)", title="where an iteration's time goes")
-    ax.legend(fontsize=8)
-    plt.setp(ax.get_xticklabels(), rotation=20)
-    paths.append(save_figure(fig, out_dir / "time_breakdown.png"))
-
-    # 3. timeline: a few steady-state iterations of sync against pipe
-    pair = [k for k in ("sync", "pipe") if k in traces]
-    if pair:
-        fig, axes = plt.subplots(len(pair), 1, figsize=(11, 2.2 * len(pair) + 0.6))
-        axes = [axes] if len(pair) == 1 else list(axes)
-        span = None
-        for ax, label in zip(axes, pair, strict=True):
-            span = _plot_timeline(ax, traces[label], label, span)
-        axes[-1].set_xlabel("time (ms)")
-        paths.append(save_figure(fig, out_dir / "timeline.png"))
-
-    # 4. predicted iteration time against bandwidth, the measured points on top
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    grid = _geomspace(10e6 / 8, 100e9 / 8, 40)
-    for label, pr in report["predictions"].items():
-        ys = [timing.predict(pr["algo"], cfg.world_size, cal.with_network(bandwidth=b),
-                             pr["codec"], pr["width"], cfg.ps_pulls).iter_time_s * 1e3
-              for b in grid]  # fmt: skip
-        ax.plot([b * 8 / 1e9 for b in grid], ys, color=COLORS.get(label), label=label)
-        if math.isfinite(cal.bandwidth):  # unemulated: no bandwidth to put the dot at
-            ax.scatter([cal.bandwidth * 8 / 1e9], [summaries[label]["iter_time_s"] * 1e3],
-                       color=COLORS.get(label), edgecolor="black", zorder=3)  # fmt: skip
-    ax.set(xscale="log", yscale="log", xlabel="link bandwidth (Gbit/s)",
-           ylabel="iteration time (ms)",
-           title="predicted (lines) and measured (dots) iteration time")  # fmt: skip
-    ax.legend(fontsize=8)
-    paths.append(save_figure(fig, out_dir / "predicted_vs_bandwidth.png"))
-    return paths
-
-
-def _geomspace(lo: float, hi: float, n: int) -> list[float]:
-    return [lo * (hi / lo) ** (i / (n - 1)) for i in range(n)]
-
-
-def _plot_timeline(ax, events: list[dict], label: str, span):
-    """Spans of compute (blue), communication (orange) and update (green) per rank and thread
-    for about four iterations from the middle of the run."""
-    steps = sorted({e["args"]["step"] for e in events})
-    mid = steps[len(steps) // 2] if steps else 0
-    chosen = [e for e in events if mid <= e["args"]["step"] < mid + 4]
-    if not chosen:
-        return span
-    t0 = min(e["ts"] for e in chosen)
-    colors = {"compute": "tab:blue", "allreduce": "tab:orange", "update": "tab:green"}
-    rows = sorted({(e["pid"], e["tid"]) for e in chosen})
-    for y, (pid, tid) in enumerate(rows):
-        bars = [((e["ts"] - t0) / 1e3, e["dur"] / 1e3) for e in chosen
-                if e["pid"] == pid and e["tid"] == tid]  # fmt: skip
-        cols = [
-            colors.get(e["name"], "gray") for e in chosen if e["pid"] == pid and e["tid"] == tid
-        ]
-        # white edges: back-to-back spans (a busy comm thread) stay apart
-        ax.broken_barh(bars, (y - 0.4, 0.8), facecolors=cols, edgecolor="white", linewidth=0.8)
-    ax.set_yticks(range(len(rows)), [f"rank {p} {t}" for p, t in rows], fontsize=7)
-    end = max((e["ts"] + e["dur"] - t0) / 1e3 for e in chosen)
-    span = max(span or 0.0, end)
-    ax.set_xlim(0, span)
-    ax.set_title(f"{label}: 4 iterations (compute blue, AllReduce orange, update green)",
-                 fontsize=9)  # fmt: skip
-    return span

@@ -44,10 +44,11 @@ from pipesgd_ref.commands.compare import (
     calibrate_for,
     run_compare,
 )
-from pipesgd_ref.commands.train import n_ranks, run_training_joined
+from pipesgd_ref.commands.train_joined import run_training_joined
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.errors import LaunchError
-from pipesgd_ref.timing.calibrate import hop_job, p2p_job, p2p_summary, stream_and_copy
+from pipesgd_ref.runtime.job import n_ranks
+from pipesgd_ref.timing.network import hop_job, p2p_job, p2p_summary, stream_and_copy
 
 WIRE_BYTES = 16 << 20  # the stream of the bandwidth measurement (as network_figures')
 WIRE_REPS = 6  # its timed repeats; the hop takes a ring AllReduce of 4 bytes per hop ...
@@ -90,26 +91,32 @@ def run_compare_mpi(
         mpi.quiet_bcast(world, (order, arg))
         return _carry_out(world, order, arg, progress=progress)
 
-    log(f"compare --comm mpi: {world.Get_size()} MPI ranks ({mpi.thread_level_name()}), "
-        f"measuring MPI's wire ...")  # fmt: skip
+    log(
+        f"compare --comm mpi: {world.Get_size()} MPI ranks ({mpi.thread_level_name()}), "
+        f"measuring MPI's wire ..."
+    )
     network = give("wire", cfg)
-    log(f"  MPI: hop {network['hop'] * 1e6:.1f} us, stream {network['stream'] / 1e6:.0f} MB/s, "
-        f"{network['copy'] * 1e9:.2f} ns of CPU per byte")  # fmt: skip
+    log(
+        f"  MPI: hop {network['hop'] * 1e6:.1f} us, stream {network['stream'] / 1e6:.0f} MB/s, "
+        f"{network['copy'] * 1e9:.2f} ns of CPU per byte"
+    )
     log("calibrating the computation on this host ...")
     cal = calibrate_for(cfg, timing.COMPARE_RUNS, calibration_reps, calibration_tries, network)
-    cal = dataclasses.replace(cal, alpha_busy=None, source={
+    source = {
         **cal.source,
-        "alpha": f"a ring AllReduce of 4 B per hop among {cfg.world_size} MPI ranks (the median "
-                 f"of {HOP_REPS}), per hop",
+        "alpha": f"a ring AllReduce of 4 B per hop among {cfg.world_size} MPI ranks (the "
+        f"median of {HOP_REPS}), per hop",
         "loop_bandwidth": f"the median of {WIRE_REPS} MPI streams of 16 MB from rank 0 to 1",
         "copy": "CPU time per byte of the sending and receiving rank of those streams (mean)",
-    })  # fmt: skip
+    }
+    cal = dataclasses.replace(cal, alpha_busy=None, source=source)
 
     def train(run_cfg: TrainConfig, progress: bool, log: Callable, label: str):
         return give("train", run_cfg)
 
-    report = run_compare(cfg, out=out, progress=progress, log=log, calibration=cal,
-                         repeats=repeats, train=train)  # fmt: skip
+    report = run_compare(
+        cfg, out=out, progress=progress, log=log, calibration=cal, repeats=repeats, train=train
+    )
     mpi.quiet_bcast(world, ("done", None))
     log(
         "(the bars are set for compare's emulated link, the communication-heavy regime; over "

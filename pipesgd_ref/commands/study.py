@@ -9,18 +9,19 @@ beyond (tests/test_compensation.py): the study measures accuracy, not speed, and
 p times cheaper than p processes on shared cores. For each run: the final test accuracy (or
 "diverged": the loss went non-finite), the steps to the target accuracy (evaluated every
 `eval_every` steps), and the predicted time to it: those steps times the method's iteration
-time from the timing models (timing/models.py) on a cluster of p machines, one worker each, on
-the config's link, with compute timed in this process (as `pipesgd predict` does by default).
+time from the timing equations (timing/iteration.py) on a cluster of p machines, one worker
+each, on the config's link, with compute timed in this process (as `pipesgd predict` does by
+default).
 
 The theory's marks. On a quadratic, plain staleness one is stable for lr * lam_max < 1 and sync
 (and, with identical workers, predict) for lr * lam_max < 2 (compensation.py derives them). The
 study estimates lam_max, the largest eigenvalue of the Hessian of the training loss (the mean
 over the p workers' first minibatches) at w_0, by power iteration on finite-difference
 Hessian-vector products (`hessian_lam_max`), and marks lr = 1 / lam_max and 2 / lam_max on the
-plot. A net's Hessian changes as it trains, so these are the starting point's bounds, not a
-promise for every step: on the compare preset's MLP lam_max is about 100 at w_0 and falls to 8
-within 40 steps, and the net trains at rates a hundred times past the w_0 bounds. What carries
-over is the ratio: the plot also marks half of sync's measured edge, where the theory puts
+plot. A net's Hessian changes as it trains (on the compare preset's MLP, lam_max falls by an
+order of magnitude within the study's steps), so these are the starting point's bounds, not a
+promise for every step, and the net trains at rates far past them. What carries over is the
+ratio: the plot also marks half of sync's measured edge, where the theory puts
 pipe's. Each method's measured edge (`edges`) is the largest lr before a run that diverged or
 ended below half the study's best accuracy.
 
@@ -41,8 +42,10 @@ import numpy as np
 
 from pipesgd_ref import timing
 from pipesgd_ref.config import TrainConfig, model_label
+from pipesgd_ref.data import load_dataset
 from pipesgd_ref.methods.reference import delayed_sgd, model_grad_fn
 from pipesgd_ref.outputs import write_json
+from pipesgd_ref.runtime.preflight import check_config, check_memory, n_params_of
 from pipesgd_ref.runtime.worker import Worker
 from pipesgd_ref.timing.calibrate import cluster_calibration
 
@@ -55,10 +58,12 @@ METHODS = (
     ("pipe+predict", 2, "predict"),
 )
 # the study's default problem: the compare preset as it is (digits, MLP 1024-1024, 4 workers
-# of batch 352, 40 steps), at learning rates across pipe's and sync's edges (measured here:
-# pipe diverges from 0.9, sync from 1.4; README: "Staleness")
+# of batch 352, 40 steps), at learning rates on both sides of pipe's and of sync's edges, pipe's
+# below sync's (README: "Staleness")
 LRS = (0.1, 0.3, 0.5, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.4)
 QUICK_LRS = (0.3, 0.8, 1.0, 1.2)
+GAP_KEYS = ("lr", "sync", "pipe", "gap")  # a `recovered` entry's keys besides the compensations
+BOUND_STYLES = {"pipe": "--", "sync": ":"}  # the plot's line for each stability bound at w_0
 
 
 def hessian_lam_max(cfg: TrainConfig, iters: int = 30, eps: float = 1e-3) -> float:
@@ -109,9 +114,17 @@ def run_one(cfg: TrainConfig, width: int, compensation: str, lr: float) -> dict[
 
     try:
         with np.errstate(over="ignore", invalid="ignore"):
-            traj = delayed_sgd(grad_fn, worker.params, run.world_size, worker.steps, run.lr_at,
-                               staleness=width - 1, callback=on_step, compensation=compensation,
-                               dc_lambda=run.dc_lambda)  # fmt: skip
+            traj = delayed_sgd(
+                grad_fn,
+                worker.params,
+                run.world_size,
+                worker.steps,
+                run.lr_at,
+                staleness=width - 1,
+                callback=on_step,
+                compensation=compensation,
+                dc_lambda=run.dc_lambda,
+            )
             if not np.all(np.isfinite(traj.params)):
                 raise Diverged
             accuracy = model.accuracy(traj.params, data.X_test, data.y_test)
@@ -124,11 +137,13 @@ def run_one(cfg: TrainConfig, width: int, compensation: str, lr: float) -> dict[
 def cluster_iteration_times(cfg: TrainConfig) -> dict[str, float]:
     """Each method's predicted iteration time on p machines (one worker each) on cfg's link."""
     cal = cluster_calibration(cfg)
-    return {
-        label: timing.predict("pipe", cfg.world_size, cal, width=width,
-                              compensation=compensation).iter_time_s
-        for label, width, compensation in METHODS
-    }  # fmt: skip
+
+    def iteration(width: int, compensation: str) -> float:  # sync is the pipe of width 1
+        return timing.predict(
+            "pipe", cfg.world_size, cal, width=width, compensation=compensation
+        ).iter_time_s
+
+    return {label: iteration(width, compensation) for label, width, compensation in METHODS}
 
 
 def run_staleness_study(
@@ -140,6 +155,9 @@ def run_staleness_study(
 ) -> dict[str, Any]:
     """Every method of `methods` at every lr of `lrs` on cfg's problem; returns (and writes to
     `out`) what study.json holds."""
+    for _, width, compensation in methods:  # every run's options, before the first run
+        check_config(cfg.replace(width=width, compensation=compensation))
+    check_memory(cfg, n_params_of(cfg, load_dataset(cfg.dataset)))  # a huge --hidden: one line
     started = time.perf_counter()
     log(
         f"staleness study: {cfg.world_size} workers, {cfg.dataset}, {model_label(cfg)}, batch "
@@ -147,9 +165,11 @@ def run_staleness_study(
     )
     lam = hessian_lam_max(cfg)
     bounds = {"pipe": 1.0 / lam, "sync": 2.0 / lam} if lam > 0 else {}
-    log(f"  lam_max of the Hessian at w_0: {lam:.3g}; stability (quadratic theory): pipe "
+    log(
+        f"  lam_max of the Hessian at w_0: {lam:.3g}; stability (quadratic theory): pipe "
         f"lr < {bounds.get('pipe', math.inf):.3g}, sync and predict lr < "
-        f"{bounds.get('sync', math.inf):.3g}")  # fmt: skip
+        f"{bounds.get('sync', math.inf):.3g}"
+    )
     iters = cluster_iteration_times(cfg)
     rows = []
     for label, width, compensation in methods:
@@ -157,8 +177,8 @@ def run_staleness_study(
             got = run_one(cfg, width, compensation, lr)
             steps = got["steps_to_target"]
             ttt = None if steps is None else steps * iters[label]
-            rows.append({"method": label, "lr": lr, **got, "iter_time_s": iters[label],
-                         "time_to_target_s": ttt})  # fmt: skip
+            row = {"method": label, "lr": lr, **got, "iter_time_s": iters[label]}
+            rows.append({**row, "time_to_target_s": ttt})
         log("  " + label + ": " + ", ".join(_cell(r) for r in rows if r["method"] == label))
     report = {
         "kind": "staleness-study",
@@ -169,7 +189,7 @@ def run_staleness_study(
         "bounds": bounds,
         "rows": rows,
         "edges": edges(rows),
-        "recovered": recovered(rows),
+        "recovered": recovered(rows, methods),
         "wall_time_s": time.perf_counter() - started,
     }
     log("")
@@ -209,10 +229,11 @@ def edges(rows: list[dict]) -> dict[str, float | None]:
     return out
 
 
-def recovered(rows: list[dict]) -> list[dict]:
+def recovered(rows: list[dict], methods=METHODS) -> list[dict]:
     """At each lr where sync trains (edges' sense) and plain pipe ends at least one point below
-    it, or diverges: how much of the gap each compensation closes (1 = all of it; negative:
-    it did worse than plain pipe)."""
+    it, or diverges: how much of the gap each compensation of `methods` closes (1 = all of it;
+    negative: it did worse than plain pipe)."""
+    compensated = [label for label, _, compensation in methods if compensation != "none"]
     by = {(r["method"], r["lr"]): r for r in rows}
     failed = _failure(rows)
     out = []
@@ -225,10 +246,11 @@ def recovered(rows: list[dict]) -> list[dict]:
         if gap < 0.01:
             continue
         entry = {"lr": lr, "sync": sync["test_accuracy"], "pipe": pipe["test_accuracy"], "gap": gap}
-        for (method, at), r in by.items():
-            if at == lr and method.startswith("pipe+"):
+        for label in compensated:
+            r = by.get((label, lr))
+            if r is not None:
                 acc = 0.0 if r["diverged"] else r["test_accuracy"]
-                entry[method] = (acc - pipe_acc) / gap
+                entry[label] = (acc - pipe_acc) / gap
         out.append(entry)
     return out
 
@@ -239,8 +261,8 @@ def format_table(report: dict) -> str:
     by = {(r["method"], r["lr"]): r for r in report["rows"]}
     width = max(8, *(len(m) for m in methods))
     head = f"{'lr':>6} " + " ".join(f"{m:>{width}}" for m in methods)
-    lines = [f"final test accuracy after {report['config']['steps']} steps ('div': diverged)",
-             head, "-" * len(head)]  # fmt: skip
+    title = f"final test accuracy after {report['config']['steps']} steps ('div': diverged)"
+    lines = [title, head, "-" * len(head)]
     for lr in lrs:
         cells = []
         for m in methods:
@@ -249,18 +271,26 @@ def format_table(report: dict) -> str:
             cells.append(f"{acc:>{width}}")
         lines.append(f"{lr:>6g} " + " ".join(cells))
     edge = report["edges"]
-    lines.append("measured edge (largest lr before a run diverges or ends below half the best "
-                 "accuracy): " + ", ".join(
-        f"{m} {'-' if edge[m] is None else format(edge[m], 'g')}" for m in methods))  # fmt: skip
+    edges_text = ", ".join(
+        f"{m} {'-' if edge[m] is None else format(edge[m], 'g')}" for m in methods
+    )
+    lines.append(
+        "measured edge (largest lr before a run diverges or ends below half the best "
+        "accuracy): " + edges_text
+    )
     b = report["bounds"]
     if b:
-        lines.append(f"theory (lam_max {report['lam_max']:.3g} at w_0): pipe stable for lr < "
-                     f"{b['pipe']:.3g}, sync and predict for lr < {b['sync']:.3g}")  # fmt: skip
+        lines.append(
+            f"theory (lam_max {report['lam_max']:.3g} at w_0): pipe stable for lr < "
+            f"{b['pipe']:.3g}, sync and predict for lr < {b['sync']:.3g}"
+        )
     for e in report["recovered"]:
-        share = ", ".join(f"{k} {v:.0%}" for k, v in e.items() if k.startswith("pipe+"))
+        # the entry's other keys are the compensations, each with its share of the gap
+        share = ", ".join(f"{k} {v:.0%}" for k, v in e.items() if k not in GAP_KEYS)
         pipe = "diverged" if e["pipe"] is None else f"{e['pipe']:.4f}"
-        lines.append(f"lr {e['lr']:g}: pipe {pipe} vs sync {e['sync']:.4f}; of that gap "
-                     f"recovered: {share}")  # fmt: skip
+        lines.append(
+            f"lr {e['lr']:g}: pipe {pipe} vs sync {e['sync']:.4f}; of that gap recovered: {share}"
+        )
     return "\n".join(lines)
 
 
@@ -281,23 +311,32 @@ def plot_study(report: dict, path: Path) -> Path | None:
         ttt = [np.nan if r["time_to_target_s"] is None else r["time_to_target_s"] for r in rows]
         acc_ax.plot(lrs, acc, marker="o", label=m)
         time_ax.plot(lrs, ttt, marker="o", label=m)
-    marks = [(lr, f"{name} bound at w_0", "--" if name == "pipe" else ":")
-             for name, lr in report["bounds"].items()]  # fmt: skip
+    marks = [
+        (lr, f"{name} bound at w_0", BOUND_STYLES[name]) for name, lr in report["bounds"].items()
+    ]
     sync_edge = report["edges"].get("sync")
     if sync_edge:  # the theory's ratio, read from the measured edge: pipe's at half of sync's
         marks.append((sync_edge / 2, "sync's edge / 2", "-."))
     for ax in (acc_ax, time_ax):
         for lr, text, style in marks:
             ax.axvline(lr, color="gray", linestyle=style, linewidth=1)
-            ax.text(lr, 0.02, f" {text}", transform=ax.get_xaxis_transform(), fontsize=7,
-                    va="bottom", rotation=90, color="gray")  # fmt: skip
+            ax.text(
+                lr,
+                0.02,
+                f" {text}",
+                transform=ax.get_xaxis_transform(),
+                fontsize=7,
+                va="bottom",
+                rotation=90,
+                color="gray",
+            )
         ax.set_xscale("log")
         ax.set_xlabel("learning rate")
     acc_ax.set_ylabel("final test accuracy (missing: diverged)")
     time_ax.set_ylabel(f"predicted time to {report['config']['target_accuracy']:.0%} (s)")
     acc_ax.legend(fontsize=8)
-    fig.suptitle(f"staleness study: {report['config']['world_size']} workers, "
-                 f"{report['config']['dataset']}, {report['config']['steps']} steps")  # fmt: skip
+    c = report["config"]
+    fig.suptitle(f"staleness study: {c['world_size']} workers, {c['dataset']}, {c['steps']} steps")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -1,0 +1,220 @@
+"""The `pipesgd` command line: its commands and flags, and the config a command line resolves to.
+
+Config options, applied in order: --preset NAME, --config FILE (.toml/.json), then any
+--key=value (or --key value, or a yes/no key alone) naming a TrainConfig field. A usage error is
+one line, as every other error is (`Parser.error`), exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+
+from pipesgd_ref.config import (
+    TrainConfig,
+    apply_dict,
+    field_names,
+    load_config_file,
+    parse_overrides,
+)
+from pipesgd_ref.errors import ConfigError
+from pipesgd_ref.runtime.launch import add_many_workers_flag
+
+EXIT_USAGE = 2
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+BIND_HELP = (
+    "interface for this rank's listeners when joining a job from the environment "
+    "(default: loopback for a loopback MASTER_ADDR, else all interfaces)"
+)
+OVERWRITE_HELP = "replace the results already in --out"
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is the one line every other error is (no usage block):
+    "pipesgd: error: WHAT (see `pipesgd COMMAND --help`)", exit status 2."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"pipesgd: error: {message} (see `{self.prog} --help`)\n")
+
+
+def log_level(text: str) -> str:
+    """--log-level: a level name, any case (argparse type)."""
+    if text.strip().upper() not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(
+            f"unknown log level {text!r}: expected one of {', '.join(LOG_LEVELS)}"
+        )
+    return text.strip().upper()
+
+
+def seconds(text: str) -> float:
+    """--timeout: a positive, finite number of seconds (argparse type)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(
+            f"expected a positive number of seconds, e.g. 60, got {text!r}"
+        )
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole tree: compare, train, reference, config, predict, bench allreduce."""
+    p = Parser(
+        prog="pipesgd",
+        description="Pipe-SGD reference implementation: train, compare, predict.",
+        epilog="Config keys (as --key=value): " + ", ".join(field_names()),
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_compare(sub)
+    _add_train(sub)
+    r = sub.add_parser("reference", help="train with a one-process oracle")
+    _add_config_flags(r)
+    r.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
+    _add_config_flags(sub.add_parser("config", help="print the resolved configuration as JSON"))
+    from pipesgd_ref.commands.predict import add_parser as add_predict_parser
+
+    add_predict_parser(sub)  # beside its command: predict.py
+    b = sub.add_parser("bench", help="benchmarks of the communication layer")
+    _add_bench_allreduce(b.add_subparsers(dest="bench", required=True, metavar="BENCHMARK"))
+    return p
+
+
+def _add_config_flags(sp: argparse.ArgumentParser) -> None:
+    """The flags of every command that resolves a TrainConfig (the keys come as --key=value)."""
+    presets = "laptop, compare, compare-cnn, compare-cnn-compute or tiny"
+    sp.add_argument("--preset", default="laptop", help=presets)
+    sp.add_argument("--config", help="a .toml or .json file of config keys")
+    sp.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _add_compare(sub) -> None:
+    c = sub.add_parser("compare", help="the paper's comparison in miniature (the main job)")
+    _add_config_flags(c)
+    c.set_defaults(preset="compare")
+    c.add_argument("--quick", action="store_true", help="a short run (CI, tutorials)")
+    c.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        help="runs of each method, the one that reaches the target soonest kept "
+        "(default 2, 1 with --quick)",
+    )
+    c.add_argument(
+        "--out",
+        dest="out_dir",
+        default=None,
+        help="where to write results (default runs/compare, runs/study with --study)",
+    )
+    c.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
+    c.add_argument(
+        "--study",
+        choices=("staleness",),
+        default=None,
+        help="instead of the six methods: staleness, the learning-rate sweep of "
+        "sync, pipe and pipe's compensations (study.py)",
+    )
+    c.add_argument(
+        "--lrs",
+        default=None,
+        help="--study's learning rates, a comma list (default: study.LRS; "
+        "--quick: study.QUICK_LRS)",
+    )
+    add_many_workers_flag(c)
+
+
+def _add_train(sub) -> None:
+    t = sub.add_parser(
+        "train",
+        help="train with --algo in worker processes over TCP (local, or one rank of a job "
+        "that torchrun, mpirun or srun started)",
+    )
+    _add_config_flags(t)
+    t.add_argument(
+        "--log-level", default="INFO", type=log_level, help="DEBUG, INFO, WARNING, ERROR"
+    )
+    t.add_argument("--bind", default=None, help=BIND_HELP)
+    t.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
+    add_many_workers_flag(t)
+
+
+def _add_bench_allreduce(bsub) -> None:
+    ar = bsub.add_parser("allreduce", help="ring AllReduce time, algbw and busbw per size")
+    ar.add_argument("--world-size", type=int, default=4, help="ranks to start (default 4)")
+    ar.add_argument("--sizes", default="4KB,1MB,16MB,64MB", help="comma-separated sizes")
+    ar.add_argument("--latency", default=None, help="emulated link latency, e.g. 50us, 1ms")
+    ar.add_argument("--bandwidth", default=None, help="emulated bandwidth, e.g. 1Gbit, 125MB")
+    ar.add_argument("--reps", type=int, default=10, help="timed repeats per size")
+    ar.add_argument("--warmup", type=int, default=2, help="untimed repeats per size")
+    ar.add_argument("--timeout", type=seconds, default=60.0, help="communication timeout, s")
+    ar.add_argument("--json", dest="json_path", default=None, help="also write results here")
+    ar.add_argument(
+        "--peers",
+        default=None,
+        help="other libraries' AllReduce to time in turns with ours: a comma list of "
+        "gloo (torch), mpi (Open MPI via mpi4py), mpi-tcp (Open MPI over TCP only), "
+        "or none (default: gloo; a peer whose library is missing is skipped)",
+    )
+    ar.add_argument("--no-gloo", action="store_true", help="leave gloo out of the peers")
+    ar.add_argument("--codec", default="none", help="none, trunc16, bf16, q8: compress each hop")
+    ar.add_argument(
+        "--transport",
+        default="tcp",
+        help="tcp, unix, shm, auto, or a comma list run in turns (e.g. tcp,unix,shm): one "
+        "row of the table each",
+    )
+    ar.add_argument(
+        "--log-level", default="WARNING", type=log_level, help="DEBUG, INFO, WARNING, ERROR"
+    )
+    ar.add_argument("--bind", default=None, help=BIND_HELP)
+    ar.add_argument(
+        "--comm",
+        default="sockets",
+        choices=("sockets", "mpi"),
+        help="sockets (the project's TCP links) or mpi (the same ring over MPI "
+        "point-to-point; run alone, it starts --world-size ranks through mpirun)",
+    )
+    add_many_workers_flag(ar)
+
+
+def split_overrides(rest: list[str]) -> list[str]:
+    """Accept --key=value and --key value, and a yes/no field alone (--skip-nonfinite) as
+    --key=true; anything else is an error."""
+    bools = [f.name for f in dataclasses.fields(TrainConfig) if f.type in (bool, "bool")]
+    flags = {f"--{n}" for n in bools} | {f"--{n.replace('_', '-')}" for n in bools}
+    out, i = [], 0
+    while i < len(rest):
+        arg = rest[i]
+        value_follows = i + 1 < len(rest) and not rest[i + 1].startswith("--")
+        if arg.startswith("--") and "=" not in arg and value_follows and arg not in flags:
+            out.append(f"{arg}={rest[i + 1]}")
+            i += 2
+            continue
+        if arg in flags and not (value_follows and rest[i + 1].lower() in ("true", "false")):
+            arg += "=true"
+        elif arg in flags:  # --flag true / --flag false
+            arg, i = f"{arg}={rest[i + 1]}", i + 1
+        out.append(arg)
+        i += 1
+    return out
+
+
+def resolve_config(args: argparse.Namespace, rest: list[str]) -> TrainConfig:
+    """The TrainConfig of a command line: the preset, then --config's file, then the keys."""
+    overrides = split_overrides(rest)
+    given = parse_overrides(overrides)
+    preset = args.preset
+    if args.command == "compare" and preset == "compare" and given.get("model") == "cnn":
+        preset = "compare-cnn"  # the CNN's own comparison (config.py), not the MLP's with a CNN
+    cfg = TrainConfig.preset(preset)
+    if args.config == "":
+        raise ConfigError("--config is empty; give a .toml or .json file of config keys")
+    if args.config:
+        cfg = load_config_file(args.config, base=cfg)
+    if given.get("comm") == "mpi" and not args.config and not {"latency", "bandwidth"} & set(given):
+        # A preset's emulated link (compare's) paces the project's own sockets; under MPI the
+        # library owns the wire, so the preset's link is dropped rather than refused.
+        cfg = cfg.replace(latency="0", bandwidth="inf")
+    return apply_dict(cfg, given)
