@@ -86,8 +86,7 @@ class CommError(RuntimeError):
     that link is broken, so no news of the failure is sent on it. `doing` says what was under way.
     """
 
-    def __init__(self, message: str, origin: int | None = None, link=None,
-                 doing: str = ""):  # fmt: skip
+    def __init__(self, message: str, origin: int | None = None, link=None, doing: str = ""):
         super().__init__(message)
         self.origin = origin
         self.link = link

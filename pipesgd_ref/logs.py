@@ -256,5 +256,6 @@ def progress_bar(total: int, label: str, enabled: bool = True):
     `enabled`; gone from the screen once closed (leave=False), so the log lines stay."""
     from tqdm.auto import tqdm  # here: only a command that shows progress pays the import
 
-    return tqdm(total=total, desc=label, unit="step", disable=None if enabled else True,
-                leave=False)  # fmt: skip
+    return tqdm(
+        total=total, desc=label, unit="step", disable=None if enabled else True, leave=False
+    )

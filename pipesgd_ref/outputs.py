@@ -77,8 +77,10 @@ def _make_dir(path: Path, flag: str) -> list[Path]:
         raise OutputError(f"{flag} is empty; give a folder name")
     blocker = _blocking_file(path)
     if blocker == path:
-        raise OutputError(f"{flag} {_shown(path)} is a file, not a folder; give a folder name "
-                          f"(or remove the file)")  # fmt: skip
+        raise OutputError(
+            f"{flag} {_shown(path)} is a file, not a folder; give a folder name "
+            f"(or remove the file)"
+        )
     missing = [p for p in (path, *path.parents) if not os.path.lexists(p)][::-1]
     _writable_folder(path, flag, path)
     return missing
@@ -89,14 +91,17 @@ def _writable_folder(folder: Path, flag: str, named: Path) -> None:
     path the user gave under `flag` (the folder itself, or a file in it), for the errors."""
     blocker = _blocking_file(folder)
     if blocker is not None:
-        raise OutputError(f"{flag} {_shown(named)} is under {_shown(blocker)}, which is a "
-                          f"file, not a folder; choose another path")  # fmt: skip
+        raise OutputError(
+            f"{flag} {_shown(named)} is under {_shown(blocker)}, which is a "
+            f"file, not a folder; choose another path"
+        )
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         what = "the folder" if named == folder else f"its folder {_shown(folder)}"
-        raise OutputError(f"{flag} {_shown(named)}: cannot create {what} ({_why(e)}); "
-                          f"choose a writable path") from None  # fmt: skip
+        raise OutputError(
+            f"{flag} {_shown(named)}: cannot create {what} ({_why(e)}); choose a writable path"
+        ) from None
     _probe_writable(folder, flag)
 
 
@@ -108,8 +113,9 @@ def _probe_writable(folder: Path, flag: str) -> None:
         os.close(fd)
         os.unlink(probe)
     except OSError as e:
-        raise OutputError(f"{flag} {_shown(folder)}: cannot write there ({_why(e)}); choose a "
-                          f"writable folder") from None  # fmt: skip
+        raise OutputError(
+            f"{flag} {_shown(folder)}: cannot write there ({_why(e)}); choose a writable folder"
+        ) from None
 
 
 def earlier_run(folder: Path) -> Path | None:
@@ -178,8 +184,9 @@ def prepare_file(path: str | Path, flag: str = "--json") -> Path:
     except OSError:  # missing (the usual case), or a name the mkdir below will explain
         mode = None
     if mode is not None and stat.S_ISDIR(mode):
-        raise OutputError(f"{flag} {_shown(target)} is a folder; give a file name, e.g. "
-                          f"{target / 'results.json'}")  # fmt: skip
+        raise OutputError(
+            f"{flag} {_shown(target)} is a folder; give a file name, e.g. {target / 'results.json'}"
+        )
     if mode is not None and not stat.S_ISREG(mode):
         # A device or a pipe: os.replace would put a regular file in its place.
         raise OutputError(f"{flag} {_shown(target)} is not a regular file; give a file name")
@@ -191,9 +198,11 @@ def prepare_file(path: str | Path, flag: str = "--json") -> Path:
         name_max = 255
     # The atomic write's temporary name is the file's plus a few characters (_TMP_EXTRA).
     if len(os.fsencode(target.name)) + _TMP_EXTRA > name_max:
-        raise OutputError(f"{flag}: the file name {target.name[:40]!r}... is too long for its "
-                          f"folder ({name_max} bytes at most, {_TMP_EXTRA} kept for the "
-                          f"temporary file); choose a shorter name")  # fmt: skip
+        raise OutputError(
+            f"{flag}: the file name {target.name[:40]!r}... is too long for its "
+            f"folder ({name_max} bytes at most, {_TMP_EXTRA} kept for the "
+            f"temporary file); choose a shorter name"
+        )
     return target
 
 
@@ -234,15 +243,17 @@ def lock_out_dir(folder: str | Path, flag: str = "--out") -> Iterator[Path]:
         try:
             fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError as e:
-            raise OutputError(f"{flag} {_shown(folder)}: cannot create {LOCK_FILE} "
-                              f"({_why(e)})") from None  # fmt: skip
+            raise OutputError(
+                f"{flag} {_shown(folder)}: cannot create {LOCK_FILE} ({_why(e)})"
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
             os.close(fd)
             if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise OutputError(f"{flag} {_shown(folder)}: cannot lock {LOCK_FILE} "
-                                  f"({_why(e)})") from None  # fmt: skip
+                raise OutputError(
+                    f"{flag} {_shown(folder)}: cannot lock {LOCK_FILE} ({_why(e)})"
+                ) from None
             raise OutputError(
                 f"{flag} {_shown(folder)} is in use by {_holder(lock)}; wait for it to end, "
                 f"or choose another {flag}"

@@ -73,8 +73,10 @@ class Timeline:
             tail.append(span)
             # Oldest first: spans arrive in about step order (a comm span lags a step or two;
             # one that lags by more than the tail is dropped at once).
-            while tail and (tail[0][4] <= self.newest - self.TAIL_STEPS
-                            or len(tail) > self.TAIL_STEPS * self.SPANS_PER_STEP):  # fmt: skip
+            while tail and (
+                tail[0][4] <= self.newest - self.TAIL_STEPS
+                or len(tail) > self.TAIL_STEPS * self.SPANS_PER_STEP
+            ):
                 tail.popleft()
                 self.dropped += 1
 
@@ -84,9 +86,18 @@ class Timeline:
         order they ended (built anew on each call: read it once, when the run is over)."""
         with self._lock:
             spans = [*self._head, *self._tail]
-        return [{"name": name, "ph": "X", "pid": self.rank, "tid": thread, "ts": start * 1e6,
-                 "dur": (end - start) * 1e6, "args": {"step": step}}
-                for name, thread, start, end, step in spans]  # fmt: skip
+        return [
+            {
+                "name": name,
+                "ph": "X",
+                "pid": self.rank,
+                "tid": thread,
+                "ts": start * 1e6,
+                "dur": (end - start) * 1e6,
+                "args": {"step": step},
+            }
+            for name, thread, start, end, step in spans
+        ]
 
 
 def chrome_trace(events: list[dict], labels: dict[int, str] | None = None) -> dict:
@@ -100,12 +111,27 @@ def chrome_trace(events: list[dict], labels: dict[int, str] | None = None) -> di
         name = (labels or {}).get(rank, f"rank {rank}")
         out.append({"name": "process_name", "ph": "M", "pid": rank, "args": {"name": name}})
         for thread, tid in THREAD_IDS.items():
-            out.append({"name": "thread_name", "ph": "M", "pid": rank, "tid": tid,
-                        "args": {"name": thread}})  # fmt: skip
+            out.append(
+                {
+                    "name": "thread_name",
+                    "ph": "M",
+                    "pid": rank,
+                    "tid": tid,
+                    "args": {"name": thread},
+                }
+            )
     for rank, first, last, ts in step_gaps(events):  # a line across the rank: "not here"
-        out.append({"name": "steps not traced", "ph": "i", "s": "p", "pid": rank,
-                    "tid": THREAD_IDS["compute"], "ts": ts - origin,
-                    "args": {"first_step": first, "last_step": last}})  # fmt: skip
+        out.append(
+            {
+                "name": "steps not traced",
+                "ph": "i",
+                "s": "p",
+                "pid": rank,
+                "tid": THREAD_IDS["compute"],
+                "ts": ts - origin,
+                "args": {"first_step": first, "last_step": last},
+            }
+        )
     return {"traceEvents": out, "displayTimeUnit": "ms"}
 
 

@@ -264,8 +264,11 @@ class ParameterServer:
 
     def _skip(self, when: int, ranks: list[int]) -> None:
         self.log.skipped.append((when, ranks))
-        log.warning("rank 0: %s: NaN/Inf in the push of %s; left out (--skip-nonfinite)",
-                    when, ", ".join(worker_name(r) for r in ranks))  # fmt: skip
+        log.warning(
+            "rank 0: %s: NaN/Inf in the push of %s; left out (--skip-nonfinite)",
+            when,
+            ", ".join(worker_name(r) for r in ranks),
+        )
 
     def _record(self, worker: int | None, staleness: int, loss: float) -> None:
         if worker is not None:

@@ -236,8 +236,10 @@ def async_ps_sgd(
         if not 0 <= rank < world_size:
             raise ValueError(f"arrival_order names rank {rank}, outside 0..{world_size - 1}")
         if rank in held:
-            raise ValueError(f"arrival_order has rank {rank} push while it is held back "
-                             f"(max_staleness {max_staleness})")  # fmt: skip
+            raise ValueError(
+                f"arrival_order has rank {rank} push while it is held back "
+                f"(max_staleness {max_staleness})"
+            )
         w_r, v_r = pulled[rank]
         loss, g = grad_fn(w_r, rank, local_step[rank])
         out.staleness.append(version - v_r)

@@ -35,13 +35,34 @@ KEYS = ("params", "next_step", "pending_steps", "pending", "config")  # what sav
 # The codec settings too: the gradients in flight were averaged through the checkpoint's codec,
 # and a run that changes codec mid-way is no longer the run the checkpoint belongs to (its
 # result matches neither the uninterrupted run nor a fresh one with the new codec).
-MUST_MATCH = ("dataset", "model", "hidden", "algo", "world_size", "width", "warmup_steps",
-              "batch_size", "lr", "lr_decay", "seed", "codec", "error_feedback",
-              "codec_pull", "compensation", "dc_lambda", "max_staleness")  # fmt: skip
+MUST_MATCH = (
+    "dataset",
+    "model",
+    "hidden",
+    "algo",
+    "world_size",
+    "width",
+    "warmup_steps",
+    "batch_size",
+    "lr",
+    "lr_decay",
+    "seed",
+    "codec",
+    "error_feedback",
+    "codec_pull",
+    "compensation",
+    "dc_lambda",
+    "max_staleness",
+)
 
 
-def save(folder: str | Path, cfg: TrainConfig, params: np.ndarray, next_step: int,
-         pending: dict[int, np.ndarray]) -> Path:  # fmt: skip
+def save(
+    folder: str | Path,
+    cfg: TrainConfig,
+    params: np.ndarray,
+    next_step: int,
+    pending: dict[int, np.ndarray],
+) -> Path:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / FILE
@@ -88,8 +109,11 @@ def load(
     _check_contents(path, params, next_step, pending, n_params)
     now = cfg.to_dict()
     defaults = TrainConfig().to_dict()  # a key an older version did not write had its default
-    differ = [f"{k}: {saved.get(k, defaults[k])!r} in the checkpoint, {now[k]!r} now"
-              for k in MUST_MATCH if saved.get(k, defaults[k]) != now[k]]  # fmt: skip
+    differ = [
+        f"{k}: {saved.get(k, defaults[k])!r} in the checkpoint, {now[k]!r} now"
+        for k in MUST_MATCH
+        if saved.get(k, defaults[k]) != now[k]
+    ]
     if differ:
         raise ConfigError(
             f"--resume {folder}: the checkpoint is from a different run ("
@@ -108,8 +132,10 @@ def load(
 
 def _read(path: Path) -> tuple[dict, np.ndarray, int, dict[int, np.ndarray]]:
     """The raw contents of a checkpoint file, or a ConfigError saying why it cannot be read."""
-    what_to_do = ("start without --resume, or point --resume at the folder of a run that "
-                  "finished writing its checkpoint")  # fmt: skip
+    what_to_do = (
+        "start without --resume, or point --resume at the folder of a run that "
+        "finished writing its checkpoint"
+    )
 
     def bad(problem: str) -> ConfigError:
         return ConfigError(f"--resume: {path} {problem}; {what_to_do}")
@@ -124,8 +150,10 @@ def _read(path: Path) -> tuple[dict, np.ndarray, int, dict[int, np.ndarray]]:
         with z:
             missing = [k for k in KEYS if k not in z.files]
             if missing:
-                raise bad(f"has no {', '.join(missing)} (it holds {', '.join(z.files) or 'nothing'}"
-                          f"; a checkpoint holds {', '.join(KEYS)})")  # fmt: skip
+                raise bad(
+                    f"has no {', '.join(missing)} (it holds {', '.join(z.files) or 'nothing'}"
+                    f"; a checkpoint holds {', '.join(KEYS)})"
+                )
             config_text = str(z["config"])
             params = np.array(z["params"])
             next_step = np.array(z["next_step"])
@@ -139,8 +167,9 @@ def _read(path: Path) -> tuple[dict, np.ndarray, int, dict[int, np.ndarray]]:
         why = "neither a zip archive nor an .npy array" if "pickle" in str(e) else str(e)
         raise bad(f"is not a checkpoint ({why}): garbage, or another kind of file") from None
     except PermissionError as e:
-        raise ConfigError(f"--resume: {path} cannot be read ({e.strerror}); check its "
-                          f"permissions") from None  # fmt: skip
+        raise ConfigError(
+            f"--resume: {path} cannot be read ({e.strerror}); check its permissions"
+        ) from None
     except (OSError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as e:
         # BadZipFile: an archive cut short (no central directory at its end); EOFError, OSError
         # or zlib.error: a member cut or corrupted inside.
@@ -158,11 +187,15 @@ def _read(path: Path) -> tuple[dict, np.ndarray, int, dict[int, np.ndarray]]:
     if pending_steps.ndim != 1 or not (
         pending_steps.size == 0 or np.issubdtype(pending_steps.dtype, np.integer)
     ):
-        raise bad(f"has pending_steps of {pending_steps.dtype} {pending_steps.shape}; want "
-                  f"a list of integer steps")  # fmt: skip
+        raise bad(
+            f"has pending_steps of {pending_steps.dtype} {pending_steps.shape}; want "
+            f"a list of integer steps"
+        )
     if pending_arr.shape != (len(pending_steps), params.size):
-        raise bad(f"has pending gradients of shape {pending_arr.shape}; want "
-                  f"({len(pending_steps)}, {params.size}): one per pending step")  # fmt: skip
+        raise bad(
+            f"has pending gradients of shape {pending_arr.shape}; want "
+            f"({len(pending_steps)}, {params.size}): one per pending step"
+        )
     # The weights train in float32 (the models' dtype); an older or hand-made float64 vector
     # is converted rather than changing the dtype of every buffer of the run.
     params = params.astype(np.float32)
@@ -170,8 +203,13 @@ def _read(path: Path) -> tuple[dict, np.ndarray, int, dict[int, np.ndarray]]:
     return saved, params, int(next_step), pending
 
 
-def _check_contents(path: Path, params: np.ndarray, next_step: int,
-                    pending: dict[int, np.ndarray], n_params: int | None) -> None:  # fmt: skip
+def _check_contents(
+    path: Path,
+    params: np.ndarray,
+    next_step: int,
+    pending: dict[int, np.ndarray],
+    n_params: int | None,
+) -> None:
     """The checkpoint's numbers make sense for this run: size, finiteness, step order."""
     if n_params is not None and params.size != n_params:
         raise ConfigError(
@@ -180,8 +218,10 @@ def _check_contents(path: Path, params: np.ndarray, next_step: int,
             f"--dataset), or start without --resume"
         )
     if next_step < 0:
-        raise ConfigError(f"--resume: {path} says next_step {next_step}; a step is >= 0 "
-                          f"(the file is corrupt): start without --resume")  # fmt: skip
+        raise ConfigError(
+            f"--resume: {path} says next_step {next_step}; a step is >= 0 "
+            f"(the file is corrupt): start without --resume"
+        )
     bad_steps = sorted(t for t in pending if not 0 <= t < next_step)
     if bad_steps:
         raise ConfigError(

@@ -102,8 +102,7 @@ def planned(environ=None) -> list[Fault]:
 
 
 def _due(rank: int, step: int, actions: tuple[str, ...]) -> list[str]:
-    return [f.action for f in planned() if (f.rank, f.step) == (rank, step)
-            and f.action in actions]  # fmt: skip
+    return [f.action for f in planned() if (f.rank, f.step) == (rank, step) and f.action in actions]
 
 
 def at_step(rank: int, step: int, grads: np.ndarray | None = None) -> None:
