@@ -213,11 +213,24 @@ def test_compensation_cost_small():
 
 
 def test_gpu_check_script_parses():
-    """benchmarks/gpu_check.sh (run on a GPU machine only): the shell parses, and its Python
-    step compiles."""
+    """benchmarks/gpu_check.sh (run on a GPU machine only): the shell parses, its Python step
+    compiles, and every name it imports from the package is where it looks for it (a module
+    moved or renamed would otherwise fail only on the GPU machine)."""
+    import ast
+    import importlib
+
     script = BENCHMARKS / "gpu_check.sh"
     done = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     text = script.read_text()
     body = text.split("<<'EOF'", 1)[1].split("\n", 1)[1].split("\nEOF\n", 1)[0]
     compile(body, "gpu_check.sh step 4", "exec")
+    imported = [
+        (node.module, alias.name)
+        for node in ast.walk(ast.parse(body))
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("pipesgd_ref")
+        for alias in node.names
+    ]
+    assert imported, "gpu_check.sh's Python step imports nothing from the package?"
+    for module, name in imported:
+        assert hasattr(importlib.import_module(module), name), f"gpu_check.sh: {module}.{name}"
