@@ -24,7 +24,7 @@ from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.methods.compensation import PipeCompensation
 from pipesgd_ref.runtime.worker import Worker
 from pipesgd_ref.timing import compensation_passes
-from pipesgd_ref.timing.calibrate import median_time, time_gamma_and_copy
+from pipesgd_ref.timing.measure import median_time, time_gamma_and_copy
 
 
 def main() -> None:

@@ -31,7 +31,7 @@ Then, with the same sizes and the same network:
        B = the shaped rate's TCP payload (`tcp_goodput`: the frames' headers and the ACKs of
        the reverse flow ride the same shaper), alpha from a 1 KB AllReduce across the same
        namespaces (median of 40; T = 2(p-1) alpha there), gamma timed here
-       (timing.calibrate.measure_gamma).
+       (timing.measure.measure_gamma).
     3. emulated: the same AllReduce on loopback with the project's emulation (--latency D
        --bandwidth B, the same figures).
 
@@ -505,7 +505,7 @@ class Network:
     world_size: int
     alpha: float  # s per hop: a 1 KB AllReduce across the namespaces / 2(p-1)
     bandwidth: float  # bytes/s: tcp_goodput of the shaped rate
-    gamma: float  # s per byte added: calibrate.measure_gamma here
+    gamma: float  # s per byte added: timing.measure.measure_gamma here
     latency: float  # s the emulation adds per message: the kernel's delay (netem), else 0
 
 
@@ -516,7 +516,7 @@ def compare_allreduce(cluster: NetnsCluster, sizes: list[int], reps: int = 5, wa
                       timeout: float = 60.0) -> tuple[list[Row], Network]:  # fmt: skip
     """The AllReduce of every size across the namespaces, modelled, and emulated on loopback."""
     from pipesgd_ref.timing import ring_allreduce_time
-    from pipesgd_ref.timing.calibrate import measure_gamma
+    from pipesgd_ref.timing.measure import measure_gamma
     from pipesgd_ref.units import format_bytes
 
     p, B = cluster.world_size, cluster.bandwidth
@@ -579,7 +579,7 @@ def predict_training(net: Network, overrides=TRAIN_OVERRIDES) -> tuple[float, in
     count): t_comp and t_u timed in this process, alpha, B and gamma of the network, the
     cores this process may use."""
     from pipesgd_ref.timing import Calibration, predict
-    from pipesgd_ref.timing.calibrate import time_compute, usable_cores
+    from pipesgd_ref.timing.measure import time_compute, usable_cores
 
     cfg = train_config(net.world_size, overrides)
     n, t_comp, t_update = time_compute(cfg)

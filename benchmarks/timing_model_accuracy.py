@@ -36,7 +36,7 @@ block (p, model, network) calibrated in a slow minute and run in a fast one, or 
 round, misses by that much whatever the model. With passes each point keeps the fastest of its
 runs (best-of-N, as each calibration figure already was within a minute, taken over minutes),
 against a prediction from its block's calibrations merged figure by figure into their median
-(calibrate.merged_calibration). Why the median: each compute figure of a calibration is already
+(timing.merge.merged_calibration). Why the median: each compute figure of a calibration is already
 the fastest of two launches, the statistic of a point's fastest of its passes; merging into the
 fastest over the passes as well would make the predictions the fastest of four against runs
 the fastest of two, biased fast.
@@ -80,17 +80,16 @@ from pathlib import Path
 from pipesgd_ref import timing
 from pipesgd_ref.commands.train import run_training
 from pipesgd_ref.config import TrainConfig
-from pipesgd_ref.timing.calibrate import (
+from pipesgd_ref.timing.calibrate import calibrate
+from pipesgd_ref.timing.merge import (
     CAL_SPREAD,
     against,
-    best_of,
-    calibrate,
     calibrations_disagree,
     merge_passes,
     merged_calibration,
-    network_figures,
-    steps_spanning,
 )
+from pipesgd_ref.timing.network import network_figures
+from pipesgd_ref.timing.sharing import best_of, steps_spanning
 from pipesgd_ref.units import format_bytes
 
 GRID_MINUTES = 40  # the docstring's estimate, printed at the start of a default run

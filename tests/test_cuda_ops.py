@@ -173,7 +173,7 @@ def test_add_into_scale_sgd_step(n, seed, alpha):
     st.sampled_from([np.int64, np.int32]),
     st.booleans(),
 )
-@example(3, 10, 0, np.int64, True)  # what the MLP passes: int64 labels from data.py
+@example(3, 10, 0, np.int64, True)  # what the MLP passes: int64 labels from pipesgd_ref.data
 @example(0, 10, 0, np.int64, True)  # an empty batch: loss 0
 def test_softmax_xent_grad(B, C, seed, label_dtype, labels_on_device):
     check_softmax(B, C, seed, label_dtype, labels_on_device)

@@ -484,9 +484,9 @@ def test_mnist_path_that_is_a_file(tmp_path):
 
 
 def test_synthetic_beyond_this_machines_memory_is_refused_before_allocating(monkeypatch):
-    from pipesgd_ref import data
+    from pipesgd_ref.data import synthetic
 
-    monkeypatch.setattr(data, "physical_memory", lambda: 16 * 10**9)
+    monkeypatch.setattr(synthetic, "physical_memory", lambda: 16 * 10**9)
     with pytest.raises(DataError, match=r"synthetic:samples=2000000000,features=32,classes=10 "
                                         r"needs about 2.9 TB of memory .* this machine's 16 GB "
                                         r"\(physical memory\); use fewer samples \(at most about "
@@ -499,12 +499,12 @@ def test_synthetic_beyond_this_machines_memory_is_refused_before_allocating(monk
 
 
 def test_synthetic_out_of_memory_is_a_data_error(monkeypatch):
-    from pipesgd_ref import data
+    from pipesgd_ref.data import synthetic
 
     def no_memory(*args):
         raise MemoryError
 
-    monkeypatch.setattr(data, "_make_synthetic", no_memory)
+    monkeypatch.setattr(synthetic, "_make_synthetic", no_memory)
     with pytest.raises(DataError, match="synthetic:samples=64,.*out of memory while generating"):
         make_synthetic(64)
 

@@ -1,4 +1,4 @@
-"""Timing models (pipesgd_ref/timing/models.py) against hand-computed values, and their properties.
+"""timing/iteration.py and terms.py against hand-computed values, and their properties.
 
 The hand-computed cases use one textbook calibration: M = 4e6 bytes (n = 1e6 float32), alpha =
 1 ms, B = 1e8 bytes/s (800 Mbit/s), t_comp = 50 ms, t_u = 2 ms, gamma = copy = 0, and cores
@@ -29,15 +29,9 @@ from pipesgd_ref.timing import (
     speedups,
     sweep_values,
 )
-from pipesgd_ref.timing.calibrate import (
-    best_of,
-    calibrate,
-    calibrations_disagree,
-    merge_passes,
-    merged_calibration,
-    step_statistics,
-    steps_spanning,
-)
+from pipesgd_ref.timing.calibrate import calibrate
+from pipesgd_ref.timing.merge import calibrations_disagree, merge_passes, merged_calibration
+from pipesgd_ref.timing.sharing import best_of, step_statistics, steps_spanning
 from strategies import calibrations, log_uniform, timing_world_sizes
 
 MANY = 10**6  # cores: every worker has its own, the textbook formulas

@@ -12,7 +12,7 @@
 #
 # You will:
 # 1. measure this machine's α (a ping-pong) and B (a stream) with
-#    `timing.calibrate.measure_p2p`, and read off where a message stops being latency-bound;
+#    `timing.network.measure_p2p`, and read off where a message stops being latency-bound;
 # 2. compare the ring AllReduce with the parameter server as p grows
 #    (`timing.ring_allreduce_time`, `timing.predict`);
 # 3. see why Pipe-SGD of width K = 2 reaches max(t_comp + t_u, T_ar) and K = 3, 4 do not go
@@ -34,7 +34,8 @@ from pipesgd_ref.comm.netem import LinkModel
 from pipesgd_ref.commands.train import run_training
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.plots import pyplot, save_figure
-from pipesgd_ref.timing.calibrate import calibrate, measure_p2p
+from pipesgd_ref.timing.calibrate import calibrate
+from pipesgd_ref.timing.network import measure_p2p
 from pipesgd_ref.units import format_bandwidth, format_bytes, format_seconds, parse_bandwidth
 
 SMALL = os.environ.get("PIPESGD_TUTORIAL_SMALL") == "1"  # CI: fewer sizes and steps
@@ -73,7 +74,7 @@ print(f"ring AllReduce, p = {p_big}: {format_seconds(ring_big)}; "
 #
 #     t(n) = α + n / B
 #
-# `measure_p2p(nbytes, reps)` (timing/calibrate.py) runs two local processes joined by TCP (no
+# `measure_p2p(nbytes, reps)` (timing/network.py) runs two local processes joined by TCP (no
 # emulation) and measures both ends of that line: a 1-byte **ping-pong** (half its round trip is α:
 # the bytes are nothing) and a **stream** of `reps` messages of `nbytes` back to back (throughput:
 # the latency of one message overlaps the next, so the stream sees B, less a per-message cost).
@@ -111,8 +112,8 @@ for nbytes in (1, 1 << 10, 64 << 10, 1 << 20, 25_000_000):
 #
 # - Loopback moves gigabytes per second, yet its α, all software (Python, sockets, waking a
 #   process), is larger than the 50 µs of a real LAN. That is why `calibrate` models an
-#   emulated link as α = emulated latency + `timing.calibrate.measure_hop` (the software cost of one
-#   ring hop, measured) and B = min(emulated, streamed).
+#   emulated link as α = emulated latency + `timing.network.measure_hop` (the software cost of
+#   one ring hop, measured) and B = min(emulated, streamed).
 # - Small messages stream far below B: every message pays a software cost that the stream
 #   cannot overlap. The ring cuts M into p chunks, so at large p its messages shrink toward
 #   this regime, and its 2(p−1)·α term grows.
@@ -168,9 +169,9 @@ else:
 # ## 3. Why width two is enough
 #
 # Pipe-SGD of width K keeps K iterations in flight. Three bounds hold for its steady-state
-# iteration (timing/models.py's docstring): the compute thread needs t_comp + t_u per iteration, the
-# communication thread T_ar, and a gradient's whole chain (compute, AllReduce, update) must
-# finish before the iteration K later can start:
+# iteration (timing/iteration.py's docstring): the compute thread needs t_comp + t_u per
+# iteration, the communication thread T_ar, and a gradient's whole chain (compute, AllReduce,
+# update) must finish before the iteration K later can start:
 #
 #     T_pipe(K) = max(t_comp + t_u,  T_ar,  (t_comp + t_u + T_ar) / K)
 #
@@ -197,8 +198,8 @@ for text in links:
 # %% [markdown]
 # The gain of K = 2 over sync, (t_comp + T_ar) / max(t_comp, T_ar), peaks at 2× where the two
 # are equal (near 2 Gbit/s here) and fades where either dominates. K = 3 and 4 change
-# nothing. (The `bound` column also names the third limit of timing/models.py, `cpu`, which matters
-# only when workers share a machine's cores: section 4.)
+# nothing. (The `bound` column also names the third limit of timing/iteration.py, `cpu`, which
+# matters only when workers share a machine's cores: section 4.)
 #
 # ## 4. Calibrated on this machine, checked against runs
 #
@@ -334,8 +335,8 @@ print("all checks passed")
 #
 # ## Exercises
 #
-# 1. In section 2, set `gamma` to this machine's (`timing.calibrate.time_gamma_and_copy`) and α to
-#    this machine's hop (`timing.calibrate.measure_hop(8)`). At what p does the ring's latency term
+# 1. In section 2, set `gamma` to this machine's (`timing.measure.time_gamma_and_copy`) and α to
+#    this machine's hop (`timing.network.measure_hop(8)`). At what p does the ring's latency term
 #    overtake its bandwidth term for the 25 MB model? For a 250 KB one?
 # 2. In section 3, find the bandwidth at which Pipe-SGD gains most over sync for p = 8
 #    (solve T_ar = t_comp + t_u for B), and check it with `timing.predict`.
@@ -345,4 +346,4 @@ print("all checks passed")
 #    k, and how well does `timing.predict` follow the measured iteration?
 # 5. Add `codec="q8"` to the pipe run of section 4 and `timing.predict("pipe", p, cal, "q8")`.
 #    Is the measured gain of compression as large as the predicted one? Why might the codec
-#    passes cost more inside a run than in `timing.calibrate.time_codecs`?
+#    passes cost more inside a run than in `timing.measure.time_codecs`?

@@ -40,7 +40,7 @@ from pathlib import Path
 from pipesgd_ref import timing
 from pipesgd_ref.commands.compare import CHECKS, calibrate_for, quick_config, run_compare
 from pipesgd_ref.config import TrainConfig, link_model
-from pipesgd_ref.timing.calibrate import time_compute, usable_cores
+from pipesgd_ref.timing.measure import time_compute, usable_cores
 from pipesgd_ref.units import format_bandwidth, format_bytes, format_seconds
 
 SMALL = os.environ.get("PIPESGD_TUTORIAL_SMALL") == "1"  # CI: a smaller model, same regime
@@ -99,7 +99,7 @@ for key in shown:
 #
 # Is it communication-heavy? `timing.predict(algo, p, cal)` answers from a `Calibration`. The full
 # one comes from measurements (section 2); here we write one by hand from what we know: n, t_comp
-# and t_u just timed in this process (one core, `timing.calibrate.time_compute`), the link's α and
+# and t_u just timed in this process (one core, `timing.measure.time_compute`), the link's α and
 # B, γ left out. With `cores=10**9` every worker has a core of its own (a cluster); with this
 # machine's cores the 4 workers share them, and t_comp stretches by p / cores
 # (`timing.compute_time`).
@@ -157,7 +157,7 @@ print(f"this tutorial runs: MLP 64-{'-'.join(map(str, cfg.hidden))}-10, batch "
 # ## 2. Calibration: the models' figures, measured here
 #
 # `timing.calibrate.calibrate(cfg)` measures, on this machine and for this model and batch
-# (timing/models.py's docstring has the details):
+# (timing/calibrate.py's docstring has the details):
 #
 # - **t_comp, t_u**: one forward + backward, one SGD update, timed in this process;
 # - **t_comp(k)** for k = 1..p worker processes computing at once, pinned as the workers are:

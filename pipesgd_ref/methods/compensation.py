@@ -27,7 +27,7 @@ the weights w^ and a copy of
 this worker's own gradient for each step in flight (the AllReduce overwrites the gradient in
 place), and makes 2 + 2 s passes (the copies, then a product and a subtraction per step in
 flight). The timing model charges these passes to the compute thread, each at the reduction's
-cost per byte (timing/models.py: `compensation_passes`: dc 6, dc-adaptive 12, predict 2 + 2 s).
+cost per byte (timing/terms.py: `compensation_passes`: dc 6, dc-adaptive 12, predict 2 + 2 s).
 
 Stability, on a quadratic f(w) = 1/2 w^T A w (noise-free gradients, every worker the same),
 along an eigenvector of A with eigenvalue lam_A, x = lr * lam_A (derived below, and tested on

@@ -48,9 +48,16 @@ def model_for(cfg, data, backend: Backend | str = "numpy") -> MLP | CNN:
     `backend`; a shape the model cannot take (a CNN on data that are not images, too many
     pools) is a ConfigError naming the model and the data set."""
     try:
-        return build_model(cfg.model, data.n_features, data.n_classes, cfg.hidden, backend,
-                           image_shape=data.image_shape, channels=cfg.channels,
-                           kernels=cfg.kernels)  # fmt: skip
+        return build_model(
+            cfg.model,
+            data.n_features,
+            data.n_classes,
+            cfg.hidden,
+            backend,
+            image_shape=data.image_shape,
+            channels=cfg.channels,
+            kernels=cfg.kernels,
+        )
     except ValueError as e:
         raise ConfigError(f"--model {cfg.model} on {data.name}: {e}") from None
 

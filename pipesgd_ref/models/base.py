@@ -74,8 +74,9 @@ class FlatModel:
             if l < last:
                 ops.relu_forward(Z[l], A[l + 1])  # A[l+1] = relu(Z[l])
 
-    def _dense_loss_and_backward(self, ops: Backend, v: dict, g: dict, A: list, Z: list, y,
-                                 dZs: list, dAs: list) -> float:  # fmt: skip
+    def _dense_loss_and_backward(
+        self, ops: Backend, v: dict, g: dict, A: list, Z: list, y, dZs: list, dAs: list
+    ) -> float:
         """Mean cross-entropy of softmax(Z[-1]) against y, and the dense layers' gradients into
         g (W{l}, b{l}); dAs[0], when not None, receives d loss / d A[0] (the CNN's pooled map).
         dZs[l] like Z[l] and dAs[l] like A[l] are scratch, each written once."""

@@ -72,16 +72,20 @@ class CNN(FlatModel):
         C, H, W = (int(s) for s in image_shape)
         channels, kernels = tuple(int(c) for c in channels), tuple(int(k) for k in kernels)
         if min(C, H, W) < 1 or n_classes < 2 or any(h < 1 for h in hidden):
-            raise ValueError(f"bad model shape: image {tuple(image_shape)}, n_classes "
-                             f"{n_classes}, hidden {tuple(hidden)}")  # fmt: skip
+            raise ValueError(
+                f"bad model shape: image {tuple(image_shape)}, n_classes "
+                f"{n_classes}, hidden {tuple(hidden)}"
+            )
         if not channels or len(kernels) != len(channels) or min(channels + kernels) < 1:
             raise ValueError(
                 f"a CNN needs one kernel size per conv layer, each >= 1: channels {channels}, "
                 f"kernels {kernels}"
             )
         if any(k % 2 == 0 for k in kernels):
-            raise ValueError(f"kernels {kernels}: 'same' padding (k // 2 each side) keeps the "
-                             f"map's size only for odd kernel sizes; use 1, 3, 5, ...")  # fmt: skip
+            raise ValueError(
+                f"kernels {kernels}: 'same' padding (k // 2 each side) keeps the "
+                f"map's size only for odd kernel sizes; use 1, 3, 5, ..."
+            )
         self.image_shape = (C, H, W)
         self.n_features = C * H * W
         self.n_classes = n_classes
@@ -149,8 +153,8 @@ class CNN(FlatModel):
         def empty(*shape, dt=dtype):
             return self._empty(shape, dt, device)
 
-        b: dict = {"cols": [], "Z": [], "R": [], "P": [], "arg": [], "dcols": [], "dZ": [],
-                   "dR": [], "dA": []}  # fmt: skip
+        names = ("cols", "Z", "R", "P", "arg", "dcols", "dZ", "dR", "dA")
+        b: dict = {name: [] for name in names}
         for l, (c_out, k) in enumerate(zip(self.channels, self.kernels, strict=True)):
             h, w, c_in = self.maps[l]
             ph, pw, _ = self.maps[l + 1]
@@ -218,8 +222,7 @@ class CNN(FlatModel):
         b = self.forward(params, X)
         B = X.shape[0]
         # the head, as the MLP's layers; dAd[0] receives the gradient of its input
-        loss = self._dense_loss_and_backward(ops, v, g, b["Ad"], b["Zd"], y, b["dZd"],
-                                             b["dAd"])  # fmt: skip
+        loss = self._dense_loss_and_backward(ops, v, g, b["Ad"], b["Zd"], y, b["dZd"], b["dAd"])
         dP = b["dAd"][0]  # (B, flat): the gradient of the last pooled map, NHWC flattened
         for l in range(self.n_conv - 1, -1, -1):
             h, w, _ = self.maps[l]
@@ -231,8 +234,8 @@ class CNN(FlatModel):
             dZc = b["dZ"][l]
             ops.relu_backward(b["Z"][l], dR.reshape(B * h * w, c_out), dZc)
             # Z = cols Wc + bc  =>  dWc = cols^T dZ, dbc = sum_rows dZ, dcols = dZ Wc^T
-            ops.dense_backward(b["cols"][l], v[f"C{l}"], dZc, g[f"C{l}"], g[f"c{l}"],
-                               b["dcols"][l])  # fmt: skip
+            dW, db = g[f"C{l}"], g[f"c{l}"]
+            ops.dense_backward(b["cols"][l], v[f"C{l}"], dZc, dW, db, b["dcols"][l])
             if l > 0:
                 k = self.kernels[l]
                 ops.col2im(b["dcols"][l], k, k, 1, k // 2, b["dA"][l])  # dA = col2im(dcols)
@@ -251,7 +254,7 @@ class CNN(FlatModel):
         return np.concatenate(out) if out else np.empty((0, self.n_classes), params.dtype)
 
     def __repr__(self) -> str:
-        convs = " -> ".join(f"conv{k}x{k}:{c}" for c, k in zip(self.channels, self.kernels,
-                                                                strict=True))  # fmt: skip
+        layers = zip(self.channels, self.kernels, strict=True)
+        convs = " -> ".join(f"conv{k}x{k}:{c}" for c, k in layers)
         head = " -> ".join(map(str, self.widths))
         return f"CNN({self.image_shape} -> {convs} -> {head}, {self.n_params} params)"

@@ -1,46 +1,56 @@
 """How long one iteration takes, predicted and measured.
 
-    models.py     the analytic models of shared/PAPER.md section 3, their derivation, and one
-                  function per method (sync, pipe, ps_sync, ps_async) behind `predict`
-    calibrate.py  the figures the models read (t_comp, t_u, alpha, B, gamma, codecs, ...),
-                  measured on this machine by timing this process and launching workers
+    iteration.py  the paper's section 3: an iteration's time derived (Eq. 1-11), and
+                  one function per method (sync, pipe, ps_sync, ps_async), keyed by name in
+                  `PREDICTORS` behind `predict`
+    terms.py      the terms those functions share: the ring's T_ar, compute under core sharing,
+                  the CPU bounds on shared cores
+    figures.py    `Calibration`: the figures the predictions read (t_comp, t_u, alpha, B, gamma,
+                  codecs, ...)
+    calibrate.py  those figures measured on this machine, by timing this process and launching
+                  workers (with measure.py, workers.py, network.py and merge.py beside it)
     sweep.py      the ranges `pipesgd predict --sweep` re-predicts over
 
-The model API is here: `from pipesgd_ref.timing import predict, ring_allreduce_time`.
+The prediction API is here: `from pipesgd_ref.timing import predict, ring_allreduce_time`.
 Calibration launches processes, so it is imported on its own:
 `from pipesgd_ref.timing.calibrate import calibrate`.
 """
 
-from pipesgd_ref.timing.models import (
+from pipesgd_ref.timing.figures import Calibration, describe
+from pipesgd_ref.timing.iteration import (
     ALGOS,
     COMPARE_RUNS,
-    Calibration,
+    PREDICTORS,
     Prediction,
-    compensation_passes,
-    compute_time,
-    describe,
     pipe,
     predict,
     predict_all,
     ps_async,
-    ps_cpu_bound,
     ps_sync,
+    run_label,
+    speedups,
+    sync,
+)
+from pipesgd_ref.timing.sweep import sweep_values
+from pipesgd_ref.timing.terms import (
+    compensation_passes,
+    compute_time,
+    ps_async_cpu_bound,
+    ps_cpu_bound,
     ps_sync_core_bound,
+    ps_sync_cpu_bound,
     ps_worker_step,
     ring_allreduce_time,
     ring_terms,
-    run_label,
     shared_compute,
-    speedups,
     step_cpu,
-    sync,
     workers_on_timed_core,
 )
-from pipesgd_ref.timing.sweep import sweep_values
 
 __all__ = [
     "ALGOS",
     "COMPARE_RUNS",
+    "PREDICTORS",
     "Calibration",
     "Prediction",
     "compensation_passes",
@@ -50,9 +60,11 @@ __all__ = [
     "predict",
     "predict_all",
     "ps_async",
+    "ps_async_cpu_bound",
     "ps_cpu_bound",
     "ps_sync",
     "ps_sync_core_bound",
+    "ps_sync_cpu_bound",
     "ps_worker_step",
     "ring_allreduce_time",
     "ring_terms",

@@ -1,6 +1,6 @@
-"""The axes of `pipesgd predict --sweep`: a range of one scenario parameter, as model inputs.
+"""The axes of `pipesgd predict --sweep`: a range of one scenario parameter, as prediction inputs.
 
-The models themselves are in timing/models.py; a sweep re-predicts them at each value (a
+The predictions themselves are in timing/iteration.py; a sweep re-predicts them at each value (a
 Calibration's `with_network`, or another world size).
 """
 
@@ -33,8 +33,9 @@ def sweep_values(spec: str) -> tuple[str, list[float]]:
             ) from None
         if not 1 <= lo < hi:
             raise ValueError(f"world_size sweep needs 1 <= LOW < HIGH, got {lo}..{hi}")
-        vals = sorted({lo, hi} | {2**k for k in range(1, 20) if lo < 2**k < hi}
-                      | {3 * 2**k for k in range(0, 20) if lo < 3 * 2**k < hi})  # fmt: skip
+        powers = {2**k for k in range(1, 20) if lo < 2**k < hi}
+        between = {3 * 2**k for k in range(0, 20) if lo < 3 * 2**k < hi}
+        vals = sorted({lo, hi} | powers | between)
         return key, [float(v) for v in vals]
     parse = {"bandwidth": parse_bandwidth, "latency": parse_latency}.get(key)
     if parse is None:
