@@ -67,9 +67,8 @@ QUICK_CALIBRATION_TRIES = 1  # ...and one launch per figure (the default takes t
 
 def quick_config(cfg: TrainConfig) -> TrainConfig:
     """`--quick`: the same problem, four fifths of its steps (at least 10, never more than
-    asked for), run once: for CI and tutorials, a run that shows the comparison's shape in
-    under a minute, not one sure to reach the target (the default problem reaches it only in
-    its last few steps)."""
+    asked for), run once: for CI and tutorials, about a minute, and still long enough for the
+    default problem to reach its target (in its last few steps)."""
     return cfg.replace(steps=min(cfg.steps, max(10, cfg.steps * 4 // 5)))
 
 
