@@ -2,7 +2,8 @@
 
     numpy  -> the reference (ops/numpy_ops.py): the definition every other backend must match
     numba  -> Numba CPU, `njit(nogil=True)` (ops/numba_ops.py)
-    cuda   -> Numba CUDA kernels on device arrays (ops/cuda_ops.py): a GPU, or Numba's
+    cuda   -> Numba CUDA kernels on device arrays (ops/cuda_ops.py, the kernels beside it in
+              cuda_matmul, cuda_softmax, cuda_elementwise, cuda_windows): a GPU, or Numba's
               simulator with NUMBA_ENABLE_CUDASIM=1; float32 matmuls; also provides
               empty/zeros/to_device/to_host for the device buffers
 

@@ -9,6 +9,7 @@
                   codecs, ...)
     calibrate.py  those figures measured on this machine, by timing this process and launching
                   workers (with measure.py, workers.py, network.py and merge.py beside it)
+    emulated.py   one ring AllReduce on a run's emulated link, frame by frame as it is sent
     sweep.py      the ranges `pipesgd predict --sweep` re-predicts over
 
 The prediction API is here: `from pipesgd_ref.timing import predict, ring_allreduce_time`.
