@@ -77,7 +77,7 @@ class TrainConfig:
     # unix: AF_UNIX sockets; shm: shared-memory slots, the headers on a unix socket
     transport: str = "tcp"  # data links: tcp | unix | shm | auto (shm on one host, tcp across)
     master_port: int = 0  # local runs: the rendezvous store's port (0 = pick a free one)
-    # How the ranks talk. sockets: the project's own framed TCP links (comm/transport.py), for
+    # How the ranks talk. sockets: the project's own framed TCP links (comm/links.py), for
     # local workers and for ranks that torchrun, mpirun or srun start (rendezvous on
     # MASTER_ADDR). mpi: the same ring and PS frames as MPI messages (comm/mpi.py), for clusters
     # whose fast wire MPI reaches; under mpirun or srun each process joins MPI_COMM_WORLD, and

@@ -323,7 +323,7 @@ def test_check_link_against_timeout_names_frame_latency_bandwidth_timeout(overri
 
 def test_slowest_frame_of_the_ring_is_one_segment_of_one_chunk():
     from pipesgd_ref.comm.schedule import SEGMENT_BYTES
-    from pipesgd_ref.comm.transport import HEADER_BYTES
+    from pipesgd_ref.comm.wire import HEADER_BYTES
     from pipesgd_ref.runtime.preflight import check_link_against_timeout, slowest_frame
 
     cfg = TrainConfig.preset("compare").replace(bandwidth="1Gbit", latency="0")

@@ -152,9 +152,8 @@ def too_slow_advice(latency_s: float, serialization_s: float) -> str:
 
 
 def LinkTooSlow(message: str):  # noqa: N802 - reads as the exception it makes
-    """The CommError of a frame slower than its link's timeout (comm/transport.py defines
-    CommError and imports this module, hence the late import). A CommError: a worker reports
-    it in one line, and the job stops instead of sleeping past every deadline."""
+    """The CommError of a frame slower than its link's timeout: a worker reports it in one
+    line, and the job stops instead of sleeping past every deadline."""
 
     return CommError(message, origin=None)
 
@@ -240,7 +239,7 @@ def wait_until(
 class ServerNIC:
     """The parameter server's network card under link emulation: one wire in, one wire out.
 
-    Why: each transport Link paces only its own direction, so p emulated client links would
+    Why: each Link (comm/links.py) paces only its own direction, so p emulated client links would
     give the server p times the bandwidth of one NIC and hide exactly the bottleneck of a
     parameter server (its one link carries p pushes in and p pulls out per round).
 
@@ -258,9 +257,9 @@ class ServerNIC:
     departed before it (`departure`), read or not: a worker that pushes last must not hold up
     on the emulated wire the pushes that left before it.
 
-    `links`: the server's transport Links (each with its LinkSpec `model` and `emulator`), in
-    worker order; `header_bytes`: the frame header every message carries (transport.HEADER_BYTES).
-    A frame here is a transport Frame: its `nbytes` (payload) and `deliver_at` are read.
+    `links`: the server's Links (each with its LinkSpec `model` and `emulator`), in worker
+    order; `header_bytes`: the frame header every message carries (wire.HEADER_BYTES). A frame
+    here is a wire.Frame: its `nbytes` (payload) and `deliver_at` are read.
     """
 
     def __init__(self, links: list, header_bytes: int):

@@ -25,7 +25,7 @@ from pipesgd_ref.codecs import CODECS, get_codec
 from pipesgd_ref.comm.netem import link_of, too_slow_advice
 from pipesgd_ref.comm.ps import PULL_ORDERS
 from pipesgd_ref.comm.rendezvous import TRANSPORTS
-from pipesgd_ref.comm.transport import HEADER_BYTES
+from pipesgd_ref.comm.wire import HEADER_BYTES
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.errors import ConfigError
 from pipesgd_ref.methods.table import METHODS, Method, method

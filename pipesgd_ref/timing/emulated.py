@@ -11,7 +11,7 @@ from __future__ import annotations
 from pipesgd_ref.codecs import get_codec
 from pipesgd_ref.comm.netem import link_of
 from pipesgd_ref.comm.schedule import SEGMENT_BYTES
-from pipesgd_ref.comm.transport import HEADER_BYTES
+from pipesgd_ref.comm.wire import HEADER_BYTES
 from pipesgd_ref.config import TrainConfig
 
 __all__ = ["SEGMENT_VALUES", "emulated_allreduce_seconds"]
