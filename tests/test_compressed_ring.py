@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from pipesgd_ref.codecs import get_codec
 from pipesgd_ref.comm.ring import allreduce
 from pipesgd_ref.comm.schedule import simulate_compressed_allreduce
-from pipesgd_ref.comm.transport import HEADER_BYTES
+from pipesgd_ref.comm.wire import HEADER_BYTES
 from pipesgd_ref.commands.cli import main
 from pipesgd_ref.runtime.launch import launch_local
 from strategies import ring_sizes

@@ -12,9 +12,10 @@ import pytest
 from oracles import oracle_inputs
 
 from pipesgd_ref.codecs import get_codec
+from pipesgd_ref.comm.links import Link
 from pipesgd_ref.comm.netem import LinkEmulator, LinkSpec, ServerNIC
 from pipesgd_ref.comm.ps import PSClient
-from pipesgd_ref.comm.transport import HEADER_BYTES, Frame, Kind, Link
+from pipesgd_ref.comm.wire import HEADER_BYTES, Frame, Kind
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.errors import CollectiveMismatch, ConfigError, PeerAborted, WorkerFailed
 from pipesgd_ref.methods.ps import ParameterServer, ps_async_worker, ps_sync_worker

@@ -205,7 +205,7 @@ def test_extra_memory_is_one_chunk_not_the_whole_array():
 
 
 def _star_job(comm):
-    from pipesgd_ref.comm.transport import Frame, Kind
+    from pipesgd_ref.comm.wire import Frame, Kind
 
     if comm.rank == 0:
         got = {}

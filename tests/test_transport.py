@@ -20,8 +20,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipesgd_ref.comm import transport
-from pipesgd_ref.comm.transport import (
+from pipesgd_ref.comm import links as link_module
+from pipesgd_ref.comm import sender, wire
+from pipesgd_ref.comm.links import Link
+from pipesgd_ref.comm.wire import (
     DEFAULT_MAX_FRAME_BYTES,
     DTYPE_CODES,
     HEADER,
@@ -29,7 +31,6 @@ from pipesgd_ref.comm.transport import (
     VERSION,
     Frame,
     Kind,
-    Link,
     Op,
     as_bytes,
     decode_header,
@@ -66,7 +67,7 @@ def raw_header(**fields) -> bytes:
     values = dict(magic=MAGIC, version=VERSION, kind=Kind.DATA, op=Op.ALLREDUCE_SUM, dtype=1,
                   seq=1, step=0, part=0, src=0, total_len=10, nbytes=40,
                   deliver_at=0.0)  # fmt: skip
-    values.update(fields)  # field order: the header layout, see transport.HEADER
+    values.update(fields)  # field order: the header layout, see wire.HEADER
     return HEADER.pack(*values.values())
 
 
@@ -398,23 +399,24 @@ def test_random_streams_end_in_a_frame_or_a_comm_error_never_a_hang(case):
 # --- no pickle, no objects -------------------------------------------------------------------
 
 
-def test_transport_never_unpickles():
-    tree = ast.parse(inspect.getsource(transport))
+@pytest.mark.parametrize("module", [wire, link_module, sender], ids=lambda m: m.__name__)
+def test_transport_never_unpickles(module):
+    tree = ast.parse(inspect.getsource(module))
     imported = {alias.name.split(".")[0] for node in ast.walk(tree)
                 if isinstance(node, ast.Import | ast.ImportFrom)
                 for alias in node.names}  # fmt: skip
     imported |= {node.module.split(".")[0] for node in ast.walk(tree)
                  if isinstance(node, ast.ImportFrom) and node.module}  # fmt: skip
     for unsafe in ("pickle", "cPickle", "dill", "cloudpickle", "marshal", "shelve"):
-        assert unsafe not in imported, f"transport.py imports {unsafe}"
-    assert "allow_pickle" not in inspect.getsource(transport)
+        assert unsafe not in imported, f"{module.__name__} imports {unsafe}"
+    assert "allow_pickle" not in inspect.getsource(module)
 
 
 def test_object_arrays_cannot_become_frames():
     assert not any(dt.hasobject for dt in DTYPE_CODES.values()), "an object dtype has a code"
     with pytest.raises(TypeError):
         as_bytes(np.array([object(), 1], dtype=object))
-    assert np.dtype(object) not in transport.CODE_OF_DTYPE
+    assert np.dtype(object) not in wire.CODE_OF_DTYPE
 
 
 def test_as_bytes_refuses_a_strided_array():

@@ -41,7 +41,7 @@ from pipesgd_ref.comm.schedule import (
     segments,
     simulate_allreduce,
 )
-from pipesgd_ref.comm.transport import HEADER
+from pipesgd_ref.comm.wire import HEADER
 from pipesgd_ref.plots import pyplot, save_figure
 from pipesgd_ref.runtime.launch import launch_local
 from pipesgd_ref.timing import ring_allreduce_time

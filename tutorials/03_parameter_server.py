@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from pipesgd_ref.comm.netem import link_of
-from pipesgd_ref.comm.transport import HEADER_BYTES
+from pipesgd_ref.comm.wire import HEADER_BYTES
 from pipesgd_ref.commands.train import run_training
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.methods import reference

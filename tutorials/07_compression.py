@@ -46,7 +46,7 @@ from pipesgd_ref.comm.schedule import (
     segments,
     simulate_compressed_allreduce,
 )
-from pipesgd_ref.comm.transport import HEADER
+from pipesgd_ref.comm.wire import HEADER
 from pipesgd_ref.commands.train import run_training
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.plots import pyplot, save_figure

@@ -1,6 +1,9 @@
 """The wire under every algorithm: framed TCP links, rendezvous, link emulation, collectives.
 
-transport.py    Link: framed messages over one TCP socket, timeouts, errors naming the peer
+wire.py         the frame: a 48-byte header and raw bytes; the checks every frame passes
+links.py        Link: framed messages over one TCP or unix socket, timeouts, errors naming the
+                peer; sender.py its sending thread; shm.py the payloads through shared memory
+communicator.py what a method holds: a rank's ring and star links, failure news round the ring
 rendezvous.py   rank 0's small store: address exchange, job token, ring and star links
 netem.py        link emulation: latency alpha and bandwidth B per link and direction
 frames.py       the collectives' frames: one header per step and segment, checked on arrival;
@@ -11,6 +14,8 @@ ring.py         the ring AllReduce loop (reduce-scatter + all-gather) and its co
 compressed_ring.py  the ring with a codec on every hop: decode, add, re-encode
 device_ring.py  the ring of a GPU array: chunks through pinned host buffers, added on the GPU
 shm_hop.py      a reduce-scatter hop over shared memory: added straight into the next slot
-ps.py           the parameter server's wire protocol and client, over the star links
-mpi.py          the same frames as MPI messages (--comm mpi): the ring and the star over mpi4py
+ps.py           the parameter server's two ends: the worker's client, the server's links
+ps_wire.py      the parameter server's messages: start, push, pull, abort; their buffers
+mpi.py          the same collectives over MPI (--comm mpi): the ring and the star over mpi4py;
+                mpi_links.py the frames as MPI messages
 """

@@ -23,7 +23,8 @@ import time
 
 import numpy as np
 
-from pipesgd_ref.comm.transport import POLL_SECONDS, Link
+from pipesgd_ref.comm.links import Link
+from pipesgd_ref.comm.wire import POLL_SECONDS
 from pipesgd_ref.errors import CommError, PeerAborted, PeerClosed
 
 # A left neighbour that closed in the middle of a frame may have died, or may have failed

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipesgd_ref.comm.transport import Op
+from pipesgd_ref.comm.wire import Op
 
 
 class CompressedHops:

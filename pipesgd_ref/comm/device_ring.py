@@ -58,7 +58,7 @@ from pipesgd_ref.comm.communicator import Communicator
 from pipesgd_ref.comm.frames import aborting_on_error
 from pipesgd_ref.comm.ring import RingReduce, allreduce
 from pipesgd_ref.comm.schedule import SEGMENT_BYTES
-from pipesgd_ref.comm.transport import Op
+from pipesgd_ref.comm.wire import Op
 
 _local = threading.local()  # per thread: pinned slots and device scratch, reused across calls
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from pipesgd_ref.comm.transport import ABORT_LINGER_SECONDS, Frame, Kind, as_bytes
+from pipesgd_ref.comm.wire import ABORT_LINGER_SECONDS, Frame, Kind, as_bytes
 from pipesgd_ref.errors import CollectiveMismatch, CommError, PeerAborted
 
 

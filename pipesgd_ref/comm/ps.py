@@ -1,66 +1,23 @@
-"""Parameter server: the wire protocol of the star, the worker's client, the server's links.
+"""Parameter server: the two ends of the star, the worker's client and the server's links.
 
 What the server does with the pushes (the sync and async loops, their cost, their oracles) is
-the algorithm, in methods/ps.py; this module is how the bytes move.
+the algorithm, in methods/ps.py and methods/ps_server.py; this module is how the bytes move.
 
-Roles (shared/PAPER.md section 1). A job of p workers has p + 1 ranks: rank 0 is a dedicated
-server that holds the authoritative weights and never computes a gradient; ranks 1..p are the
-workers (worker i = rank i + 1, so it draws minibatch (i, step) as the oracles' rank i does).
-Every worker has one link to the server (`comm.server`, its end: `PSClient`); the server has
-one per worker (`comm.clients[rank]`, its end: `ServerLinks`): the star of
-`init_process_group(spec, star=True)`.
+Roles. A job of p workers has p + 1 ranks: rank 0 is a dedicated server that holds the
+authoritative weights and never computes a gradient; ranks 1..p are the workers (worker i =
+rank i + 1, so it draws minibatch (i, step) as the oracles' rank i does). Every worker has one
+link to the server (`comm.server`, its end: `PSClient`); the server has one per worker
+(`comm.clients[rank]`, its end: `ServerLinks`): the star of `init_process_group(spec,
+star=True)`.
 
-Wire protocol: every message is one frame of transport.py (Kind.DATA, Op.NONE: a star link
-carries nothing else, so the direction says what a frame is), after the start.
-
-    start  worker -> server   Kind.CONTROL, JSON {ready: rank}: set up, ready for step 0
-           server -> worker   Kind.CONTROL, JSON {start: true}, once every worker is ready
-                              (ServerLinks.start_together, PSClient.wait_for_start): all
-                              workers start step 0 at once, so the run's clock starts with
-                              training, not while one worker is still setting up
-    push   worker -> server   seq = version of the weights the gradient was computed on
-                              src = the worker's rank, total_len = n (params),
-                              part = the codec's id (index in codecs.CODECS; 0 = none)
-                              codec none: dtype float32, payload n + 1 elements, the gradient,
-                              then the worker's minibatch loss (so the server can report the
-                              loss of every update without a second message per push; a NaN
-                              loss also marks a gradient the worker left out, --skip-nonfinite)
-                              codec trunc16 / bf16 / q8: dtype uint8, payload
-                                  [codec.encode(gradient): codec.wire_bytes(n) bytes]
-                                  [loss: 4 bytes, float32, native (little-endian) order]
-                              the loss is never encoded: it travels exactly as with none
-    pull   server -> worker   seq = version of the weights (= updates applied so far)
-                              src = 0, total_len = n (params),
-                              part = the pull codec's id (index in codecs.CODECS; 0 = none)
-                              pull codec none: dtype of the weights, payload the n weights,
-                              received straight into the worker's parameter buffer
-                              pull codec trunc16 / bf16 / q8: dtype uint8, payload
-                                  [pull_codec.encode(weights): pull_codec.wire_bytes(n) bytes]
-                              received into a code buffer, then decoded into the worker's
-                              parameter buffer
-    abort  server -> worker   Kind.ABORT, JSON {origin, reason}: the server failed (a worker
-                              died, hung, or sent a bad frame); every worker still waiting
-                              raises PeerAborted naming the rank at fault
-
-Both sides check every header (kind, version, dtype, length, codec) before reading its payload,
-so a worker that is out of step (or encodes with another codec) gets an error naming it, and a
-worker that expects another pull codec than the server sends gets one naming the server (rank
-0), never wrong numbers.
-
-Codes on the wire. A push is one code of the worker's whole gradient (after its error
-feedback); the server decodes it (`ServerLinks.gradient`), or decode-adds it straight into a
-sum (`ServerLinks.add_gradient_into`: codec.add_decoded_into, bitwise `sum += decode(codes)`).
-A compressed pull is one code of the server's whole weight vector (q8: so ONE scale,
-max|w| / 127, for the whole vector; no per-layer or per-chunk scales), encoded once per version
-and shared by every pull of that version (the codecs are deterministic, so that is the same
-bytes as one encode per message); `params` itself is never rounded. A push shrinks from 4n + 4
-to wire_bytes(n) + 4 bytes, a pull from 4n to wire_bytes(n) (+ 48 header bytes a frame).
+The messages (start, push, pull, abort), their headers and the checks on arrival:
+comm/ps_wire.py.
 
 The server's one link. Under link emulation its p links are one network card (netem.ServerNIC):
 the pulls share one outgoing wire, the pushes are re-timed on arrival through one ingress queue
 in the order they left their workers. ps-sync sends the p pulls of a version in one of
 PULL_ORDERS: "sequential" (one after another) or "shared" (all at once sharing the wire:
---ps-pulls=shared); methods/ps.py says what each costs.
+--ps-pulls=shared); methods/ps_server.py says what each costs.
 """
 
 from __future__ import annotations
@@ -72,15 +29,16 @@ from contextlib import contextmanager, nullcontext
 
 import numpy as np
 
+from pipesgd_ref.comm.links import Link
 from pipesgd_ref.comm.netem import ServerNIC
-from pipesgd_ref.comm.transport import (
+from pipesgd_ref.comm.ps_wire import CODES, codec_and_id, codec_name, pull_codes, push_buffers
+from pipesgd_ref.comm.wire import (
     ABORT_LINGER_SECONDS,
     CODE_OF_DTYPE,
     HEADER_BYTES,
     POLL_SECONDS,
     Frame,
     Kind,
-    Link,
     Op,
     as_bytes,
 )
@@ -97,7 +55,6 @@ from pipesgd_ref.logs import trace
 # hangs, the server's verdict (an ABORT naming it) reaches the others before they give up on the
 # server themselves (in ps-sync every worker's pull waits for the slowest worker's push).
 VERDICT_MARGIN_S = 2.0
-_CODES = CODE_OF_DTYPE[np.dtype(np.uint8)]  # header dtype of codes (compressed pushes, pulls)
 
 # ps-async over links without a socket (MPI): the pause between two looks at every worker's
 # link, short beside a push's compute, so the first push to arrive is read within it.
@@ -156,18 +113,18 @@ class ServerLinks:
         self.params = params
         self.n = params.size
         self.timeline = timeline or _NoTimeline()  # a Timeline (spans of work), or none
-        self.codec, self.codec_id = _codec_and_id(codec, params.dtype)
+        self.codec, self.codec_id = codec_and_id(codec, params.dtype)
         # recv_buf: one push, as it arrives; grads: the pushed gradient as float32 values (a
         # view of recv_buf without a codec, a decode buffer with one); loss_buf: the loss.
-        self.recv_buf, self.grads, self.loss_buf, self.codes = _push_buffers(
+        self.recv_buf, self.grads, self.loss_buf, self.codes = push_buffers(
             self.n, params.dtype, self.codec
         )
         self.push_code = CODE_OF_DTYPE[self.recv_buf.dtype]
         self._decoded = True  # whether grads holds the push last received
         # Pulls: the weights themselves, or (pull codec) their codes, encoded once per version.
-        self.pull_codec, self.pull_codec_id = _codec_and_id(pull_codec, params.dtype)
-        self.pull_codes = _pull_codes(self.n, self.pull_codec)
-        self.pull_code = CODE_OF_DTYPE[params.dtype] if self.pull_codes is None else _CODES
+        self.pull_codec, self.pull_codec_id = codec_and_id(pull_codec, params.dtype)
+        self.pull_codes = pull_codes(self.n, self.pull_codec)
+        self.pull_code = CODE_OF_DTYPE[params.dtype] if self.pull_codes is None else CODES
         self._encoded_version: int | None = None  # the version now in pull_codes
         self.nic = ServerNIC(self.links, header_bytes=HEADER_BYTES)
         self._round: list[Frame | None] = []  # ps-sync: the headers of the round read so far
@@ -261,9 +218,9 @@ class ServerLinks:
         if got != (version, self.push_code, self.n, self.codec_id):
             raise CollectiveMismatch(
                 f"rank 0: {worker_name(link.peer)} pushed a gradient of {frame.total_len} "
-                f"elements (dtype code {frame.dtype}, codec {_codec_name(frame.part)}) computed "
+                f"elements (dtype code {frame.dtype}, codec {codec_name(frame.part)}) computed "
                 f"on version {frame.seq} during {doing}; the server expected {self.n} elements "
-                f"(code {self.push_code}, codec {_codec_name(self.codec_id)}) on version "
+                f"(code {self.push_code}, codec {codec_name(self.codec_id)}) on version "
                 f"{version}: are both running the same model, method and codec?",
                 origin=link.peer,
             )
@@ -418,14 +375,14 @@ class PSClient:
         self.rank = link.rank
         self.n = n_params
         self.dtype_code = CODE_OF_DTYPE[np.dtype(dtype)]  # of the pulled weights
-        self.codec, self.codec_id = _codec_and_id(codec, np.dtype(dtype))
-        self.push_buf, self.grads, self._loss, self.codes = _push_buffers(
+        self.codec, self.codec_id = codec_and_id(codec, np.dtype(dtype))
+        self.push_buf, self.grads, self._loss, self.codes = push_buffers(
             n_params, np.dtype(dtype), self.codec
         )
         self.push_code = CODE_OF_DTYPE[self.push_buf.dtype]
-        self.pull_codec, self.pull_codec_id = _codec_and_id(pull_codec, np.dtype(dtype))
-        self.pull_codes = _pull_codes(n_params, self.pull_codec)
-        self.pull_code = self.dtype_code if self.pull_codes is None else _CODES
+        self.pull_codec, self.pull_codec_id = codec_and_id(pull_codec, np.dtype(dtype))
+        self.pull_codes = pull_codes(n_params, self.pull_codec)
+        self.pull_code = self.dtype_code if self.pull_codes is None else CODES
         self.version = 0  # version of the weights this worker holds
 
     def wait_for_start(self, doing: str) -> None:
@@ -479,9 +436,9 @@ class PSClient:
             raise CollectiveMismatch(
                 f"rank {self.rank}: the parameter server (rank 0) sent version {frame.seq} of "
                 f"{frame.total_len} elements (dtype code {frame.dtype}, pull codec "
-                f"{_codec_name(frame.part)}) during {doing}; this worker expected {want} of "
+                f"{codec_name(frame.part)}) during {doing}; this worker expected {want} of "
                 f"{self.n} (code {self.pull_code}, pull codec "
-                f"{_codec_name(self.pull_codec_id)}): are both running the same model, method "
+                f"{codec_name(self.pull_codec_id)}): are both running the same model, method "
                 f"and --codec-pull?",
                 origin=0,
             )
@@ -492,43 +449,6 @@ class PSClient:
             self.pull_codec.decode(self.pull_codes, params)
         self.version = frame.seq
         return frame.seq
-
-
-def _codec_and_id(codec, dtype: np.dtype):
-    """(codec, id in the header's `part`): (None, 0) for no codec or codec "none"."""
-    if codec is None or codec.name == "none":
-        return None, 0
-    from pipesgd_ref.codecs import CODECS  # here: only compressed messages need the codecs
-
-    if dtype != np.float32:
-        raise ValueError(
-            f"codec {codec.name} encodes float32 values; the weights are {dtype} (use "
-            f"codec none, or float32 weights)"
-        )
-    return codec, CODECS.index(codec.name)
-
-
-def _codec_name(codec_id: int) -> str:
-    from pipesgd_ref.codecs import CODECS
-
-    return CODECS[codec_id] if 0 <= codec_id < len(CODECS) else f"id {codec_id}"
-
-
-def _push_buffers(n: int, dtype: np.dtype, codec):
-    """(wire buffer, gradient values, loss slot, codes) of one push; codes is None without a
-    codec (the gradient and the loss are then views of the wire buffer itself)."""
-    if codec is None:
-        wire = np.empty(n + 1, dtype)  # gradient, then the loss
-        return wire, wire[:n], wire[n:], None
-    codes_bytes = codec.wire_bytes(n)
-    wire = np.empty(codes_bytes + 4, np.uint8)  # codes, then the loss as a float32
-    # The loss slot may be unaligned (q8: 4 + n code bytes); NumPy reads and writes it anyway.
-    return wire, np.empty(n, np.float32), wire[codes_bytes:].view(np.float32), wire[:codes_bytes]
-
-
-def _pull_codes(n: int, codec):
-    """The code buffer of one compressed pull (wire_bytes(n) bytes), or None without a codec."""
-    return None if codec is None else np.empty(codec.wire_bytes(n), np.uint8)
 
 
 class _NoTimeline:

@@ -42,8 +42,9 @@ from dataclasses import dataclass, field
 
 from pipesgd_ref.comm import shm
 from pipesgd_ref.comm.communicator import Communicator
-from pipesgd_ref.comm.netem import LinkModel
-from pipesgd_ref.comm.transport import Kind, Link
+from pipesgd_ref.comm.links import Link
+from pipesgd_ref.comm.netem import LinkSpec
+from pipesgd_ref.comm.wire import Kind
 from pipesgd_ref.errors import CommError, RendezvousError
 
 log = logging.getLogger("pipesgd.rendezvous")
@@ -70,7 +71,7 @@ class JobSpec:
     token: str = ""  # the job token every connection must present
     bind: str = "127.0.0.1"  # interface for this rank's listeners; 0.0.0.0 = all
     timeout: float = 30.0  # seconds any single wait may take before it is an error
-    model: LinkModel = field(default_factory=LinkModel)  # link emulation on every data link
+    model: LinkSpec = field(default_factory=LinkSpec)  # link emulation on every data link
     transport: str = "tcp"  # tcp | unix | shm | auto: how data links are made (module doc)
 
     def __post_init__(self):

@@ -53,7 +53,7 @@ from pipesgd_ref.comm.schedule import (
     segments,
 )
 from pipesgd_ref.comm.shm_hop import hop_in_slots
-from pipesgd_ref.comm.transport import CODE_OF_DTYPE, DTYPE_CODES, Frame, Kind, Op, as_bytes
+from pipesgd_ref.comm.wire import CODE_OF_DTYPE, DTYPE_CODES, Frame, Kind, Op, as_bytes
 from pipesgd_ref.logs import trace, trace_enabled
 
 # --- one rank's loop over its links ---------------------------------------------------------

@@ -60,8 +60,9 @@ import time
 
 import numpy as np
 
+from pipesgd_ref.comm.links import INLINE_SEND_BYTES, Link
 from pipesgd_ref.comm.netem import wait_until
-from pipesgd_ref.comm.transport import HEADER, INLINE_SEND_BYTES, POLL_SECONDS, Frame, Kind, Link
+from pipesgd_ref.comm.wire import HEADER, POLL_SECONDS, Frame, Kind
 from pipesgd_ref.errors import CollectiveMismatch, CommError, PeerTimeout, RendezvousError
 from pipesgd_ref.runtime import faults
 

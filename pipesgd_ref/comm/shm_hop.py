@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from pipesgd_ref.comm.frames import checked_header, frame_at, waiting_check
-from pipesgd_ref.comm.transport import Op, as_bytes
+from pipesgd_ref.comm.wire import Op, as_bytes
 
 
 def hop_in_slots(ring, step: int, chunk: int, part: int, s: int, e: int, last: bool) -> None:

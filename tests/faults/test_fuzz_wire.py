@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from pipesgd_ref.comm.rendezvous import HELLO_TIMEOUT, JobSpec, init_process_group, new_token
 from pipesgd_ref.comm.ring import allreduce
-from pipesgd_ref.comm.transport import HEADER, MAGIC, VERSION, Frame, Kind, decode_header
+from pipesgd_ref.comm.wire import HEADER, MAGIC, VERSION, Frame, Kind, decode_header
 from pipesgd_ref.runtime.launch import free_port
 
 CONTROL_LIMIT = 1 << 20  # Link.recv_json refuses larger control messages before reading them

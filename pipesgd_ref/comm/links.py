@@ -1,52 +1,40 @@
-"""Framed messages over a stream socket (TCP, or unix between ranks on one host): the only
-thing that ever crosses a socket. Shared-memory links (comm/shm.py) keep these headers on a unix
-socket and move the payloads through shared slots.
+"""Links: framed messages over one stream socket (TCP, or unix between ranks on one host), the
+only thing that ever crosses a socket. A frame is a 48-byte header and raw bytes (comm/wire.py);
+shared-memory links (comm/shm.py) keep these headers on a unix socket and move the payloads
+through shared slots; MPI links (comm/mpi.py) send them as MPI messages.
 
-A frame is a fixed 48-byte header followed by raw array bytes:
+Every blocking call has a timeout. Receives wait in slices of POLL_SECONDS (the socket's
+SO_RCVTIMEO), so that a failure seen by another thread of this rank (the sending thread,
+comm/sender.py) stops the wait at once instead of after the full timeout. Errors name this
+rank, the peer, what was under way, and what to do.
 
-    offset  field       type   meaning
-    0       magic       4s     b"PSGD": anything else is not our protocol (a port scanner, HTTP...)
-    4       version     u8     protocol version; a mismatch is refused, never guessed at
-    5       kind        u8     HELLO / WELCOME / REFUSE / CONTROL / DATA (see Kind)
-    6       op          u8     the collective this frame belongs to (see Op)
-    7       dtype       u8     element type of the payload (see DTYPE_CODES)
-    8       seq         u64    the collective's sequence number on this communicator
-    16      step        u16    ring step within the collective
-    18      part        u16    segment of the chunk within the step
-    20      src         u32    sender's rank
-    24      total_len   u64    elements in the whole collective (checked: all ranks must agree)
-    32      nbytes      u64    payload bytes that follow
-    40      deliver_at  f64    link emulation: when the frame "arrives" (0.0 = not emulated)
-
-Why a length-prefixed binary header and raw bytes, never pickle: a receiver knows exactly how
-many bytes to expect before it reads them (so it can `recv_into` a preallocated buffer with no
-copy), refuses frames larger than `max_frame_bytes` before allocating anything, and a peer that
-sends garbage produces a clear error, not code execution. Control messages (rendezvous) carry
-JSON text in their payload.
-
-Every blocking call has a timeout. Receives wait in short slices so that a failure seen by
-another thread of this rank (the sending thread, see `Link.start_sender`) stops the wait at once
-instead of after the full timeout. Errors name this rank, the peer, what was under way, and what
-to do.
+Failure news. A rank that cannot finish sends ABORT (JSON {origin, reason}) on its links before
+it closes them (comm/communicator.py's abort); a link this rank only sends on carries nothing
+back but that news (`take_news`), so a send refused by a closed connection first looks for it:
+a neighbour that only passed a failure on is never blamed for it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import queue
 import select
 import socket
 import struct
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from enum import IntEnum
 
-import numpy as np
-
-from pipesgd_ref.comm.netem import LinkEmulator, LinkModel, wait_until
+from pipesgd_ref.comm.netem import LinkEmulator, LinkSpec, wait_until
+from pipesgd_ref.comm.sender import Sender
+from pipesgd_ref.comm.wire import (
+    DEFAULT_MAX_FRAME_BYTES,
+    HEADER,
+    POLL_SECONDS,
+    Frame,
+    Kind,
+    decode_header,
+)
 from pipesgd_ref.errors import (
     CollectiveMismatch,
     CommError,
@@ -57,138 +45,11 @@ from pipesgd_ref.errors import (
 )
 from pipesgd_ref.runtime import faults
 
-MAGIC = b"PSGD"
-VERSION = 1
-HEADER = struct.Struct("!4sBBBBQHHIQQd")
-HEADER_BYTES = HEADER.size  # 48: the fixed cost of every frame on the wire
-assert HEADER_BYTES == 48
-DEFAULT_MAX_FRAME_BYTES = 1 << 31  # 2 GiB: larger frames are refused before any allocation
-POLL_SECONDS = 0.2  # receive slice: how quickly a rank notices its own sender's failure
 UNIX_SEND_BUFFER = 4 << 20  # unix links: up to two ring segments in flight in the kernel
 INLINE_SEND_BYTES = 64 << 10  # frames up to this size skip the sending thread when it is idle
-# A rank that has sent ABORT keeps its sockets open this long: closing at once could make a
-# neighbour see a connection reset (with unread data) before, and instead of, the reason.
-ABORT_LINGER_SECONDS = 0.25
 # A send that fails on a closed connection looks, this long at most, for the ABORT the peer
 # sent before it closed (already received: TCP delivers the bytes before the reset).
 NEWS_WAIT_SECONDS = 0.1
-
-
-class Kind(IntEnum):
-    HELLO = 1  # connector -> acceptor: JSON {token, rank, purpose}
-    WELCOME = 2  # acceptor -> connector: accepted
-    REFUSE = 3  # acceptor -> connector: refused, JSON {reason}
-    CONTROL = 4  # JSON payload (rendezvous store)
-    DATA = 5  # array payload of a collective
-    ABORT = 6  # JSON {origin, reason}: a rank failed; sent both ways round the ring (see abort)
-    HEARTBEAT = 7  # "I am alive, waiting on my own left neighbour": resets the peer's timeout
-
-
-class Op(IntEnum):
-    NONE = 0
-    ALLREDUCE_SUM = 1
-    ALLREDUCE_MEAN = 2
-    BROADCAST = 3
-    BARRIER = 4
-
-
-DTYPE_CODES = {
-    0: np.dtype(np.uint8),
-    1: np.dtype(np.float32),
-    2: np.dtype(np.float64),
-    3: np.dtype(np.int64),
-    4: np.dtype(np.int32),
-}
-CODE_OF_DTYPE = {dt: code for code, dt in DTYPE_CODES.items()}
-
-
-@dataclass(frozen=True)
-class Frame:
-    """A decoded header (the payload, if any, is read separately into the caller's buffer)."""
-
-    kind: int
-    op: int = Op.NONE
-    dtype: int = 0
-    seq: int = 0
-    step: int = 0
-    part: int = 0
-    src: int = 0
-    total_len: int = 0
-    nbytes: int = 0
-    deliver_at: float = 0.0
-
-    def pack(self) -> bytes:
-        return HEADER.pack(
-            MAGIC, VERSION, self.kind, self.op, self.dtype, self.seq, self.step, self.part,
-            self.src, self.total_len, self.nbytes, self.deliver_at,
-        )  # fmt: skip
-
-    def describe(self) -> str:
-        """Human words for the collective a DATA frame belongs to."""
-        op = Op(self.op).name.lower() if self.op in Op._value2member_map_ else f"op {self.op}"
-        dtype = DTYPE_CODES.get(self.dtype, f"dtype code {self.dtype}")
-        return f"{op} #{self.seq} of {self.total_len} {dtype}"
-
-
-def decode_header(data: bytes, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> Frame:
-    """Parse and validate 48 header bytes; raise ProtocolError saying what is wrong."""
-    if len(data) != HEADER.size:
-        raise ProtocolError(f"truncated header: {len(data)} of {HEADER.size} bytes")
-    magic, version, kind, op, dtype, seq, step, part, src, total_len, nbytes, deliver_at = (
-        HEADER.unpack(data)
-    )
-    if magic != MAGIC:
-        raise ProtocolError(f"bad magic {magic!r} (expected {MAGIC!r}): not a pipesgd peer")
-    if version != VERSION:
-        raise ProtocolError(f"protocol version {version}, this build speaks {VERSION}")
-    if kind not in Kind._value2member_map_:
-        raise ProtocolError(f"unknown frame kind {kind}")
-    if op not in Op._value2member_map_:
-        raise ProtocolError(f"unknown op {op}")
-    if dtype not in DTYPE_CODES:
-        raise ProtocolError(f"unknown dtype code {dtype}")
-    if nbytes > max_frame_bytes:
-        raise ProtocolError(
-            f"frame of {nbytes} bytes exceeds the maximum of {max_frame_bytes} bytes"
-        )
-    if nbytes % DTYPE_CODES[dtype].itemsize:
-        raise ProtocolError(
-            f"{nbytes} payload bytes are not a whole number of {DTYPE_CODES[dtype]}"
-        )
-    if deliver_at != deliver_at or deliver_at < 0:  # NaN or negative
-        raise ProtocolError(f"bad deliver_at {deliver_at}")
-    return Frame(kind, op, dtype, seq, step, part, src, total_len, nbytes, deliver_at)
-
-
-class DeviceBytes:
-    """A contiguous GPU array as a frame's payload, for a link whose wire takes device memory
-    itself (`Link.takes_device_memory`: MPI built with CUDA support). len() is its size in
-    bytes, as a memoryview's; `buffer` is what the MPI library gets: the array itself, through
-    __cuda_array_interface__, or, in Numba's CUDA simulator (whose "device" memory is host
-    memory and has no such interface), the host bytes it wraps."""
-
-    def __init__(self, array):
-        self.array = array
-        self.nbytes = array.size * array.dtype.itemsize
-
-    def __len__(self) -> int:
-        return self.nbytes
-
-    @property
-    def buffer(self):
-        if hasattr(self.array, "__cuda_array_interface__"):
-            return self.array
-        return np.asarray(self.array).reshape(-1).view(np.uint8)  # the simulator's host bytes
-
-
-def as_bytes(array: np.ndarray) -> memoryview:
-    """A flat byte view of a contiguous array (no copy): what goes on the wire. A device array
-    (Numba's) becomes DeviceBytes, which only a link that takes device memory can move."""
-    if not isinstance(array, np.ndarray) and hasattr(array, "copy_to_host"):
-        return DeviceBytes(array)
-    if not array.flags.c_contiguous:
-        raise ValueError("only contiguous arrays can be sent without a copy")
-    return memoryview(array.reshape(-1).view(np.uint8))
 
 
 def _drop_sent(parts: list[memoryview], sent: int) -> list[memoryview]:
@@ -218,19 +79,19 @@ class Link:
         rank: int,
         peer: int,
         timeout: float,
-        model: LinkModel | None = None,
+        model: LinkSpec | None = None,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
     ):
         self.sock = sock
         self.rank = rank
         self.peer = peer
         self.timeout = timeout
-        self.model = model or LinkModel()
+        self.model = model or LinkSpec()
         self.max_frame_bytes = max_frame_bytes
         self.emulator = LinkEmulator(self.model)
         self.bytes_sent = 0
         self.bytes_received = 0
-        self._sender: _Sender | None = None
+        self._sender: Sender | None = None
         # True while a frame is half read: the receive stream is not at a frame boundary, so
         # no ABORT can be looked for in it (see take_news).
         self.mid_frame = False
@@ -515,11 +376,11 @@ class Link:
         thread is idle: it fits the socket buffer, so sending cannot block."""
         return nbytes <= INLINE_SEND_BYTES
 
-    def start_sender(self) -> _Sender:
+    def start_sender(self) -> Sender:
         """A background thread that sends queued frames in order, so a rank can send to one
         neighbour while its main thread receives from another."""
         if self._sender is None:
-            self._sender = _Sender(self)
+            self._sender = Sender(self)
         return self._sender
 
     def close(self) -> None:
@@ -530,127 +391,3 @@ class Link:
             self.sock.close()
         except OSError:
             pass
-
-
-class _Sender:
-    """The sending thread of a link: frames go out in the order they were queued."""
-
-    def __init__(self, link: Link):
-        self.link = link
-        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self.error: BaseException | None = None
-        self.pending = 0
-        # True from a frame's first byte on the wire to its last (whichever thread sent the
-        # first): another header may go out only between frames, or it garbles the stream.
-        self.half_sent = False
-        self.cancelled = False  # error is cancel()'s, not a failed send: the link still works
-        self._idle = threading.Condition()
-        self.thread = threading.Thread(
-            target=self._run, name=f"send-{link.rank}->{link.peer}", daemon=True
-        )
-        self.thread.start()
-
-    def _run(self) -> None:
-        while True:
-            job = self.jobs.get()
-            if job is None:
-                return
-            frame, payload, doing = job
-            with self._idle:
-                # After a failure, drop the rest: the collective is lost. But finish a frame
-                # that put() started, after a cancel too: the ABORT that follows needs the
-                # stream between frames.
-                go = self.error is None or (frame is None and self.cancelled)
-                if go:
-                    self.half_sent = True
-            failed = False
-            if go:
-                try:
-                    if frame is None:  # the rest of a frame put() started (payload: its parts)
-                        self.link.send_rest(payload, doing)
-                    else:
-                        self.link.send(frame, payload, doing)
-                except BaseException as e:  # handed to the main thread by check()
-                    self.error, self.cancelled, failed = e, False, True
-            with self._idle:
-                if go:  # a frame that failed part way stays half sent: nothing may follow it
-                    self.half_sent = failed
-                self.pending -= 1
-                self._idle.notify_all()
-
-    def put(self, frame: Frame, payload: memoryview, doing: str) -> None:
-        """Queue a frame. With nothing queued ahead of it, the calling thread starts it at once
-        and hands the kernel what its socket buffer takes without waiting; only the rest (if
-        any) goes to the sending thread. Waking that thread costs a scheduler wake-up on a busy
-        or virtual machine (benchmarks/RESULTS.md), once per ring hop: the latency term of
-        every step."""
-        with self._idle:
-            idle = self.pending == 0
-        if idle:
-            self.check()
-            rest = self.link.send_without_waiting(frame, payload, doing)
-            if rest is None and self.link.may_send_inline(frame, len(payload)):
-                self.link.send(frame, payload, doing)  # small: fits the buffer, cannot block
-                return
-            if rest is not None:
-                if not rest:
-                    return
-                frame, payload = None, rest  # the sending thread finishes this frame
-        with self._idle:
-            self.pending += 1
-            if frame is None:
-                self.half_sent = True  # its first bytes are on the wire already
-        self.jobs.put((frame, payload, doing))
-
-    def check(self) -> None:
-        """Raise the sending thread's error, if it had one (called from the main thread)."""
-        if self.error is not None:
-            raise self.error
-
-    def heartbeat(self) -> None:
-        """Called while the main thread waits on its left neighbour: if nothing is queued,
-        tell the right neighbour we are alive, so that only the rank next to a silent peer
-        times out, and everyone else waits for its ABORT, which names the silent rank."""
-        self.check()
-        if self.pending == 0:  # only the main thread queues: idle now means idle when sent
-            self.put(Frame(kind=Kind.HEARTBEAT), b"", "heartbeat")
-
-    def cancel(self, wait: float) -> bool:
-        """Drop every frame not yet started; wait up to `wait` s for the one on the wire.
-        True when the link is between frames (safe to send one more)."""
-        deadline = time.monotonic() + wait
-        with self._idle:
-            if self.error is None:
-                self.error = CommError("sending cancelled: the collective failed")
-                self.cancelled = True
-            # Frames not started are dropped whenever the thread gets to them; only the one
-            # on the wire is waited for (a busy machine may take long to run that thread).
-            while self.half_sent and time.monotonic() < deadline:
-                self._idle.wait(0.05)
-            return not self.half_sent
-
-    def flush(self, timeout: float) -> None:
-        """Wait until every queued frame is on the wire (or raise the error that stopped it)."""
-        self.wait_pending(0, timeout)
-
-    def wait_pending(self, at_most: int, timeout: float) -> None:
-        """Wait until at most `at_most` queued frames are still to be sent (or raise the error
-        that stopped the sender). Frames leave in order, so the ones still pending are the
-        last ones queued: a caller reusing buffers round-robin knows which are free."""
-        deadline = time.monotonic() + timeout
-        with self._idle:
-            while self.pending > at_most and self.error is None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise PeerTimeout(
-                        f"rank {self.link.rank}: could not hand data to rank {self.link.peer} "
-                        f"for {timeout:.1f} s; is it alive? raise --timeout to wait longer",
-                        origin=self.link.peer,
-                        link=self.link,
-                    )
-                self._idle.wait(min(left, POLL_SECONDS))
-        self.check()
-
-    def stop(self) -> None:
-        self.jobs.put(None)
-        self.thread.join(timeout=1.0)
