@@ -297,7 +297,7 @@ def test_real_clock_two_messages():
 
 
 def test_parse_latency_refuses_what_no_sleep_can_take():
-    # 1e12 s once reached time.sleep inside a worker: OverflowError, not a message
+    # 1e12 s would reach time.sleep inside a worker: an OverflowError, not a message
     with pytest.raises(ValueError, match=r"latency '1e12s' is 1e\+12 s per message, more than"):
         parse_latency("1e12s")
     with pytest.raises(ValueError, match="latency must be finite, >= 0 and <= 1e\\+06"):
@@ -331,8 +331,8 @@ def test_frame_problem_names_frame_link_and_timeout():
 
 
 def test_a_frame_slower_than_the_timeout_is_refused_without_sleeping():
-    """A frame on the wire honours the timeout: --bandwidth 1bit --timeout 3 once slept for
-    hours; now the sender raises a CommError (one line in the job's report) at once."""
+    """A frame on the wire honours the timeout: with --bandwidth 1bit --timeout 3 the sender
+    raises a CommError (one line in the job's report) at once, rather than sleep for hours."""
     from pipesgd_ref.errors import CommError
 
     clock = FakeClock()
@@ -350,8 +350,9 @@ def test_a_train_run_on_a_link_slower_than_its_timeout_stops_in_bounded_time(cap
     from pipesgd_ref.commands.cli import main
 
     start = time.monotonic()
-    rc = main(["train", "--preset=tiny", "--steps=3", "--no-progress", "--bandwidth=1Kbit",
-               "--timeout=5"])  # fmt: skip
+    rc = main(
+        ["train", "--preset=tiny", "--steps=3", "--no-progress", "--bandwidth=1Kbit", "--timeout=5"]
+    )
     err = capsys.readouterr().err
     assert rc == 2 and "Traceback" not in err, err
     assert "more than --timeout 5 s" in err and "1 Kbit/s" in err, err
