@@ -33,6 +33,7 @@ from jobs import (
     write_pid,
 )
 
+from pipesgd_ref.comm.activity import doing
 from pipesgd_ref.comm.communicator import CAUSE_WAIT_SECONDS, Communicator
 from pipesgd_ref.comm.links import Link
 from pipesgd_ref.comm.rendezvous import JobSpec, RendezvousError, init_process_group
@@ -124,7 +125,8 @@ def test_a_send_refused_by_a_close_reports_the_news_sent_before_it():
         time.sleep(0.05)
         with pytest.raises(PeerAborted) as info:
             for _ in range(3):  # the first send may still go into the socket buffer
-                tx.send(Frame(kind=Kind.DATA), b"y" * 100_000, "allreduce #2 step 0")
+                with doing("allreduce #2 step 0"):
+                    tx.send(Frame(kind=Kind.DATA), b"y" * 100_000)
         text = str(info.value)
         assert info.value.origin == 2 and blamed(text) == 2, text
         assert text.startswith(
@@ -145,7 +147,7 @@ def test_a_send_refused_by_a_silent_close_blames_the_peer():
         time.sleep(0.05)
         with pytest.raises(CommError) as info:
             for _ in range(3):
-                tx.send(Frame(kind=Kind.DATA), b"y" * 100_000, "allreduce #2 step 0")
+                tx.send(Frame(kind=Kind.DATA), b"y" * 100_000)
         assert type(info.value).__name__ == "PeerClosed" and info.value.origin == 1, info.value
         assert blamed(str(info.value)) == 1, info.value
     finally:
@@ -168,9 +170,10 @@ def _closed_mid_frame(comm, left_far) -> CommError:
                      + b"z" * 100)  # fmt: skip
     left_far.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     left_far.close()
-    frame = comm.left.recv_header("allreduce #1 step 0")
-    with pytest.raises(CommError) as info:
-        comm.left.recv_payload_into(frame, memoryview(bytearray(400)), "allreduce #1 step 0")
+    with doing("allreduce #1 step 0"):
+        frame = comm.left.recv_header()
+        with pytest.raises(CommError) as info:
+            comm.left.recv_payload_into(frame, memoryview(bytearray(400)))
     assert comm.left.mid_frame
     return info.value
 
@@ -218,7 +221,7 @@ def test_a_close_between_frames_blames_the_neighbour_at_once():
     try:
         left_far.close()
         with pytest.raises(CommError) as info:
-            comm.left.recv_header("allreduce #1 step 0")
+            comm.left.recv_header()
         start = time.monotonic()
         assert comm.explain(info.value) is info.value and info.value.origin == 0
         assert time.monotonic() - start < 0.1
@@ -233,15 +236,15 @@ def test_news_from_the_right_stops_a_wait_on_the_left():
     neighbour sent back; a right neighbour that merely finished and closed is no failure."""
     comm, left_far, right_far = _ring_of_sockets(0, 2)
     try:
-        comm.check_news("allreduce #1 step 0")  # nothing: no error
+        comm.check_news()  # nothing: no error
         right_far.sendall(_news_frame(3, "rank 2: rank 3 closed the connection"))
         time.sleep(0.05)
         with pytest.raises(PeerAborted) as info:
-            comm.check_news("allreduce #1 step 0")
+            comm.check_news()
         assert info.value.origin == 3 and blamed(str(info.value)) == 3, info.value
         right_far.close()
         time.sleep(0.05)
-        comm.check_news("allreduce #1 step 0")  # closed without news: for the send to find
+        comm.check_news()  # closed without news: for the send to find
     finally:
         comm.close()
         left_far.close()
@@ -473,11 +476,11 @@ def test_wrong_token_is_refused_garbage_dropped_and_the_job_still_forms():
         stray = Link(connect_when_listening(port), rank=9, peer=0, timeout=2)
         strays.append(stray.sock)
         start = time.monotonic()
-        stray.send_json(Kind.HELLO, {"token": "not-the-token", "rank": 1, "world_size": 2,
-                                     "host": "127.0.0.1", "port": 1, "purpose": "store"},
-                        "test")  # fmt: skip
+        hello = {"token": "not-the-token", "rank": 1, "world_size": 2, "host": "127.0.0.1",
+                 "port": 1, "purpose": "store"}  # fmt: skip
+        stray.send_json(Kind.HELLO, hello)
         with pytest.raises(CommError, match="refused") as info:
-            stray.recv_json(Kind.CONTROL, "test")
+            stray.recv_json(Kind.CONTROL)
         record("wrong job token refused", time.monotonic() - start)
         assert "wrong job token" in str(info.value), info.value
 

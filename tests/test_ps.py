@@ -541,9 +541,9 @@ def test_a_push_out_of_step_is_refused_and_the_worker_told(fault):
     client = PSClient(worker_link, 11 if fault == "length" else 10, codec=client_codec)
     client.version = 5 if fault == "version" else 0
     client.grads[:] = 1.0
-    client.push(0.5, "test push")
+    client.push(0.5)
     with pytest.raises(PeerAborted, match="worker 0 \\(rank 1\\)"):
-        client.pull(np.empty(client.n, np.float32), "test pull")
+        client.pull(np.empty(client.n, np.float32))
     thread.join(timeout=5)
     assert len(errors) == 1 and isinstance(errors[0], CollectiveMismatch), errors
     assert "worker 0 (rank 1)" in str(errors[0])
@@ -567,9 +567,9 @@ def test_a_pull_with_another_codec_is_refused_naming_the_server(server_pull, wor
     thread.start()
     client = PSClient(worker_link, 10, pull_codec=worker_pull and get_codec(worker_pull))
     client.grads[:] = 1.0
-    client.push(0.5, "test push")
+    client.push(0.5)
     with pytest.raises(CollectiveMismatch, match="parameter server \\(rank 0\\)") as error:
-        client.pull(np.empty(10, np.float32), "test pull")
+        client.pull(np.empty(10, np.float32))
     thread.join(timeout=5)
     assert error.value.origin == 0
     text = str(error.value)
@@ -596,9 +596,9 @@ def test_compressed_pull_round_trip_in_one_process():
     thread.start()
     client = PSClient(worker_link, 5, pull_codec=codec)
     client.grads[:] = 0.25
-    client.push(0.1, "test push")
+    client.push(0.1)
     got = np.empty(5, np.float32)
-    assert client.pull(got, "test pull", expect=1) == 1
+    assert client.pull(got, expect=1) == 1
     thread.join(timeout=5)
     np.testing.assert_array_equal(params, exact)  # the server's weights: never rounded
     np.testing.assert_array_equal(got, round_trip(codec, exact))
@@ -624,9 +624,9 @@ def test_protocol_round_trip_in_one_process():
     thread.start()
     client = PSClient(worker_link, 4)
     client.grads[:] = [1, 1, 1, 1]
-    client.push(2.5, "test push")
+    client.push(2.5)
     got = np.empty(4, np.float32)
-    assert client.pull(got, "test pull", expect=1) == 1
+    assert client.pull(got, expect=1) == 1
     thread.join(timeout=5)
     np.testing.assert_array_equal(got, [-1, 0, 1, 2])
     assert server.log.losses == [2.5]
@@ -651,9 +651,9 @@ def test_compressed_protocol_round_trip_in_one_process():
     client = PSClient(worker_link, 5, codec=codec)
     g = np.array([1.0, -2.0, 0.3, 1e-3, 4.0], np.float32)
     client.grads[:] = g
-    client.push(0.1, "test push")
+    client.push(0.1)
     got = np.empty(5, np.float32)
-    assert client.pull(got, "test pull", expect=1) == 1
+    assert client.pull(got, expect=1) == 1
     thread.join(timeout=5)
     wire, decoded = np.empty(codec.wire_bytes(5), np.uint8), np.empty(5, np.float32)
     codec.encode(g, wire)

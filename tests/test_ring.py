@@ -210,9 +210,9 @@ def _star_job(comm):
     if comm.rank == 0:
         got = {}
         for r, link in sorted(comm.clients.items()):
-            frame = link.recv_header("star test")
+            frame = link.recv_header()
             buf = np.empty(1, np.int64)
-            link.recv_payload_into(frame, memoryview(buf).cast("B"), "star test")
+            link.recv_payload_into(frame, memoryview(buf).cast("B"))
             got[r] = int(buf[0])
         return got
     comm.server.send(Frame(kind=Kind.DATA, dtype=3), np.array([comm.rank * 10]).view(np.uint8))

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from pipesgd_ref.comm import links as link_module
 from pipesgd_ref.comm import sender, wire
+from pipesgd_ref.comm.activity import doing
 from pipesgd_ref.comm.links import Link
 from pipesgd_ref.comm.wire import (
     DEFAULT_MAX_FRAME_BYTES,
@@ -185,7 +186,7 @@ def test_send_then_receive_into_a_preallocated_buffer_without_copy(links):
     sent = np.arange(1000, dtype=np.float32) * 0.5
     tx.send(Frame(Kind.DATA, Op.ALLREDUCE_SUM, 1, seq=7, step=3, part=2, src=0, total_len=1000),
             as_bytes(sent))  # fmt: skip
-    frame = rx.recv_header("test")
+    frame = rx.recv_header()
     assert (frame.kind, frame.op, frame.seq, frame.step, frame.part, frame.total_len) == (
         Kind.DATA, Op.ALLREDUCE_SUM, 7, 3, 2, 1000,
     )  # fmt: skip
@@ -194,7 +195,7 @@ def test_send_then_receive_into_a_preallocated_buffer_without_copy(links):
     big = np.full(1200, -1.0, np.float32)
     view = as_bytes(big[100:1100])
     assert np.shares_memory(np.asarray(view), big), "as_bytes copied the slice"
-    rx.recv_payload_into(frame, view, "test")
+    rx.recv_payload_into(frame, view)
     np.testing.assert_array_equal(big[100:1100], sent, err_msg="payload bytes differ")
     assert (big[:100] == -1).all() and (big[1100:] == -1).all(), "wrote outside the slice"
     assert tx.bytes_sent == rx.bytes_received == 48 + sent.nbytes
@@ -203,17 +204,17 @@ def test_send_then_receive_into_a_preallocated_buffer_without_copy(links):
 def test_empty_payload_frame(links):
     tx, rx = links
     tx.send(Frame(Kind.DATA, Op.BARRIER, 1, seq=1))
-    frame = rx.recv_header("test")
+    frame = rx.recv_header()
     assert frame.nbytes == 0
-    rx.recv_payload_into(frame, as_bytes(np.empty(0, np.float32)), "test")
+    rx.recv_payload_into(frame, as_bytes(np.empty(0, np.float32)))
 
 
 def test_payload_of_another_length_is_a_collective_mismatch(links):
     tx, rx = links
     tx.send(Frame(Kind.DATA, Op.ALLREDUCE_SUM, 1, seq=1), as_bytes(np.ones(11, np.float32)))
-    frame = rx.recv_header("test")
+    frame = rx.recv_header()
     with pytest.raises(CollectiveMismatch, match="rank 0 sent 44 bytes .* expected 40"):
-        rx.recv_payload_into(frame, as_bytes(np.empty(10, np.float32)), "test")
+        rx.recv_payload_into(frame, as_bytes(np.empty(10, np.float32)))
     assert len(pending_bytes(rx.sock)) == 44, "the payload was read before the length check"
 
 
@@ -221,10 +222,10 @@ def test_peer_closed_mid_payload_says_how_far_it_got(links):
     tx, rx = links
     tx.sock.sendall(Frame(Kind.DATA, Op.ALLREDUCE_SUM, 1, seq=1, nbytes=400).pack() + b"\0" * 100)
     tx.close()
-    frame = rx.recv_header("test")
+    frame = rx.recv_header()
     start = time.monotonic()
     with pytest.raises(PeerClosed, match="after 100 of 400 bytes") as info:
-        rx.recv_payload_into(frame, as_bytes(np.empty(100, np.float32)), "test")
+        rx.recv_payload_into(frame, as_bytes(np.empty(100, np.float32)))
     assert time.monotonic() - start < 1.0, "a closed peer must be noticed at once"
     assert info.value.origin == 0 and "rank 1: rank 0 closed the connection" in str(info.value)
 
@@ -234,7 +235,7 @@ def test_peer_closed_mid_header(links):
     tx.sock.sendall(raw_header()[:20])
     tx.close()
     with pytest.raises(PeerClosed, match="after 20 of 48 bytes"):
-        rx.recv_header("test")
+        rx.recv_header()
 
 
 def test_silent_peer_times_out_with_an_actionable_message():
@@ -242,8 +243,8 @@ def test_silent_peer_times_out_with_an_actionable_message():
     rx = Link(b, rank=3, peer=5, timeout=0.5)
     start = time.monotonic()
     try:
-        with pytest.raises(PeerTimeout) as info:
-            rx.recv_header("allreduce #1 step 0")
+        with pytest.raises(PeerTimeout) as info, doing("allreduce #1 step 0"):
+            rx.recv_header()
     finally:
         elapsed = time.monotonic() - start
         a.close()
@@ -263,9 +264,9 @@ def test_progress_resets_the_timeout(links):
     for i in range(0, len(data), 6):  # 9 pieces, 0.1 s apart: 0.9 s > the 0.5 s timeout
         tx.sock.sendall(data[i : i + 6])
         time.sleep(0.1)
-    frame = rx.recv_header("test")
+    frame = rx.recv_header()
     out = bytearray(6)
-    rx.recv_payload_into(frame, memoryview(out), "test")
+    rx.recv_payload_into(frame, memoryview(out))
     assert out == b"abcdef" and time.monotonic() - start > 0.5
 
 
@@ -279,7 +280,7 @@ def test_a_waiting_receive_stops_when_this_rank_fails_elsewhere(links):
 
     start = time.monotonic()
     with pytest.raises(CommError, match="the sending thread failed"):
-        rx.recv_header("test", stop)
+        rx.recv_header(stop=stop)
     assert time.monotonic() - start < 1.0, "stop() was not polled while waiting"
 
 
@@ -294,7 +295,7 @@ def test_oversized_frame_is_refused_before_reading_or_allocating():
         try:
             start = time.monotonic()
             with pytest.raises(ProtocolError, match="exceeds the maximum of 1048576 bytes"):
-                rx.recv_header("test")
+                rx.recv_header()
             elapsed = time.monotonic() - start
             _, peak = tracemalloc.get_traced_memory()
         finally:
@@ -309,22 +310,23 @@ def test_oversized_frame_is_refused_before_reading_or_allocating():
 
 def test_recv_json_on_refuse_raises_with_the_reason(links):
     tx, rx = links
-    tx.send_json(Kind.REFUSE, {"reason": "wrong job token"}, "hello")
+    tx.send_json(Kind.REFUSE, {"reason": "wrong job token"})
     with pytest.raises(CommError, match="rank 0 refused us during hello: wrong job token"):
-        rx.recv_json(Kind.WELCOME, "hello")
+        with doing("hello"):
+            rx.recv_json(Kind.WELCOME)
 
 
 def test_recv_json_protocol_errors(links):
     tx, rx = links
-    tx.send_json(Kind.CONTROL, {"addrs": []}, "test")
+    tx.send_json(Kind.CONTROL, {"addrs": []})
     with pytest.raises(ProtocolError, match="expected a WELCOME frame .* got CONTROL"):
-        rx.recv_json(Kind.WELCOME, "test")
-    tx.send(Frame(Kind.CONTROL), b"{not json", "test")
+        rx.recv_json(Kind.WELCOME)
+    tx.send(Frame(Kind.CONTROL), b"{not json")
     with pytest.raises(ProtocolError, match="bad JSON"):
-        rx.recv_json(Kind.CONTROL, "test")
+        rx.recv_json(Kind.CONTROL)
     tx.sock.sendall(Frame(Kind.CONTROL, nbytes=(1 << 20) + 1).pack())
     with pytest.raises(ProtocolError, match="control message of 1048577 bytes"):
-        rx.recv_json(Kind.CONTROL, "test")
+        rx.recv_json(Kind.CONTROL)
 
 
 def test_send_to_a_closed_peer_raises_peer_closed(links):
@@ -381,10 +383,10 @@ def test_random_streams_end_in_a_frame_or_a_comm_error_never_a_hang(case):
             a.close()
         while True:
             try:
-                frame = rx.recv_header("fuzz")
+                frame = rx.recv_header()
                 assert_in_range(frame)
                 assert frame.nbytes <= 4096, frame
-                rx.recv_payload_into(frame, memoryview(bytearray(frame.nbytes)), "fuzz")
+                rx.recv_payload_into(frame, memoryview(bytearray(frame.nbytes)))
                 frames += 1
             except (ProtocolError, PeerClosed, PeerTimeout):
                 break  # any other exception type fails the test

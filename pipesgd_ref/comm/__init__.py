@@ -4,7 +4,9 @@ wire.py         the frame: a 48-byte header and raw bytes; the checks every fram
 links.py        Link: framed messages over one TCP or unix socket, timeouts, errors naming the
                 peer; sender.py its sending thread; shm.py the payloads through shared memory
 communicator.py what a method holds: a rank's ring and star links, failure news round the ring
-rendezvous.py   rank 0's small store: address exchange, job token, ring and star links
+rendezvous.py   rank 0's small store: address exchange, job token, ring and star links;
+                sockets.py its listeners and connections
+activity.py     what this rank is doing: named where an operation starts, read by its errors
 netem.py        link emulation: latency alpha and bandwidth B per link and direction
 frames.py       the collectives' frames: one header per step and segment, checked on arrival;
                 a failure told to both neighbours

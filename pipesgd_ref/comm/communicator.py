@@ -23,6 +23,7 @@ import time
 
 import numpy as np
 
+from pipesgd_ref.comm.activity import current
 from pipesgd_ref.comm.links import Link
 from pipesgd_ref.comm.wire import POLL_SECONDS
 from pipesgd_ref.errors import CommError, PeerAborted, PeerClosed
@@ -103,7 +104,7 @@ class Communicator:
             told = link.send_abort(error, default_origin=self.rank) or told
         return told
 
-    def check_news(self, doing: str) -> None:
+    def check_news(self) -> None:
         """Raise PeerAborted if the right neighbour has sent news of a failure back along the
         ring (it arrives on the right link, which otherwise carries nothing towards this
         rank). Called while this rank waits on its left neighbour, so news travels both ways
@@ -118,7 +119,7 @@ class Communicator:
         if news is not None:
             origin, reason = news
             raise PeerAborted(
-                f"rank {self.rank}: rank {origin} failed, so {doing} cannot finish "
+                f"rank {self.rank}: rank {origin} failed, so {current()} cannot finish "
                 f"(news from rank {right.peer}): {reason}",
                 origin=origin,
             )

@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from pipesgd_ref.comm.activity import current
 from pipesgd_ref.comm.wire import ABORT_LINGER_SECONDS, Frame, Kind, as_bytes
 from pipesgd_ref.errors import CollectiveMismatch, CommError, PeerAborted
 
@@ -28,9 +29,7 @@ def frame_at(header: Frame, step: int, part: int) -> Frame:
     return dataclasses.replace(header, step=step, part=part)
 
 
-def recv_checked(
-    comm, want: Frame, step: int, part: int, out: np.ndarray, doing: str, sender
-) -> None:
+def recv_checked(comm, want: Frame, step: int, part: int, out: np.ndarray, sender) -> None:
     """Receive the next frame from the left neighbour into `out` (a contiguous array of the
     payload's size), after checking it is frame (step, part) of the collective `want` describes.
 
@@ -38,40 +37,40 @@ def recv_checked(
     is alive), `sender` (this rank's sending thread, or None) re-raises its own error and tells
     the right neighbour we are alive, and news of a failure from either side stops the wait.
     Raises PeerAborted when ABORT news arrives instead, CollectiveMismatch when the frame
-    belongs to another collective, step or segment; `doing` names this rank's part in both.
+    belongs to another collective, step or segment; both name what this rank is doing
+    (comm/activity.py).
     """
-    got = checked_header(comm, want, step, part, doing, sender)
-    comm.left.recv_payload_into(got, as_bytes(out), doing, waiting_check(comm, sender, doing))
+    got = checked_header(comm, want, step, part, sender)
+    comm.left.recv_payload_into(got, as_bytes(out), stop=waiting_check(comm, sender))
 
 
-def waiting_check(comm, sender, doing: str) -> Callable[[], None]:
+def waiting_check(comm, sender) -> Callable[[], None]:
     """What a rank does in each idle slice of a wait on its left neighbour."""
 
     def stop() -> None:  # each idle slice of the wait: raise if this rank should stop waiting
         if sender is not None:
             sender.heartbeat()  # raises the sending thread's error, if it had one
-        comm.check_news(doing)  # news of a failure may come from the right, too
+        comm.check_news()  # news of a failure may come from the right, too
 
     return stop
 
 
-def checked_header(comm, want: Frame, step: int, part: int, doing: str, sender) -> Frame:
+def checked_header(comm, want: Frame, step: int, part: int, sender) -> Frame:
     """The header half of `recv_checked`: the next frame from the left, checked to be frame
     (step, part) of `want`'s collective; its payload is still to be read."""
-    stop = waiting_check(comm, sender, doing)
-    got = comm.left.recv_header(doing, stop)
+    stop = waiting_check(comm, sender)
+    got = comm.left.recv_header(stop=stop)
     while got.kind == Kind.HEARTBEAT:  # the left neighbour is alive and waiting: keep waiting
-        got = comm.left.recv_header(doing, stop)
+        got = comm.left.recv_header(stop=stop)
     if got.kind == Kind.ABORT:  # a rank upstream failed: pass its story on
-        origin, reason = comm.left.read_abort(got, doing)
+        origin, reason = comm.left.read_abort(got)
         raise PeerAborted(
-            f"rank {comm.rank}: rank {origin} failed, so {doing} cannot finish "
+            f"rank {comm.rank}: rank {origin} failed, so {current()} cannot finish "
             f"(news from rank {comm.left.peer}): {reason}",
             origin=origin,
         )
-    if (got.kind, got.seq, got.op, got.dtype, got.total_len) != (
-        want.kind, want.seq, want.op, want.dtype, want.total_len,
-    ) or (got.step, got.part) != (step, part):  # fmt: skip
+    ours = (want.kind, want.seq, want.op, want.dtype, want.total_len, step, part)
+    if (got.kind, got.seq, got.op, got.dtype, got.total_len, got.step, got.part) != ours:
         raise CollectiveMismatch(
             f"rank {comm.rank}: rank {comm.left.peer} sent a frame of {got.describe()} "
             f"(step {got.step}, segment {got.part}) while this rank is in {want.describe()} "

@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from pipesgd_ref.comm.activity import current, doing
 from pipesgd_ref.comm.netem import LinkEmulator, LinkSpec, wait_until
 from pipesgd_ref.comm.sender import Sender
 from pipesgd_ref.comm.wire import (
@@ -109,32 +110,35 @@ class Link:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, slice_)
 
     # --- errors -------------------------------------------------------------------------
-    def _timeout_error(self, doing: str, timeout: float) -> PeerTimeout:
+    # Each error names what this rank was doing (activity.current(): set where the operation
+    # began, comm/activity.py), the peer, and what to do.
+    def _timeout_error(self, timeout: float) -> PeerTimeout:
+        what = current()
         return PeerTimeout(
             f"rank {self.rank}: no data from rank {self.peer} for {timeout:.1f} s during "
-            f"{doing}; is rank {self.peer} alive (stopped, hung, or overloaded)? "
+            f"{what}; is rank {self.peer} alive (stopped, hung, or overloaded)? "
             f"raise --timeout to wait longer",
             origin=self.peer,
             link=self,
-            doing=doing,
+            doing=what,
         )
 
-    def _closed_error(self, doing: str, detail: str = "") -> PeerClosed:
-        more = f" ({detail})" if detail else ""
+    def _closed_error(self, detail: str = "") -> PeerClosed:
+        what, more = current(), f" ({detail})" if detail else ""
         return PeerClosed(
-            f"rank {self.rank}: rank {self.peer} closed the connection during {doing}{more}; "
+            f"rank {self.rank}: rank {self.peer} closed the connection during {what}{more}; "
             f"it probably exited or crashed: look for its error above",
             origin=self.peer,
             link=self,
-            doing=doing,
+            doing=what,
         )
 
-    def _send_failed(self, doing: str, error: OSError) -> CommError:
+    def _send_failed(self, error: OSError) -> CommError:
         """The error for a send that the peer's closed connection refused. A peer that failed
         because of another rank sends ABORT, naming that rank, on every link before it closes:
         here it arrives on the direction this rank does not send in, before the reset, so a
         neighbour's exit is never taken for the cause when it only passed the failure on."""
-        closed = self._closed_error(doing, str(error))
+        what, closed = current(), self._closed_error(str(error))
         try:
             news = self.take_news(NEWS_WAIT_SECONDS)
         except CommError:
@@ -143,20 +147,16 @@ class Link:
             return closed
         origin, reason = news
         return PeerAborted(
-            f"rank {self.rank}: rank {origin} failed, so {doing} cannot finish (news from rank "
+            f"rank {self.rank}: rank {origin} failed, so {what} cannot finish (news from rank "
             f"{self.peer}, which then closed the connection): {reason}",
             origin=origin,
             link=self,
-            doing=doing,
+            doing=what,
         )
 
     # --- receiving ------------------------------------------------------------------------
     def _recv_exact_into(
-        self,
-        view: memoryview,
-        doing: str,
-        stop: Callable[[], None],
-        timeout: float | None = None,
+        self, view: memoryview, stop: Callable[[], None], timeout: float | None = None
     ) -> None:
         """Fill `view` from the socket: zero-copy recv_into, waiting in slices of POLL_SECONDS.
 
@@ -173,67 +173,70 @@ class Link:
             except (BlockingIOError, TimeoutError):  # the slice ended with nothing new
                 stop()  # raises if another thread of this rank has failed
                 if time.monotonic() > deadline:
-                    raise self._timeout_error(doing, timeout) from None
+                    raise self._timeout_error(timeout) from None
                 continue
             except OSError as e:  # reset, broken pipe, closed under us
-                raise self._closed_error(doing, str(e)) from None
+                raise self._closed_error(str(e)) from None
             if n == 0:
-                raise self._closed_error(doing, f"after {got} of {total} bytes")
+                raise self._closed_error(f"after {got} of {total} bytes")
             got += n
             self.mid_frame = True  # until the frame's last byte is read
             deadline = time.monotonic() + timeout  # progress: the peer is alive
         self.bytes_received += total
 
     def recv_header(
-        self, doing: str, stop: Callable[[], None] = lambda: None, timeout: float | None = None
+        self, *, stop: Callable[[], None] = lambda: None, timeout: float | None = None
     ) -> Frame:
+        """The next frame's header, checked (wire.decode_header); its payload is still to be
+        read. `stop` is called in every idle slice of the wait (it raises to end it)."""
         raw = bytearray(HEADER.size)
-        self._recv_exact_into(memoryview(raw), doing, stop, timeout)
+        self._recv_exact_into(memoryview(raw), stop, timeout)
         try:
             frame = decode_header(bytes(raw), self.max_frame_bytes)
         except ProtocolError as e:
+            what = current()
             raise ProtocolError(
-                f"rank {self.rank}: bad frame from rank {self.peer} during {doing}: {e}; is "
+                f"rank {self.rank}: bad frame from rank {self.peer} during {what}: {e}; is "
                 f"another program (or another job) talking to this port?",
                 origin=self.peer,
                 link=self,
-                doing=doing,
+                doing=what,
             ) from None
         self.mid_frame = frame.nbytes > 0  # its payload is still to be read
         return frame
 
     def recv_payload_into(
-        self, frame: Frame, out: memoryview, doing: str, stop: Callable[[], None] = lambda: None
+        self, frame: Frame, out: memoryview, *, stop: Callable[[], None] = lambda: None
     ) -> None:
         """Read the frame's payload into `out` (exactly frame.nbytes long), then honour the
         emulated delivery time."""
         if frame.nbytes != len(out):
             raise CollectiveMismatch(
-                f"rank {self.rank}: rank {self.peer} sent {frame.nbytes} bytes during {doing}, "
-                f"this rank expected {len(out)}"
+                f"rank {self.rank}: rank {self.peer} sent {frame.nbytes} bytes during "
+                f"{current()}, this rank expected {len(out)}"
             )
-        self._recv_exact_into(out, doing, stop)
+        self._recv_exact_into(out, stop)
         self.mid_frame = False
         if frame.deliver_at:
             wait_until(frame.deliver_at, max_wait=self.model.message_time(frame.nbytes) + 1.0)
 
-    def recv_json(self, kind: Kind, doing: str, frame: Frame | None = None) -> dict:
+    def recv_json(self, kind: Kind, *, frame: Frame | None = None) -> dict:
         """Read a JSON control message (its header too, unless already read as `frame`)."""
-        frame = frame or self.recv_header(doing)
+        frame = frame or self.recv_header()
         if frame.nbytes > 1 << 20:
             raise ProtocolError(f"rank {self.rank}: control message of {frame.nbytes} bytes")
         buf = bytearray(frame.nbytes)
-        self._recv_exact_into(memoryview(buf), doing, lambda: None)
+        self._recv_exact_into(memoryview(buf), lambda: None)
         self.mid_frame = False
         if frame.kind == Kind.REFUSE:
             reason = json.loads(buf.decode()).get("reason", "?")
             raise CommError(
-                f"rank {self.rank}: rank {self.peer} refused us during {doing}: {reason}"
+                f"rank {self.rank}: rank {self.peer} refused us during {current()}: {reason}"
             )
         if frame.kind != kind:
             raise ProtocolError(
                 f"rank {self.rank}: expected a {kind.name} frame from rank {self.peer} during "
-                f"{doing}, got {Kind(frame.kind).name}"
+                f"{current()}, got {Kind(frame.kind).name}"
             )
         try:
             return json.loads(buf.decode())
@@ -242,11 +245,7 @@ class Link:
 
     # --- sending --------------------------------------------------------------------------
     def send(
-        self,
-        frame: Frame,
-        payload: memoryview | bytes = b"",
-        doing: str = "send",
-        deliver_at: float | None = None,
+        self, frame: Frame, payload: memoryview | bytes = b"", *, deliver_at: float | None = None
     ) -> None:
         """Send one frame now, from the calling thread (paced by the link emulator, unless the
         caller already booked the wire and passes the emulated arrival time `deliver_at`)."""
@@ -256,11 +255,11 @@ class Link:
         body = memoryview(payload).cast("B")
         if faults.ARMED and faults.sabotage(self, header.pack(), body):  # tests only
             return
-        self._send_all(header.pack(), body, doing)
+        self._send_all(header.pack(), body)
         self.bytes_sent += HEADER.size + len(payload)
 
     def send_without_waiting(
-        self, frame: Frame, payload: memoryview | bytes, doing: str
+        self, frame: Frame, payload: memoryview | bytes
     ) -> list[memoryview] | None:
         """Start sending one frame from the calling thread, handing the kernel only what its
         socket buffer takes now (MSG_DONTWAIT: never blocks). Returns the parts still to send
@@ -278,45 +277,48 @@ class Link:
         except (BlockingIOError, TimeoutError):
             sent = 0
         except OSError as e:
-            raise self._send_failed(doing, e) from None
+            raise self._send_failed(e) from None
         self.bytes_sent += HEADER.size + len(body)
         return _drop_sent(parts, sent)
 
-    def send_rest(self, parts: list[memoryview], doing: str) -> None:
+    def send_rest(self, parts: list[memoryview]) -> None:
         """Finish a frame that `send_without_waiting` started (blocking, with the timeout)."""
-        self._send_parts(parts, doing)
+        self._send_parts(parts)
 
-    def _send_all(self, header: bytes, payload: memoryview, doing: str) -> None:
+    def _send_all(self, header: bytes, payload: memoryview) -> None:
         """Send header and payload with one gathering system call (sendmsg) where the kernel
         takes it all: a lone 48-byte header would be its own packet and its own wake-up of the
         receiver. Blocking; SO_SNDTIMEO ends a call that could hand the kernel nothing for
         POLL_SECONDS; `timeout` without any progress is an error."""
         parts = [memoryview(header), payload] if len(payload) else [memoryview(header)]
-        self._send_parts(parts, doing)
+        self._send_parts(parts)
 
-    def _send_parts(self, parts: list[memoryview], doing: str) -> None:
+    def _send_parts(self, parts: list[memoryview]) -> None:
         deadline = time.monotonic() + self.timeout
         while parts:
             try:
                 sent = self.sock.sendmsg(parts)
             except (BlockingIOError, TimeoutError):
                 if time.monotonic() > deadline:
-                    raise PeerTimeout(
-                        f"rank {self.rank}: rank {self.peer} accepted no data for "
-                        f"{self.timeout:.1f} s during {doing}; is it alive? raise --timeout to "
-                        f"wait longer",
-                        origin=self.peer,
-                        link=self,
-                        doing=doing,
-                    ) from None
+                    raise self._refused_error() from None
                 continue
             except OSError as e:
-                raise self._send_failed(doing, e) from None
+                raise self._send_failed(e) from None
             deadline = time.monotonic() + self.timeout
             parts = _drop_sent(parts, sent)
 
-    def send_json(self, kind: Kind, payload: dict, doing: str) -> None:
-        self.send(Frame(kind=kind), json.dumps(payload).encode(), doing)
+    def _refused_error(self) -> PeerTimeout:
+        what = current()
+        return PeerTimeout(
+            f"rank {self.rank}: rank {self.peer} accepted no data for {self.timeout:.1f} s "
+            f"during {what}; is it alive? raise --timeout to wait longer",
+            origin=self.peer,
+            link=self,
+            doing=what,
+        )
+
+    def send_json(self, kind: Kind, payload: dict) -> None:
+        self.send(Frame(kind=kind), json.dumps(payload).encode())
 
     def send_abort(self, error: BaseException, default_origin: int) -> bool:
         """Tell the peer why the job is failing: an ABORT frame naming the rank at fault
@@ -326,16 +328,17 @@ class Link:
         payload = {"origin": default_origin if origin is None else origin, "reason": str(error)}
         old_timeout, self.timeout = self.timeout, 1.0
         try:
-            self.send_json(Kind.ABORT, payload, "abort")
+            with doing("abort"):
+                self.send_json(Kind.ABORT, payload)
             return True
         except CommError:
             return False
         finally:
             self.timeout = old_timeout
 
-    def read_abort(self, frame: Frame, doing: str) -> tuple[int | None, str]:
+    def read_abort(self, frame: Frame) -> tuple[int | None, str]:
         """(rank at fault, reason) from an ABORT frame whose header was just read."""
-        news = self.recv_json(Kind.ABORT, doing, frame=frame)
+        news = self.recv_json(Kind.ABORT, frame=frame)
         origin = news.get("origin")
         return (origin if isinstance(origin, int) else None), str(news.get("reason", "?"))
 
@@ -347,10 +350,12 @@ class Link:
         server between two pulls): the peer sends nothing back but ABORT, so the first frame
         that arrives is the news. Raises PeerClosed when the peer closed the connection
         without any (a peer that fails because of another rank always sends it first)."""
-        if self._news_ended:
-            raise self._closed_error("news", "closed without an ABORT")
-        if self.mid_frame:
-            return None
+        with doing("news"):
+            if self._news_ended:
+                raise self._closed_error("closed without an ABORT")
+            return None if self.mid_frame else self._read_news(wait)
+
+    def _read_news(self, wait: float) -> tuple[int | None, str] | None:
         with self._news_lock:  # both threads of a rank may look: one reads, the other waits
             try:
                 readable, _, _ = select.select([self.sock], [], [], max(wait, 0.0))
@@ -359,12 +364,12 @@ class Link:
             if not readable:
                 return None
             try:
-                frame = self.recv_header("news", timeout=1.0)
+                frame = self.recv_header(timeout=1.0)
                 while frame.kind == Kind.HEARTBEAT:
-                    frame = self.recv_header("news", timeout=1.0)
+                    frame = self.recv_header(timeout=1.0)
                 if frame.kind != Kind.ABORT:
                     return None  # not news: this link carries data (nothing more is read)
-                return self.read_abort(frame, "news")
+                return self.read_abort(frame)
             except PeerClosed:
                 self._news_ended = True
                 raise

@@ -25,6 +25,7 @@ import dataclasses
 import time
 from collections.abc import Callable
 
+from pipesgd_ref.comm.activity import current
 from pipesgd_ref.comm.links import Link
 from pipesgd_ref.comm.netem import LinkEmulator, LinkSpec
 from pipesgd_ref.comm.wire import HEADER_BYTES, POLL_SECONDS, DeviceBytes, Frame, Kind
@@ -87,8 +88,9 @@ class MPILink(Link):
         """Whether a message from the peer is waiting (MPI_Iprobe, no wait)."""
         return bool(self.comm.Iprobe(self.peer, self.recv_tag))
 
-    def _recv_exact_into(self, view: memoryview, doing: str, stop: Callable[[], None],
-                         timeout: float | None = None) -> None:  # fmt: skip
+    def _recv_exact_into(
+        self, view: memoryview, stop: Callable[[], None], timeout: float | None = None
+    ) -> None:
         """Receive the peer's next message into `view`; it must be len(view) bytes (a header,
         or the payload its header announced). Waits in poll's slices, calling stop()."""
         if not len(view):
@@ -99,25 +101,28 @@ class MPILink(Link):
         status = MPI.Status()
         comm, peer, tag = self.comm, self.peer, self.recv_tag
         if not poll(lambda: comm.Iprobe(peer, tag, status), time.monotonic() + timeout, stop):
-            raise self._timeout_error(doing, timeout)
+            raise self._timeout_error(timeout)
         got = status.Get_count(MPI.BYTE)
         if got != len(view):
             # A frame is always header then payload: a message of another size means the two
             # ranks are out of step (never garbage: MPI delivers whole messages).
-            what = "a header" if len(view) == HEADER_BYTES else "a payload"
-            raise ProtocolError(
-                f"rank {self.rank}: rank {peer} sent a message of {got} bytes during {doing}, "
-                f"this rank expected {len(view)} ({what}): the two ranks are out of step; is it "
-                f"running the same command?",
-                origin=peer,
-                link=self,
-                doing=doing,
-            )
+            raise self._out_of_step(got, len(view))
         comm.Recv([_buffer(view), MPI.BYTE], peer, tag)  # it has arrived (probed): no long block
         self.mid_frame = True  # until the frame's last message is read (Link resets it)
         self.bytes_received += got
 
-    def _send_all(self, header: bytes, payload: memoryview, doing: str) -> None:
+    def _out_of_step(self, got: int, expected: int) -> ProtocolError:
+        what, part = current(), "a header" if expected == HEADER_BYTES else "a payload"
+        return ProtocolError(
+            f"rank {self.rank}: rank {self.peer} sent a message of {got} bytes during {what}, "
+            f"this rank expected {expected} ({part}): the two ranks are out of step; is it "
+            f"running the same command?",
+            origin=self.peer,
+            link=self,
+            doing=what,
+        )
+
+    def _send_all(self, header: bytes, payload: memoryview) -> None:
         """Send one frame now: header and payload as two messages, complete within the
         timeout (eager sends complete at once; large ones when the peer receives them)."""
         requests = self._post(header, payload)
@@ -125,12 +130,13 @@ class MPILink(Link):
 
         deadline = time.monotonic() + self.timeout
         if not poll(lambda: MPI.Request.Testall(requests), deadline):
+            what = current()
             raise PeerTimeout(
                 f"rank {self.rank}: rank {self.peer} took no data for {self.timeout:.1f} s "
-                f"during {doing}; is it alive? raise --timeout to wait longer",
+                f"during {what}; is it alive? raise --timeout to wait longer",
                 origin=self.peer,
                 link=self,
-                doing=doing,
+                doing=what,
             )
 
     def _post(self, header: bytes, payload) -> list:
@@ -140,27 +146,24 @@ class MPILink(Link):
 
         requests = [self.comm.Isend([header, MPI.BYTE], self.peer, self.send_tag)]
         if len(payload):
-            requests.append(self.comm.Isend([_buffer(payload), MPI.BYTE], self.peer,
-                                            self.send_tag))  # fmt: skip
+            body = self.comm.Isend([_buffer(payload), MPI.BYTE], self.peer, self.send_tag)
+            requests.append(body)
         return requests
 
-    def take_news(self, wait: float) -> tuple[int | None, str] | None:
-        """(rank at fault, reason) of an ABORT the peer sent on this link within `wait` s, else
-        None (Link.take_news, with MPI_Iprobe for select; a peer never "closes" under MPI: a
-        dead rank ends the job)."""
-        if self.mid_frame:
-            return None
+    def _read_news(self, wait: float) -> tuple[int | None, str] | None:
+        """Link.take_news's look at the link, with MPI_Iprobe for select (a peer never "closes"
+        under MPI: a dead rank ends the job)."""
         if not poll(self.has_frame, time.monotonic() + max(wait, 0.0)):
             return None
         try:
-            frame = self.recv_header("news", timeout=1.0)
+            frame = self.recv_header(timeout=1.0)
             while frame.kind == Kind.HEARTBEAT:
                 if not self.has_frame():
                     return None
-                frame = self.recv_header("news", timeout=1.0)
+                frame = self.recv_header(timeout=1.0)
             if frame.kind != Kind.ABORT:
                 return None  # not news: this link carries data (nothing more is read)
-            return self.read_abort(frame, "news")
+            return self.read_abort(frame)
         except CommError:
             return None
 
@@ -211,7 +214,7 @@ class _MPISender:
             self.inflight.popleft()
         return len(self.inflight)
 
-    def put(self, frame: Frame, payload: memoryview, doing: str) -> None:
+    def put(self, frame: Frame, payload: memoryview) -> None:
         self.check()
         link = self.link
         header = dataclasses.replace(frame, nbytes=len(payload), deliver_at=0.0).pack()
@@ -227,7 +230,7 @@ class _MPISender:
         sender.Sender.heartbeat), and let MPI progress the frames in flight."""
         self.check()
         if self.pending == 0:
-            self.put(Frame(kind=Kind.HEARTBEAT), b"", "heartbeat")
+            self.put(Frame(kind=Kind.HEARTBEAT), b"")
 
     def cancel(self, wait: float) -> bool:
         """After a failure: send nothing more of the collective. Always True: the link is

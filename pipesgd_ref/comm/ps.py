@@ -29,6 +29,7 @@ from contextlib import contextmanager, nullcontext
 
 import numpy as np
 
+from pipesgd_ref.comm.activity import current, doing
 from pipesgd_ref.comm.links import Link
 from pipesgd_ref.comm.netem import ServerNIC
 from pipesgd_ref.comm.ps_wire import CODES, codec_and_id, codec_name, pull_codes, push_buffers
@@ -147,9 +148,11 @@ class ServerLinks:
         one of them is still setting up."""
         with self.aborting_on_error():
             for link in self.links:
-                link.recv_json(Kind.CONTROL, f"the start (is {worker_name(link.peer)} ready?)")
-            for link in self.links:
-                link.send_json(Kind.CONTROL, {"start": True}, "the start")
+                with doing(f"the start (is {worker_name(link.peer)} ready?)"):
+                    link.recv_json(Kind.CONTROL)
+            with doing("the start"):
+                for link in self.links:
+                    link.send_json(Kind.CONTROL, {"start": True})
 
     # --- pushes ----------------------------------------------------------------------------
     def receive(self, i: int, version: int, phase: str) -> float:
@@ -198,33 +201,36 @@ class ServerLinks:
 
     def _read_payload(self, i: int, frame: Frame, phase: str) -> None:
         link = self.links[i]
-        doing = f"{phase} (the push of worker {worker_of(link.peer)})"
-        link.recv_payload_into(frame, as_bytes(self.recv_buf), doing)  # checks nbytes
+        with doing(f"{phase} (the push of worker {worker_of(link.peer)})"):
+            link.recv_payload_into(frame, as_bytes(self.recv_buf))  # checks nbytes
         self._decoded = self.codec is None
-        trace("%s | rank %d -> 0 | push of version %d | %d bytes", phase, link.peer, frame.seq,
-              frame.nbytes)  # fmt: skip
+        what = "%s | rank %d -> 0 | push of version %d | %d bytes"
+        trace(what, phase, link.peer, frame.seq, frame.nbytes)
 
     def _push_header(self, link: Link, version: int, phase: str) -> Frame:
         """Read and check the header of one push from `link` (its payload stays unread)."""
-        doing = f"{phase} (the push of worker {worker_of(link.peer)})"
-        frame = link.recv_header(doing)
-        if frame.kind != Kind.DATA:
-            raise ProtocolError(
-                f"rank 0: expected a push from {worker_name(link.peer)} during {doing}, got a "
-                f"{Kind(frame.kind).name} frame",
-                origin=link.peer,
-            )
-        got = (frame.seq, frame.dtype, frame.total_len, frame.part)
-        if got != (version, self.push_code, self.n, self.codec_id):
-            raise CollectiveMismatch(
-                f"rank 0: {worker_name(link.peer)} pushed a gradient of {frame.total_len} "
-                f"elements (dtype code {frame.dtype}, codec {codec_name(frame.part)}) computed "
-                f"on version {frame.seq} during {doing}; the server expected {self.n} elements "
-                f"(code {self.push_code}, codec {codec_name(self.codec_id)}) on version "
-                f"{version}: are both running the same model, method and codec?",
-                origin=link.peer,
-            )
+        with doing(f"{phase} (the push of worker {worker_of(link.peer)})"):
+            frame = link.recv_header()
+            if frame.kind != Kind.DATA:
+                raise ProtocolError(
+                    f"rank 0: expected a push from {worker_name(link.peer)} during "
+                    f"{current()}, got a {Kind(frame.kind).name} frame",
+                    origin=link.peer,
+                )
+            got = (frame.seq, frame.dtype, frame.total_len, frame.part)
+            if got != (version, self.push_code, self.n, self.codec_id):
+                raise self._push_mismatch(link, frame, version)
         return frame
+
+    def _push_mismatch(self, link: Link, frame: Frame, version: int) -> CollectiveMismatch:
+        return CollectiveMismatch(
+            f"rank 0: {worker_name(link.peer)} pushed a gradient of {frame.total_len} "
+            f"elements (dtype code {frame.dtype}, codec {codec_name(frame.part)}) computed "
+            f"on version {frame.seq} during {current()}; the server expected {self.n} elements "
+            f"(code {self.push_code}, codec {codec_name(self.codec_id)}) on version "
+            f"{version}: are both running the same model, method and codec?",
+            origin=link.peer,
+        )
 
     def _read_started_headers(self, version: int, phase: str) -> None:
         """Read the header of every push of this round that has begun to arrive (its link is
@@ -305,16 +311,17 @@ class ServerLinks:
     def send_pull(self, i: int, version: int, phase: str, deliver_at: float | None = None) -> None:
         """Send `version` of the weights (or their codes) to worker i."""
         link = self.links[i]
-        doing = f"{phase} (the pull of worker {worker_of(link.peer)})"
         payload = self._pull_payload(version)
-        frame = Frame(kind=Kind.DATA, op=Op.NONE, dtype=self.pull_code, seq=version, src=0,
-                      part=self.pull_codec_id, total_len=self.n)  # fmt: skip
+        frame = Frame(
+            Kind.DATA, Op.NONE, self.pull_code, version, part=self.pull_codec_id, total_len=self.n
+        )
         self._sending_to = link
-        link.send(frame, as_bytes(payload), doing, deliver_at=deliver_at)
+        with doing(f"{phase} (the pull of worker {worker_of(link.peer)})"):
+            link.send(frame, as_bytes(payload), deliver_at=deliver_at)
         self._sending_to = None
         self.pulled_at[i] = time.monotonic()
-        trace("%s | rank 0 -> %d | pull of version %d | %d bytes", phase, link.peer, version,
-              payload.nbytes)  # fmt: skip
+        what = "%s | rank 0 -> %d | pull of version %d | %d bytes"
+        trace(what, phase, link.peer, version, payload.nbytes)
 
     def send_pulls(self, version: int, phase: str) -> None:
         """Send `version` to every worker: p * M out over the server's one link, one after
@@ -385,45 +392,51 @@ class PSClient:
         self.pull_code = self.dtype_code if self.pull_codes is None else CODES
         self.version = 0  # version of the weights this worker holds
 
-    def wait_for_start(self, doing: str) -> None:
+    def wait_for_start(self) -> None:
         """Tell the server this worker is ready, and wait until every worker is
         (ServerLinks.start_together)."""
-        self.link.send_json(Kind.CONTROL, {"ready": self.rank}, doing)
-        self.link.recv_json(Kind.CONTROL, doing, frame=self._header_from_server(doing))
+        self.link.send_json(Kind.CONTROL, {"ready": self.rank})
+        self.link.recv_json(Kind.CONTROL, frame=self._header_from_server())
 
-    def _header_from_server(self, doing: str) -> Frame:
-        frame = self.link.recv_header(doing)
+    def _header_from_server(self) -> Frame:
+        frame = self.link.recv_header()
         if frame.kind == Kind.ABORT:  # the server failed: pass on its story
-            origin, reason = self.link.read_abort(frame, doing)
+            origin, reason = self.link.read_abort(frame)
             raise PeerAborted(
-                f"rank {self.rank}: the parameter server (rank 0) stopped during {doing}: {reason}",
+                f"rank {self.rank}: the parameter server (rank 0) stopped during {current()}: "
+                f"{reason}",
                 origin=origin,
             )
         return frame
 
-    def push(self, loss: float, doing: str) -> None:
+    def push(self, loss: float) -> None:
         """Send `grads` (filled by compute; encoded here if there is a codec) and `loss`,
         computed on version self.version."""
         if self.codec is not None:
             self.codec.encode(self.grads, self.codes)
         self._loss[0] = loss
-        frame = Frame(kind=Kind.DATA, op=Op.NONE, dtype=self.push_code, seq=self.version,
-                      src=self.rank, part=self.codec_id, total_len=self.n)  # fmt: skip
-        self.link.send(frame, as_bytes(self.push_buf), doing)
+        frame = Frame(
+            Kind.DATA,
+            Op.NONE,
+            self.push_code,
+            self.version,
+            src=self.rank,
+            part=self.codec_id,
+            total_len=self.n,
+        )
+        self.link.send(frame, as_bytes(self.push_buf))
 
-    def pull(
-        self, params: np.ndarray, doing: str, expect: int | None = None, same_ok: bool = False
-    ) -> int:
+    def pull(self, params: np.ndarray, *, expect: int | None = None, same_ok: bool = False) -> int:
         """Receive the server's weights into `params`; return (and remember) their version.
 
         The version must be newer than the one pushed (the server applied our gradient), and
         equal to `expect` when given (sync: exactly one update per step). `same_ok`: the push
         may have been left out (ps-async with --skip-nonfinite), so the same version may
         come back."""
-        frame = self._header_from_server(doing)
+        frame = self._header_from_server()
         if frame.kind != Kind.DATA:
             raise ProtocolError(
-                f"rank {self.rank}: expected weights from the server during {doing}, got a "
+                f"rank {self.rank}: expected weights from the server during {current()}, got a "
                 f"{Kind(frame.kind).name} frame",
                 origin=0,
             )
@@ -436,16 +449,16 @@ class PSClient:
             raise CollectiveMismatch(
                 f"rank {self.rank}: the parameter server (rank 0) sent version {frame.seq} of "
                 f"{frame.total_len} elements (dtype code {frame.dtype}, pull codec "
-                f"{codec_name(frame.part)}) during {doing}; this worker expected {want} of "
+                f"{codec_name(frame.part)}) during {current()}; this worker expected {want} of "
                 f"{self.n} (code {self.pull_code}, pull codec "
                 f"{codec_name(self.pull_codec_id)}): are both running the same model, method "
                 f"and --codec-pull?",
                 origin=0,
             )
         if self.pull_codec is None:
-            self.link.recv_payload_into(frame, as_bytes(params), doing)  # checks nbytes
+            self.link.recv_payload_into(frame, as_bytes(params))  # checks nbytes
         else:
-            self.link.recv_payload_into(frame, as_bytes(self.pull_codes), doing)
+            self.link.recv_payload_into(frame, as_bytes(self.pull_codes))
             self.pull_codec.decode(self.pull_codes, params)
         self.version = frame.seq
         return frame.seq

@@ -29,7 +29,6 @@ peer. Listeners bind to loopback unless another interface is asked for (`bind`).
 from __future__ import annotations
 
 import dataclasses
-import errno
 import hmac
 import logging
 import os
@@ -41,17 +40,19 @@ import time
 from dataclasses import dataclass, field
 
 from pipesgd_ref.comm import shm
+from pipesgd_ref.comm.activity import doing
 from pipesgd_ref.comm.communicator import Communicator
 from pipesgd_ref.comm.links import Link
 from pipesgd_ref.comm.netem import LinkSpec
+from pipesgd_ref.comm.sockets import connect, connect_unix, listen, listen_unix, node_id
 from pipesgd_ref.comm.wire import Kind
 from pipesgd_ref.errors import CommError, RendezvousError
 
 log = logging.getLogger("pipesgd.rendezvous")
 HELLO_TIMEOUT = 5.0  # a connection that has not said hello by then is dropped
 TRANSPORTS = ("auto", "tcp", "unix", "shm")
-# What `auto` picks between two ranks on one host: the fastest path measured here
-# (`pipesgd bench allreduce --transport tcp,unix,shm`; benchmarks/RESULTS.md).
+# What `auto` picks between two ranks on one host: the fastest path (measured by
+# `pipesgd bench allreduce --transport tcp,unix,shm`; benchmarks/RESULTS.md).
 SAME_HOST = "shm"
 
 
@@ -84,82 +85,6 @@ class JobSpec:
         if self.transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}, got "
                              f"{self.transport!r}")  # fmt: skip
-
-
-# --- sockets ---------------------------------------------------------------------------------
-
-
-def listen(host: str, port: int, what: str, rank: int) -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as e:
-        sock.close()
-        if e.errno == errno.EADDRINUSE:
-            raise RendezvousError(
-                f"rank {rank}: cannot listen for the {what} on {host}:{port}: the port is in use "
-                f"(another job, or an earlier one still running?). Choose another port "
-                f"(--master-port or MASTER_PORT)"
-            ) from None
-        raise RendezvousError(f"rank {rank}: cannot listen on {host}:{port} ({e})") from None
-    sock.listen(128)
-    return sock
-
-
-def connect(host: str, port: int, spec: JobSpec, peer: int, what: str) -> socket.socket:
-    """Connect, retrying while the peer is not listening yet, until spec.timeout."""
-    deadline = time.monotonic() + spec.timeout
-    while True:
-        try:
-            return socket.create_connection((host, port), timeout=spec.timeout)
-        except (ConnectionRefusedError, TimeoutError, OSError) as e:
-            if time.monotonic() > deadline:
-                raise RendezvousError(
-                    f"rank {spec.rank}: could not reach {what} (rank {peer}) at {host}:{port} "
-                    f"for {spec.timeout:.1f} s ({e}); is it running, and is the address right?"
-                ) from None
-            time.sleep(0.05)
-
-
-def listen_unix() -> socket.socket:
-    """A unix listener at an address the kernel picks in the abstract namespace (Linux
-    autobind): no file in the filesystem, gone with the process."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.bind("")
-    sock.listen(128)
-    return sock
-
-
-def connect_unix(name: str, spec: JobSpec, peer: int, what: str) -> socket.socket:
-    """Connect to the abstract unix address `name` (as registered), retrying until timeout."""
-    deadline = time.monotonic() + spec.timeout
-    while True:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.settimeout(spec.timeout)
-            sock.connect(b"\0" + name.encode())
-            return sock
-        except OSError as e:
-            sock.close()
-            if time.monotonic() > deadline:
-                raise RendezvousError(
-                    f"rank {spec.rank}: could not reach {what} (rank {peer}) on its unix socket "
-                    f"for {spec.timeout:.1f} s ({e}); is it running on this host?"
-                ) from None
-            time.sleep(0.05)
-
-
-def node_id() -> str:
-    """This host, as far as a unix socket reaches: the kernel's boot id and this process's
-    network namespace (two namespaces on one machine are two hosts to a unix socket)."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-        netns = os.stat("/proc/self/ns/net").st_ino
-    except OSError:  # not Linux: one host per hostname
-        return socket.gethostname()
-    return f"{socket.gethostname()}/{boot}/{netns}"
 
 
 def link_transport(wanted: str, rank: int, peer: int, addrs: list[dict]) -> str:
@@ -198,71 +123,67 @@ class _Store:
         self.thread.start()
 
     def _serve(self) -> None:
-        deadline = time.monotonic() + self.spec.timeout
-        self.sock.settimeout(0.1)
         try:
-            while not self.all_in.is_set():
-                if time.monotonic() > deadline:
-                    with self.lock:
-                        joined = sorted(self.registered)
-                    missing = sorted(set(range(self.spec.world_size)) - set(joined))
-                    self.error = (
-                        f"rendezvous timed out after {self.spec.timeout:.1f} s: rank(s) "
-                        f"{', '.join(map(str, missing))} never joined (joined: {joined}); start "
-                        f"them with the same MASTER_ADDR, MASTER_PORT and job token, or raise "
-                        f"--timeout"
-                    )
-                    break
-                try:
-                    conn, addr = self.sock.accept()
-                except TimeoutError:
-                    continue
-                threading.Thread(
-                    target=self._handle, args=(conn, addr), name="rendezvous-hello", daemon=True
-                ).start()
-            with self.lock:
-                links = dict(self.registered)
-            table = [links[r][1] for r in sorted(links)] if not self.error else []
-            for link, _ in links.values():
-                try:
-                    if self.error:
-                        link.send_json(Kind.REFUSE, {"reason": self.error}, "rendezvous")
-                    else:
-                        link.send_json(Kind.CONTROL, {"addrs": table}, "rendezvous")
-                except CommError:
-                    pass
-                link.close()
+            self._accept_until_all_in()
+            self._answer_everyone()
         finally:
             self.sock.close()
 
+    def _accept_until_all_in(self) -> None:
+        """Take connections (each said hello in a thread of its own, `_handle`) until all p
+        ranks have registered, or the timeout passes (then `error` says who never came)."""
+        deadline = time.monotonic() + self.spec.timeout
+        self.sock.settimeout(0.1)
+        while not self.all_in.is_set():
+            if time.monotonic() > deadline:
+                with self.lock:
+                    joined = sorted(self.registered)
+                missing = sorted(set(range(self.spec.world_size)) - set(joined))
+                self.error = (
+                    f"rendezvous timed out after {self.spec.timeout:.1f} s: rank(s) "
+                    f"{', '.join(map(str, missing))} never joined (joined: {joined}); start "
+                    f"them with the same MASTER_ADDR, MASTER_PORT and job token, or raise "
+                    f"--timeout"
+                )
+                return
+            try:
+                conn, addr = self.sock.accept()
+            except TimeoutError:
+                continue
+            threading.Thread(
+                target=self._handle, args=(conn, addr), name="rendezvous-hello", daemon=True
+            ).start()
+
+    def _answer_everyone(self) -> None:
+        """Every registered rank gets the table of addresses, or the reason the job failed."""
+        with self.lock:
+            links = dict(self.registered)
+        table = [links[r][1] for r in sorted(links)] if not self.error else []
+        with doing("rendezvous"):
+            for link, _ in links.values():
+                try:
+                    if self.error:
+                        link.send_json(Kind.REFUSE, {"reason": self.error})
+                    else:
+                        link.send_json(Kind.CONTROL, {"addrs": table})
+                except CommError:
+                    pass
+                link.close()
+
     def _handle(self, conn: socket.socket, addr) -> None:
-        spec = self.spec
+        """One connection: its hello registers a rank, or it is refused with the reason."""
         link = Link(conn, rank=0, peer=-1, timeout=HELLO_TIMEOUT)
         try:
-            hello = link.recv_json(Kind.HELLO, "rendezvous hello")
+            with doing("rendezvous hello"):
+                hello = link.recv_json(Kind.HELLO)
         except CommError as e:
             log.warning("rendezvous: dropped a connection from %s:%s: %s", *addr[:2], e)
             link.close()
             return
-        rank = hello.get("rank")
-        reason = None
-        if not _token_ok(hello.get("token"), spec.token):
-            reason = "wrong job token (this is a different job, or PIPESGD_JOB_TOKEN differs)"
-        elif hello.get("world_size") != spec.world_size:
-            reason = f"world size {hello.get('world_size')} != the job's {spec.world_size}"
-        elif not isinstance(rank, int) or not 0 <= rank < spec.world_size:
-            reason = f"rank {rank!r} is outside 0..{spec.world_size - 1}"
-        else:
-            with self.lock:
-                if rank in self.registered:
-                    reason = f"rank {rank} has already joined (two processes with one RANK?)"
+        reason = self._refusal(hello)
         if reason:
             log.warning("rendezvous: refused a connection from %s:%s: %s", *addr[:2], reason)
-            try:
-                link.send_json(Kind.REFUSE, {"reason": reason}, "rendezvous")
-            except CommError:
-                pass
-            link.close()
+            _refuse(link, reason, "rendezvous")
             return
         address = {
             "host": hello.get("host") or addr[0],  # a rank bound to all interfaces: its source IP
@@ -270,29 +191,63 @@ class _Store:
             "unix": str(hello.get("unix") or ""),  # its unix listener ("": a tcp-only job)
             "node": str(hello.get("node") or addr[0]),  # its host (node_id)
         }
-        link.peer = rank
-        link.timeout = spec.timeout
+        link.peer, link.timeout = hello["rank"], self.spec.timeout
         with self.lock:
-            self.registered[rank] = (link, address)
-            if len(self.registered) == spec.world_size:
+            self.registered[link.peer] = (link, address)
+            if len(self.registered) == self.spec.world_size:
                 self.all_in.set()
+
+    def _refusal(self, hello: dict) -> str | None:
+        """Why a hello is refused (None: it registers a rank)."""
+        spec, rank = self.spec, hello.get("rank")
+        if not _token_ok(hello.get("token"), spec.token):
+            return "wrong job token (this is a different job, or PIPESGD_JOB_TOKEN differs)"
+        if hello.get("world_size") != spec.world_size:
+            return f"world size {hello.get('world_size')} != the job's {spec.world_size}"
+        if not isinstance(rank, int) or not 0 <= rank < spec.world_size:
+            return f"rank {rank!r} is outside 0..{spec.world_size - 1}"
+        with self.lock:
+            if rank in self.registered:
+                return f"rank {rank} has already joined (two processes with one RANK?)"
+        return None
+
+
+def _refuse(link: Link, reason: str, what: str) -> None:
+    """Tell a connection why it is refused (best effort), and close it."""
+    try:
+        with doing(what):
+            link.send_json(Kind.REFUSE, {"reason": reason})
+    except CommError:
+        pass
+    link.close()
 
 
 # --- joining ---------------------------------------------------------------------------------
 
 
 def _register(spec: JobSpec, data_port: int, host: str, unix: str) -> list[dict]:
-    sock = connect(spec.master_addr, spec.master_port, spec, 0, "the rendezvous store")
+    sock = connect(
+        spec.master_addr, spec.master_port, spec.rank, spec.timeout, 0, "the rendezvous store"
+    )
     link = Link(sock, spec.rank, peer=0, timeout=spec.timeout)
+    hello = {
+        "token": spec.token,
+        "rank": spec.rank,
+        "world_size": spec.world_size,
+        "host": host,
+        "port": data_port,
+        "unix": unix,
+        "node": node_id(),
+        "purpose": "store",
+    }
     try:
-        hello = {"token": spec.token, "rank": spec.rank, "world_size": spec.world_size,
-                 "host": host, "port": data_port, "unix": unix, "node": node_id(),
-                 "purpose": "store"}  # fmt: skip
-        link.send_json(Kind.HELLO, hello, "rendezvous")
+        with doing("rendezvous"):
+            link.send_json(Kind.HELLO, hello)
         # Wait a little longer than the store does, so its answer (which names the ranks that
         # never joined) arrives before this rank gives up on its own.
         link.timeout = spec.timeout + 2.0
-        reply = link.recv_json(Kind.CONTROL, "rendezvous (waiting for every rank to join)")
+        with doing("rendezvous (waiting for every rank to join)"):
+            reply = link.recv_json(Kind.CONTROL)
     except CommError as e:
         raise RendezvousError(str(e)) from None
     finally:
@@ -318,45 +273,53 @@ def _accept_peers(
                 f"crash? raise --timeout to wait longer"
             )
         ready, _, _ = select.select(listeners, [], [], 0.1)
-        if not ready:
-            continue
-        conn, addr = ready[0].accept()
-        addr = addr if isinstance(addr, tuple) else ("unix socket", "-")
-        link = Link(conn, spec.rank, peer=-1, timeout=HELLO_TIMEOUT, model=spec.model)
-        try:
-            hello = link.recv_json(Kind.HELLO, "hello")
-        except CommError as e:
-            log.warning("rank %d: dropped a connection from %s:%s: %s", spec.rank, *addr[:2], e)
-            link.close()
-            continue
-        key = (hello.get("purpose"), hello.get("rank"))
-        if not _token_ok(hello.get("token"), spec.token):
-            reason = "wrong job token"
-        elif key not in expected or key in links:
-            reason = f"unexpected {key[0]!r} connection from rank {key[1]!r}"
-        elif ((how := link_transport(spec.transport, spec.rank, key[1], addrs)) == "tcp") != (
-            link.transport == "tcp"
-        ):  # shm's headers travel on a unix socket
-            reason = f"rank {key[1]} connected over {link.transport}, this rank expects {how}"
-        elif how != "tcp" and hello.get("transport") != how:
-            reason = (f"rank {key[1]} asks for transport {hello.get('transport')!r}, this rank "
-                      f"expects {how!r}; do all ranks run the same --transport?")  # fmt: skip
-        else:
-            link.peer, link.timeout = key[1], spec.timeout
-            if how == "shm":  # the connector's region came right after its hello
-                link = _shm_link(link, theirs=shm.recv_region(conn, spec.rank, key[1],
-                                                              spec.timeout))  # fmt: skip
-            else:
-                link.send_json(Kind.WELCOME, {}, "hello")
-            links[key] = link
-            continue
-        log.warning("rank %d: refused a connection from %s:%s: %s", spec.rank, *addr[:2], reason)
-        try:
-            link.send_json(Kind.REFUSE, {"reason": reason}, "hello")
-        except CommError:
-            pass
-        link.close()
+        if ready:
+            with doing("hello"):
+                _accept_one(ready[0], spec, expected, addrs, links)
     return links
+
+
+def _accept_one(listener, spec: JobSpec, expected: set, addrs: list, links: dict) -> None:
+    """Accept one connection: a peer that says the hello `expected` of it joins `links`
+    (welcomed, or, over shm, given this rank's region); anything else is refused."""
+    conn, addr = listener.accept()
+    addr = addr if isinstance(addr, tuple) else ("unix socket", "-")
+    link = Link(conn, spec.rank, peer=-1, timeout=HELLO_TIMEOUT, model=spec.model)
+    try:
+        hello = link.recv_json(Kind.HELLO)
+    except CommError as e:
+        log.warning("rank %d: dropped a connection from %s:%s: %s", spec.rank, *addr[:2], e)
+        link.close()
+        return
+    key = (hello.get("purpose"), hello.get("rank"))
+    reason, how = _peer_refusal(hello, key, link, spec, expected, links, addrs)
+    if reason:
+        log.warning("rank %d: refused a connection from %s:%s: %s", spec.rank, *addr[:2], reason)
+        _refuse(link, reason, "hello")
+        return
+    link.peer, link.timeout = key[1], spec.timeout
+    if how == "shm":  # the connector's region came right after its hello
+        link = _shm_link(link, theirs=shm.recv_region(conn, spec.rank, key[1], spec.timeout))
+    else:
+        link.send_json(Kind.WELCOME, {})
+    links[key] = link
+
+
+def _peer_refusal(hello, key, link, spec, expected, links, addrs) -> tuple[str | None, str]:
+    """(why a peer's hello is refused, None when it is not; the link's transport)."""
+    if not _token_ok(hello.get("token"), spec.token):
+        return "wrong job token", ""
+    if key not in expected or key in links:
+        return f"unexpected {key[0]!r} connection from rank {key[1]!r}", ""
+    how = link_transport(spec.transport, spec.rank, key[1], addrs)
+    if (how == "tcp") != (link.transport == "tcp"):  # shm's headers travel on a unix socket
+        return f"rank {key[1]} connected over {link.transport}, this rank expects {how}", how
+    if how != "tcp" and hello.get("transport") != how:
+        return (
+            f"rank {key[1]} asks for transport {hello.get('transport')!r}, this rank "
+            f"expects {how!r}; do all ranks run the same --transport?"
+        ), how
+    return None, how
 
 
 def _shm_link(link: Link, theirs=None, ours=None) -> shm.ShmLink:
@@ -364,17 +327,27 @@ def _shm_link(link: Link, theirs=None, ours=None) -> shm.ShmLink:
     the connector's region): make ours, say WELCOME, hand ours over. Connector (`ours` given,
     sent after its hello): wait for WELCOME, then the acceptor's region."""
     if theirs is None:
-        link.recv_json(Kind.WELCOME, "shm hello")
+        with doing("shm hello"):
+            link.recv_json(Kind.WELCOME)
         theirs = shm.recv_region(link.sock, link.rank, link.peer, link.timeout)
     else:
         fd, ours = shm.new_region()
-        link.send_json(Kind.WELCOME, {}, "hello")
+        with doing("hello"):
+            link.send_json(Kind.WELCOME, {})
         try:
             shm.send_region(link.sock, fd)
         finally:
             os.close(fd)  # the peer has its own descriptor now; the mapping stays
-    return shm.ShmLink(link.sock, link.rank, link.peer, link.timeout, ours, theirs,
-                       model=link.model, max_frame_bytes=link.max_frame_bytes)  # fmt: skip
+    return shm.ShmLink(
+        link.sock,
+        link.rank,
+        link.peer,
+        link.timeout,
+        ours,
+        theirs,
+        model=link.model,
+        max_frame_bytes=link.max_frame_bytes,
+    )
 
 
 def init_process_group(spec: JobSpec, star: bool = False) -> Communicator:
@@ -393,46 +366,9 @@ def init_process_group(spec: JobSpec, star: bool = False) -> Communicator:
     opened: list[Link] = []
     try:
         addrs = _register(spec, listeners[0].getsockname()[1], host, unix)
-        p, rank = spec.world_size, spec.rank
-        if p == 1:
+        if spec.world_size == 1:
             return Communicator(spec, None, None, host)
-        # Connect first, then accept: connect() completes against the peer's listen backlog,
-        # so no rank waits for another to reach accept(); then both sides exchange hellos.
-        targets = [("ring", (rank + 1) % p)]
-        expected = {("ring", (rank - 1) % p)}
-        if star and rank != 0:
-            targets.append(("star", 0))
-        if star and rank == 0:
-            expected |= {("star", r) for r in range(1, p)}
-        outgoing, regions = {}, {}
-        for purpose, peer in targets:
-            how = link_transport(spec.transport, rank, peer, addrs)
-            what = f"rank {peer} ({purpose})"
-            if how == "tcp":
-                sock = connect(addrs[peer]["host"], addrs[peer]["port"], spec, peer, what)
-            else:
-                sock = connect_unix(addrs[peer]["unix"], spec, peer, what)
-            link = Link(sock, rank, peer, spec.timeout, model=spec.model)
-            opened.append(link)
-            link.send_json(Kind.HELLO, {"token": spec.token, "rank": rank, "purpose": purpose,
-                                        "transport": how}, f"{purpose} hello")  # fmt: skip
-            if how == "shm":  # our region goes with the hello: the acceptor maps it if it
-                fd, regions[purpose] = shm.new_region()  # accepts us, before it answers
-                try:
-                    shm.send_region(sock, fd)
-                finally:
-                    os.close(fd)
-            outgoing[purpose] = link
-        incoming = _accept_peers(listeners, spec, expected, addrs)
-        opened.extend(incoming.values())
-        for purpose, link in list(outgoing.items()):
-            if purpose in regions:
-                outgoing[purpose] = _shm_link(link, ours=regions[purpose])
-            else:
-                link.recv_json(Kind.WELCOME, f"{purpose} hello")
-        comm = Communicator(spec, incoming[("ring", (rank - 1) % p)], outgoing["ring"], host)
-        comm.server = outgoing.get("star")
-        comm.clients = {r: link for (what, r), link in incoming.items() if what == "star"}
+        comm = _link_up(spec, star, listeners, addrs, host, opened)
         opened.clear()
         return comm
     finally:
@@ -442,3 +378,60 @@ def init_process_group(spec: JobSpec, star: bool = False) -> Communicator:
             listener.close()
         if store is not None:
             store.thread.join(timeout=spec.timeout)
+
+
+def _link_up(spec: JobSpec, star: bool, listeners, addrs, host: str, opened: list) -> Communicator:
+    """Make this rank's links: to its right neighbour (and, `star`, a worker's to rank 0), and
+    from its left neighbour (and rank 0's from every worker). Connect first, then accept:
+    connect() completes against the peer's listen backlog, so no rank waits for another to
+    reach accept(); then both sides exchange hellos. `opened` collects every link made."""
+    p, rank = spec.world_size, spec.rank
+    targets = [("ring", (rank + 1) % p)]
+    expected = {("ring", (rank - 1) % p)}
+    if star and rank != 0:
+        targets.append(("star", 0))
+    if star and rank == 0:
+        expected |= {("star", r) for r in range(1, p)}
+    outgoing, regions = {}, {}
+    for purpose, peer in targets:
+        with doing(f"{purpose} hello"):
+            link, regions[purpose] = _say_hello(spec, purpose, peer, addrs)
+        opened.append(link)
+        outgoing[purpose] = link
+    incoming = _accept_peers(listeners, spec, expected, addrs)
+    opened.extend(incoming.values())
+    for purpose, link in list(outgoing.items()):
+        if regions[purpose] is not None:
+            outgoing[purpose] = _shm_link(link, ours=regions[purpose])
+        else:
+            with doing(f"{purpose} hello"):
+                link.recv_json(Kind.WELCOME)
+    comm = Communicator(spec, incoming[("ring", (rank - 1) % p)], outgoing["ring"], host)
+    comm.server = outgoing.get("star")
+    comm.clients = {r: link for (what, r), link in incoming.items() if what == "star"}
+    return comm
+
+
+def _say_hello(spec: JobSpec, purpose: str, peer: int, addrs: list):
+    """(link to `peer`, this rank's shm region for it or None): connected over the transport
+    both ends derive, hello said; over shm our region goes with the hello (the acceptor maps
+    it if it accepts us, before it answers)."""
+    how = link_transport(spec.transport, spec.rank, peer, addrs)
+    what = f"rank {peer} ({purpose})"
+    if how == "tcp":
+        sock = connect(
+            addrs[peer]["host"], addrs[peer]["port"], spec.rank, spec.timeout, peer, what
+        )
+    else:
+        sock = connect_unix(addrs[peer]["unix"], spec.rank, spec.timeout, peer, what)
+    link = Link(sock, spec.rank, peer, spec.timeout, model=spec.model)
+    hello = {"token": spec.token, "rank": spec.rank, "purpose": purpose, "transport": how}
+    link.send_json(Kind.HELLO, hello)
+    region = None
+    if how == "shm":
+        fd, region = shm.new_region()
+        try:
+            shm.send_region(sock, fd)
+        finally:
+            os.close(fd)
+    return link, region

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from pipesgd_ref.comm.activity import doing
 from pipesgd_ref.comm.communicator import Communicator
 from pipesgd_ref.comm.compressed_ring import CompressedHops
 from pipesgd_ref.comm.frames import aborting_on_error, frame_at, recv_checked
@@ -133,7 +134,7 @@ class RingReduce:
         """The phase of frame step `step` ("reduce-scatter" or "all-gather")."""
         return "reduce-scatter" if step < self.comm.world_size - 1 else "all-gather"
 
-    def doing(self, step: int) -> str:
+    def describe(self, step: int) -> str:
         """What this rank is doing at `step`, for errors and traces."""
         where = f", {self.where}" if self.where else ""
         return f"{self.name} #{self.seq} step {step} ({self.phase(step)}{where})"
@@ -141,67 +142,90 @@ class RingReduce:
     def send(self, step: int, chunk: int, part: int, payload) -> None:
         """Queue `payload` (segment `part` of `chunk`) as frame (step, part) to the right."""
         where = f" ({self.where})" if self.where else ""
-        self.sender.put(frame_at(self.header, step, part), as_bytes(payload),
-                        f"{self.name} #{self.seq} {self.phase(step)}{where}")  # fmt: skip
+        with doing(f"{self.name} #{self.seq} {self.phase(step)}{where}"):  # the sending side's
+            self.sender.put(frame_at(self.header, step, part), as_bytes(payload))
         self.queued += 1
         self.trace(step, chunk, part)
 
     def trace(self, step: int, chunk: int, part: int) -> None:
         if self.tracing and part == 0:  # one line per chunk and step (PIPESGD_TRACE=1)
             a, b = self.bounds[chunk]
-            trace("%s | rank %d -> %d | chunk %d | %d bytes", self.doing(step), self.comm.rank,
-                  self.comm.right.peer, chunk, self.chunk_bytes(b - a))  # fmt: skip
+            trace(
+                "%s | rank %d -> %d | chunk %d | %d bytes",
+                self.describe(step),
+                self.comm.rank,
+                self.comm.right.peer,
+                chunk,
+                self.chunk_bytes(b - a),
+            )
 
     def in_slots(self) -> bool:
         """Whether reduce-scatter hops go through shared-memory slots (comm/shm_hop.py) both
         ways, with the host ring's own reduction (a variant's hooks take the usual path)."""
         comm, cls = self.comm, type(self)
-        return (comm.left.transport == "shm" and comm.right.transport == "shm"
-                and cls.reduce is RingReduce.reduce and cls.inbox is RingReduce.inbox)  # fmt: skip
+        both_shm = comm.left.transport == "shm" and comm.right.transport == "shm"
+        return both_shm and cls.reduce is RingReduce.reduce and cls.inbox is RingReduce.inbox
 
     def run(self) -> None:
+        """This rank's part of the collective: the reduce-scatter, then the all-gather."""
         comm = self.comm
-        p, rank = comm.world_size, comm.rank
-        self.seq = seq = comm.next_seq()  # every rank numbers every collective, even alone
-        if p == 1:
+        self.seq = comm.next_seq()  # every rank numbers every collective, even alone
+        if comm.world_size == 1:
             return  # the sum of one array is itself; the mean divides by 1
-        per = self.per
-        self.bounds = bounds = chunk_bounds(self.flat.size, p)
-        self.prepare(max(b - a for a, b in bounds), per)
-        self.header = header = Frame(kind=Kind.DATA, op=self.op, seq=seq, src=rank,
-                                     dtype=CODE_OF_DTYPE[np.dtype(self.wire_dtype)],
-                                     total_len=self.flat.size)  # fmt: skip
-        self.sender = sender = comm.right.start_sender()
+        self.bounds = chunk_bounds(self.flat.size, comm.world_size)
+        self.prepare(max(b - a for a, b in self.bounds), self.per)
+        self.header = Frame(
+            kind=Kind.DATA,
+            op=self.op,
+            seq=self.seq,
+            src=comm.rank,
+            dtype=CODE_OF_DTYPE[np.dtype(self.wire_dtype)],
+            total_len=self.flat.size,
+        )
+        self.sender = comm.right.start_sender()
         self.tracing = trace_enabled()
-        # Reduce-scatter. Step 0's chunk is ready now; every later chunk is sent segment by
-        # segment as soon as it has been reduced.
+        self.reduce_scatter()
+        self.all_gather()
+        self.sender.flush(comm.timeout)
+
+    def segments_of(self, chunk: int) -> list[tuple[int, int]]:
+        """[s, e) of each segment of `chunk`: what travels as one frame."""
+        return segments(*self.bounds[chunk], self.per)
+
+    def reduce_scatter(self) -> None:
+        """Steps 0 .. p-2. Step 0's chunk is ready now; every later chunk is sent segment by
+        segment as soon as it has been reduced: after step p-2 this rank holds the complete
+        sum of one chunk."""
+        p, rank = self.comm.world_size, self.comm.rank
         first = reduce_scatter_chunks(rank, 0, p)[0]
-        for part, (s, e) in enumerate(segments(*bounds[first], per)):
+        for part, (s, e) in enumerate(self.segments_of(first)):
             self.send(0, first, part, self.outgoing(s, e))
         slots = self.in_slots()
         for step in range(p - 1):
             _, chunk = reduce_scatter_chunks(rank, step, p)
-            doing = self.doing(step)
             last = step == p - 2  # after this step, `chunk` is complete on this rank
-            for part, (s, e) in enumerate(segments(*bounds[chunk], per)):
-                if slots:
-                    hop_in_slots(self, step, chunk, part, s, e, last)
-                    continue
-                got = self.inbox(s, e, gathering=False)
-                recv_checked(comm, header, step, part, got, doing, sender)
-                self.send(step + 1, chunk, part, self.reduce(got, s, e, last))  # at once
-        # All-gather: each complete chunk goes into place and on, unless the right neighbour
-        # already has it.
+            with doing(self.describe(step)):
+                for part, (s, e) in enumerate(self.segments_of(chunk)):
+                    if slots:
+                        hop_in_slots(self, step, chunk, part, s, e, last)
+                        continue
+                    got = self.inbox(s, e, gathering=False)
+                    recv_checked(self.comm, self.header, step, part, got, self.sender)
+                    self.send(step + 1, chunk, part, self.reduce(got, s, e, last))  # at once
+
+    def all_gather(self) -> None:
+        """Steps p-1 .. 2p-3: each complete chunk goes into place and on, unless the right
+        neighbour already has it."""
+        p, rank = self.comm.world_size, self.comm.rank
         for step in range(p - 1, 2 * p - 2):
             _, chunk = all_gather_chunks(rank, step - (p - 1), p)
-            doing = self.doing(step)
-            for part, (s, e) in enumerate(segments(*bounds[chunk], per)):
-                got = self.inbox(s, e, gathering=True)
-                recv_checked(comm, header, step, part, got, doing, sender)
-                ahead = self.place(got, s, e)
-                if step < 2 * p - 3:
-                    self.send(step + 1, chunk, part, ahead)
-        sender.flush(comm.timeout)
+            with doing(self.describe(step)):
+                for part, (s, e) in enumerate(self.segments_of(chunk)):
+                    got = self.inbox(s, e, gathering=True)
+                    recv_checked(self.comm, self.header, step, part, got, self.sender)
+                    ahead = self.place(got, s, e)
+                    if step < 2 * p - 3:
+                        self.send(step + 1, chunk, part, ahead)
 
 
 class CompressedRingReduce(CompressedHops, RingReduce):
@@ -289,17 +313,17 @@ def _ring_broadcast(comm: Communicator, array: np.ndarray, root: int, segment_by
         return
     flat = array.reshape(-1)
     per = max(1, segment_bytes // flat.itemsize)
-    header = Frame(kind=Kind.DATA, op=Op.BROADCAST, dtype=CODE_OF_DTYPE[flat.dtype], seq=seq,
-                   src=rank, total_len=flat.size)  # fmt: skip
+    dtype = CODE_OF_DTYPE[flat.dtype]
+    header = Frame(Kind.DATA, Op.BROADCAST, dtype, seq=seq, src=rank, total_len=flat.size)
     forward = (rank + 1) % p != root  # the last rank before the root keeps what it gets
     sender = comm.right.start_sender() if (rank == root or forward) else None
-    doing = f"broadcast #{seq} from rank {root}"
-    for part, (a, b) in enumerate(segments(0, flat.size, per)):
-        piece = flat[a:b]
-        if rank != root:
-            recv_checked(comm, header, 0, part, piece, doing, sender)
-        if sender is not None:
-            sender.put(frame_at(header, 0, part), as_bytes(piece), doing)
+    with doing(f"broadcast #{seq} from rank {root}"):
+        for part, (a, b) in enumerate(segments(0, flat.size, per)):
+            piece = flat[a:b]
+            if rank != root:
+                recv_checked(comm, header, 0, part, piece, sender)
+            if sender is not None:
+                sender.put(frame_at(header, 0, part), as_bytes(piece))
     if sender is not None:
         sender.flush(comm.timeout)
 

@@ -8,6 +8,9 @@ thread waits on its left neighbour, `heartbeat` tells the right one this rank is
 that only the rank next to a silent peer times out. After a failure `cancel` drops every frame
 not yet started, and waits for the one on the wire: the ABORT that follows needs the stream
 between frames.
+
+A frame sent by the thread is sent under the name of what its caller was doing when it queued
+it (comm/activity.py), so an error on the way names the caller's operation.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import queue
 import threading
 import time
 
+from pipesgd_ref.comm.activity import current, doing
 from pipesgd_ref.comm.wire import POLL_SECONDS, Frame, Kind
 from pipesgd_ref.errors import CommError, PeerTimeout
 
@@ -44,7 +48,7 @@ class Sender:
             job = self.jobs.get()
             if job is None:
                 return
-            frame, payload, doing = job
+            frame, payload, what = job  # what its caller was doing when it queued the frame
             with self._idle:
                 # After a failure, drop the rest: the collective is lost. But finish a frame
                 # that put() started, after a cancel too: the ABORT that follows needs the
@@ -55,10 +59,11 @@ class Sender:
             failed = False
             if go:
                 try:
-                    if frame is None:  # the rest of a frame put() started (payload: its parts)
-                        self.link.send_rest(payload, doing)
-                    else:
-                        self.link.send(frame, payload, doing)
+                    with doing(what):
+                        if frame is None:  # the rest of a frame put() started (its parts)
+                            self.link.send_rest(payload)
+                        else:
+                            self.link.send(frame, payload)
                 except BaseException as e:  # handed to the main thread by check()
                     self.error, self.cancelled, failed = e, False, True
             with self._idle:
@@ -67,7 +72,7 @@ class Sender:
                 self.pending -= 1
                 self._idle.notify_all()
 
-    def put(self, frame: Frame, payload: memoryview, doing: str) -> None:
+    def put(self, frame: Frame, payload: memoryview) -> None:
         """Queue a frame. With nothing queued ahead of it, the calling thread starts it at once
         and hands the kernel what its socket buffer takes without waiting; only the rest (if
         any) goes to the sending thread. Waking that thread costs a scheduler wake-up on a busy
@@ -77,9 +82,9 @@ class Sender:
             idle = self.pending == 0
         if idle:
             self.check()
-            rest = self.link.send_without_waiting(frame, payload, doing)
+            rest = self.link.send_without_waiting(frame, payload)
             if rest is None and self.link.may_send_inline(frame, len(payload)):
-                self.link.send(frame, payload, doing)  # small: fits the buffer, cannot block
+                self.link.send(frame, payload)  # small: fits the buffer, cannot block
                 return
             if rest is not None:
                 if not rest:
@@ -89,7 +94,7 @@ class Sender:
             self.pending += 1
             if frame is None:
                 self.half_sent = True  # its first bytes are on the wire already
-        self.jobs.put((frame, payload, doing))
+        self.jobs.put((frame, payload, current()))
 
     def check(self) -> None:
         """Raise the sending thread's error, if it had one (called from the main thread)."""
@@ -102,7 +107,8 @@ class Sender:
         times out, and everyone else waits for its ABORT, which names the silent rank."""
         self.check()
         if self.pending == 0:  # only the main thread queues: idle now means idle when sent
-            self.put(Frame(kind=Kind.HEARTBEAT), b"", "heartbeat")
+            with doing("heartbeat"):
+                self.put(Frame(kind=Kind.HEARTBEAT), b"")
 
     def cancel(self, wait: float) -> bool:
         """Drop every frame not yet started; wait up to `wait` s for the one on the wire.

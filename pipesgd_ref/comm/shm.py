@@ -60,6 +60,7 @@ import time
 
 import numpy as np
 
+from pipesgd_ref.comm.activity import current
 from pipesgd_ref.comm.links import INLINE_SEND_BYTES, Link
 from pipesgd_ref.comm.netem import wait_until
 from pipesgd_ref.comm.wire import HEADER, POLL_SECONDS, Frame, Kind
@@ -150,7 +151,7 @@ class ShmLink(Link):
     def _slot_free(self) -> bool:
         return self._sent - int(self._consumed_out[0]) < N_SLOTS
 
-    def _wait_for_slot(self, doing: str) -> None:
+    def _wait_for_slot(self) -> None:
         """Block until slot `_sent` is free: the receiver has released the frame that used it
         N_SLOTS frames ago. Polls (there is nothing to block on), watching for a dead peer."""
         if self._slot_free():
@@ -167,19 +168,19 @@ class ShmLink(Link):
                 next_look = now + POLL_SECONDS / 20
                 try:
                     if self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b"":
-                        raise self._send_failed(doing, ConnectionResetError("connection closed"))
+                        raise self._send_failed(ConnectionResetError("connection closed"))
                 except (BlockingIOError, TimeoutError):
                     pass
                 except OSError as e:
-                    raise self._send_failed(doing, e) from None
+                    raise self._send_failed(e) from None
             if now > deadline:
                 raise PeerTimeout(
                     f"rank {self.rank}: rank {self.peer} took no data from its shared-memory "
-                    f"slots for {self.timeout:.1f} s during {doing}; is it alive? raise "
+                    f"slots for {self.timeout:.1f} s during {current()}; is it alive? raise "
                     f"--timeout to wait longer",
                     origin=self.peer,
                     link=self,
-                    doing=doing,
+                    doing=current(),
                 )
             time.sleep(pause)
             pause = min(2 * pause, 1e-3)
@@ -194,30 +195,30 @@ class ShmLink(Link):
             deliver_at = self.emulator.schedule(nbytes + HEADER.size)
         return dataclasses.replace(frame, nbytes=nbytes, deliver_at=deliver_at)
 
-    def send(self, frame, payload=b"", doing="send", deliver_at=None) -> None:
+    def send(self, frame, payload=b"", *, deliver_at=None) -> None:
         header = self._header_for(frame, len(payload), deliver_at)
         if not self.slotted(header):
-            super().send(frame, payload, doing, deliver_at=header.deliver_at)
+            super().send(frame, payload, deliver_at=header.deliver_at)
             return
         # tests only: the fault acts on the socket (the payload would have gone to a slot)
         if faults.ARMED and faults.sabotage(self, header.pack(), payload, on_socket=False):
             return
-        self._wait_for_slot(doing)
+        self._wait_for_slot()
         self._put_in_slot(payload)
-        self._send_header(header, doing)
+        self._send_header(header)
 
-    def _send_header(self, header: Frame, doing: str) -> None:
+    def _send_header(self, header: Frame) -> None:
         self._sent += 1
-        self._send_all(header.pack(), memoryview(b""), doing)
+        self._send_all(header.pack(), memoryview(b""))
         self.bytes_sent += HEADER.size + header.nbytes
 
-    def send_without_waiting(self, frame, payload, doing):
+    def send_without_waiting(self, frame, payload):
         """As Link's, for a slotted frame: copied into its slot and the header sent now, when
         a slot is free; None (the sending thread will wait for one) when none is."""
         if faults.ARMED or not self.emulator.free_now():
             return None
         if not self.slotted(dataclasses.replace(frame, nbytes=len(payload))):
-            return super().send_without_waiting(frame, payload, doing)
+            return super().send_without_waiting(frame, payload)
         if not self._slot_free():
             return None
         header = self._header_for(frame, len(payload), None)
@@ -230,7 +231,7 @@ class ShmLink(Link):
         except (BlockingIOError, TimeoutError):
             sent = 0
         except OSError as e:
-            raise self._send_failed(doing, e) from None
+            raise self._send_failed(e) from None
         return [parts[0][sent:]] if sent < HEADER.size else []
 
     def may_send_inline(self, frame: Frame, nbytes: int) -> bool:
@@ -254,33 +255,33 @@ class ShmLink(Link):
         self._claimed = self._slot(self._out, self._sent, nbytes)
         return self._claimed
 
-    def send_claimed(self, frame: Frame, doing: str) -> None:
+    def send_claimed(self, frame: Frame) -> None:
         """Send the header of the claimed slot, now filled."""
         nbytes, self._claimed = self._claimed.size, None
-        self._send_header(self._header_for(frame, nbytes, None), doing)
+        self._send_header(self._header_for(frame, nbytes, None))
 
     # --- receiving ------------------------------------------------------------------------
 
-    def recv_header(self, doing, stop=lambda: None, timeout=None) -> Frame:
-        frame = super().recv_header(doing, stop, timeout)
+    def recv_header(self, *, stop=lambda: None, timeout=None) -> Frame:
+        frame = super().recv_header(stop=stop, timeout=timeout)
         if self.slotted(frame):
             self.mid_frame = False  # its payload is in a slot: the stream is between frames
         return frame
 
-    def recv_payload_into(self, frame, out, doing, stop=lambda: None) -> None:
+    def recv_payload_into(self, frame, out, *, stop=lambda: None) -> None:
         if not self.slotted(frame) or self._held is not None:
-            super().recv_payload_into(frame, out, doing, stop)
+            super().recv_payload_into(frame, out, stop=stop)
             return
-        got = self.payload_view(frame, len(out), doing)
+        got = self.payload_view(frame, len(out))
         np.copyto(np.frombuffer(out, np.uint8), got)
         self.release()
 
-    def payload_view(self, frame: Frame, out_len: int, doing: str) -> np.ndarray:
+    def payload_view(self, frame: Frame, out_len: int) -> np.ndarray:
         """The slotted frame's payload where it lies (no copy), after its emulated delivery
         time; `release()` once it is no longer read."""
         if frame.nbytes != out_len:  # as Link.recv_payload_into checks
             raise CollectiveMismatch(
-                f"rank {self.rank}: rank {self.peer} sent {frame.nbytes} bytes during {doing}, "
+                f"rank {self.rank}: rank {self.peer} sent {frame.nbytes} bytes during {current()}, "
                 f"this rank expected {out_len}"
             )
         if frame.deliver_at:

@@ -26,21 +26,21 @@ from pipesgd_ref.comm.wire import Op, as_bytes
 def hop_in_slots(ring, step: int, chunk: int, part: int, s: int, e: int, last: bool) -> None:
     """One reduce-scatter hop of `ring` (a RingReduce, comm/ring.py) for segment `part`
     ([s, e) of `chunk`) at `step`, through the shared-memory slots (module docstring)."""
-    comm, doing = ring.comm, ring.doing(step)
-    frame = checked_header(comm, ring.header, step, part, doing, ring.sender)
+    comm = ring.comm  # what this rank is doing: named by the ring's step (comm/activity.py)
+    frame = checked_header(comm, ring.header, step, part, ring.sender)
     mine = ring.flat[s:e]
     if not comm.left.slotted(frame):  # empty, or a segment larger than a slot
         got = ring.inbox(s, e, gathering=False)
-        stop = waiting_check(comm, ring.sender, doing)
-        comm.left.recv_payload_into(frame, as_bytes(got), doing, stop)
+        stop = waiting_check(comm, ring.sender)
+        comm.left.recv_payload_into(frame, as_bytes(got), stop=stop)
         ring.send(step + 1, chunk, part, ring.reduce(got, s, e, last))
         return
-    got = comm.left.payload_view(frame, mine.nbytes, doing).view(ring.dtype)
+    got = comm.left.payload_view(frame, mine.nbytes).view(ring.dtype)
     slot = None if last else comm.right.claim(mine.nbytes)
     if slot is not None:
         np.add(got, mine, out=slot.view(ring.dtype))  # as reduce: the running sum, ours
         comm.left.release()
-        comm.right.send_claimed(frame_at(ring.header, step + 1, part), doing)
+        comm.right.send_claimed(frame_at(ring.header, step + 1, part))
         ring.trace(step + 1, chunk, part)
         return
     np.add(got, mine, out=mine)

@@ -75,8 +75,8 @@ def p2p_job(comm, nbytes: int, reps: int) -> dict:
         if comm.rank == 0:
             comm.right.send(frame, memoryview(buf))
         else:
-            got = comm.left.recv_header("p2p")
-            comm.left.recv_payload_into(got, memoryview(buf), "p2p")
+            got = comm.left.recv_header()
+            comm.left.recv_payload_into(got, memoryview(buf))
         times.append(time.perf_counter() - start)
         cpu.append(time.thread_time() - cpu_start)
     barrier(comm)
@@ -85,11 +85,11 @@ def p2p_job(comm, nbytes: int, reps: int) -> dict:
     for _ in range(pings):
         if comm.rank == 0:
             comm.right.send(frame, memoryview(small))
-            got = comm.left.recv_header("pong")
-            comm.left.recv_payload_into(got, memoryview(small), "pong")
+            got = comm.left.recv_header()
+            comm.left.recv_payload_into(got, memoryview(small))
         else:
-            got = comm.left.recv_header("ping")
-            comm.left.recv_payload_into(got, memoryview(small), "ping")
+            got = comm.left.recv_header()
+            comm.left.recv_payload_into(got, memoryview(small))
             comm.right.send(frame, memoryview(small))
     rtt = (time.perf_counter() - start) / pings
     return {"times": times, "cpu": cpu, "one_way": rtt / 2}
