@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import math
 
+from pipesgd_ref.comm.activity import doing
 from pipesgd_ref.comm.ps import PSClient, worker_of
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.errors import JobError
@@ -87,24 +88,25 @@ def work(comm, cfg: TrainConfig, hooks: Hooks, rounds: bool) -> WorkerResult:
     )
     # A resumed run: the checkpoint's weights, version start (ps-async: start rounds of n)
     client.version = worker.start_step * (n if rounds else 1)
-    client.wait_for_start(f"the start of {method} (worker {i} waits for the others)")
+    with doing(f"the start of {method} (worker {i} waits for the others)"):
+        client.wait_for_start()
     sent0 = comm.server.bytes_sent  # the rendezvous hello is not this method's traffic
     for t in range(worker.start_step, worker.steps):
         if not hooks.keep_going(t):  # a signal: every worker stops before one step
             break
-        doing = f"{method} step {t} of worker {i}"
+        what = f"{method} step {t} of worker {i}"  # named by the push's and pull's errors
         # --- compute g, loss on the weights last pulled; bad values stop the job here,
         # naming this rank, or (--skip-nonfinite) come back not ok, the gradient zeroed
         with hooks.timeline.span("compute", "compute", t):
             loss, ok = worker.compute(t, client.grads, codec, comm.rank)
         # --- push g: a left-out gradient goes with a NaN loss (the server leaves out any
         # push that is not finite, and must know, to divide by the others only)
-        with hooks.timeline.span("push", "comm", t):
-            client.push(loss if ok else math.nan, doing)
+        with hooks.timeline.span("push", "comm", t), doing(what):
+            client.push(loss if ok else math.nan)
         # --- pull w: ps-sync waits for the slowest worker's push too (w_{t+1})
-        with hooks.timeline.span("pull", "comm", t):
+        with hooks.timeline.span("pull", "comm", t), doing(what):
             expect = None if rounds else t + 1
-            client.pull(worker.params, doing, expect=expect, same_ok=cfg.skip_nonfinite)
+            client.pull(worker.params, expect=expect, same_ok=cfg.skip_nonfinite)
         hooks.step_done(t, loss, worker.params)
     sent = comm.server.bytes_sent - sent0
     return hooks.result(worker.params, sent, role="worker", worker=i)
