@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from pipesgd_ref import timing
-from pipesgd_ref.comm.netem import LinkModel
+from pipesgd_ref.comm.netem import LinkSpec
 from pipesgd_ref.commands.train import run_training
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.plots import pyplot, save_figure
@@ -93,8 +93,8 @@ print("  message |      streamed throughput | ping-pong one-way")
 for nbytes, bandwidth, one_way in p2p:
     print(f"{format_bytes(nbytes):>9} | {format_bandwidth(bandwidth):>24} | "
           f"{format_seconds(one_way):>17}")  # fmt: skip
-loopback = LinkModel(latency=alpha_lo, bandwidth=B_lo)
-lan = LinkModel(latency=alpha_lan, bandwidth=B_1g)
+loopback = LinkSpec(latency=alpha_lo, bandwidth=B_lo)
+lan = LinkSpec(latency=alpha_lan, bandwidth=B_1g)
 print(f"loopback: alpha = {format_seconds(alpha_lo)}, B = {format_bandwidth(B_lo)}; "
       f"n_1/2 = alpha B = {format_bytes(alpha_lo * B_lo)}")  # fmt: skip
 print(f"1 Gbit LAN: alpha = {format_seconds(alpha_lan)}, B = {format_bandwidth(B_1g)}; "

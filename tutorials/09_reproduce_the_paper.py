@@ -38,8 +38,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from pipesgd_ref import timing
+from pipesgd_ref.comm.netem import link_of
 from pipesgd_ref.commands.compare import CHECKS, calibrate_for, quick_config, run_compare
-from pipesgd_ref.config import TrainConfig, link_model
+from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.timing.measure import time_compute, usable_cores
 from pipesgd_ref.units import format_bandwidth, format_bytes, format_seconds
 
@@ -48,7 +49,7 @@ OUT = Path(__file__).resolve().parent / "out" / "09"  # compare.json, runs, figu
 
 preset = TrainConfig.preset("compare")
 p = preset.world_size
-link = link_model(preset)
+link = link_of(preset)
 
 # %% [markdown]
 # ## 0. The back-of-envelope, in code
@@ -150,7 +151,7 @@ if SMALL:
 else:
     cfg = quick_config(preset)
 print(f"this tutorial runs: MLP 64-{'-'.join(map(str, cfg.hidden))}-10, batch "
-      f"{cfg.batch_size}, {cfg.steps} steps, {link_model(cfg)}, target "
+      f"{cfg.batch_size}, {cfg.steps} steps, {link_of(cfg)}, target "
       f"{cfg.target_accuracy:.0%}")  # fmt: skip
 
 # %% [markdown]
