@@ -46,8 +46,10 @@ from pipesgd_ref import timing
 from pipesgd_ref.commands.compare_figures import plot_compare
 from pipesgd_ref.commands.train import run_training
 from pipesgd_ref.config import TrainConfig, model_label
+from pipesgd_ref.data import load_dataset
 from pipesgd_ref.methods.table import method
 from pipesgd_ref.outputs import write_json
+from pipesgd_ref.runtime.preflight import check_config, check_run, n_params_of
 from pipesgd_ref.timing.calibrate import calibrate
 from pipesgd_ref.timing.sharing import CALIBRATION_REPS, CALIBRATION_TRIES
 
@@ -150,6 +152,11 @@ def run_compare(
     `--comm mpi` (compare_mpi.py)."""
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
+    n_params = n_params_of(cfg, load_dataset(cfg.dataset))
+    for algo, codec in runs:  # every run's preflight, before the calibration starts a worker
+        run = run_config(cfg, algo, codec, None)
+        check_config(run)
+        check_run(run, n_params)
     out_dir = Path(out) if out else None
     started = time.perf_counter()
     times = f" x {repeats} repeats" if repeats > 1 else ""
