@@ -25,10 +25,10 @@ barrier comes before the thread starts, the summary's gather after it has stoppe
 
 Failure. A rank that dies (SIGKILL, a crash) takes the job with it: Open MPI's mpirun notices
 the process exit and kills every other rank ("prterun noticed that process rank 2 ... exited on
-signal 9 (Killed)"), in about a second (README: "MPI: --comm mpi" has the measured bound). A
-rank that fails with an error of ours tells its neighbours (the same ABORT frames as on sockets),
-prints its one line and calls MPI_Abort (`abort_job`), which ends every rank at once: no orphans,
-and no rank left waiting out its timeout.
+signal 9 (Killed)"; README, "MPI: --comm mpi", has how long that takes). A rank that fails
+with an error of ours tells its neighbours (the same ABORT frames as on sockets), prints its one
+line and calls MPI_Abort (`abort_job`), which ends every rank at once: no orphans, and no rank
+left waiting out its timeout.
 
 Not carried: link emulation (MPI owns the wire; refused in config.py) and the wire faults of
 PIPESGD_FAULT (garbage, truncate, close act on a socket; refused in cli.py). `--device cuda`:
@@ -96,9 +96,9 @@ def thread_level_name() -> str:
 
 
 def _level_name(MPI) -> str:
-    return {MPI.THREAD_SINGLE: "MPI_THREAD_SINGLE", MPI.THREAD_FUNNELED: "MPI_THREAD_FUNNELED",
-            MPI.THREAD_SERIALIZED: "MPI_THREAD_SERIALIZED",
-            MPI.THREAD_MULTIPLE: "MPI_THREAD_MULTIPLE"}[MPI.Query_thread()]  # fmt: skip
+    levels = ("SINGLE", "FUNNELED", "SERIALIZED", "MULTIPLE")
+    names = {getattr(MPI, f"THREAD_{level}"): f"MPI_THREAD_{level}" for level in levels}
+    return names[MPI.Query_thread()]
 
 
 def cuda_aware(environ=None) -> bool:

@@ -69,8 +69,16 @@ class MPILink(Link):
     sock = None  # no socket: comm/ps.py's ps-async server polls these links (has_frame)
     transport = "mpi"  # what Communicator.transports reports, and the ring reads
 
-    def __init__(self, comm, rank: int, peer: int, timeout: float, send_tag: int, recv_tag: int,
-                 device_memory: bool = False):  # fmt: skip
+    def __init__(
+        self,
+        comm,
+        rank: int,
+        peer: int,
+        timeout: float,
+        send_tag: int,
+        recv_tag: int,
+        device_memory: bool = False,
+    ):
         # Not Link.__init__: that one sets up a socket. These are the attributes its methods use.
         self.takes_device_memory = device_memory  # a CUDA-aware library (cuda_aware())
         self.comm, self.send_tag, self.recv_tag = comm, send_tag, recv_tag

@@ -83,8 +83,8 @@ class JobSpec:
         if self.timeout <= 0:
             raise ValueError(f"timeout must be > 0 seconds, got {self.timeout}")
         if self.transport not in TRANSPORTS:
-            raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}, got "
-                             f"{self.transport!r}")  # fmt: skip
+            choices = ", ".join(TRANSPORTS)
+            raise ValueError(f"transport must be one of {choices}, got {self.transport!r}")
 
 
 def link_transport(wanted: str, rank: int, peer: int, addrs: list[dict]) -> str:

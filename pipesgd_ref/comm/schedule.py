@@ -75,8 +75,8 @@ def simulate_allreduce(arrays: list[np.ndarray], op: str = "sum") -> list[np.nda
     bufs = [np.array(a, copy=True) for a in arrays]
     bounds = chunk_bounds(bufs[0].size, p)
     for step in range(p - 1):  # reduce-scatter: all ranks send at once, then all receive
-        sent = [bufs[r][slice(*bounds[reduce_scatter_chunks(r, step, p)[0]])].copy()
-                for r in range(p)]  # fmt: skip
+        outgoing = [reduce_scatter_chunks(r, step, p)[0] for r in range(p)]
+        sent = [bufs[r][slice(*bounds[c])].copy() for r, c in enumerate(outgoing)]
         for r in range(p):
             chunk = reduce_scatter_chunks(r, step, p)[1]
             dst = bufs[r][slice(*bounds[chunk])]

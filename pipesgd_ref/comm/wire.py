@@ -96,10 +96,8 @@ class Frame:
     deliver_at: float = 0.0
 
     def pack(self) -> bytes:
-        return HEADER.pack(
-            MAGIC, VERSION, self.kind, self.op, self.dtype, self.seq, self.step, self.part,
-            self.src, self.total_len, self.nbytes, self.deliver_at,
-        )  # fmt: skip
+        fields = (self.kind, self.op, self.dtype, self.seq, self.step, self.part, self.src)
+        return HEADER.pack(MAGIC, VERSION, *fields, self.total_len, self.nbytes, self.deliver_at)
 
     def describe(self) -> str:
         """Human words for the collective a DATA frame belongs to."""
