@@ -110,6 +110,17 @@ def run_config(
     )
 
 
+def preflight_runs(cfg: TrainConfig, runs=timing.COMPARE_RUNS) -> None:
+    """Every run of the comparison through the preflight (runtime/preflight.py) before any
+    worker starts: its options make a run, its model fits in memory, its link delivers a frame
+    within --timeout. One line for the first run that fails, not a failure minutes in."""
+    n_params = n_params_of(cfg, load_dataset(cfg.dataset))  # the same model in every run
+    for algo, codec in runs:
+        run = run_config(cfg, algo, codec, None)
+        check_config(run)
+        check_run(run, n_params)
+
+
 def soonest(repeats: list[dict]) -> int:
     """Index of the repeat (a list of run summaries) that reached the target soonest; where
     none reached it, the one with the shortest iteration."""
@@ -152,11 +163,7 @@ def run_compare(
     `--comm mpi` (compare_mpi.py)."""
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
-    n_params = n_params_of(cfg, load_dataset(cfg.dataset))
-    for algo, codec in runs:  # every run's preflight, before the calibration starts a worker
-        run = run_config(cfg, algo, codec, None)
-        check_config(run)
-        check_run(run, n_params)
+    preflight_runs(cfg, runs)  # before the calibration starts a worker
     out_dir = Path(out) if out else None
     started = time.perf_counter()
     times = f" x {repeats} repeats" if repeats > 1 else ""

@@ -42,6 +42,7 @@ from pipesgd_ref.commands.compare import (
     CALIBRATION_TRIES,
     REPEATS,
     calibrate_for,
+    preflight_runs,
     run_compare,
 )
 from pipesgd_ref.commands.train_joined import run_training_joined
@@ -71,6 +72,7 @@ def run_compare_mpi(
 ) -> dict[str, Any] | None:
     """`pipesgd compare` as one rank of an MPI job of ranks_needed(cfg) ranks; returns what
     compare.json holds on rank 0, None on the others (see the module docstring)."""
+    preflight_runs(cfg)  # every rank, before any measures: each fails with the same line
     MPI = mpi.init_mpi()
     world = MPI.COMM_WORLD
     if world.Get_size() != ranks_needed(cfg):
