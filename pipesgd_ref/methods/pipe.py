@@ -150,9 +150,9 @@ def pipe_worker(comm, cfg: TrainConfig, hooks: Hooks | None = None) -> WorkerRes
     stale = PipeCompensation(cfg, worker)  # --compensation: none, dc, dc-adaptive or predict
 
     def update(t: int, t_grad: int) -> None:  # w_{t+1} = w_t - lr_t * avg(g_{t_grad})
-        avg = flight.averaged(t_grad)
+        avg = flight.averaged(t_grad)  # stale (t_grad < t): compensated as --compensation says
         with span("update", "compute", t):
-            worker.sgd_step(stale.applied(t_grad, avg), t)
+            worker.sgd_step(stale.applied(t_grad, avg) if t_grad < t else avg, t)
 
     def save(end: int) -> None:  # the gradients in flight are part of the state
         if cfg.out:
