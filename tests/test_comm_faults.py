@@ -40,8 +40,10 @@ from pipesgd_ref.comm.rendezvous import JobSpec, RendezvousError, init_process_g
 from pipesgd_ref.comm.ring import allreduce, barrier, broadcast
 from pipesgd_ref.comm.wire import Frame, Kind
 from pipesgd_ref.errors import CommError, LaunchError, PeerAborted
+from pipesgd_ref.runtime import lifetime
 from pipesgd_ref.runtime.jobenv import JobEnv, _default_token, detect_env
 from pipesgd_ref.runtime.launch import free_port, launch_local
+from pipesgd_ref.runtime.lifetime import LocalStop
 
 
 def record(case: str, seconds: float) -> None:
@@ -248,6 +250,38 @@ def test_news_from_the_right_stops_a_wait_on_the_left():
     finally:
         comm.close()
         left_far.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_rank_stopped_by_a_signal_tells_its_peers_who_stop_on_the_same_signal(monkeypatch):
+    """A joined rank that stops on a signal says so on every link as it closes (a stop, not
+    a failure: its launcher signals the others too, maybe later); a rank that reads that news
+    stops on the same signal (lifetime.heard_stop), so it exits as stopped, not failed."""
+    plan = LocalStop()  # a joined rank's plan: nobody else shares it
+    monkeypatch.setattr(lifetime, "_PLAN", plan)
+    comm, left_far, right_far = _ring_of_sockets(0, 2)
+    try:
+        news = {"origin": 2, "reason": "rank 2 stopped by SIGTERM before step 7",
+                "signal": int(signal.SIGTERM), "step": 7}  # fmt: skip
+        payload = json.dumps(news).encode()
+        right_far.sendall(Frame(kind=Kind.ABORT, nbytes=len(payload)).pack() + payload)
+        time.sleep(0.05)
+        with pytest.raises(PeerAborted) as info:
+            comm.check_news()
+        assert str(info.value).startswith("rank 1: rank 2 stopped, so "), info.value
+        assert plan.signum == signal.SIGTERM, "the news did not stop this rank"
+        comm.close()  # stopping now: it tells both neighbours before it closes
+        for far, peer in ((left_far, 0), (right_far, 2)):
+            link = Link(far, rank=peer, peer=1, timeout=2)
+            frame = link.recv_header()
+            assert frame.kind == Kind.ABORT, frame
+            told = link.read_abort(frame)
+            assert (told.origin, told.signal, told.happened) == (1, signal.SIGTERM, "stopped")
+            assert told.reason == "rank 1 stopped by SIGTERM", told
+    finally:
+        comm.close()
+        left_far.close()
+        right_far.close()
 
 
 # --- 2. a stopped rank -----------------------------------------------------------------------

@@ -242,26 +242,34 @@ def test_a_restart_without_a_checkpoint_starts_over(tmp_path, monkeypatch, capsy
     assert "restart 1 of 1" in err and "starting over" in err, err
 
 
+def _start_joined(out: Path, algo: str, world_size: int) -> list[subprocess.Popen]:
+    """The ranks of a joined job (as torchrun starts them: RANK, WORLD_SIZE, MASTER_ADDR,
+    MASTER_PORT), each in a session of its own: a signal reaches only the rank it is sent to."""
+    from pipesgd_ref.methods.table import method
+    from pipesgd_ref.runtime.launch import free_port
+
+    port, ranks = free_port(), method(algo).ranks(world_size)
+    procs = []
+    for rank in range(ranks):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(ranks),
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}  # fmt: skip
+        argv = [sys.executable, "-m", "pipesgd_ref", "train", "--preset=tiny", f"--algo={algo}",
+                f"--world-size={world_size}", "--steps=200000", "--no-progress",
+                "--log-level=WARNING", f"--out={out}", "--checkpoint-every=50"]  # fmt: skip
+        procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True,
+                                      start_new_session=True))  # fmt: skip
+    return procs
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_joined_ranks_stop_on_a_signal_with_one_line_each(tmp_path):
     """Ranks of a job that torchrun, mpirun or srun started: each handles the signal its
     launcher forwards; a sync rank 0 stops after a whole step, so its checkpoint is that
     step's (the replicas are identical)."""
-    from pipesgd_ref.runtime.launch import free_port
-
     out = tmp_path / "joined"
-    port = free_port()
-    procs = []
-    for rank in range(2):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": str(port)}  # fmt: skip
-        argv = [sys.executable, "-m", "pipesgd_ref", "train", "--preset=tiny", "--algo=sync",
-                "--world-size=2", "--steps=200000", "--no-progress", "--log-level=WARNING",
-                f"--out={out}", "--checkpoint-every=50"]  # fmt: skip
-        procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True,
-                                      start_new_session=True))  # fmt: skip
+    procs = _start_joined(out, "sync", world_size=2)
     try:
         _wait_for_checkpoint(out, procs[0])  # training has begun on every rank
         assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
@@ -277,6 +285,41 @@ def test_joined_ranks_stop_on_a_signal_with_one_line_each(tmp_path):
         assert "stopped by SIGTERM" in lines[0] and f"(rank {rank})" in lines[0], lines[0]
     with np.load(out / "checkpoint.npz") as z:
         assert int(z["next_step"]) > 0 and np.all(np.isfinite(z["params"]))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(
+    "algo, world_size, signalled",
+    [
+        ("sync", 2, 1),  # the ring: rank 0 hears it from its neighbour
+        ("pipe", 3, 0),  # the ring, with the AllReduce on a thread of its own
+        ("ps-sync", 1, 1),  # the star: the server hears it from its worker
+        ("ps-sync", 1, 0),  # the star: the worker hears it from the server
+    ],
+)
+def test_a_joined_rank_stopped_by_a_signal_first_stops_the_others_too(
+    algo, world_size, signalled, tmp_path
+):
+    """The ranks of a joined job are signalled by their launcher, one after another, and on a
+    busy machine one may stop before another has even received its signal. Here only one rank
+    is signalled: it tells its peers it stopped (not failed) as it leaves, and every other rank
+    stops with the signal's code and its one line, instead of taking the close for a crash."""
+    out = tmp_path / f"joined-{algo}-{signalled}"
+    procs = _start_joined(out, algo, world_size)
+    try:
+        _wait_for_checkpoint(out, procs[0])  # training has begun on every rank
+        assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
+        procs[signalled].send_signal(signal.SIGTERM)
+        errs = [p.communicate(timeout=30)[1] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    for rank, (p, err) in enumerate(zip(procs, errs, strict=True)):
+        lines = err.strip().splitlines()
+        assert p.returncode == 143 and len(lines) == 1, f"rank {rank}: rc {p.returncode}\n{err}"
+        assert "stopped by SIGTERM" in lines[0] and f"(rank {rank})" in lines[0], lines[0]
+        assert "closed the connection" not in err and "crashed" not in err, err
 
 
 @pytest.mark.slow

@@ -15,18 +15,22 @@ and what the ring does when a collective fails: `abort` tells both neighbours wh
 naming the rank at fault) before anything is closed, `check_news` raises the news a neighbour
 sent back, and `explain` tells a neighbour's death apart from a neighbour that only passed
 another rank's failure on. Together they give every rank of a failing ring the same cause.
+A rank that stops on a signal says so as it closes (`tell_stopped`): a stop, not a failure,
+which stops the peers that hear it too (runtime/lifetime.py).
 """
 
 from __future__ import annotations
 
+import signal
 import time
 
 import numpy as np
 
 from pipesgd_ref.comm.activity import current
 from pipesgd_ref.comm.links import Link
-from pipesgd_ref.comm.wire import POLL_SECONDS
+from pipesgd_ref.comm.wire import ABORT_LINGER_SECONDS, POLL_SECONDS, News
 from pipesgd_ref.errors import CommError, PeerAborted, PeerClosed
+from pipesgd_ref.runtime import lifetime
 
 # A left neighbour that closed in the middle of a frame may have died, or may have failed
 # because of another rank without being able to say so (its frame to us was stuck half sent):
@@ -96,13 +100,21 @@ class Communicator:
         # Left first: this rank never sends data on it, so the news goes out at once; the right
         # link may first have to finish the frame on the wire.
         for link in (self.left, self.right):
-            if link is None or link is broken:
-                continue  # that link itself is broken: nothing can be sent on it
-            sender = link._sender
-            if sender is not None and not sender.cancel(wait=1.0):
-                continue  # a frame is stuck half-sent: another header would garble the stream
-            told = link.send_abort(error, default_origin=self.rank) or told
+            if link is not broken and _between_frames(link):
+                told = link.send_abort(error, default_origin=self.rank) or told
         return told
+
+    def tell_stopped(self, signum: int, step: int | None) -> bool:
+        """Tell every peer (ring and star) that this rank stops on signal `signum` before
+        `step`: a stop, not a failure. The ranks of a joined job are signalled one by one, and
+        a peer still running would otherwise take this rank's close for a crash; hearing this,
+        it stops with the signal's code too (Link.read_abort). True when told on some link."""
+        reason = f"rank {self.rank} stopped by {signal.Signals(signum).name}"
+        if step is not None:
+            reason += f" before step {step}"
+        news = News(self.rank, reason, signum, step)
+        links = (self.left, self.right, self.server, *self.clients.values())
+        return any([link.send_news(news) for link in links if _between_frames(link)])
 
     def check_news(self) -> None:
         """Raise PeerAborted if the right neighbour has sent news of a failure back along the
@@ -117,12 +129,8 @@ class Communicator:
         except PeerClosed:
             return  # gone without news: it finished, or its own send will tell (Link.send)
         if news is not None:
-            origin, reason = news
-            raise PeerAborted(
-                f"rank {self.rank}: rank {origin} failed, so {current()} cannot finish "
-                f"(news from rank {right.peer}): {reason}",
-                origin=origin,
-            )
+            source = f"news from rank {right.peer}"
+            raise PeerAborted(news.cannot_finish(self.rank, current(), source), origin=news.origin)
 
     def explain(self, error: CommError) -> CommError:
         """The error to report for `error`: itself, unless the left neighbour closed the
@@ -141,16 +149,20 @@ class Communicator:
             except PeerClosed:
                 return error  # the right neighbour is gone too: no news can come
             if news is not None:
-                origin, reason = news
-                return PeerAborted(
-                    f"rank {self.rank}: rank {origin} failed, so {error.doing} cannot finish "
-                    f"(news from rank {right.peer}, after rank {link.peer} closed the "
-                    f"connection mid-frame): {reason}",
-                    origin=origin,
+                source = (
+                    f"news from rank {right.peer}, after rank {link.peer} closed the connection "
+                    f"mid-frame"
                 )
+                text = news.cannot_finish(self.rank, error.doing, source)
+                return PeerAborted(text, origin=news.origin)
         return error
 
     def close(self) -> None:
+        """Close every link; a rank that stops on a signal first tells its peers so
+        (`tell_stopped`) and gives the news a moment to arrive before the close does."""
+        stopped = lifetime.stop_to_tell()
+        if stopped is not None and self.tell_stopped(*stopped):
+            time.sleep(ABORT_LINGER_SECONDS)
         for link in (self.left, self.right, self.server, *self.clients.values()):
             if link is not None:
                 link.close()
@@ -165,3 +177,12 @@ class Communicator:
 
     def __repr__(self) -> str:
         return f"Communicator(rank {self.rank} of {self.world_size})"
+
+
+def _between_frames(link: Link | None) -> bool:
+    """Whether one more frame (news) may go out on `link` now: it exists, and its sending
+    thread, cancelled, has no frame stuck half-sent (another header would garble the stream)."""
+    if link is None:
+        return False
+    sender = link._sender
+    return sender is None or sender.cancel(wait=1.0)

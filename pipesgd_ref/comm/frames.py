@@ -62,13 +62,10 @@ def checked_header(comm, want: Frame, step: int, part: int, sender) -> Frame:
     got = comm.left.recv_header(stop=stop)
     while got.kind == Kind.HEARTBEAT:  # the left neighbour is alive and waiting: keep waiting
         got = comm.left.recv_header(stop=stop)
-    if got.kind == Kind.ABORT:  # a rank upstream failed: pass its story on
-        origin, reason = comm.left.read_abort(got)
-        raise PeerAborted(
-            f"rank {comm.rank}: rank {origin} failed, so {current()} cannot finish "
-            f"(news from rank {comm.left.peer}): {reason}",
-            origin=origin,
-        )
+    if got.kind == Kind.ABORT:  # a rank upstream failed (or stopped): pass its story on
+        news = comm.left.read_abort(got)
+        source = f"news from rank {comm.left.peer}"
+        raise PeerAborted(news.cannot_finish(comm.rank, current(), source), origin=news.origin)
     ours = (want.kind, want.seq, want.op, want.dtype, want.total_len, step, part)
     if (got.kind, got.seq, got.op, got.dtype, got.total_len, got.step, got.part) != ours:
         raise CollectiveMismatch(

@@ -34,6 +34,7 @@ from pipesgd_ref.comm.wire import (
     POLL_SECONDS,
     Frame,
     Kind,
+    News,
     decode_header,
 )
 from pipesgd_ref.errors import (
@@ -44,7 +45,7 @@ from pipesgd_ref.errors import (
     PeerTimeout,
     ProtocolError,
 )
-from pipesgd_ref.runtime import faults
+from pipesgd_ref.runtime import faults, lifetime
 
 UNIX_SEND_BUFFER = 4 << 20  # unix links: up to two ring segments in flight in the kernel
 INLINE_SEND_BYTES = 64 << 10  # frames up to this size skip the sending thread when it is idle
@@ -145,13 +146,9 @@ class Link:
             return closed  # closed without a word: the peer itself is the cause
         if news is None:
             return closed
-        origin, reason = news
+        source = f"news from rank {self.peer}, which then closed the connection"
         return PeerAborted(
-            f"rank {self.rank}: rank {origin} failed, so {what} cannot finish (news from rank "
-            f"{self.peer}, which then closed the connection): {reason}",
-            origin=origin,
-            link=self,
-            doing=what,
+            news.cannot_finish(self.rank, what, source), origin=news.origin, link=self, doing=what
         )
 
     # --- receiving ------------------------------------------------------------------------
@@ -322,29 +319,39 @@ class Link:
 
     def send_abort(self, error: BaseException, default_origin: int) -> bool:
         """Tell the peer why the job is failing: an ABORT frame naming the rank at fault
-        (the error's `origin`, else `default_origin`). Best effort, within a second: the job
-        is failing anyway. True when it was sent."""
+        (the error's `origin`, else `default_origin`). A rank that stops on a signal (its own,
+        or one it heard of) passes the failure on as that stop. Best effort, within a second:
+        the job is failing anyway. True when it was sent."""
         origin = getattr(error, "origin", None)
-        payload = {"origin": default_origin if origin is None else origin, "reason": str(error)}
+        origin = default_origin if origin is None else origin
+        signum, step = lifetime.stop_to_tell() or (0, None)
+        return self.send_news(News(origin, str(error), signum, step))
+
+    def send_news(self, news: News) -> bool:
+        """Send `news` as an ABORT frame; best effort, within a second. True when it was sent."""
         old_timeout, self.timeout = self.timeout, 1.0
         try:
             with doing("abort"):
-                self.send_json(Kind.ABORT, payload)
+                self.send_json(Kind.ABORT, news.as_json())
             return True
         except CommError:
             return False
         finally:
             self.timeout = old_timeout
 
-    def read_abort(self, frame: Frame) -> tuple[int | None, str]:
-        """(rank at fault, reason) from an ABORT frame whose header was just read."""
-        news = self.recv_json(Kind.ABORT, frame=frame)
-        origin = news.get("origin")
-        return (origin if isinstance(origin, int) else None), str(news.get("reason", "?"))
+    def read_abort(self, frame: Frame) -> News:
+        """The news of an ABORT frame whose header was just read. News of a rank that stopped
+        on a signal stops this rank too, as if the signal had reached it (runtime/lifetime.py):
+        the ranks of a joined job are signalled one by one, and one that stops first must not
+        be taken for a crash."""
+        news = News.from_json(self.recv_json(Kind.ABORT, frame=frame))
+        if news.signal:
+            lifetime.heard_stop(news.signal)
+        return news
 
-    def take_news(self, wait: float) -> tuple[int | None, str] | None:
-        """(rank at fault, reason) of an ABORT that the peer sent on this link, within `wait`
-        seconds; None when none came (or the stream is mid-frame, where none can be read).
+    def take_news(self, wait: float) -> News | None:
+        """The news of an ABORT that the peer sent on this link, within `wait` seconds; None
+        when none came (or the stream is mid-frame, where none can be read).
 
         For a link this rank only sends on (the ring's right link; a worker's link to the
         server between two pulls): the peer sends nothing back but ABORT, so the first frame
@@ -355,7 +362,7 @@ class Link:
                 raise self._closed_error("closed without an ABORT")
             return None if self.mid_frame else self._read_news(wait)
 
-    def _read_news(self, wait: float) -> tuple[int | None, str] | None:
+    def _read_news(self, wait: float) -> News | None:
         with self._news_lock:  # both threads of a rank may look: one reads, the other waits
             try:
                 readable, _, _ = select.select([self.sock], [], [], max(wait, 0.0))

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pipesgd_ref.comm.activity import current
 from pipesgd_ref.comm.links import Link
 from pipesgd_ref.comm.netem import LinkEmulator, LinkSpec
-from pipesgd_ref.comm.wire import HEADER_BYTES, POLL_SECONDS, DeviceBytes, Frame, Kind
+from pipesgd_ref.comm.wire import HEADER_BYTES, POLL_SECONDS, DeviceBytes, Frame, Kind, News
 from pipesgd_ref.errors import CommError, PeerTimeout, ProtocolError
 
 TAG_RING, TAG_BACK, TAG_UP, TAG_DOWN = 11, 12, 13, 14  # see the module docstring: "tags"
@@ -158,7 +158,7 @@ class MPILink(Link):
             requests.append(body)
         return requests
 
-    def _read_news(self, wait: float) -> tuple[int | None, str] | None:
+    def _read_news(self, wait: float) -> News | None:
         """Link.take_news's look at the link, with MPI_Iprobe for select (a peer never "closes"
         under MPI: a dead rank ends the job)."""
         if not poll(self.has_frame, time.monotonic() + max(wait, 0.0)):

@@ -211,6 +211,10 @@ class ServerLinks:
         """Read and check the header of one push from `link` (its payload stays unread)."""
         with doing(f"{phase} (the push of worker {worker_of(link.peer)})"):
             frame = link.recv_header()
+            if frame.kind == Kind.ABORT:  # the worker stopped on a signal (Communicator.close)
+                news = link.read_abort(frame)
+                source = f"news from rank {link.peer}"
+                raise PeerAborted(news.cannot_finish(0, current(), source), origin=news.origin)
             if frame.kind != Kind.DATA:
                 raise ProtocolError(
                     f"rank 0: expected a push from {worker_name(link.peer)} during "
@@ -400,12 +404,12 @@ class PSClient:
 
     def _header_from_server(self) -> Frame:
         frame = self.link.recv_header()
-        if frame.kind == Kind.ABORT:  # the server failed: pass on its story
-            origin, reason = self.link.read_abort(frame)
+        if frame.kind == Kind.ABORT:  # the server failed (or stopped): pass on its story
+            news = self.link.read_abort(frame)
             raise PeerAborted(
                 f"rank {self.rank}: the parameter server (rank 0) stopped during {current()}: "
-                f"{reason}",
-                origin=origin,
+                f"{news.reason}",
+                origin=news.origin,
             )
         return frame
 

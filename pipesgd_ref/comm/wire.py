@@ -24,6 +24,11 @@ copy), refuses frames larger than `max_frame_bytes` before allocating anything, 
 sends garbage produces a clear error (`decode_header`), not code execution. Control messages
 (rendezvous, ABORT news) carry JSON text in their payload.
 
+ABORT news (`News`): {origin, reason}, the rank where a failure began and why, passed from rank
+to rank so that every rank's error names it; with {signal, step} when that rank did not fail
+but stopped on a signal before that step (a rank of a joined job: runtime/lifetime.py), so that
+its peers stop too instead of taking its exit for a crash.
+
 Timing, the same on every link: a wait on a peer is cut into slices of POLL_SECONDS, so that a
 failure seen by another thread of this rank (its sending thread), or news of one from another
 rank, stops the wait at once instead of after the full timeout; and a rank that has told its
@@ -165,3 +170,50 @@ def as_bytes(array: np.ndarray) -> memoryview:
     if not array.flags.c_contiguous:
         raise ValueError("only contiguous arrays can be sent without a copy")
     return memoryview(array.reshape(-1).view(np.uint8))
+
+
+@dataclass(frozen=True)
+class News:
+    """What an ABORT frame says: the rank where the story began (None: unknown) and why, and,
+    when that rank stopped on a signal instead of failing, the signal and the first step it
+    did not run (None: unknown)."""
+
+    origin: int | None
+    reason: str
+    signal: int = 0
+    step: int | None = None
+
+    @property
+    def happened(self) -> str:
+        """What happened to the rank at the origin: "failed" or "stopped"."""
+        return "stopped" if self.signal else "failed"
+
+    def cannot_finish(self, rank: int, what: str, source: str) -> str:
+        """The error of a rank whose operation `what` cannot finish because of this news,
+        which `source` brought."""
+        return (
+            f"rank {rank}: rank {self.origin} {self.happened}, so {what} cannot finish "
+            f"({source}): {self.reason}"
+        )
+
+    def as_json(self) -> dict:
+        payload = {"origin": self.origin, "reason": self.reason}
+        if self.signal:
+            payload |= {"signal": self.signal, "step": self.step}
+        return payload
+
+    @classmethod
+    def from_json(cls, payload: dict) -> News:
+        """The news of a JSON payload, as a peer sent it (a field of the wrong type: unknown)."""
+
+        def number(key: str) -> int | None:
+            value = payload.get(key)
+            return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+        signal = number("signal")
+        return cls(
+            origin=number("origin"),
+            reason=str(payload.get("reason", "?")),
+            signal=signal if signal is not None and 0 < signal < 128 else 0,
+            step=number("step"),
+        )

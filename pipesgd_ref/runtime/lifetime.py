@@ -32,6 +32,11 @@ server counts its remaining pushes from that (`methods/ps.py` run_async).
 A joined rank (torchrun, mpirun, srun, on several hosts) has no memory shared with the others:
 its plan (`LocalStop`) stops it at the top of its next step, and its launcher signals every
 rank. Rank 0 then checkpoints where it can; the last periodic checkpoint stands otherwise.
+The launcher signals the ranks one by one, so one may stop before another has even received
+its signal, and a peer still running would take its exit for a crash. So a rank that stops
+on a signal tells its peers as it leaves (`stop_to_tell`, sent by comm/communicator.py's
+close as ABORT news that says "stopped", not "failed"), and a rank that hears it stops as if
+the signal had reached it too (`heard_stop`): every rank exits with the signal's code.
 """
 
 from __future__ import annotations
@@ -95,6 +100,10 @@ class StopPlan:
     def signum(self) -> int:
         return self._signum.value
 
+    def stop_to_tell(self) -> None:
+        """The ranks agreed on the step through the plan: none stops first, none is told."""
+        return None
+
     @contextmanager
     def _locked(self):
         """The plan's lock, held for a few instructions. A rank SIGKILLed while it held it
@@ -139,6 +148,10 @@ class LocalStop:
     def signum(self) -> int:
         return self._signum
 
+    def stop_to_tell(self) -> tuple[int, int | None] | None:
+        """(signal, first step not run) once asked to stop: the others may still run."""
+        return (self._signum, self.stop_at) if self._signum else None
+
 
 class _NeverStop:
     """Outside a launched job (tests calling a worker function directly): never stop."""
@@ -151,6 +164,9 @@ class _NeverStop:
 
     def request(self, signum: int = signal.SIGTERM) -> int:
         return NEVER
+
+    def stop_to_tell(self) -> None:
+        return None
 
 
 _PLAN: StopPlan | LocalStop | _NeverStop = _NeverStop()
@@ -170,6 +186,20 @@ def entering(rank: int, step: int) -> bool:
 def stop_at() -> int | None:
     """The first step no rank runs, once this job was asked to stop; else None."""
     return _PLAN.stop_at
+
+
+def stop_to_tell() -> tuple[int, int | None] | None:
+    """(signal, first step not run, None when unknown) when this rank stops on a signal that
+    the other ranks may not have received yet (a joined rank: `LocalStop`): what it tells its
+    peers as it leaves, so that none takes its exit for a crash. None otherwise (no stop asked
+    for, or a local job, whose ranks agree on the step through the shared plan)."""
+    return _PLAN.stop_to_tell()
+
+
+def heard_stop(signum: int) -> None:
+    """A peer stopped on signal `signum` and said so (comm/links.py's read_abort): this rank
+    stops as if the signal had reached it too, and exits with the signal's code."""
+    _PLAN.request(signum)
 
 
 def worker_signals(plan) -> None:
