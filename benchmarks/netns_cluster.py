@@ -77,7 +77,7 @@ ACKS_PER_SEGMENT = 0.5  # Linux acknowledges every second full-sized segment (RF
 GSO_BYTES = 65536  # the largest packet TCP hands a veth at once (`ip -d link`: gso_max_size)
 REPO = Path(__file__).resolve().parent.parent
 # The p ranks share this machine's cores. Local workers limit BLAS to one thread each
-# (launch.pin_to_core); a joined rank does not, and p ranks x C BLAS threads on C cores spin
+# (jobenv.pin_to_core); a joined rank does not, and p ranks x C BLAS threads on C cores spin
 # against each other (a step a hundred times slower: benchmarks/RESULTS.md).
 ONE_BLAS_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 # What a launcher may have left in our environment (inside sbatch or mpirun, say): no run here
@@ -179,7 +179,7 @@ def _kill_namespace_processes(ns: str) -> None:
 
 def pin(rank: int) -> list[str]:
     """`taskset -c CORE`: rank r on core r mod the cores we may use, as launch_local pins its
-    workers (launch.pin_to_core), so the namespaces' ranks share the cores the way the
+    workers (jobenv.pin_to_core), so the namespaces' ranks share the cores the way the
     emulated run's do. Nothing where taskset is missing."""
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     if not cores or shutil.which("taskset") is None:

@@ -43,7 +43,7 @@ WARMUP_STEPS = 2  # the first iterations pay the processes' start (first frames,
 def measure(cfg: TrainConfig, p: int, link: LinkSpec) -> tuple[float, float, int]:
     """(median iteration s, median compute span s, n_params) of one emulated ps-sync run."""
     results = launch_local(p + 1, ps_sync_worker, (cfg,), start_method="fork", star=True,
-                           model=link, timeout=10, job_timeout=120)  # fmt: skip
+                           link=link, timeout=10, job_timeout=120)  # fmt: skip
     server = results[0]
     iteration = float(np.median(np.diff(server.step_end[WARMUP_STEPS:])))
     spans = [e["dur"] for r in results for e in r.events if e["name"] == "compute"]

@@ -358,30 +358,30 @@ def test_the_emulated_server_link_is_timings_ps_sync_model(p, pulls):
         shared:      t_c + 2 alpha + 2 p M / B
     (methods/ps.py derives both; benchmarks/ps_link_model.py measures them in real
     processes.) Header bytes are left out (header_bytes=0), as timing leaves them out."""
-    model, t_comp, n_params = LinkSpec(latency=0.5e-3, bandwidth=10e6), 1e-3, 4810
+    link, t_comp, n_params = LinkSpec(latency=0.5e-3, bandwidth=10e6), 1e-3, 4810
     M = 4 * n_params
 
     class FakeLink:  # what ServerNIC reads of a transport Link
         emulator = None
 
-    FakeLink.model = model
+    FakeLink.spec = link
     nic = ServerNIC([FakeLink() for _ in range(p)], header_bytes=0)
     clock = [0.0]  # the emulated wire's clock: a sleep only moves it on
 
     def sleep(seconds):
         clock[0] += seconds
 
-    nic.egress = LinkEmulator(model, clock=lambda: clock[0], sleep=sleep)
+    nic.egress = LinkEmulator(link, clock=lambda: clock[0], sleep=sleep)
     if pulls == "shared":
         pulled = [nic.book(p, M)] * p  # all p arrive together, when the last byte is in
     else:
         pulled = [nic.egress.schedule(M) for _ in range(p)]  # as Link.send does, one by one
     # every worker's own link is idle: its push departs as it finishes computing
-    frames = [Frame(kind=Kind.DATA, nbytes=M, deliver_at=t + t_comp + model.message_time(M))
+    frames = [Frame(kind=Kind.DATA, nbytes=M, deliver_at=t + t_comp + link.message_time(M))
               for t in pulled]  # fmt: skip
     round_end = max(nic.round_arrival(frames, i) for i in range(p))
-    cal = Calibration(n_params=n_params, t_comp=t_comp, t_update=0.0, alpha=model.latency,
-                      bandwidth=model.bandwidth, gamma=0.0, cores=10**9)  # fmt: skip
+    cal = Calibration(n_params=n_params, t_comp=t_comp, t_update=0.0, alpha=link.latency,
+                      bandwidth=link.bandwidth, gamma=0.0, cores=10**9)  # fmt: skip
     want = predict("ps-sync", p, cal, ps_pulls=pulls).iter_time_s
     assert round_end == pytest.approx(want, rel=1e-9), (
         f"{pulls} pulls, p = {p}: the emulated round ends at {round_end * 1e3:.4f} ms, "
@@ -397,7 +397,7 @@ def test_the_ingress_wire_takes_pushes_in_the_order_they_departed():
     last one's end."""
 
     class FakeLink:
-        model = LinkSpec(latency=1e-4, bandwidth=1e6)
+        spec = LinkSpec(latency=1e-4, bandwidth=1e6)
         emulator = None
 
     nic = ServerNIC([FakeLink(), FakeLink(), FakeLink()], header_bytes=HEADER_BYTES)
@@ -429,7 +429,7 @@ def test_emulated_ps_sync_a_late_worker_0_does_not_delay_the_pushes_before_it():
     leaves: an iteration of about t_c + 30 ms + the pulls + M / B, not 2 M / B later (as when
     the pushes queued in the order read)."""
     cfg = TrainConfig.preset("tiny").replace(steps=12, model="mlp", hidden=(64,))
-    p, model = 3, LinkSpec(latency=0.2e-3, bandwidth=4e6)
+    p, link = 3, LinkSpec(latency=0.2e-3, bandwidth=4e6)
     compute = Worker.loss_and_grad
 
     def late_worker_0(self, step, grads, params=None):
@@ -444,11 +444,11 @@ def test_emulated_ps_sync_a_late_worker_0_does_not_delay_the_pushes_before_it():
         patch.setattr(Worker, "loss_and_grad", late_worker_0)
         for _attempt in range(2):  # five processes on two shared cores: one retry for load
             results = launch_local(p + 1, ps_sync_worker, (cfg,), start_method="fork",
-                                   star=True, model=model, timeout=10, job_timeout=50)  # fmt: skip
+                                   star=True, link=link, timeout=10, job_timeout=50)  # fmt: skip
             measured = float(np.median(np.diff(results[0].step_end[2:])))
             # worker 0's pull is the first out: it leaves (M / B) + alpha after the update
-            in_order = 30e-3 + 2 * model.latency + (pull_bytes + push_bytes) / model.bandwidth
-            read_order = in_order + (p - 1) * push_bytes / model.bandwidth
+            in_order = 30e-3 + 2 * link.latency + (pull_bytes + push_bytes) / link.bandwidth
+            read_order = in_order + (p - 1) * push_bytes / link.bandwidth
             if measured < (in_order + read_order) / 2:
                 break
     assert in_order < measured < (in_order + read_order) / 2, (
@@ -684,7 +684,7 @@ def test_shared_and_sequential_pulls_give_the_same_weights_bitwise(codec, codec_
     got = {}
     for pulls in ("sequential", "shared"):
         got[pulls] = launch_local(n + 1, ps_sync_worker, (base.replace(ps_pulls=pulls),),
-                                  start_method="fork", star=True, model=link, timeout=10,
+                                  start_method="fork", star=True, link=link, timeout=10,
                                   job_timeout=50)  # fmt: skip
     for r, (seq, shared) in enumerate(zip(got["sequential"], got["shared"], strict=True)):
         np.testing.assert_array_equal(

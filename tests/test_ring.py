@@ -139,10 +139,10 @@ def _timed_allreduce_job(comm, n, reps):
 def test_emulated_ring_matches_the_alpha_beta_formula():
     """Latency 2 ms, bandwidth 100 MB/s, 4 MB on 4 ranks: within 15% of
     T = 2(p-1) alpha + 2(p-1)/p M/B (the gamma term is below 3% of it here)."""
-    p, n, model = 4, 1_000_000, LinkSpec(latency=2e-3, bandwidth=100e6)
+    p, n, link = 4, 1_000_000, LinkSpec(latency=2e-3, bandwidth=100e6)
     M = 4 * n
-    predicted = 2 * (p - 1) * model.latency + 2 * (p - 1) / p * M / model.bandwidth
-    per_rank = launch_local(p, _timed_allreduce_job, (n, 7), start_method="fork", model=model)
+    predicted = 2 * (p - 1) * link.latency + 2 * (p - 1) / p * M / link.bandwidth
+    per_rank = launch_local(p, _timed_allreduce_job, (n, 7), start_method="fork", link=link)
     # The slowest rank of each repeat; then the fastest repeat: the emulated link's time, with
     # as little as possible of this shared machine's scheduling noise (other processes can only
     # make a repeat slower, never faster than the link allows).

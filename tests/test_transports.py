@@ -125,9 +125,9 @@ def test_link_emulation_paces_shared_memory_too():
     """The emulated wire decides when a slotted frame arrives, as on a socket: an AllReduce
     takes at least its bandwidth term 2(p-1)/p M / B (a lower bound: load only adds time)."""
     p, n, bandwidth = 4, 250_000, 100e6  # 1 MB at 100 MB/s
-    model = LinkSpec(latency=0.0, bandwidth=bandwidth)
+    link = LinkSpec(latency=0.0, bandwidth=bandwidth)
     per_rank = launch_local(p, _timed_job, (n, 3), start_method="fork", timeout=10,
-                            model=model, transport="shm")  # fmt: skip
+                            link=link, transport="shm")  # fmt: skip
     floor = 2 * (p - 1) / p * n * 4 / bandwidth
     assert min(per_rank) >= floor, f"{min(per_rank) * 1e3:.1f} ms < {floor * 1e3:.1f} ms"
 

@@ -329,7 +329,7 @@ def timing_job(comm, sizes: list[int], repeats: int) -> dict[int, list[float]]:
 
 def measure(sizes: list[int], repeats: int, link: LinkSpec | None = None) -> dict[int, float]:
     """Median over repeats of the rank-averaged allreduce time, per size (P ranks)."""
-    per_rank = launch_local(P, timing_job, (sizes, repeats), start_method="fork", model=link)
+    per_rank = launch_local(P, timing_job, (sizes, repeats), start_method="fork", link=link)
     return {s: float(np.median(np.mean([t[s] for t in per_rank], axis=0))) for s in sizes}
 
 

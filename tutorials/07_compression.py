@@ -478,7 +478,7 @@ for name in socket_codecs:
 # ## 5. Time saved on a slow link
 #
 # Now on an emulated link, α = 100 µs and B = 1 Gbit/s (125 MB/s) per direction
-# (`LinkSpec`, passed as `model=` to `launch_local`). The timing precautions are those of
+# (`LinkSpec`, passed as `link=` to `launch_local`). The timing precautions are those of
 # tutorial 02: a warm-up call per codec, a barrier before each timed call, the average over
 # ranks per call and the median over repeats. The data is re-copied before each call, outside
 # the timed region (a sum in place would grow it).
@@ -511,9 +511,9 @@ M_time = 4 * n_time
 timed_codecs = ("none", "trunc16", "q8")
 timings = {}  # "loopback" / "emulated" -> codec -> median seconds
 t0 = time.perf_counter()
-for where, model in (("loopback", None), ("emulated", link)):
+for where, wire in (("loopback", None), ("emulated", link)):
     per_rank = launch_local(P, timing_job, (n_time, timed_codecs, 3 if SMALL else 7),
-                            start_method="fork", model=model)  # fmt: skip
+                            start_method="fork", link=wire)  # fmt: skip
     timings[where] = {name: float(np.median(np.mean([t[name] for t in per_rank], axis=0)))
                       for name in timed_codecs}  # fmt: skip
 measured = timings["emulated"]

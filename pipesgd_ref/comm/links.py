@@ -81,16 +81,16 @@ class Link:
         rank: int,
         peer: int,
         timeout: float,
-        model: LinkSpec | None = None,
+        spec: LinkSpec | None = None,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
     ):
         self.sock = sock
         self.rank = rank
         self.peer = peer
         self.timeout = timeout
-        self.model = model or LinkSpec()
+        self.spec = spec or LinkSpec()  # the emulated network this link behaves as
         self.max_frame_bytes = max_frame_bytes
-        self.emulator = LinkEmulator(self.model)
+        self.emulator = LinkEmulator(self.spec)
         self.bytes_sent = 0
         self.bytes_received = 0
         self._sender: Sender | None = None
@@ -215,7 +215,7 @@ class Link:
         self._recv_exact_into(out, stop)
         self.mid_frame = False
         if frame.deliver_at:
-            wait_until(frame.deliver_at, max_wait=self.model.message_time(frame.nbytes) + 1.0)
+            wait_until(frame.deliver_at, max_wait=self.spec.message_time(frame.nbytes) + 1.0)
 
     def recv_json(self, kind: Kind, *, frame: Frame | None = None) -> dict:
         """Read a JSON control message (its header too, unless already read as `frame`)."""

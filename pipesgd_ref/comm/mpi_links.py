@@ -83,8 +83,8 @@ class MPILink(Link):
         self.takes_device_memory = device_memory  # a CUDA-aware library (cuda_aware())
         self.comm, self.send_tag, self.recv_tag = comm, send_tag, recv_tag
         self.rank, self.peer, self.timeout = rank, peer, timeout
-        self.model = LinkSpec()  # never emulated: MPI owns the wire
-        self.emulator = LinkEmulator(self.model)
+        self.spec = LinkSpec()  # never emulated: MPI owns the wire
+        self.emulator = LinkEmulator(self.spec)
         self.max_frame_bytes = 1 << 31
         self.bytes_sent = self.bytes_received = 0
         self._sender: _MPISender | None = None

@@ -257,13 +257,13 @@ class ServerNIC:
     departed before it (`departure`), read or not: a worker that pushes last must not hold up
     on the emulated wire the pushes that left before it.
 
-    `links`: the server's Links (each with its LinkSpec `model` and `emulator`), in worker
+    `links`: the server's Links (each with its LinkSpec `spec` and `emulator`), in worker
     order; `header_bytes`: the frame header every message carries (wire.HEADER_BYTES). A frame
     here is a wire.Frame: its `nbytes` (payload) and `deliver_at` are read.
     """
 
     def __init__(self, links: list, header_bytes: int):
-        self.link = links[0].model if links else None  # every client link has the same spec
+        self.link = links[0].spec if links else None  # every client link has the same spec
         self.enabled = bool(links) and self.link.enabled
         self.header_bytes = header_bytes
         self.ingress_free = -math.inf

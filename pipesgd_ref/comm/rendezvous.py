@@ -72,7 +72,7 @@ class JobSpec:
     token: str = ""  # the job token every connection must present
     bind: str = "127.0.0.1"  # interface for this rank's listeners; 0.0.0.0 = all
     timeout: float = 30.0  # seconds any single wait may take before it is an error
-    model: LinkSpec = field(default_factory=LinkSpec)  # link emulation on every data link
+    link: LinkSpec = field(default_factory=LinkSpec)  # link emulation on every data link
     transport: str = "tcp"  # tcp | unix | shm | auto: how data links are made (module doc)
 
     def __post_init__(self):
@@ -284,7 +284,7 @@ def _accept_one(listener, spec: JobSpec, expected: set, addrs: list, links: dict
     (welcomed, or, over shm, given this rank's region); anything else is refused."""
     conn, addr = listener.accept()
     addr = addr if isinstance(addr, tuple) else ("unix socket", "-")
-    link = Link(conn, spec.rank, peer=-1, timeout=HELLO_TIMEOUT, model=spec.model)
+    link = Link(conn, spec.rank, peer=-1, timeout=HELLO_TIMEOUT, spec=spec.link)
     try:
         hello = link.recv_json(Kind.HELLO)
     except CommError as e:
@@ -345,7 +345,7 @@ def _shm_link(link: Link, theirs=None, ours=None) -> shm.ShmLink:
         link.timeout,
         ours,
         theirs,
-        model=link.model,
+        spec=link.spec,
         max_frame_bytes=link.max_frame_bytes,
     )
 
@@ -424,7 +424,7 @@ def _say_hello(spec: JobSpec, purpose: str, peer: int, addrs: list):
         )
     else:
         sock = connect_unix(addrs[peer]["unix"], spec.rank, spec.timeout, peer, what)
-    link = Link(sock, spec.rank, peer, spec.timeout, model=spec.model)
+    link = Link(sock, spec.rank, peer, spec.timeout, spec=spec.link)
     hello = {"token": spec.token, "rank": spec.rank, "purpose": purpose, "transport": how}
     link.send_json(Kind.HELLO, hello)
     region = None

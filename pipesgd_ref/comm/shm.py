@@ -285,7 +285,7 @@ class ShmLink(Link):
                 f"this rank expected {out_len}"
             )
         if frame.deliver_at:
-            wait_until(frame.deliver_at, max_wait=self.model.message_time(frame.nbytes) + 1.0)
+            wait_until(frame.deliver_at, max_wait=self.spec.message_time(frame.nbytes) + 1.0)
         self._held = self._received
         self.bytes_received += frame.nbytes
         return self._slot(self._in, self._received, frame.nbytes)

@@ -140,7 +140,7 @@ def run_ring(
         _ring_job,
         ([nbytes], reps, warmup, codec),
         start_method="fork",
-        model=link,
+        link=link,
         timeout=timeout,
         transport=transport,
     )
@@ -389,7 +389,7 @@ def bench_allreduce_joined(
 
         comm, how = join_mpi(timeout=timeout), "over MPI point-to-point"
     else:
-        comm = join_from_env(timeout=timeout, bind=bind, model=link, transport=transport)
+        comm = join_from_env(timeout=timeout, bind=bind, link=link, transport=transport)
         how = "joined from the environment"
     try:
         mine = _ring_job(comm, sizes, reps, warmup)

@@ -151,7 +151,7 @@ def join(cfg: TrainConfig, link, bind: str | None, mpi_comm=None):
         share_cores(local_ranks())  # as join_from_env does: each rank its share of the cores
         return join_mpi(timeout=cfg.timeout, star=star, mpi_comm=mpi_comm)
     return join_from_env(
-        timeout=cfg.timeout, bind=bind, model=link, star=star, transport=cfg.transport
+        timeout=cfg.timeout, bind=bind, link=link, star=star, transport=cfg.transport
     )
 
 

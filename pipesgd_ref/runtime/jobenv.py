@@ -138,7 +138,7 @@ def limit_blas_threads(threads: int) -> bool:
 def join_from_env(
     timeout: float = 30.0,
     bind: str | None = None,
-    model: LinkSpec | None = None,
+    link: LinkSpec | None = None,
     star: bool = False,
     transport: str = "tcp",
 ):
@@ -163,7 +163,7 @@ def join_from_env(
         job.token,
         bind=host,
         timeout=timeout,
-        model=model or LinkSpec(),
+        link=link or LinkSpec(),
         transport=transport,
     )
     share_cores(local_ranks())

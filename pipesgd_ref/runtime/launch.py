@@ -178,7 +178,7 @@ def launch_local(
     start_method: str = "spawn",
     master_port: int | None = None,
     timeout: float = 30.0,
-    model: LinkSpec | None = None,
+    link: LinkSpec | None = None,
     job_timeout: float | None = None,
     grace: float | None = None,
     log_level: str | int | None = None,
@@ -214,7 +214,7 @@ def launch_local(
         master_port=port,
         token=new_token(),
         timeout=timeout,
-        model=model or LinkSpec(),
+        link=link or LinkSpec(),
         transport=transport,
     )
     if log_level is None:  # the workers log at the level the parent's "pipesgd" logger has

@@ -56,7 +56,7 @@ def measure_hop(world_size: int, link=None, hop_bytes: int = 4, reps: int | None
     if reps is None:  # about a second of emulated wire time, 5..50 reps
         reps = int(min(50, max(5, 1.0 / max(hops * wire, 1e-9))))
     n = world_size * hop_bytes // 4
-    per_rank = launch_local(world_size, hop_job, (n, reps), start_method="fork", model=link)
+    per_rank = launch_local(world_size, hop_job, (n, reps), start_method="fork", link=link)
     return max(0.0, max(per_rank) / hops - wire)
 
 

@@ -184,7 +184,7 @@ def time_busy_compute(
         def launch(run=run) -> tuple[float, float]:
             job = (run, reps, hop_bytes)
             per_rank = launch_local(
-                run.world_size, _busy_compute_job, job, model=link_of(run), start_method="fork"
+                run.world_size, _busy_compute_job, job, link=link_of(run), start_method="fork"
             )
             typical, _ = step_statistics([t for t, _ in per_rank])
             return typical, statistics.median(h for _, h in per_rank)
