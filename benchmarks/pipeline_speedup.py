@@ -7,7 +7,7 @@ For each bandwidth it trains both methods for a few steps (same seed, same data)
 worker processes whose links are emulated (--latency, 100 us by default, and the given
 bandwidth), and prints the steady-state median iteration time of each, their ratio, pipe's
 comm_hidden_fraction, and the alpha-beta expectation: sync = t_comp + T_ring, pipe =
-max(t_comp, T_ring) (shared/PAPER.md section 3), with t_comp measured in the sync run and
+max(t_comp, T_ring) (the paper's section 3), with t_comp measured in the sync run and
 T_ring from the formula. Where T_ring is about t_comp, the pipe/sync ratio approaches its
 limit of 0.5.
 """

@@ -82,7 +82,7 @@ class CommError(RuntimeError):
     """A communication failure; the message names the ranks and what to do.
 
     `origin` is the rank the failure points at (the silent or dead peer), when there is one.
-    `link` is the comm.transport.Link it happened on, when one Link raised it (None otherwise):
+    `link` is the comm.links.Link it happened on, when one Link raised it (None otherwise):
     that link is broken, so no news of the failure is sent on it. `doing` says what was under way.
     """
 

@@ -239,7 +239,7 @@ print(f"    decode-add (add_decoded_into): {decode_add}; re-encoded for the next
       f"{roundtrip('q8', decode_add)}")  # fmt: skip
 
 # %% [markdown]
-# Hence the compressed ring of `pipesgd_ref/comm/compressed.py`: every reduce-scatter hop
+# Hence the compressed ring of `pipesgd_ref/comm/compressed_ring.py`: every reduce-scatter hop
 # decodes what arrives, adds it to its own chunk (`add_decoded_into` fuses the two), and
 # **encodes the partial sum again** for the next hop. The rank that completes a chunk encodes
 # it one last time and keeps the *decoded* codes itself, and the all-gather forwards those final
@@ -252,7 +252,7 @@ print(f"    decode-add (add_decoded_into): {decode_add}; re-encoded for the next
 # Take chunk 0 of a p-rank ring. Rank 0 encodes its term x_0 (the partial sum S_1 = x_0), rank
 # 1 decodes, adds x_1 and encodes S_2, ..., rank p−1 adds the last term and encodes S_p: p
 # encodings, each rounding the partial sum it encodes once. So the error of the result is at
-# most the sum of the per-encoding errors (compressed.py's docstring), per element:
+# most the sum of the per-encoding errors (compressed_ring.py's docstring), per element:
 #
 #     trunc16:  |result − exact| ≤ 2^−7 · Σ_k |S_k|        bf16: 2^−8 · Σ_k |S_k|
 #     q8:       |result − exact| ≤ Σ_k max_chunk |S_k| / 254   (half a step per encoding)

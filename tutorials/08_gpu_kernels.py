@@ -303,5 +303,5 @@ print("all checks passed")
 #    which could two ranks on the same GPU skip?
 # 5. Pass `codec=get_codec("trunc16")` (from `pipesgd_ref.codecs`) to `device_allreduce` in
 #    section 4. The result is no longer the oracle's: compare it with
-#    `comm.compressed.simulate_compressed_allreduce`. Where does the codec run, host or device,
+#    `comm.schedule.simulate_compressed_allreduce`. Where does the codec run, host or device,
 #    and why (comm/device_ring.py's docstring)?

@@ -113,7 +113,7 @@ def run_training(
         ran, results, restarts = _launch_with_restarts(
             cfg,
             dict(
-                model=link,
+                link=link,
                 star=method(cfg.algo).server,
                 timeout=cfg.timeout,
                 transport=cfg.transport,

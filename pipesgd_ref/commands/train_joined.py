@@ -66,8 +66,10 @@ def run_training_joined(
     link = link_of(cfg)
     # SIGINT, SIGTERM, SIGHUP: stop at the top of the next step (lifetime.LocalStop; the
     # launcher, torchrun, mpirun or srun, signals every rank). The ranks do not share memory
-    # to agree on one step, so a rank whose peers stopped first sees them close: that is the
-    # stop, not a failure. Rank 0 checkpoints where it can; else the last periodic one stands.
+    # to agree on one step: a rank that stops first tells its peers so as it closes (they stop
+    # with the signal's code too), and one that only sees a peer close after its own signal
+    # takes that for the stop, not a failure. Rank 0 checkpoints where it can; else the last
+    # periodic one stands.
     plan = LocalStop()
     worker_signals(plan)
     comm = join(cfg, link, bind, mpi_comm)

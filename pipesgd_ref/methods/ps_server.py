@@ -17,7 +17,7 @@ its own full-precision weights exactly (w <- w - lr * g, never decoded weights):
 answer. Workers start on the exact w_0, so the oracle is the one above with every gradient
 after a worker's first computed on decode(encode(w)) of the weights it pulled.
 
-Cost (alpha-beta, shared/PAPER.md section 3; M = 4n bytes, plus 48 header bytes a frame).
+Cost (alpha-beta, the paper's section 3; M = 4n bytes, plus 48 header bytes a frame).
 The server's one link carries p * M in (pushes) and p * M out (pulls) per round, so it is the
 bottleneck as p grows. With a codec of ratio r a push is wire_bytes(n) + 4 ~ M / r bytes: in
 the formulas below each push's M becomes M / r (e.g. (p + 1) M / B reads p M / B + M / (r B)),

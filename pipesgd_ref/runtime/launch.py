@@ -254,7 +254,7 @@ def check_port(master_port: int | None) -> None:
         return
     try:
         with socket.socket() as probe:
-            # As the store binds (rendezvous.listen): a port whose only users are the closed
+            # As the store binds (comm/sockets.listen): a port whose only users are the closed
             # connections of an earlier job (TIME_WAIT, ~60 s) is free to reuse; one that
             # something listens on is refused all the same.
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

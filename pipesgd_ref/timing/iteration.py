@@ -18,7 +18,7 @@ alpha + M/(pB); the p-1 reduce-scatter steps also add the received chunk into th
 
     T_ar = 2(p-1) alpha + 2(p-1)/p * M/(rB) + (p-1)/p * M gamma  + codec    (1)  PAPER.md (3)
 
-With a codec (comm/compressed.py) the wire carries M/r, and every reduce-scatter hop decodes,
+With a codec (comm/compressed_ring.py) the wire carries M/r, and every reduce-scatter hop decodes,
 adds and re-encodes its chunk, each all-gather hop decodes the chunk it forwards, and the owner
 of a chunk encodes and decodes it once more: (p-1)/p M (d + e) + (p-1)/p M d + 1/p M (e + d),
 
