@@ -86,11 +86,6 @@ def test_allreduce_across_namespaces_matches_the_emulation(cluster, allreduce):
 
 @pytest.mark.slow
 def test_pipe_training_across_namespaces(cluster, allreduce):
-    import pipesgd_ref.commands.train
-
-    if not hasattr(pipesgd_ref.commands.train, "run_training_joined"):
-        pytest.skip("`pipesgd train` cannot join a job from the environment here yet "
-                    "(pipesgd_ref.commands.train has no run_training_joined)")  # fmt: skip
     _, net = allreduce
     row, across, emulated = nc.compare_training(cluster, net, timeout=JOB_TIMEOUT)
     assert across["params_identical_on_all_ranks"], (
