@@ -252,8 +252,9 @@ def bind_to_parent(parent_pid: int, grace: float, on_orphan: Callable[[], None])
     def watch():
         while os.getppid() == parent_pid:
             time.sleep(POLL_S)
-        log.warning("the launcher (pid %d) is gone: stopping, then exiting within %.0f s",
-                    parent_pid, grace)  # fmt: skip
+        log.warning(
+            "the launcher (pid %d) is gone: stopping, then exiting within %.0f s", parent_pid, grace
+        )
         on_orphan()
         done.wait(grace)
         os._exit(EXIT_ORPHANED)
