@@ -178,3 +178,62 @@ def test_train_resume_of_a_bad_checkpoint_is_one_line_and_rc_2(good, content, ca
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("pipesgd: error: --resume: "), err
     assert str(good / checkpoint.FILE) in lines[0]
+
+
+# A CNN on digits whose two architectures have the same number of parameters (their weights
+# would load into each other's slots without complaint, and train on as noise).
+CNN_A = CFG.replace(model="cnn", channels=(2, 6), kernels=(5, 3), hidden=(16,))
+CNN_B = CNN_A.replace(channels=(7, 2), kernels=(3, 5))
+
+
+def _n_params(cfg):
+    from pipesgd_ref.data import load_dataset
+    from pipesgd_ref.models import model_for
+
+    return model_for(cfg, load_dataset(cfg.dataset)).n_params
+
+
+def test_a_cnn_checkpoint_does_not_resume_into_another_architecture(tmp_path, capsys):
+    n = _n_params(CNN_A)
+    assert _n_params(CNN_B) == n  # the case a size check cannot see
+    checkpoint.save(tmp_path, CNN_A, np.zeros(n, np.float32), 10, {})
+    with pytest.raises(ConfigError, match="from a different run") as e:
+        checkpoint.load(tmp_path, CNN_B, n_params=n)
+    assert "channels: [2, 6] in the checkpoint, [7, 2] now" in str(e.value)
+    assert "kernels: [5, 3] in the checkpoint, [3, 5] now" in str(e.value)
+    args = ["train", "--preset=tiny", "--steps=20", "--no-progress", "--model=cnn"]
+    args += ["--hidden=16", "--channels=7,2", "--kernels=3,5", f"--resume={tmp_path}"]
+    rc = main(args)
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("pipesgd: error: --resume "), err
+    assert "channels: [2, 6] in the checkpoint, [7, 2] now" in lines[0]
+
+
+def test_every_field_a_model_is_built_from_is_checked_on_resume():
+    """model_for reads the config through a recorder: every field it reads (for each model)
+    must be among the keys a resume checks, and build_model can take no option that is not a
+    config field checked there. A new model option left out of MODEL_FIELDS fails here."""
+    import inspect
+
+    from pipesgd_ref.data import load_dataset
+    from pipesgd_ref.models import MODEL_FIELDS, MODELS, build_model, model_for
+
+    class Recorder:
+        def __init__(self, cfg):
+            self._cfg, self.read = cfg, set()
+
+        def __getattr__(self, name):
+            self.read.add(name)
+            return getattr(self._cfg, name)
+
+    data = load_dataset(CFG.dataset)
+    for name in MODELS:
+        cfg = Recorder(CFG.replace(model=name))
+        model_for(cfg, data)
+        assert cfg.read <= set(checkpoint.MUST_MATCH), (name, cfg.read - set(MODEL_FIELDS))
+    from_the_data = {"name", "n_features", "n_classes", "backend", "image_shape"}
+    options = set(inspect.signature(build_model).parameters) - from_the_data
+    assert options <= set(MODEL_FIELDS) <= set(checkpoint.MUST_MATCH), options
+    assert set(MODEL_FIELDS) - {"model"} <= set(TrainConfig.__dataclass_fields__)

@@ -14,6 +14,11 @@ from pipesgd_ref.models.softmax import SoftmaxRegression
 from pipesgd_ref.ops import Backend
 
 MODELS = ("softmax", "mlp", "cnn")
+# The config fields (config.TrainConfig) a model is built from: with the data set's shape they
+# define the parameter layout, so model_for reads these and nothing else, and a checkpoint must
+# agree on every one of them (runtime/checkpoint.py MUST_MATCH). A new model option is a new
+# keyword of build_model and a new name here.
+MODEL_FIELDS = ("model", "hidden", "channels", "kernels")
 
 
 def build_model(
@@ -47,19 +52,28 @@ def model_for(cfg, data, backend: Backend | str = "numpy") -> MLP | CNN:
     """cfg's model (a config.TrainConfig: softmax, mlp or cnn) for `data` (a data.Dataset) on
     `backend`; a shape the model cannot take (a CNN on data that are not images, too many
     pools) is a ConfigError naming the model and the data set."""
+    options = {k: getattr(cfg, k) for k in MODEL_FIELDS}  # what defines the layout, only that
+    name = options.pop("model")
     try:
         return build_model(
-            cfg.model,
+            name,
             data.n_features,
             data.n_classes,
-            cfg.hidden,
-            backend,
+            backend=backend,
             image_shape=data.image_shape,
-            channels=cfg.channels,
-            kernels=cfg.kernels,
+            **options,
         )
     except ValueError as e:
         raise ConfigError(f"--model {cfg.model} on {data.name}: {e}") from None
 
 
-__all__ = ["CNN", "MLP", "MODELS", "ParamLayout", "SoftmaxRegression", "build_model", "model_for"]
+__all__ = [
+    "CNN",
+    "MLP",
+    "MODELS",
+    "MODEL_FIELDS",
+    "ParamLayout",
+    "SoftmaxRegression",
+    "build_model",
+    "model_for",
+]

@@ -27,18 +27,21 @@ import numpy as np
 
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.errors import ConfigError
+from pipesgd_ref.models import MODEL_FIELDS
 
 FILE = "checkpoint.npz"
 KEYS = ("params", "next_step", "pending_steps", "pending", "config")  # what save writes
 # Keys that must match between the checkpoint and the run that resumes it: anything that
-# changes w_0, the data order or the schedule would make "the same run" meaningless.
+# changes w_0, the data order or the schedule would make "the same run" meaningless, and every
+# field the model is built from (MODEL_FIELDS, taken from the models so that a new model option
+# is checked too): the same number of parameters can have another layout (a CNN's channels and
+# kernels traded against each other), and weights read into the wrong slots train on as noise.
 # The codec settings too: the gradients in flight were averaged through the checkpoint's codec,
 # and a run that changes codec mid-way is no longer the run the checkpoint belongs to (its
 # result matches neither the uninterrupted run nor a fresh one with the new codec).
 MUST_MATCH = (
     "dataset",
-    "model",
-    "hidden",
+    *MODEL_FIELDS,
     "algo",
     "world_size",
     "width",
@@ -212,10 +215,11 @@ def _check_contents(
 ) -> None:
     """The checkpoint's numbers make sense for this run: size, finiteness, step order."""
     if n_params is not None and params.size != n_params:
+        options = ", ".join("--" + k.replace("_", "-") for k in MODEL_FIELDS)
         raise ConfigError(
             f"--resume: {path} holds {params.size} parameters but this run's model has "
-            f"{n_params}; it is from another model or dataset (check --model, --hidden, "
-            f"--dataset), or start without --resume"
+            f"{n_params}; it is from another model or dataset (check {options}, --dataset), or "
+            f"start without --resume"
         )
     if next_step < 0:
         raise ConfigError(
