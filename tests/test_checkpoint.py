@@ -237,3 +237,61 @@ def test_every_field_a_model_is_built_from_is_checked_on_resume():
     options = set(inspect.signature(build_model).parameters) - from_the_data
     assert options <= set(MODEL_FIELDS) <= set(checkpoint.MUST_MATCH), options
     assert set(MODEL_FIELDS) - {"model"} <= set(TrainConfig.__dataclass_fields__)
+
+
+def _npz_with_member(good, key, npy_bytes):
+    """The checkpoint in `good` with member `key` replaced by raw .npy bytes."""
+    import zipfile
+
+    path = good / checkpoint.FILE
+    with zipfile.ZipFile(path) as z:
+        members = {name: z.read(name) for name in z.namelist()}
+    members[key + ".npy"] = npy_bytes
+    with zipfile.ZipFile(path, "w") as z:
+        for name, data in members.items():
+            z.writestr(name, data)
+
+
+def _npy_header(shape, dtype=np.float32) -> bytes:
+    import io
+
+    f = io.BytesIO()
+    fmt = np.lib.format
+    header = {"descr": fmt.dtype_to_descr(np.dtype(dtype)), "fortran_order": False}
+    fmt.write_array_header_1_0(f, {**header, "shape": shape})
+    return f.getvalue()
+
+
+@pytest.mark.parametrize("n_params", [None, N_PARAMS])
+def test_a_header_declaring_10_to_the_13_numbers_is_refused_before_allocating(good, n_params):
+    _npz_with_member(good, "params", _npy_header((10**13,)) + b"\0" * 64)
+    with pytest.raises(ConfigError) as e:
+        checkpoint.load(good, CFG, n_params=n_params)
+    message = str(e.value)
+    if n_params is None:
+        assert "declares params of float32 (10000000000000,) (40000000000000 bytes)" in message
+        assert "holds 64 bytes: it is corrupt or crafted" in message
+    else:
+        assert f"holds 10000000000000 parameters but this run's model has {N_PARAMS}" in message
+
+
+def test_a_member_declaring_more_bytes_than_the_file_holds_is_refused(good):
+    _npz_with_member(good, "pending", _npy_header((1, 10**12)))
+    with pytest.raises(ConfigError, match=r"declares pending of float32 \(1, 1000000000000\)"):
+        checkpoint.load(good, CFG, n_params=N_PARAMS)
+
+
+def test_an_object_array_is_refused_for_what_it_is(good):
+    rewrite(good, params=np.array([1, "a", None], dtype=object))
+    with pytest.raises(ConfigError, match=r"holds Python objects in params \(object\)") as e:
+        checkpoint.load(good, CFG)
+    assert "neither a zip" not in str(e.value) and "allow_pickle" not in str(e.value)
+
+
+def test_train_resume_of_a_crafted_checkpoint_is_one_line(good, capsys):
+    _npz_with_member(good, "params", _npy_header((10**13,)))
+    rc = main(["train", "--preset=tiny", "--steps=30", "--no-progress", f"--resume={good}"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err and "MemoryError" not in err, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "holds 10000000000000 parameters" in lines[0], err

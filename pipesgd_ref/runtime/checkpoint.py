@@ -108,7 +108,7 @@ def load(
             f"--resume {folder}: no {FILE} there (did the run write one? use --out=DIR to save, "
             f"--checkpoint-every=N for periodic ones)"
         )
-    saved, params, next_step, pending = _read(path)
+    saved, params, next_step, pending = _read(path, n_params)
     _check_contents(path, params, next_step, pending, n_params)
     now = cfg.to_dict()
     defaults = TrainConfig().to_dict()  # a key an older version did not write had its default
@@ -133,7 +133,7 @@ def load(
     return params, next_step, pending
 
 
-def _read(path: Path) -> tuple[dict, np.ndarray, int, dict[int, np.ndarray]]:
+def _read(path: Path, n_params: int | None) -> tuple[dict, np.ndarray, int, dict[int, np.ndarray]]:
     """The raw contents of a checkpoint file, or a ConfigError saying why it cannot be read."""
     what_to_do = (
         "start without --resume, or point --resume at the folder of a run that "
@@ -146,11 +146,11 @@ def _read(path: Path) -> tuple[dict, np.ndarray, int, dict[int, np.ndarray]]:
     if path.stat().st_size == 0:
         raise bad("is empty (0 bytes)")
     try:
+        # Only the headers first: a crafted header can declare 10^13 numbers, which np.load
+        # would try to allocate before reading a byte of them.
+        _check_headers(path, n_params, bad)
         # allow_pickle=False (the default, said aloud): a checkpoint is data, never code to run.
-        z = np.load(path, allow_pickle=False)
-        if isinstance(z, np.ndarray):  # a bare .npy renamed: one array, no keys
-            raise bad(f"is a single .npy array {z.dtype} {z.shape}, not a checkpoint's .npz")
-        with z:
+        with np.load(path, allow_pickle=False) as z:
             missing = [k for k in KEYS if k not in z.files]
             if missing:
                 raise bad(
@@ -164,11 +164,8 @@ def _read(path: Path) -> tuple[dict, np.ndarray, int, dict[int, np.ndarray]]:
             pending_arr = np.array(z["pending"])
     except ConfigError:
         raise
-    except ValueError as e:
-        # np.load's answer to bytes that are neither a zip nor an .npy header is "pickled data,
-        # load it with allow_pickle": advice a person must not follow for a checkpoint.
-        why = "neither a zip archive nor an .npy array" if "pickle" in str(e) else str(e)
-        raise bad(f"is not a checkpoint ({why}): garbage, or another kind of file") from None
+    except ValueError as e:  # an .npy header numpy cannot parse
+        raise bad(f"is not a checkpoint ({e}): garbage, or another kind of file") from None
     except PermissionError as e:
         raise ConfigError(
             f"--resume: {path} cannot be read ({e.strerror}); check its permissions"
@@ -206,6 +203,70 @@ def _read(path: Path) -> tuple[dict, np.ndarray, int, dict[int, np.ndarray]]:
     return saved, params, int(next_step), pending
 
 
+NPY_MAGIC = b"\x93NUMPY"
+DEFLATE_MAX_RATIO = 1032  # the most deflate can shrink data: a bound on a member's true size
+
+
+def _npy_header(f) -> tuple[tuple[int, ...], np.dtype]:
+    """The shape and dtype an .npy stream declares, read without reading its data."""
+    version = np.lib.format.read_magic(f)
+    if version == (1, 0):
+        shape, _, dtype = np.lib.format.read_array_header_1_0(f)
+    elif version == (2, 0):
+        shape, _, dtype = np.lib.format.read_array_header_2_0(f)
+    else:
+        raise ValueError(f".npy format version {version[0]}.{version[1]}, which save never writes")
+    return shape, dtype
+
+
+def _check_headers(path: Path, n_params: int | None, bad) -> None:
+    """What the file declares, checked before anything is allocated: an .npz (a zip archive) of
+    number and text arrays, each holding exactly the bytes its header declares, and params of
+    this run's model's size; `bad(problem)` makes the ConfigError."""
+    with open(path, "rb") as f:
+        start = f.read(len(NPY_MAGIC))
+        if start == NPY_MAGIC:  # a bare .npy renamed: one array, no keys
+            f.seek(0)
+            shape, dtype = _npy_header(f)
+            raise bad(f"is a single .npy array {dtype} {shape}, not a checkpoint's .npz")
+    if not start.startswith(b"PK"):
+        raise bad(
+            "is not a checkpoint (neither a zip archive nor an .npy array): garbage, or another "
+            "kind of file"
+        )
+    disk = path.stat().st_size
+    with zipfile.ZipFile(path) as archive:
+        for info in archive.infolist():
+            key = info.filename.removesuffix(".npy")
+            ratio = 1 if info.compress_type == zipfile.ZIP_STORED else DEFLATE_MAX_RATIO
+            if info.compress_size > disk or info.file_size > info.compress_size * ratio:
+                raise bad(f"declares {key} of {info.file_size} bytes in {disk}: it is corrupt")
+            with archive.open(info) as f:
+                shape, dtype = _npy_header(f)
+                header = f.tell()
+            if dtype.hasobject:
+                raise bad(
+                    f"holds Python objects in {key} ({dtype}), which a checkpoint never does "
+                    f"(it holds numbers and text; objects would have to be unpickled)"
+                )
+            declared = int(np.prod(shape, dtype=object)) * dtype.itemsize
+            if key == "params" and n_params is not None and declared != n_params * dtype.itemsize:
+                raise _wrong_size(path, declared // max(dtype.itemsize, 1), n_params)
+            if declared != info.file_size - header:
+                raise bad(
+                    f"declares {key} of {dtype} {shape} ({declared} bytes) but holds "
+                    f"{info.file_size - header} bytes: it is corrupt or crafted"
+                )
+
+
+def _wrong_size(path: Path, size, n_params: int) -> ConfigError:
+    options = ", ".join("--" + k.replace("_", "-") for k in MODEL_FIELDS)
+    return ConfigError(
+        f"--resume: {path} holds {size} parameters but this run's model has {n_params}; it is "
+        f"from another model or dataset (check {options}, --dataset), or start without --resume"
+    )
+
+
 def _check_contents(
     path: Path,
     params: np.ndarray,
@@ -215,12 +276,7 @@ def _check_contents(
 ) -> None:
     """The checkpoint's numbers make sense for this run: size, finiteness, step order."""
     if n_params is not None and params.size != n_params:
-        options = ", ".join("--" + k.replace("_", "-") for k in MODEL_FIELDS)
-        raise ConfigError(
-            f"--resume: {path} holds {params.size} parameters but this run's model has "
-            f"{n_params}; it is from another model or dataset (check {options}, --dataset), or "
-            f"start without --resume"
-        )
+        raise _wrong_size(path, params.size, n_params)
     if next_step < 0:
         raise ConfigError(
             f"--resume: {path} says next_step {next_step}; a step is >= 0 "
