@@ -715,3 +715,18 @@ def test_local_ranks_and_local_rank_read_each_launcher(env, ranks, mine):
 
     assert local_ranks(env) == ranks
     assert local_rank(5, env) == mine
+
+
+def test_news_that_blames_the_rank_reading_it_says_so():
+    """A worker that could not read the server's frame tells the server, naming rank 0: the
+    server's own error then says a peer blames it, not that "rank 0 failed"."""
+    from pipesgd_ref.comm.wire import News
+
+    news = News(0, "rank 1: bad frame from rank 0 during ps-sync step 5")
+    text = news.cannot_finish(0, "ps-sync step 6", "news from rank 1")
+    assert text == (
+        "rank 0: news from rank 1 blames this rank, so ps-sync step 6 cannot finish: "
+        "rank 1: bad frame from rank 0 during ps-sync step 5"
+    )
+    other = news.cannot_finish(2, "ps-sync step 6", "news from rank 0")
+    assert other.startswith("rank 2: rank 0 failed, so ps-sync step 6 cannot finish")

@@ -47,6 +47,7 @@ from pipesgd_ref.errors import (
     CollectiveMismatch,
     CommError,
     PeerAborted,
+    PeerClosed,
     PeerTimeout,
     ProtocolError,
 )
@@ -400,7 +401,25 @@ class PSClient:
         """Tell the server this worker is ready, and wait until every worker is
         (ServerLinks.start_together)."""
         self.link.send_json(Kind.CONTROL, {"ready": self.rank})
-        self.link.recv_json(Kind.CONTROL, frame=self._header_from_server())
+        with self._telling_the_server():
+            self.link.recv_json(Kind.CONTROL, frame=self._header_from_server())
+
+    @contextmanager
+    def _telling_the_server(self):
+        """While receiving from the server: a failure it cannot know of (a bad frame or an
+        unexpected one from it, its silence) is told to it (ABORT naming the rank at fault,
+        the server itself for what it sent) before this worker fails, so the server passes
+        that story on to every worker instead of taking this worker's exit for the cause. Not
+        after the server's own news or its close: it knows, or is gone. Our pushes are whole
+        by then: the news cannot cut into one."""
+        try:
+            yield
+        except (PeerAborted, PeerClosed):
+            raise
+        except CommError as error:
+            if self.link.send_abort(error, default_origin=self.rank):
+                time.sleep(ABORT_LINGER_SECONDS)  # a close now could overtake the news
+            raise
 
     def _header_from_server(self) -> Frame:
         frame = self.link.recv_header()
@@ -437,35 +456,36 @@ class PSClient:
         equal to `expect` when given (sync: exactly one update per step). `same_ok`: the push
         may have been left out (ps-async with --skip-nonfinite), so the same version may
         come back."""
-        frame = self._header_from_server()
-        if frame.kind != Kind.DATA:
-            raise ProtocolError(
-                f"rank {self.rank}: expected weights from the server during {current()}, got a "
-                f"{Kind(frame.kind).name} frame",
-                origin=0,
-            )
-        stale = frame.seq < self.version if same_ok else frame.seq <= self.version
-        bad_version = stale or (expect is not None and frame.seq != expect)
-        got = (frame.dtype, frame.total_len, frame.part)
-        if bad_version or got != (self.pull_code, self.n, self.pull_codec_id):
-            newer = f"a version {'>=' if same_ok else '>'} {self.version}"
-            want = f"version {expect}" if expect is not None else newer
-            raise CollectiveMismatch(
-                f"rank {self.rank}: the parameter server (rank 0) sent version {frame.seq} of "
-                f"{frame.total_len} elements (dtype code {frame.dtype}, pull codec "
-                f"{codec_name(frame.part)}) during {current()}; this worker expected {want} of "
-                f"{self.n} (code {self.pull_code}, pull codec "
-                f"{codec_name(self.pull_codec_id)}): are both running the same model, method "
-                f"and --codec-pull?",
-                origin=0,
-            )
-        if self.pull_codec is None:
-            self.link.recv_payload_into(frame, as_bytes(params))  # checks nbytes
-        else:
-            self.link.recv_payload_into(frame, as_bytes(self.pull_codes))
-            self.pull_codec.decode(self.pull_codes, params)
-        self.version = frame.seq
-        return frame.seq
+        with self._telling_the_server():
+            frame = self._header_from_server()
+            if frame.kind != Kind.DATA:
+                raise ProtocolError(
+                    f"rank {self.rank}: expected weights from the server during {current()}, got a "
+                    f"{Kind(frame.kind).name} frame",
+                    origin=0,
+                )
+            stale = frame.seq < self.version if same_ok else frame.seq <= self.version
+            bad_version = stale or (expect is not None and frame.seq != expect)
+            got = (frame.dtype, frame.total_len, frame.part)
+            if bad_version or got != (self.pull_code, self.n, self.pull_codec_id):
+                newer = f"a version {'>=' if same_ok else '>'} {self.version}"
+                want = f"version {expect}" if expect is not None else newer
+                raise CollectiveMismatch(
+                    f"rank {self.rank}: the parameter server (rank 0) sent version {frame.seq} of "
+                    f"{frame.total_len} elements (dtype code {frame.dtype}, pull codec "
+                    f"{codec_name(frame.part)}) during {current()}; this worker expected {want} of "
+                    f"{self.n} (code {self.pull_code}, pull codec "
+                    f"{codec_name(self.pull_codec_id)}): are both running the same model, method "
+                    f"and --codec-pull?",
+                    origin=0,
+                )
+            if self.pull_codec is None:
+                self.link.recv_payload_into(frame, as_bytes(params))  # checks nbytes
+            else:
+                self.link.recv_payload_into(frame, as_bytes(self.pull_codes))
+                self.pull_codec.decode(self.pull_codes, params)
+            self.version = frame.seq
+            return frame.seq
 
 
 class _NoTimeline:

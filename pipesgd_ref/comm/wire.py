@@ -190,7 +190,10 @@ class News:
 
     def cannot_finish(self, rank: int, what: str, source: str) -> str:
         """The error of a rank whose operation `what` cannot finish because of this news,
-        which `source` brought."""
+        which `source` brought. News naming this very rank (a peer could not read what it
+        sent) says that the peer blames it, not that it failed."""
+        if self.origin == rank and not self.signal:
+            return f"rank {rank}: {source} blames this rank, so {what} cannot finish: {self.reason}"
         return (
             f"rank {rank}: rank {self.origin} {self.happened}, so {what} cannot finish "
             f"({source}): {self.reason}"
