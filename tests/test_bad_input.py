@@ -743,3 +743,40 @@ def test_resume_with_one_step_left(tmp_path):
     assert rc == 0, err[-3000:]
     summary = _train_ok(tmp_path, "--algo=sync", "--steps=6", f"--resume={first}")
     assert summary["steps"] == 1
+
+
+# --- a closed stdout (`pipesgd ... | head -1`): results written, no traceback -------------------
+
+
+def _run_with_closed_stdout(argv: list[str], cwd: Path) -> tuple[int, str]:
+    """(exit status, stderr) of `python -m pipesgd_ref argv` whose stdout is a pipe nobody
+    reads: its read end is closed before the command starts, so its first write fails."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "pipesgd_ref", *argv], cwd=cwd,
+                              env=_case_env({}), stdout=write_end, stderr=subprocess.PIPE,
+                              timeout=TIMEOUT * 2)  # fmt: skip
+    finally:
+        os.close(write_end)
+    return proc.returncode, _text(proc.stderr)
+
+
+@pytest.mark.parametrize(
+    "argv, written",
+    [
+        (["train", *TINY.split(), "--out=run"], ("run/summary.json", "run/trace.json")),
+        (["config", *TINY.split()], ()),
+        (["predict", "--json=p.json"], ("p.json",)),
+    ],
+    ids=["train", "config", "predict"],
+)
+def test_a_closed_stdout_loses_nothing(argv, written, tmp_path):
+    """Issue 29 (5): `pipesgd train ... | head -1` gave a BrokenPipeError traceback and lost
+    summary.json and trace.json. The output nobody reads is dropped; the command ends as it
+    would have, its files written."""
+    rc, err = _run_with_closed_stdout(argv, tmp_path)
+    assert rc == 0, err[-3000:]
+    assert "Traceback" not in err and "BrokenPipe" not in err, err[-3000:]
+    for name in written:
+        assert (tmp_path / name).is_file(), f"{name} missing; stderr:\n{err[-3000:]}"

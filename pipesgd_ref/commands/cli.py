@@ -43,6 +43,7 @@ import argparse
 import contextlib
 import errno
 import math
+import os
 import sys
 
 from pipesgd_ref.commands.parser import EXIT_USAGE, build_parser, resolve_config
@@ -297,7 +298,61 @@ def _error(message: object) -> int:
     return EXIT_USAGE
 
 
+class _QuietStdout:
+    """sys.stdout for the length of a command: when its reader goes away (`pipesgd train |
+    head -1`), the rest of the output goes to /dev/null and the command goes on, so its results
+    are still written and it ends without a BrokenPipeError traceback (the advice of Python's
+    signal docs on SIGPIPE: point the descriptor at devnull and go on quietly)."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._to_devnull()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._to_devnull()
+
+    def _to_devnull(self) -> None:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, self._stream.fileno())  # what is still buffered goes there too
+        os.close(devnull)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def _quiet_stdout():
+    """sys.stdout wrapped in _QuietStdout while the command runs (a stdout with a descriptor
+    only: a test's captured stream is left as it is), flushed through it at the end."""
+    try:
+        sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        yield
+        return
+    saved = sys.stdout
+    sys.stdout = _QuietStdout(saved)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()  # the last buffered lines: their reader may be gone
+        sys.stdout = saved
+
+
 def main(argv: list[str] | None = None) -> int:
+    with _quiet_stdout():
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     first = (sys.argv[1:] if argv is None else argv)[:1]
     if first and first[0].startswith("-") and first[0] not in ("-h", "--help"):
