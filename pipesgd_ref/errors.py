@@ -30,6 +30,16 @@ class OutputError(ConfigError):
     """An output path that cannot be used; the message names it and says what to do."""
 
 
+class Recurring(str):
+    """A worker's error text, marked as one a restart would meet again (an OutputError: a full
+    disk, an output path that cannot be used): --max-restarts does not retry it."""
+
+
+def error_text(e: BaseException) -> str:
+    """The text a worker reports for `e`: Recurring when a restart cannot help."""
+    return Recurring(str(e)) if isinstance(e, OutputError) else str(e)
+
+
 class DataError(ValueError):
     """A bad dataset spec or a missing / corrupt data file; the message says what to do."""
 

@@ -206,21 +206,60 @@ def prepare_file(path: str | Path, flag: str = "--json") -> Path:
     return target
 
 
+def space_needed(path: Path, needed: int, e: OSError) -> str:
+    """Why `path` could not be written, for one line: a full disk (or quota) says how much
+    space the write needed and how much was free there; any other error says its reason."""
+    if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+        return _why(e)
+    try:
+        st = os.statvfs(path.parent)
+        free = f", {_size(st.f_bavail * st.f_frsize)} free"
+    except OSError:
+        free = ""
+    what = "the disk is full" if e.errno == errno.ENOSPC else "the disk quota is used up"
+    return f"{what}: it needs {_size(needed)}{free}"
+
+
+def _size(n: int) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} GiB"
+
+
 def write_text_atomic(path: str | Path, text: str) -> Path:
     """Write `text` to `path` through a temporary file in the same folder and os.replace: a
-    reader (or a crash) sees the old file or the new one, never half of one."""
+    reader (or a crash) sees the old file or the new one, never half of one. A write that
+    fails (a full disk, a folder where the file goes) removes its temporary file and is an
+    OutputError naming `path` and, for a full disk, the space it needed."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    data = text.encode()
+    tmp = None
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
         os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+    except BaseException as e:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        if isinstance(e, OSError):
+            raise OutputError(
+                f"cannot write {_shown(path)} ({space_needed(path, len(data), e)}); {_advice(e)}"
+            ) from None
         raise
     return path
+
+
+def _advice(e: OSError) -> str:
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "free some space there, or write the results elsewhere"
+    if e.errno == errno.EISDIR:
+        return "a folder has that name: remove it, or write the results elsewhere"
+    return "check the path, or write the results elsewhere"
 
 
 # --- the lock ------------------------------------------------------------------------------
@@ -232,6 +271,20 @@ def _holder(lock: Path) -> str:
     except OSError:
         return "another pipesgd job"
     return f"another pipesgd job (pid {pid})" if pid.isdigit() else "another pipesgd job"
+
+
+def _write_pid(fd: int, lock: Path, folder: str | Path, flag: str) -> None:
+    """This job's pid into its lock (for the message of a job that finds the folder taken); an
+    OutputError when the disk cannot take even that: the run's results would not fit."""
+    pid = f"{os.getpid()}\n".encode()
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, pid)
+    except OSError as e:
+        raise OutputError(
+            f"{flag} {_shown(folder)}: cannot write {LOCK_FILE} "
+            f"({space_needed(lock, len(pid), e)}); {_advice(e)}"
+        ) from None
 
 
 @contextlib.contextmanager
@@ -268,8 +321,7 @@ def lock_out_dir(folder: str | Path, flag: str = "--out") -> Iterator[Path]:
             break
         os.close(fd)
     try:
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+        _write_pid(fd, lock, folder, flag)
         yield Path(folder)
     finally:
         # Unlink before unlocking: a job that opens the path from now on gets a new file.
@@ -309,6 +361,7 @@ __all__ = [
     "lock_out_dir",
     "prepare_file",
     "prepare_out_dir",
+    "space_needed",
     "write_json",
     "write_text_atomic",
 ]

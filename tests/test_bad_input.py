@@ -22,6 +22,7 @@ Most cases fail before any worker starts; the whole file takes about a minute on
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -780,3 +781,95 @@ def test_a_closed_stdout_loses_nothing(argv, written, tmp_path):
     assert "Traceback" not in err and "BrokenPipe" not in err, err[-3000:]
     for name in written:
         assert (tmp_path / name).is_file(), f"{name} missing; stderr:\n{err[-3000:]}"
+
+
+# --- a full disk: one line naming the path and the space needed, no temporary file left -------
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A function that mounts a tmpfs of `size` (e.g. "8k") at a new folder under tmp_path and
+    returns it, unmounted again at the end: a disk that fills up for real. Mounting needs root
+    (CAP_SYS_ADMIN); without it the test is skipped, saying so."""
+    mounts = []
+
+    def mount(size: str, name: str = "disk") -> Path:
+        where = tmp_path / name
+        where.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+                              capture_output=True, text=True)  # fmt: skip
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a small tmpfs to fill up ({done.stderr.strip()}): "
+                        f"needs root")  # fmt: skip
+        mounts.append(where)
+        return where
+
+    yield mount
+    for where in mounts:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def _one_line(rc: int, err: str, *words: str) -> None:
+    lines = err.strip().splitlines()
+    assert rc == 2, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    assert lines[-1].startswith("pipesgd: error: "), err[-3000:]
+    assert [ln for ln in lines if ln.startswith("pipesgd: error")] == [lines[-1]], err
+    for w in words:
+        assert w in lines[-1], lines[-1]
+
+
+def _fill(disk: Path) -> None:
+    fd = os.open(disk / "filler", os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        with contextlib.suppress(OSError):
+            while True:
+                os.write(fd, b"\0" * 4096)
+    finally:
+        os.close(fd)
+
+
+def test_a_full_disk_at_the_checkpoint_is_one_line_and_not_retried(small_disk, tmp_path):
+    """Issue 29 (4): ENOSPC from the checkpoint write was a 43-line traceback that left
+    checkpoint.npz.tmp, and --max-restarts 2 retried it twice. Two pages of disk: the lock fits,
+    the checkpoint does not."""
+    disk = small_disk("8k")
+    argv = ["train", *TINY.split(), f"--out={disk / 'run'}", "--max-restarts=2",
+            "--checkpoint-every=5"]  # fmt: skip
+    rc, _, err, group = run_pipesgd(argv, {}, tmp_path)
+    _one_line(rc, err, "checkpoint.npz", "disk is full", "it needs", "free")
+    assert "restart" not in err, err  # the same disk would fail the same way
+    assert not list(disk.rglob("*.tmp")) and not left_behind(group, tmp_path)
+
+
+def test_a_full_disk_after_training_is_one_line(small_disk, tmp_path):
+    """ENOSPC from write_text_atomic after training (trace.json, 70 KB, on a 64 KiB disk): one
+    line naming trace.json, and its temporary file removed."""
+    disk = small_disk("64k")
+    rc, _, err, _ = run_pipesgd(["train", *TINY.split(), f"--out={disk / 'run'}"], {}, tmp_path)
+    _one_line(rc, err, "trace.json", "disk is full", "it needs")
+    assert (disk / "run" / "summary.json").is_file()  # what fitted is kept
+    assert not [p for p in (disk / "run").iterdir() if p.name.endswith(".tmp")]
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["train", *TINY.split(), "--out={disk}/run"], (".pipesgd.lock", "disk is full")),
+        (["train", *TINY.split(), "--out={disk}/run", "--overwrite"], (".pipesgd.lock",)),
+        (["compare", "--quick", "--out={disk}/c"], (".pipesgd.lock", "disk is full")),
+        (["predict", "--json={disk}/p.json"], ("p.json", "disk is full", "it needs")),
+        (["bench", "allreduce", "--sizes=1000", "--json={disk}/b.json"], ("b.json", "it needs")),
+    ],
+    ids=["train", "overwrite", "compare", "predict", "bench"],
+)
+def test_an_already_full_disk_is_one_line(argv, words, small_disk, tmp_path):
+    """ENOSPC from lock_out_dir (train, --overwrite, compare) and from predict's and bench's
+    --json, on a disk already full."""
+    disk = small_disk("16k")
+    _fill(disk)
+    argv = [a.replace("{disk}", str(disk)) for a in argv]
+    rc, _, err, group = run_pipesgd(argv, {}, tmp_path)
+    _one_line(rc, err, *words)
+    assert sorted(p.name for p in disk.iterdir()) == ["filler"]
+    assert not left_behind(group, tmp_path)

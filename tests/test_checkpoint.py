@@ -295,3 +295,28 @@ def test_train_resume_of_a_crafted_checkpoint_is_one_line(good, capsys):
     assert rc == 2 and "Traceback" not in err and "MemoryError" not in err, err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "holds 10000000000000 parameters" in lines[0], err
+
+
+def _disk_full(*args, **kwargs):
+    raise OSError(28, "No space left on device")
+
+
+def test_a_full_disk_during_save_leaves_no_temporary_file(tmp_path, monkeypatch):
+    """ENOSPC inside np.savez: an OutputError naming the checkpoint and the space it needed
+    (the CLI's one line; not retried by --max-restarts), and no checkpoint.npz.tmp."""
+    from pipesgd_ref.errors import OutputError
+
+    monkeypatch.setattr(checkpoint.np, "savez", _disk_full)
+    with pytest.raises(OutputError, match=r"checkpoint\.npz.*disk is full: it needs"):
+        checkpoint.save(tmp_path, TrainConfig(), np.zeros(1000, np.float32), 5, {})
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_full_disk_in_write_text_atomic_names_the_file(tmp_path, monkeypatch):
+    from pipesgd_ref import outputs
+    from pipesgd_ref.errors import OutputError
+
+    monkeypatch.setattr(outputs.os, "replace", _disk_full)
+    with pytest.raises(OutputError, match=r"trace\.json.*disk is full: it needs 5 bytes"):
+        outputs.write_text_atomic(tmp_path / "trace.json", "12345")
+    assert list(tmp_path.iterdir()) == []

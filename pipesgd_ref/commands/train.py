@@ -175,7 +175,7 @@ def _launch_with_restarts(cfg: TrainConfig, launch: dict, job_args: tuple, input
     Returns (the config of the last run, its results, the restarts as summary.json lists
     them); JobStopped carries the same three as .cfg, .results, .restarts. `inputs`: the
     job's data, model and checkpoint, built once by the caller (a restart reads its own)."""
-    from pipesgd_ref.errors import JobStopped, WorkerFailed
+    from pipesgd_ref.errors import JobStopped, OutputError, Recurring, WorkerFailed
     from pipesgd_ref.runtime import checkpoint, faults
     from pipesgd_ref.runtime.launch import launch_local
 
@@ -191,6 +191,9 @@ def _launch_with_restarts(cfg: TrainConfig, launch: dict, job_args: tuple, input
                 e.cfg, e.restarts = ran, restarts
                 raise
             except WorkerFailed as e:
+                recurs = [t for t in e.errors.values() if isinstance(t, Recurring)]
+                if recurs:  # a full disk stays full: not retried, and the one line to show
+                    raise OutputError(recurs[0]) from None
                 if len(restarts) >= cfg.max_restarts:
                     if restarts:
                         e.args = (

@@ -17,6 +17,7 @@ that diverges) leaves the previous checkpoint whole.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import zipfile
@@ -26,8 +27,9 @@ from pathlib import Path
 import numpy as np
 
 from pipesgd_ref.config import TrainConfig
-from pipesgd_ref.errors import ConfigError
+from pipesgd_ref.errors import ConfigError, OutputError
 from pipesgd_ref.models import MODEL_FIELDS
+from pipesgd_ref.outputs import space_needed
 
 FILE = "checkpoint.npz"
 KEYS = ("params", "next_step", "pending_steps", "pending", "config")  # what save writes
@@ -71,18 +73,30 @@ def save(
     path = folder / FILE
     tmp = folder / (FILE + ".tmp")
     steps = sorted(pending)
-    with open(tmp, "wb") as f:
-        np.savez(
-            f,
-            params=params,
-            next_step=np.int64(next_step),
-            pending_steps=np.array(steps, np.int64),
-            pending=np.array([pending[t] for t in steps], params.dtype).reshape(
-                len(steps), params.size
-            ),
-            config=np.array(json.dumps(cfg.to_dict())),
-        )
-    os.replace(tmp, path)  # atomic on POSIX: readers see the old file or the new one
+    arrays = dict(
+        params=params,
+        next_step=np.int64(next_step),
+        pending_steps=np.array(steps, np.int64),
+        pending=np.array([pending[t] for t in steps], params.dtype).reshape(
+            len(steps), params.size
+        ),
+        config=np.array(json.dumps(cfg.to_dict())),
+    )
+    try:
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+        os.replace(tmp, path)  # atomic on POSIX: readers see the old file or the new one
+    except OSError as e:
+        # A full disk, or a folder named checkpoint.npz: the half-written file goes, the
+        # previous checkpoint stays whole, and the run ends in one line (a restart would
+        # meet the same disk: OutputError is not retried).
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        needed = sum(a.nbytes for a in arrays.values())
+        raise OutputError(
+            f"cannot write the checkpoint {str(path)!r} ({space_needed(path, needed, e)}); "
+            f"free some space there, or give another --out"
+        ) from None
     return path
 
 

@@ -39,6 +39,7 @@ from pipesgd_ref.errors import (
     JobStopped,
     LaunchError,
     WorkerFailed,
+    error_text,
 )
 from pipesgd_ref.logs import WorkerLogging
 from pipesgd_ref.runtime.jobenv import pin_to_core
@@ -121,7 +122,7 @@ def _worker_main(
         # and whom they blame: a communication error names the peer at fault (None: unknown);
         # any other error of ours is this rank's own (a bad gradient, a diverged run)
         origin = getattr(e, "origin", None) if isinstance(e, CommError) else spec.rank
-        results.put(("error", spec.rank, (str(e), origin)))
+        results.put(("error", spec.rank, (error_text(e), origin)))
         raise SystemExit(1) from None
     except BaseException:
         results.put(("error", spec.rank, (traceback.format_exc(), spec.rank)))
