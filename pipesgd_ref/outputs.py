@@ -43,6 +43,9 @@ LOCK_FILE = ".pipesgd.lock"
 # Files whose presence makes a folder an earlier run's results (train and reference:
 # summary.json, checkpoint.npz; compare: compare.json and one such folder per run).
 RUN_MARKERS = ("summary.json", "checkpoint.npz", "compare.json")
+# Every file a command writes at the top of its results folder: each must be free for a
+# regular file (missing, or a file) before the work, or the results are lost at its end.
+RESULT_FILES = (*RUN_MARKERS, "trace.json", "study.json")
 _SCAN_DEPTH = 2  # compare's folders: DIR/LABEL/summary.json, DIR/LABEL/repeat-K/summary.json
 _TMP_EXTRA = 16  # characters an atomic write adds to a name: ".NAME.XXXXXXXX.tmp"
 _SCAN_LIMIT = 1000  # entries looked at, at most: --out pointed at a big folder stays fast
@@ -162,6 +165,22 @@ def _refuse_earlier_run(folder: Path, overwrite: bool, resume: str | Path, flag:
         )
 
 
+def _refuse_odd_names(folder: Path, flag: str) -> None:
+    """A folder (or a pipe, a device) where the run writes one of RESULT_FILES: refused now,
+    not after the run, whatever --overwrite says (it replaces files, never folders)."""
+    for name in RESULT_FILES:
+        try:
+            mode = os.stat(folder / name).st_mode
+        except OSError:
+            continue
+        if not stat.S_ISREG(mode):
+            kind = "a folder" if stat.S_ISDIR(mode) else "not a regular file"
+            raise OutputError(
+                f"{flag} {_shown(folder)}: {name} there is {kind}, and the run writes its "
+                f"{name} file there; remove it, or choose another {flag}"
+            )
+
+
 def prepare_out_dir(
     path: str | Path, overwrite: bool = False, resume: str | Path = "", flag: str = "--out"
 ) -> Path:
@@ -169,6 +188,7 @@ def prepare_out_dir(
     folder with an earlier run's results unless `overwrite`, or `resume` names it."""
     folder = Path(path)
     _make_dir(folder, flag)
+    _refuse_odd_names(folder, flag)
     _refuse_earlier_run(folder, overwrite, resume, flag)
     return folder
 
@@ -343,6 +363,7 @@ def claim_out_dir(
     created = _make_dir(folder, flag)
     try:
         with lock_out_dir(folder, flag):
+            _refuse_odd_names(folder, flag)
             _refuse_earlier_run(folder, overwrite, resume, flag)
             yield folder
     finally:
@@ -355,6 +376,7 @@ def claim_out_dir(
 
 __all__ = [
     "LOCK_FILE",
+    "RESULT_FILES",
     "RUN_MARKERS",
     "claim_out_dir",
     "earlier_run",
