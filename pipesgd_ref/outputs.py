@@ -32,6 +32,7 @@ import errno
 import fcntl
 import json
 import os
+import secrets
 import stat
 import tempfile
 from collections.abc import Iterator
@@ -258,7 +259,7 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        fd, tmp = _create_temporary(path)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, path)
@@ -272,6 +273,18 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
             ) from None
         raise
     return path
+
+
+def _create_temporary(path: Path) -> tuple[int, Path]:
+    """A new file `.NAME.XXXXXXXX.tmp` beside `path`, open for writing, with the mode any file
+    the user creates gets (0666 less the umask, as checkpoint.npz and the figures have;
+    tempfile.mkstemp would make it 0600): every result of a run follows one rule."""
+    while True:
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666), tmp
+        except FileExistsError:
+            continue
 
 
 def _advice(e: OSError) -> str:
@@ -314,7 +327,8 @@ def lock_out_dir(folder: str | Path, flag: str = "--out") -> Iterator[Path]:
     lock = Path(folder) / LOCK_FILE
     while True:
         try:
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            # 0666 less the umask, as every file of a run (_create_temporary)
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
         except OSError as e:
             raise OutputError(
                 f"{flag} {_shown(folder)}: cannot create {LOCK_FILE} ({_why(e)})"

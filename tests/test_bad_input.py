@@ -883,3 +883,25 @@ def test_an_already_full_disk_is_one_line(argv, words, small_disk, tmp_path):
     _one_line(rc, err, *words)
     assert sorted(p.name for p in disk.iterdir()) == ["filler"]
     assert not left_behind(group, tmp_path)
+
+
+# --- one rule for the modes of a run's files: the user's umask ----------------------------------
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_every_result_file_follows_the_umask(umask, tmp_path):
+    """Issue 29 (21): summary.json and trace.json were 0600 (tempfile.mkstemp's), checkpoint.npz
+    and the lock 0644. Now each is 0666 less the umask, as any file the user creates."""
+    from pipesgd_ref.outputs import LOCK_FILE, lock_out_dir
+
+    old = os.umask(umask)
+    try:
+        _train_ok(tmp_path)
+        with lock_out_dir(tmp_path / "run"):
+            lock_mode = (tmp_path / "run" / LOCK_FILE).stat().st_mode & 0o777
+    finally:
+        os.umask(old)
+    want = 0o666 & ~umask
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "run").iterdir()}
+    assert set(modes) == {"summary.json", "trace.json", "checkpoint.npz"}
+    assert modes == dict.fromkeys(modes, want) and lock_mode == want, (modes, oct(lock_mode))
