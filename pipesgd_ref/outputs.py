@@ -31,7 +31,9 @@ import contextlib
 import errno
 import fcntl
 import json
+import logging
 import os
+import re
 import secrets
 import stat
 import tempfile
@@ -164,6 +166,44 @@ def _refuse_earlier_run(folder: Path, overwrite: bool, resume: str | Path, flag:
             f"({found.relative_to(folder)}); pass --overwrite to replace them, "
             f"--resume={folder} to continue that run, or choose another {flag}"
         )
+
+
+# The temporary files of writes cut short by a SIGKILL: checkpoint.save's, write_text_atomic's
+# (and mkstemp's before it), plots.save_figure's, the writability probe's.
+_LEFTOVER = re.compile(
+    r"checkpoint\.npz\.tmp|\.[^/]+\.(json|npz|png|pdf|svg)(\.[A-Za-z0-9_]{8})?\.tmp"
+    r"|\.pipesgd-probe-[A-Za-z0-9_]{8}"
+)
+
+
+def remove_leftovers(folder: Path) -> list[Path]:
+    """Remove what a run killed in the middle of a write left in `folder` and its run folders
+    (_SCAN_DEPTH levels, compare's): temporary files (_LEFTOVER) that no live job can be
+    writing, since the caller holds the folder's lock. The paths removed (logged)."""
+    removed: list[Path] = []
+    level = [folder]
+    for _ in range(_SCAN_DEPTH + 1):
+        below = []
+        for d in level:
+            try:
+                entries = list(os.scandir(d))[:_SCAN_LIMIT]
+            except OSError:
+                continue
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    below.append(Path(entry.path))
+                elif _LEFTOVER.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
+                    with contextlib.suppress(OSError):
+                        os.unlink(entry.path)
+                        removed.append(Path(entry.path))
+        level = below
+    if removed:
+        logging.getLogger("pipesgd.outputs").warning(
+            "removed %d temporary file(s) an earlier run left when it was killed: %s",
+            len(removed),
+            ", ".join(str(p) for p in removed[:5]),
+        )
+    return removed
 
 
 def _refuse_odd_names(folder: Path, flag: str) -> None:
@@ -377,6 +417,7 @@ def claim_out_dir(
     created = _make_dir(folder, flag)
     try:
         with lock_out_dir(folder, flag):
+            remove_leftovers(folder)
             _refuse_odd_names(folder, flag)
             _refuse_earlier_run(folder, overwrite, resume, flag)
             yield folder
@@ -397,6 +438,7 @@ __all__ = [
     "lock_out_dir",
     "prepare_file",
     "prepare_out_dir",
+    "remove_leftovers",
     "space_needed",
     "write_json",
     "write_text_atomic",

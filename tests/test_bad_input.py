@@ -905,3 +905,23 @@ def test_every_result_file_follows_the_umask(umask, tmp_path):
     modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "run").iterdir()}
     assert set(modes) == {"summary.json", "trace.json", "checkpoint.npz"}
     assert modes == dict.fromkeys(modes, want) and lock_mode == want, (modes, oct(lock_mode))
+
+
+# --- leftovers of a killed run: removed at the next start ---------------------------------------
+
+
+def test_a_killed_runs_temporary_files_are_removed_at_the_next_start(tmp_path):
+    """Issue 29 (18): SIGKILL of rank 0 during a checkpoint write left a 0-byte
+    checkpoint.npz.tmp (and one of write_text_atomic's, a compare run's in its folder) for ever.
+    The next run on the folder holds its lock, so no live job is writing them: they go."""
+    run = tmp_path / "run"
+    leftovers = ["checkpoint.npz.tmp", ".trace.json.0a1b2c3d.tmp", ".summary.json.x_y9ab2k.tmp",
+                 "sync/checkpoint.npz.tmp", "sync/repeat-1/.speedup.png.tmp"]  # fmt: skip
+    for name in leftovers:
+        (run / name).parent.mkdir(parents=True, exist_ok=True)
+        (run / name).write_bytes(b"")
+    (run / "notes.tmp").write_text("the user's own")  # not ours: kept
+    rc, _, err, _ = run_pipesgd(["train", *TINY.split(), f"--out={run}"], {}, tmp_path)
+    assert rc == 0, err[-3000:]
+    assert not [n for n in leftovers if (run / n).exists()], err
+    assert (run / "notes.tmp").exists() and "temporary file(s)" in err

@@ -243,3 +243,21 @@ def test_join_from_torchrun_style_environment():
         assert p.returncode == 0, f"rank {rank}: {err}"
     assert "3 ranks (joined from the environment)" in outs[0][0] and "yes" in outs[0][0]
     assert outs[1][0] == ""  # only rank 0 prints the table
+
+
+def test_a_killed_mpi_peers_folder_is_removed_at_the_next_start(tmp_path):
+    """Issue 29 (18): SIGKILL of `bench --peers mpi` left /tmp/pipesgd-bench-mpi-* behind. Each
+    folder is named after its bench's pid: the next mpi peer removes those whose bench is gone,
+    and leaves a live bench's and anything else alone."""
+    from pipesgd_ref.commands.bench_peers import MPI_TMP_PREFIX, remove_stale_folders
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dead = tmp_path / f"{MPI_TMP_PREFIX}{gone.pid}-abc123"
+    live = tmp_path / f"{MPI_TMP_PREFIX}{os.getpid()}-def456"
+    old_style = tmp_path / f"{MPI_TMP_PREFIX}k2j4h5g6"  # no pid in its name: not ours to judge
+    for d in (dead, live, old_style):
+        d.mkdir()
+        (d / "figures.json").write_text("{}")
+    assert remove_stale_folders(str(tmp_path)) == [str(dead)]
+    assert not dead.exists() and live.is_dir() and old_style.is_dir()

@@ -143,6 +143,43 @@ def mpi_command(
     return argv + bench + [str(f) for f in flags]
 
 
+MPI_TMP_PREFIX = "pipesgd-bench-mpi-"  # + the bench's pid + "-" + tempfile's random part
+
+
+def remove_stale_folders(root: str | None = None) -> list[str]:
+    """Remove the folders of earlier mpi peers whose bench was killed (SIGKILL skips the
+    TemporaryDirectory's cleanup): each is named after its bench's pid, and one whose pid is
+    gone, and that is this user's, is left over. The paths removed."""
+    root = root or tempfile.gettempdir()
+    removed = []
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return removed
+    for entry in entries:
+        pid = entry.name.removeprefix(MPI_TMP_PREFIX).split("-")[0]
+        if entry.name == pid or not pid.isdigit() or _alive(int(pid)):
+            continue
+        try:
+            if not entry.is_dir(follow_symlinks=False) or entry.stat().st_uid != os.getuid():
+                continue
+        except OSError:
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+        removed.append(entry.path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's: alive
+        return True
+    return True
+
+
 def run_mpi(
     world_size: int, nbytes: int, reps: int, warmup: int, timeout: float, tcp: bool = False
 ) -> dict:
@@ -152,7 +189,8 @@ def run_mpi(
     # The ranks import this very copy of the package (a checkout, not only an installed one).
     path = [_package_root(), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
-    with tempfile.TemporaryDirectory(prefix="pipesgd-bench-mpi-") as tmp:
+    remove_stale_folders()
+    with tempfile.TemporaryDirectory(prefix=f"{MPI_TMP_PREFIX}{os.getpid()}-") as tmp:
         out = os.path.join(tmp, "figures.json")
         argv = mpi_command(world_size, nbytes, reps, warmup, out, tcp)
         with _stop_on_signals():
