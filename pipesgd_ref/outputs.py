@@ -22,7 +22,10 @@ job is stale by construction and is simply taken over (no pid guessing). Workers
 job inherit the open lock, so a folder stays taken while any of them still runs.
 
 Writes themselves stay atomic (a temporary file in the same folder, then os.replace):
-`write_text_atomic` and `write_json` here, checkpoint.save, plots.save_figure.
+`write_text_atomic` and `write_json` here, checkpoint.save, plots.save_figure. A write that
+fails (a full disk) removes its temporary file and is one OutputError naming the file and the
+space it needed; the temporary files a killed run left are removed by the next run that claims
+the folder (`remove_leftovers`). Every file of a run has the mode 0666 less the user's umask.
 """
 
 from __future__ import annotations

@@ -28,6 +28,8 @@ runs as that one rank of it: every rank runs the same command, rank 0 prints and
 
 Bad input (unknown key, wrong type, impossible value, missing data file, an unusable output
 path) prints one line that says what is wrong and exits with status 2, never a traceback.
+A stdout whose reader went away (`pipesgd train ... | head -1`) costs nothing: the rest of
+the output is dropped and the command goes on to write its results (_QuietStdout).
 
 Outputs are checked before any work (pipesgd_ref/outputs.py): train's and reference's --out,
 compare's --out, bench's --json, predict's --json/--plot/--out are created and tried for
