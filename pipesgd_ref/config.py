@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from pipesgd_ref.errors import ConfigError
+from pipesgd_ref.presets import PRESETS
 from pipesgd_ref.units import MAX_SECONDS
 
 if sys.version_info >= (3, 11):
@@ -113,6 +114,7 @@ class TrainConfig:
             *_model_problems(self),
             *_wire_problems(self),
             *_staleness_problems(self),
+            *_size_bound_problems(self),
         ]
         if problems:
             raise ConfigError("invalid configuration: " + "; ".join(problems))
@@ -248,6 +250,25 @@ def _staleness_problems(cfg: TrainConfig) -> list[str]:
     return problems
 
 
+# The largest whole number each integer field takes: a count past MAX_COUNT (steps, a width, a
+# period) is a typo or a run that never ends; a seed is stored as an int64 in checkpoints.
+MAX_COUNT = 10**9
+INT_BOUNDS = {"seed": 2**63 - 1, "max_restarts": 1000, "master_port": 65535}
+
+
+def _size_bound_problems(cfg: TrainConfig) -> list[str]:
+    """Every integer field (each of a list's) and epochs within its bound: a JSON 1e308 is whole."""
+    problems = []
+    for f in fields(cfg):
+        if f.type not in ("int", "tuple[int, ...]") and f.name != "epochs":
+            continue
+        bound, value = INT_BOUNDS.get(f.name, MAX_COUNT), getattr(cfg, f.name)
+        too_big = [v for v in (value if isinstance(value, tuple) else (value,)) if v > bound]
+        if too_big:
+            problems.append(f"{f.name} must be at most {bound:,}, got {too_big[0]:.4g}")
+    return problems
+
+
 def model_label(cfg: TrainConfig) -> str:
     """cfg's model in a few words: "softmax", "mlp 1024-1024", "cnn 6,16 (5x5, 5x5) + 120-84"."""
     head = "-".join(map(str, cfg.hidden))
@@ -259,76 +280,6 @@ def model_label(cfg: TrainConfig) -> str:
             f" + {head}" if head else ""
         )
     return cfg.model
-
-
-# Presets: named starting points. Every field not named keeps its default above.
-_COMPARE_CNN = dict(
-    dataset="mnist5k",
-    model="cnn",
-    channels=(6, 16),
-    kernels=(5, 5),
-    hidden=(120, 84),
-    world_size=4,
-    batch_size=32,
-    lr=0.05,
-    steps=200,
-    eval_every=10,
-    target_accuracy=0.9,
-    latency="50us",
-    bandwidth="150Mbit",
-    ps_pulls="shared",
-)
-PRESETS: dict[str, dict[str, Any]] = {
-    # digits, 4 workers, a small MLP: seconds on a laptop
-    "laptop": dict(
-        dataset="digits",
-        model="mlp",
-        hidden=(64,),
-        world_size=4,
-        batch_size=32,
-        lr=0.1,
-        steps=600,
-        eval_every=100,
-    ),
-    # `pipesgd compare`: digits on an MLP 64-1024-1024-10 (1.13M parameters, a 4.5 MB
-    # gradient), 4 workers x batch 352 (nearly each worker's whole shard), an emulated
-    # 700 Mbit/s network, where a ring AllReduce of the gradient takes about as long as
-    # computing it: the paper's communication-heavy regime. ps-sync is the conventional server
-    # (its pulls share its link). A copy of the weights every 2 steps, evaluated after the
-    # run, gives the time to the target.
-    "compare": dict(
-        dataset="digits",
-        model="mlp",
-        hidden=(1024, 1024),
-        world_size=4,
-        batch_size=352,
-        lr=0.03,
-        steps=40,
-        eval_every=2,
-        target_accuracy=0.96,
-        latency="50us",
-        bandwidth="700Mbit",
-        ps_pulls="shared",
-    ),
-    # a LeNet-5 on 5,000 real MNIST images (the `images` extra), on a link where the ring
-    # AllReduce of its 431 KB gradient takes about as long as a step's computation: the CNN,
-    # too, in the communication-heavy regime
-    "compare-cnn": _COMPARE_CNN,
-    # the same on a 10 Gbit/s link: compute-bound, where pipelining has little to hide
-    "compare-cnn-compute": {**_COMPARE_CNN, "bandwidth": "10Gbit"},
-    # the smallest run that still learns: for CI, tutorials and smoke tests
-    "tiny": dict(
-        dataset="digits",
-        model="softmax",
-        hidden=(),
-        world_size=2,
-        batch_size=16,
-        lr=0.1,
-        steps=60,
-        eval_every=20,
-        target_accuracy=0.8,
-    ),
-}
 
 
 def _jsonable(value: Any) -> Any:

@@ -184,6 +184,16 @@ TRAIN = [
       env={"RANK": "0", "WORLD_SIZE": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29555"}),
     C("train-world-size-100000", f"train {TINY} --world-size=100000", "100000",
       "--allow-many-workers"),
+    # issue 29, 17: a JSON number is whole however large; each integer field has its bound
+    C("train-json-steps-1e308", f"train {TINY} --config {{tmp}}/big.json", "steps", "1e+308",
+      files={"big.json": b'{"steps": 1e308}'}),
+    C("train-json-checkpoint-every-1e30", f"train {TINY} --config {{tmp}}/big.json",
+      "checkpoint_every", files={"big.json": b'{"checkpoint_every": 1e30}'}),
+    C("train-json-max-restarts-1e9", f"train {TINY} --config {{tmp}}/big.json", "max_restarts",
+      "1,000", files={"big.json": b'{"max_restarts": 1e9}'}),
+    C("train-json-seed-2-64", f"train {TINY} --config {{tmp}}/big.json", "seed",
+      files={"big.json": b'{"seed": 18446744073709551616}'}),
+    C("train-steps-10-12", f"train {TINY} --steps=1000000000000", "steps"),
     C("train-resume-truncated-checkpoint", f"train {TINY} --resume={{tmp}}/ck", "checkpoint",
       files={CKPT: _truncated_checkpoint}),
     C("train-resume-empty-checkpoint", f"train {TINY} --resume={{tmp}}/ck", "checkpoint",
@@ -367,6 +377,7 @@ CONFIG = [
 ]
 
 PREDICT = [
+    C("predict-params-1e30", "predict --params 1e30 --t-comp 200ms", "--params", "1e30"),
     C("predict-json-dir", "predict --json {tmp}/adir", "--json", "adir", files={"adir": DIR}),
     C("predict-json-under-a-file", "predict --json {tmp}/afile/p.json", "--json", "afile",
       files={"afile": b"x"}),

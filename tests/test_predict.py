@@ -254,6 +254,14 @@ def test_parse_count_rejects(text):
         parse_count(text)
 
 
+@pytest.mark.parametrize("text", ["1e30", "2e13", "100000G"])
+def test_parse_count_refuses_more_than_any_model(text):
+    """--params 1e30 once printed 10^23 s without a word (issue 29, 17)."""
+    with pytest.raises(ConfigError, match=f"--params {text}: more than 1e\\+13 parameters"):
+        parse_count(text)
+    assert parse_count("1e13") == 10**13
+
+
 def test_parse_codecs():
     assert parse_codecs("trunc16,q8") == ("trunc16", "q8")
     assert parse_codecs(" q8 , q8,bf16") == ("q8", "bf16")

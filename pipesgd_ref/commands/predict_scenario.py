@@ -77,6 +77,9 @@ def _parse(parse: Callable, text, flag: str):
         raise ConfigError(f"{flag}: {e}") from None
 
 
+MAX_PARAMS = 1e13  # the most --params takes: beyond any model, a float's integers are exact
+
+
 def parse_count(text: str) -> int:
     """A parameter count: 300000, 300_000, 3e5, 300K, 25M, 1.5G (powers of 1000)."""
     t = str(text).strip().replace("_", "")
@@ -85,6 +88,11 @@ def parse_count(text: str) -> int:
         value = float(t[:-1] if scale > 1 else t) * scale
     except ValueError:
         value = math.nan
+    if MAX_PARAMS < value < math.inf:
+        raise ConfigError(
+            f"--params {text}: more than {MAX_PARAMS:.0e} parameters (10 trillion, beyond any "
+            f"model); give a whole count up to 1e13, like 300000, 25M or 1.5G"
+        )
     if not (value >= 1 and math.isfinite(value) and value == round(value)):
         raise ConfigError(
             f"--params expects a whole parameter count >= 1, like 300000, 3e5 or 25M; got {text!r}"

@@ -1,0 +1,76 @@
+"""The presets of TrainConfig (config.py): named starting points, each a dict of fields; every
+field not named keeps its default."""
+
+from __future__ import annotations
+
+from typing import Any
+
+_COMPARE_CNN = dict(
+    dataset="mnist5k",
+    model="cnn",
+    channels=(6, 16),
+    kernels=(5, 5),
+    hidden=(120, 84),
+    world_size=4,
+    batch_size=32,
+    lr=0.05,
+    steps=200,
+    eval_every=10,
+    target_accuracy=0.9,
+    latency="50us",
+    bandwidth="150Mbit",
+    ps_pulls="shared",
+)
+PRESETS: dict[str, dict[str, Any]] = {
+    # digits, 4 workers, a small MLP: seconds on a laptop
+    "laptop": dict(
+        dataset="digits",
+        model="mlp",
+        hidden=(64,),
+        world_size=4,
+        batch_size=32,
+        lr=0.1,
+        steps=600,
+        eval_every=100,
+    ),
+    # `pipesgd compare`: digits on an MLP 64-1024-1024-10 (1.13M parameters, a 4.5 MB
+    # gradient), 4 workers x batch 352 (nearly each worker's whole shard), an emulated
+    # 700 Mbit/s network, where a ring AllReduce of the gradient takes about as long as
+    # computing it: the paper's communication-heavy regime. ps-sync is the conventional server
+    # (its pulls share its link). A copy of the weights every 2 steps, evaluated after the
+    # run, gives the time to the target.
+    "compare": dict(
+        dataset="digits",
+        model="mlp",
+        hidden=(1024, 1024),
+        world_size=4,
+        batch_size=352,
+        lr=0.03,
+        steps=40,
+        eval_every=2,
+        target_accuracy=0.96,
+        latency="50us",
+        bandwidth="700Mbit",
+        ps_pulls="shared",
+    ),
+    # a LeNet-5 on 5,000 real MNIST images (the `images` extra), on a link where the ring
+    # AllReduce of its 431 KB gradient takes about as long as a step's computation: the CNN,
+    # too, in the communication-heavy regime
+    "compare-cnn": _COMPARE_CNN,
+    # the same on a 10 Gbit/s link: compute-bound, where pipelining has little to hide
+    "compare-cnn-compute": {**_COMPARE_CNN, "bandwidth": "10Gbit"},
+    # the smallest run that still learns: for CI, tutorials and smoke tests
+    "tiny": dict(
+        dataset="digits",
+        model="softmax",
+        hidden=(),
+        world_size=2,
+        batch_size=16,
+        lr=0.1,
+        steps=60,
+        eval_every=20,
+        target_accuracy=0.8,
+    ),
+}
+
+__all__ = ["PRESETS"]
