@@ -227,9 +227,11 @@ def _wire_problems(cfg: TrainConfig) -> list[str]:
         problems.append(f"codec_backend must be numpy or numba, got {cfg.codec_backend!r}")
     if not 0 <= cfg.master_port <= 65535:
         problems.append(f"master_port must be 0..65535 (0 = any free), got {cfg.master_port}")
-    if not 0 < cfg.timeout <= MAX_SECONDS:  # NaN fails too
+    if not MIN_TIMEOUT <= cfg.timeout <= MAX_SECONDS:  # NaN fails too
         problems.append(
-            f"timeout must be > 0 and <= {MAX_SECONDS:.0e} seconds (11.6 days), got {cfg.timeout:g}"
+            f"timeout must be at least {MIN_TIMEOUT:g} s (a frame, or a peer's start, can take "
+            f"that long on a busy host) and at most {MAX_SECONDS:.0e} s (11.6 days), got "
+            f"{cfg.timeout:g}"
         )
     if cfg.comm not in COMMS:
         problems.append(f"comm must be {' or '.join(COMMS)}, got {cfg.comm!r}")
@@ -250,6 +252,9 @@ def _staleness_problems(cfg: TrainConfig) -> list[str]:
     return problems
 
 
+# The shortest --timeout: any wait on a peer shorter than a scheduler's delay on a busy host, a
+# page fault or a peer's start fails a healthy job, blaming a rank that did nothing wrong.
+MIN_TIMEOUT = 1.0
 # The largest whole number each integer field takes: a count past MAX_COUNT (steps, a width, a
 # period) is a typo or a run that never ends; a seed is stored as an int64 in checkpoints.
 MAX_COUNT = 10**9
@@ -429,6 +434,8 @@ def load_config_file(path: str | Path, base: TrainConfig | None = None) -> Train
 
 __all__ = [
     "COMPENSATIONS",
+    "MAX_COUNT",
+    "MIN_TIMEOUT",
     "PRESETS",
     "TrainConfig",
     "apply_dict",

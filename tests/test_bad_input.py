@@ -275,6 +275,9 @@ TRAIN = [
     C("train-latency-negative", f"train {TINY} --latency=-1ms", "latency"),
     C("train-timeout-0", f"train {TINY} --timeout=0", "timeout"),
     C("train-timeout-inf", f"train {TINY} --timeout=inf --steps=3", "timeout"),
+    # issue 29, 15: a timeout shorter than a frame can take on a busy host fails a healthy job
+    C("train-timeout-1e-9", f"train {TINY} --timeout=1e-9", "timeout", "1e-09", "busy host"),
+    C("train-timeout-0.01", f"train {TINY} --timeout 0.01", "timeout", "0.01", "at least"),
     C("train-master-port-70000", f"train {TINY} --master-port=70000", "master_port"),
     C("train-master-port-in-use", f"train {TINY} --master-port={{port}}", "port"),
     C("train-skip-nonfinite-maybe", f"train {TINY} --skip-nonfinite=maybe", "maybe"),
@@ -459,6 +462,7 @@ BENCH = [
     C("bench-timeout-nan", "bench allreduce --timeout nan", "--timeout", "nan"),
     C("bench-timeout-inf", "bench allreduce --timeout inf", "--timeout", "inf"),
     C("bench-timeout-text", "bench allreduce --timeout soon", "--timeout", "soon"),
+    C("bench-timeout-1ms", "bench allreduce --timeout 0.001", "--timeout", "0.001", "at least"),
     C("bench-json-dir", "bench allreduce --json {tmp}/adir", "--json", "adir",
       files={"adir": DIR}),
     C("bench-json-under-a-file", "bench allreduce --json {tmp}/afile/b.json", "--json",

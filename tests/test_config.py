@@ -191,11 +191,16 @@ def test_config_file_that_is_not_utf8(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "timeout, shown", [("0", "0"), ("-1", "-1"), ("nan", "nan"), ("inf", "inf"), ("1e12", "1e.12")]
-)
+    "timeout, shown",
+    [("0", "0"), ("-1", "-1"), ("nan", "nan"), ("inf", "inf"), ("1e12", "1e.12"),
+     ("1e-9", "1e-09"), ("0.5", "0.5")],
+)  # fmt: skip
 def test_timeout_must_be_positive_and_bounded(timeout, shown):
-    # 1e12 s would reach queue.get and time.sleep as an OverflowError inside every worker
-    with pytest.raises(ConfigError, match=f"timeout must be > 0 and <= 1e.06 seconds.*got {shown}"):
+    # 1e12 s would reach queue.get and time.sleep as an OverflowError inside every worker; under
+    # a second, a healthy job on a busy host fails blaming a peer (issue 29, 15)
+    with pytest.raises(
+        ConfigError, match=f"timeout must be at least 1 s .* at most 1e.06 s .*got {shown}"
+    ):
         apply_overrides(TrainConfig(), [f"--timeout={timeout}"])
 
 

@@ -12,6 +12,7 @@ import dataclasses
 import math
 
 from pipesgd_ref.config import (
+    MIN_TIMEOUT,
     TrainConfig,
     apply_dict,
     field_names,
@@ -56,6 +57,11 @@ def seconds(text: str) -> float:
     if not (value > 0 and math.isfinite(value)):
         raise argparse.ArgumentTypeError(
             f"expected a positive number of seconds, e.g. 60, got {text!r}"
+        )
+    if value < MIN_TIMEOUT:
+        raise argparse.ArgumentTypeError(
+            f"{text} s is shorter than a frame, or a peer's start, can take on a busy host; "
+            f"give at least {MIN_TIMEOUT:g} s"
         )
     return value
 
