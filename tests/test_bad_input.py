@@ -275,6 +275,17 @@ TRAIN = [
     C("train-latency-negative", f"train {TINY} --latency=-1ms", "latency"),
     C("train-timeout-0", f"train {TINY} --timeout=0", "timeout"),
     C("train-timeout-inf", f"train {TINY} --timeout=inf --steps=3", "timeout"),
+    # issue 29, 16: options that would do nothing
+    C("train-fault-nan-at-ps-sync-server", f"train {TINY} --algo ps-sync", "nan@0:5",
+      "parameter server", "nan@1:5", env={"PIPESGD_FAULT": "nan@0:5"}),
+    C("train-fault-inf-at-ps-async-server", f"train {TINY} --algo ps-async", "inf@0:5",
+      "parameter server", env={"PIPESGD_FAULT": "inf@0:5"}),
+    C("train-ps-pulls-with-sync", f"train {TINY} --ps-pulls shared --algo sync", "--ps-pulls",
+      "no server"),
+    C("train-warmup-past-the-steps", f"train {TINY} --warmup-steps 1000 --steps 10",
+      "--warmup-steps 1000", "--steps 10"),
+    C("train-bind-without-a-job", f"train {TINY} --bind lo", "--bind lo", "local workers"),
+    C("bench-bind-without-a-job", "bench allreduce --bind lo", "--bind lo", "local workers"),
     # issue 29, 15: a timeout shorter than a frame can take on a busy host fails a healthy job
     C("train-timeout-1e-9", f"train {TINY} --timeout=1e-9", "timeout", "1e-09", "busy host"),
     C("train-timeout-0.01", f"train {TINY} --timeout 0.01", "timeout", "0.01", "at least"),
@@ -333,6 +344,10 @@ REFERENCE = [
 ]
 
 COMPARE = [
+    # issue 29, 16: compare picks each run's method and codec; width 1 would be sync as pipe
+    C("compare-width-1", "compare --quick --width 1", "--width 1", "sync"),
+    C("compare-codec-q8", "compare --quick --codec q8", "--codec q8", "drop it"),
+    C("compare-algo-sync", "compare --quick --algo sync", "--algo sync", "pipesgd train"),
     C("compare-out-is-a-file", "compare --quick --no-progress --out {tmp}/afile", "afile",
       files={"afile": b"x"}),
     C("compare-out-under-a-file", "compare --quick --no-progress --out {tmp}/afile/c", "afile",

@@ -265,6 +265,10 @@ def test_width_does_nothing_without_the_pipe(algo):
         (["--checkpoint-every=5"], "--checkpoint-every 5 writes checkpoints into --out"),
         (["--model=softmax", "--hidden=32"], "--hidden 32 does nothing with --model softmax"),
         (["--width=1000", "--steps=3"], "--width 1000 with --steps 3: the pipeline never fills"),
+        # issue 29, 16
+        (["--algo=sync", "--ps-pulls=shared"], "--ps-pulls shared orders a parameter server's"),
+        (["--warmup-steps=1000", "--steps=10"], "every step is a synchronous warm-up step"),
+        (["--warmup-steps=10", "--steps=10"], "every step is a synchronous warm-up step"),
     ],
 )
 def test_options_that_would_do_nothing_are_refused(overrides, message):
@@ -286,14 +290,13 @@ def test_presets_and_compare_runs_have_no_idle_options_and_fit_the_link():
         data = load_dataset(cfg.dataset)
         preflight.check_config(cfg)
         preflight.check_run(cfg, preflight.n_params_of(cfg, data))
-        if name != "compare":  # its ps_pulls is for the ps-sync run of the comparison
-            preflight.check_idle_options(cfg)
+        preflight.check_idle_options(cfg, cfg)  # compare's ps_pulls: the preset's, not asked
     base = TrainConfig.preset("compare")
     for cfg in (base, quick_config(base)):
         for algo, codec in COMPARE_RUNS:
             run = run_config(cfg, algo, codec, None)
             preflight.check_config(run)
-            preflight.check_idle_options(run)
+            preflight.check_idle_options(run, base)
             preflight.check_run(run, preflight.n_params_of(run, load_dataset(run.dataset)))
     # the options accepted by compare's base config stay valid for every derived run
     loud = base.replace(error_feedback=True, warmup_steps=2, codec_pull="q8")
@@ -438,3 +441,23 @@ def test_huge_or_fractional_integers_are_refused_from_a_file_too(tmp_path, value
 def test_the_bounds_leave_ordinary_values_alone():
     cfg = TrainConfig().replace(steps=10**9, seed=2**63 - 1, max_restarts=1000)
     assert cfg.steps == 10**9 and cfg.seed == 2**63 - 1
+
+
+def test_a_presets_own_values_are_not_options_asked_for():
+    """--preset compare sets ps_pulls shared for its ps-sync run: a train of it with --algo sync
+    is not refused for it, the same option given on a plain run is (issue 29, 16)."""
+    compare = TrainConfig.preset("compare")
+    preflight.check_idle_options(compare.replace(algo="sync"), compare)
+    with pytest.raises(ConfigError, match="--ps-pulls shared"):
+        preflight.check_idle_options(TrainConfig().replace(algo="sync", ps_pulls="shared"))
+    preflight.check_idle_options(TrainConfig().replace(warmup_steps=9, steps=10))
+
+
+@pytest.mark.parametrize("bind, joined, comm, where", [
+    ("lo", False, "sockets", "local workers"), ("eth0", True, "mpi", "MPI library")
+])  # fmt: skip
+def test_bind_where_no_listener_is_placed_is_refused(bind, joined, comm, where):
+    with pytest.raises(ConfigError, match=f"--bind {bind} places the listeners.*{where}"):
+        preflight.check_bind(bind, joined, comm)
+    preflight.check_bind(bind, True, "sockets")
+    preflight.check_bind(None, False, comm)

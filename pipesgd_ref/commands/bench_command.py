@@ -12,6 +12,7 @@ from pipesgd_ref.comm.netem import LinkSpec
 from pipesgd_ref.errors import ConfigError
 from pipesgd_ref.runtime.jobenv import detect_env
 from pipesgd_ref.runtime.launch import check_local_workers
+from pipesgd_ref.runtime.preflight import check_bind
 
 CODECS = ("none", "trunc16", "bf16", "q8")
 
@@ -27,6 +28,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             "PIPESGD_FAULT is set, but bench allreduce injects no faults (only "
             "`pipesgd train` does); unset it"
         )
+    check_bind(args.bind, args.comm == "mpi" or detect_env() is not None, args.comm)
     if args.comm == "mpi":
         from pipesgd_ref.comm import mpi
 

@@ -65,7 +65,7 @@ from pipesgd_ref.errors import (
 from pipesgd_ref.methods.table import method
 from pipesgd_ref.runtime.jobenv import detect_env
 from pipesgd_ref.runtime.launch import check_local_workers
-from pipesgd_ref.runtime.preflight import check_config, check_idle_options
+from pipesgd_ref.runtime.preflight import check_bind, check_config, check_idle_options
 
 # OSErrors that a path the user gave causes (a last resort: outputs.py checks paths before the
 # work); any other OSError is a bug or a network fault and keeps its traceback.
@@ -94,7 +94,9 @@ def _check_faults(n_ranks: int, cfg: TrainConfig | None) -> None:
     try:
         # a server that counts pushes, p to a round (ps-async's), runs steps x p of them
         rounds = cfg is not None and method(cfg.algo).checkpoint_rounds
-        faults.check(n_ranks, steps=None if cfg is None else _fixed_steps(cfg), ps_async=rounds)
+        server = cfg.algo if cfg is not None and method(cfg.algo).server else ""
+        steps = None if cfg is None else _fixed_steps(cfg)
+        faults.check(n_ranks, steps=steps, ps_async=rounds, server=server)
     except ValueError as e:
         raise ConfigError(str(e)) from None
 
@@ -109,6 +111,7 @@ def cmd_compare(args: argparse.Namespace, cfg: TrainConfig) -> int:
         QUICK_CALIBRATION_REPS,
         QUICK_CALIBRATION_TRIES,
         REPEATS,
+        check_compare_options,
         quick_config,
         run_compare,
     )
@@ -123,6 +126,7 @@ def cmd_compare(args: argparse.Namespace, cfg: TrainConfig) -> int:
             "--lrs sets the learning rates of --study staleness; add --study staleness, or "
             "set one rate with --lr"
         )
+    check_compare_options(cfg)
     args.out_dir = args.out_dir or "runs/compare"
     more = {"repeats": REPEATS}
     if args.quick:
@@ -204,10 +208,13 @@ def cmd_train(args: argparse.Namespace, cfg: TrainConfig) -> int:
     from pipesgd_ref.logs import configure_parent_logging
     from pipesgd_ref.runtime.job import n_ranks
 
-    check_idle_options(cfg)  # an option that would do nothing in this run: refused, saying why
+    # an option that would do nothing in this run: refused, saying why
+    check_idle_options(cfg, TrainConfig.preset(args.preset))
     if cfg.comm == "mpi":
+        check_bind(args.bind, True, cfg.comm)
         return _train_mpi(args, cfg)
     job = detect_env()  # one rank of a job started by torchrun, mpirun or srun, or None
+    check_bind(args.bind, job is not None, cfg.comm)
     if job is None:
         check_local_workers(n_ranks(cfg), args.allow_many_workers, "train")
     _check_faults(job.world_size if job is not None else n_ranks(cfg), cfg)

@@ -47,6 +47,7 @@ from pipesgd_ref.commands.compare_figures import plot_compare
 from pipesgd_ref.commands.train import run_training
 from pipesgd_ref.config import TrainConfig, model_label
 from pipesgd_ref.data import load_dataset
+from pipesgd_ref.errors import ConfigError
 from pipesgd_ref.methods.table import method
 from pipesgd_ref.outputs import write_json
 from pipesgd_ref.runtime.preflight import check_config, check_run, n_params_of
@@ -108,6 +109,30 @@ def run_config(
         codec_pull="none",
         out=folder,
     )
+
+
+def check_compare_options(cfg: TrainConfig, runs=timing.COMPARE_RUNS) -> None:
+    """Refuse options that compare would ignore or that would mislabel a run: it picks each
+    run's method, codec and pull codec itself, and a pipe of width 1 is sync under pipe's name."""
+    labels = ", ".join(timing.run_label(algo, codec) for algo, codec in runs)
+    ignored = [
+        f"--{key.replace('_', '-')} {getattr(cfg, key)}"
+        for key in ("algo", "codec", "codec_pull")
+        if getattr(cfg, key) != getattr(TrainConfig, key)
+    ]
+    problems = []
+    if ignored:
+        problems.append(
+            f"{' and '.join(ignored)}: compare runs each method itself ({labels}) with full-"
+            f"precision pulls; drop it, or train one with `pipesgd train {' '.join(ignored)}`"
+        )
+    if cfg.width == 1 and any(method(algo).pipelined for algo, _ in runs):
+        problems.append(
+            "--width 1 makes compare's pipe runs synchronous: sync under pipe's name (sync "
+            "is a run of its own); use --width 2 or more"
+        )
+    if problems:
+        raise ConfigError("options compare would not use as asked: " + "; ".join(problems))
 
 
 def preflight_runs(cfg: TrainConfig, runs=timing.COMPARE_RUNS) -> None:

@@ -70,13 +70,22 @@ def parse(spec: str) -> list[Fault]:
     return faults
 
 
-def check(n_ranks: int, steps: int | None = None, ps_async: bool = False, environ=None) -> None:
+def check(
+    n_ranks: int, steps: int | None = None, ps_async: bool = False, environ=None, server=""
+) -> None:
     """Refuse a PIPESGD_FAULT that would inject nothing in a job of `n_ranks` ranks running
-    `steps` steps (None: not known yet): a rank outside the job, or a step the run never
-    reaches (ps-async's server, rank 0, counts updates: `steps` x its workers). ValueError
-    naming the fault; the CLI calls this before any worker starts."""
+    `steps` steps (None: not known yet): a rank outside the job, a step the run never reaches
+    (ps-async's server, rank 0, counts updates: `steps` x its workers), or a gradient fault
+    for a parameter server (`server`: the method's name when rank 0 is one), which computes
+    no gradient. ValueError naming the fault; the CLI calls this before any worker starts."""
     spec = (os.environ if environ is None else environ).get(ENV, "")
     for f in parse(spec):
+        if server and f.rank == 0 and f.action in ("nan", "inf"):
+            raise ValueError(
+                f"{ENV}: {f.action}@0:{f.step} writes into a gradient, and rank 0 of --algo "
+                f"{server} is the parameter server, which computes none; name a worker "
+                f"(rank 1..{n_ranks - 1}), e.g. {f.action}@1:{f.step}"
+            )
         if f.rank >= n_ranks:
             raise ValueError(
                 f"{ENV}: {f.action}@{f.rank}:{f.step} names rank {f.rank}, but the job has ranks "

@@ -9,6 +9,7 @@ depends on the rest of the package is checked here, where the package is at hand
                                server's pull order and the codecs are among their modules'
                                own lists, the link parses, --comm mpi leaves the wire to MPI
     check_idle_options(cfg)    options that would do nothing in this one training run
+    check_bind(...)            --bind where no listener of a joined rank is placed
     check_run(cfg, n_params)   once the model's size is known: the weights fit in memory and
                                the emulated link delivers the run's slowest frame in time
 
@@ -34,6 +35,7 @@ from pipesgd_ref.timing.emulated import SEGMENT_VALUES
 from pipesgd_ref.units import format_bandwidth, format_bytes, format_seconds
 
 __all__ = [
+    "check_bind",
     "check_config",
     "check_idle_options",
     "check_link_against_timeout",
@@ -155,8 +157,9 @@ def _compensation_problems(cfg: TrainConfig, row: Method) -> list[str]:
     return []
 
 
-def check_idle_options(cfg: TrainConfig) -> None:
-    """Refuse options that would do nothing in a training run of cfg, naming why.
+def check_idle_options(cfg: TrainConfig, preset: TrainConfig | None = None) -> None:
+    """Refuse options that would do nothing in a training run of cfg, naming why. `preset`:
+    the config cfg started from (its --preset), whose values nobody asked for on this run.
 
     Not in check_config: `pipesgd compare` derives one config per method from the same base
     (and timing.calibrate.calibrate one per codec), where e.g. --error-feedback matters for the
@@ -164,6 +167,11 @@ def check_idle_options(cfg: TrainConfig) -> None:
     config of one `pipesgd train` (local or a joined rank), before any worker starts."""
     row = method(cfg.algo)
     problems = []
+    if cfg.ps_pulls != (preset or TrainConfig()).ps_pulls and not row.server:
+        problems.append(
+            f"--ps-pulls {cfg.ps_pulls} orders a parameter server's pulls, and --algo "
+            f"{cfg.algo} has no server: use --algo ps-sync, or drop --ps-pulls"
+        )
     if cfg.error_feedback and cfg.codec == "none":
         problems.append(
             "--error-feedback adds back what the codec dropped, and --codec none drops nothing: "
@@ -208,6 +216,12 @@ def _pipeline_idle(cfg: TrainConfig, row: Method) -> list[str]:
             f"--warmup-steps {cfg.warmup_steps} with --width 1: a pipe of width 1 is synchronous "
             f"throughout; drop --warmup-steps, or use --width 2 or more"
         )
+    if row.pipelined and cfg.epochs == 0 and 0 < cfg.steps <= cfg.warmup_steps:
+        problems.append(
+            f"--warmup-steps {cfg.warmup_steps} with --steps {cfg.steps}: every step is a "
+            f"synchronous warm-up step, the pipeline never starts; use fewer warm-up steps "
+            f"than --steps, or --algo sync"
+        )
     # (the default width 2 stays allowed with --steps 1: a one-step run is a run)
     if row.pipelined and cfg.epochs == 0 and cfg.width > max(cfg.steps, 2):
         problems.append(
@@ -215,6 +229,22 @@ def _pipeline_idle(cfg: TrainConfig, row: Method) -> list[str]:
             f"update would wait until after the last step); use --width <= --steps"
         )
     return problems
+
+
+def check_bind(bind: str | None, joined: bool, comm: str) -> None:
+    """--bind picks the interface of a joined rank's listeners (a rank that torchrun, mpirun
+    or srun started, on the project's sockets): refuse it where there are none to place."""
+    if not bind or (joined and comm != "mpi"):
+        return
+    where = (
+        "under --comm mpi the MPI library picks its own interfaces"
+        if comm == "mpi"
+        else "this run starts its own local workers, which talk over loopback"
+    )
+    raise ConfigError(
+        f"--bind {bind} places the listeners of a rank joining a job from the environment "
+        f"(torchrun, mpirun, srun), and {where}: drop --bind"
+    )
 
 
 # --- once the model's size is known -----------------------------------------------------------
