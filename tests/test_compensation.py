@@ -341,3 +341,21 @@ def test_the_ssp_staleness_bound_holds_for_any_arrival_order(p, bound, seed):
 
     traj = async_ps_sgd(grad_fn, np.zeros(1), p, order, 0.1, max_staleness=bound)
     assert max(traj.staleness) <= (p - 1) * (2 * bound + 1), (order, traj.staleness)
+
+
+@pytest.mark.parametrize("compensation, dc_lambda, first", [
+    ("dc", 1e300, "Lower --dc-lambda (now 1e+300"), ("dc-adaptive", 5.0, "Lower --dc-lambda"),
+    ("dc", 0.04, "Lower --lr (now 0.1)"), ("none", 0.04, "Lower --lr (now 0.1)"),
+])  # fmt: skip
+def test_the_divergence_advice_names_dc_lambda_when_its_correction_is_large(
+    compensation, dc_lambda, first
+):
+    """A delay compensation weighed far above the default blows up before the step size does
+    (issue 29, 19): the advice names --dc-lambda first."""
+    from pipesgd_ref.config import TrainConfig
+    from pipesgd_ref.runtime.worker import diverged
+
+    cfg = TrainConfig(compensation=compensation, dc_lambda=dc_lambda)
+    message = str(diverged("worker 0", "the training loss is nan at step 2", cfg))
+    assert message.startswith("worker 0: the training loss is nan at step 2; the run diverged.")
+    assert f"diverged. {first}" in message

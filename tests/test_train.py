@@ -120,6 +120,17 @@ def test_diverging_training_names_rank_and_step(capsys):
     assert "diverged" in err and "at step" in err and "Traceback" not in err
 
 
+@pytest.mark.timeout(120)
+def test_a_huge_dc_lambda_is_named_when_the_run_diverges(capsys):
+    """Delay compensation weighed at 1e300 blows up at once: the advice is --dc-lambda, not
+    --lr (issue 29, 19)."""
+    argv = ["--preset=tiny", "--compensation=dc", "--dc-lambda=1e300", "--no-progress"]
+    assert main(["train", *argv]) == 2
+    err = capsys.readouterr().err
+    assert "diverged. Lower --dc-lambda (now 1e+300, the default 0.04)" in err
+    assert "diverged. Lower --lr" not in err and "Traceback" not in err
+
+
 def _run_until_checkpoint_then_kill(out, argv, min_step):
     """Start `pipesgd train` in its own process group; SIGKILL the whole job as soon as a
     checkpoint at or past `min_step` exists (a crash in mid-run), and return its step."""

@@ -356,8 +356,16 @@ def diverged(
     is found (a worker's loss or checkpoint, the one-process oracle's loss): who, what, and
     what to do. Stale gradients (`stale`: "staleness 1" for pipe of width 2, "ps-async's
     staleness") lower the largest stable step size (PAPER.md section 4), so the advice says
-    so where they are in play."""
+    so where they are in play. Under delay compensation (dc, dc-adaptive) with a --dc-lambda
+    above the default, the correction lam g*g*(w - w_stale) grows with lam and is the first
+    suspect: the advice names --dc-lambda before --lr."""
     advice = f"Lower --lr (now {cfg.lr})"
+    if cfg.compensation.startswith("dc") and cfg.dc_lambda > type(cfg).dc_lambda:
+        return TrainingDiverged(
+            f"{who}: {what}; the run diverged{kept}. Lower --dc-lambda (now {cfg.dc_lambda:g}, "
+            f"the default {type(cfg).dc_lambda}): delay compensation's correction lam g*g*(w - "
+            f"w_stale) grows with it; if it still diverges, lower --lr (now {cfg.lr})"
+        )
     if stale:
         advice += f"; with {stale} the largest stable step size is smaller than for synchronous SGD"
     return TrainingDiverged(f"{who}: {what}; the run diverged{kept}. {advice}")
