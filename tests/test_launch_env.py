@@ -115,3 +115,73 @@ def test_a_fixed_master_port_is_free_again_right_after_a_clean_run():
         assert launch_local(2, _nothing, start_method="fork", master_port=port,
                             timeout=10.0) == [0, 1], f"run {run}"  # fmt: skip
         assert time.monotonic() - start < 30, f"run {run} took {time.monotonic() - start:.1f} s"
+
+
+def _joined_ranks(tmp_path, *per_rank: list[str]) -> list[subprocess.CompletedProcess]:
+    """One `pipesgd train` per argument list, each a rank of one torchrun-style job on a free
+    port of the loopback; their completed processes, in rank order."""
+    launchers = ("MASTER_", "PIPESGD_", "OMPI_", "PMI_", "SLURM_", "RANK", "WORLD_SIZE", "LOCAL_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(launchers)}
+    path = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env |= {"WORLD_SIZE": str(len(per_rank)), "MASTER_ADDR": "127.0.0.1", "PYTHONPATH": path}
+    env |= {"MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1"}
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "pipesgd_ref",
+                "train",
+                "--preset=tiny",
+                "--timeout=60",
+                "--no-progress",
+                f"--out={tmp_path / f'out{rank}'}",
+                *args,
+            ],
+            env=env | {"RANK": str(rank)},
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for rank, args in enumerate(per_rank)
+    ]
+    done = []
+    for p in procs:
+        out, err = p.communicate(timeout=150)
+        done.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
+    return done
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize(
+    "rank1, named",
+    [
+        (["--lr=0.5"], "--lr 0.1 on rank 0 vs 0.5 on rank 1"),
+        (["--steps=61"], "--steps 60 on rank 0 vs 61 on rank 1"),
+    ],
+)
+def test_joined_ranks_started_with_different_options_are_refused_on_every_rank(
+    tmp_path, rank1, named
+):
+    """Issue 29, 8: ranks given another --lr trained on to different weights, and other --steps
+    failed in an AllReduce that never named --steps; now every rank refuses at once, naming the
+    option and each rank's value, and nothing is written."""
+    for rank, done in enumerate(_joined_ranks(tmp_path, [], rank1)):
+        assert done.returncode == 2, (rank, done.stderr)
+        assert done.stderr.startswith(
+            "pipesgd: error: the ranks of this job were started with different options: " + named
+        ), (rank, done.stderr)
+        assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+    assert not (tmp_path / "out0" / "summary.json").exists()
+
+
+def test_the_differences_name_each_option_and_each_ranks_value():
+    from pipesgd_ref.config import TrainConfig
+    from pipesgd_ref.runtime.agreement import PER_RANK, differences, shared_options
+
+    base = TrainConfig()
+    other = base.replace(out="/elsewhere", timeout=30.0, hidden=(32, 16))
+    assert not set(PER_RANK) & set(shared_options(base))
+    text = differences([shared_options(base), shared_options(other), shared_options(base)])
+    assert text == "--hidden 64 on ranks 0 and 2 vs 32,16 on rank 1"

@@ -23,6 +23,7 @@ from pipesgd_ref.errors import CommError, ConfigError, JobStopped, LaunchError
 from pipesgd_ref.logs import tag_log_lines
 from pipesgd_ref.methods.table import method
 from pipesgd_ref.outputs import write_json
+from pipesgd_ref.runtime.agreement import check_same_options
 from pipesgd_ref.runtime.job import build_worker, n_ranks, train_job
 from pipesgd_ref.runtime.jobenv import ENV_CONVENTIONS, detect_env, join_from_env
 from pipesgd_ref.runtime.lifetime import LocalStop, worker_signals
@@ -74,8 +75,9 @@ def run_training_joined(
     worker_signals(plan)
     comm = join(cfg, link, bind, mpi_comm)
     try:
-        t0 = time.perf_counter()  # "the job formed", on this rank's clock
         tag_log_lines(comm.rank)
+        check_same_options(comm, cfg)  # every rank given the same run, or none trains
+        t0 = time.perf_counter()  # "the job formed", on this rank's clock
         if comm.rank == 0:
             log(f"{describe(cfg, link)}; {joined_how(cfg, job)}")
         try:
