@@ -47,11 +47,12 @@ from pipesgd_ref.errors import OutputError
 
 LOCK_FILE = ".pipesgd.lock"
 # Files whose presence makes a folder an earlier run's results (train and reference:
-# summary.json, checkpoint.npz; compare: compare.json and one such folder per run).
-RUN_MARKERS = ("summary.json", "checkpoint.npz", "compare.json")
+# summary.json, checkpoint.npz; compare: compare.json and one such folder per run, or
+# INCOMPLETE while a comparison runs or after one was stopped).
+RUN_MARKERS = ("summary.json", "checkpoint.npz", "compare.json", "INCOMPLETE")
 # Every file a command writes at the top of its results folder: each must be free for a
 # regular file (missing, or a file) before the work, or the results are lost at its end.
-RESULT_FILES = (*RUN_MARKERS, "trace.json", "study.json")
+RESULT_FILES = ("summary.json", "checkpoint.npz", "compare.json", "trace.json", "study.json")
 _SCAN_DEPTH = 2  # compare's folders: DIR/LABEL/summary.json, DIR/LABEL/repeat-K/summary.json
 _TMP_EXTRA = 16  # characters an atomic write adds to a name: ".NAME.XXXXXXXX.tmp"
 _SCAN_LIMIT = 1000  # entries looked at, at most: --out pointed at a big folder stays fast

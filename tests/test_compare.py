@@ -344,6 +344,7 @@ def test_run_compare_end_to_end_on_a_tiny_problem(tmp_path):
         return
     for name in ("loss_vs_time", "time_breakdown", "timeline", "predicted_vs_bandwidth"):
         assert (tmp_path / f"{name}.png").is_file(), name
+    assert not (tmp_path / "INCOMPLETE").exists(), "a finished comparison is not marked"
 
 
 @pytest.mark.slow
@@ -376,3 +377,41 @@ def test_run_compare_repeats_each_method_and_keeps_the_soonest(tmp_path):
     assert any("each method ran 2 times" in line for line in lines)
     with pytest.raises(ValueError, match="repeats"):
         run_compare(cfg, out=None, runs=runs, calibration=calibration(), repeats=0)
+
+
+def test_a_stopped_compare_marks_its_folder_incomplete_and_says_what_to_do(tmp_path):
+    """Issue 29, 9: a compare (--overwrite) stopped in its second run left the earlier
+    comparison's compare.json and figures beside the new half-finished runs, and the stop line
+    advised --resume of one run's folder. Now the earlier report goes at the start, the folder
+    says it is incomplete until compare.json is written, and the line says to run it again."""
+    import signal
+    from types import SimpleNamespace
+
+    from pipesgd_ref.errors import JobStopped
+    from pipesgd_ref.outputs import earlier_run
+
+    for name in ("compare.json", "timeline.png"):  # an earlier, complete comparison
+        (tmp_path / name).write_text("earlier")
+    ran = []
+
+    def train(cfg, progress, log, label):
+        ran.append(cfg.algo)
+        if len(ran) == 2:
+            stopped = JobStopped(signal.SIGINT)
+            stopped.cfg = cfg
+            raise stopped
+        assert (tmp_path / "INCOMPLETE").is_file(), "marked before the first run"
+        return summary(10.0, 1.0), [SimpleNamespace(events=[])]
+
+    cfg = CFG.replace(hidden=(32,), bandwidth="inf", latency="0", world_size=2)
+    with pytest.raises(JobStopped) as stopped:
+        cal = calibration(bandwidth=math.inf)
+        run_compare(cfg, tmp_path, False, lambda _: None, TINY_RUNS, cal, repeats=1, train=train)
+    assert ran == ["ps-sync", "sync"]
+    assert str(stopped.value) == (
+        f"compare: stopped by SIGINT during sync (3 runs in all); {tmp_path} is incomplete (see "
+        f"{tmp_path / 'INCOMPLETE'}): a comparison does not resume, run it again with --overwrite"
+    )
+    assert not (tmp_path / "compare.json").exists() and not (tmp_path / "timeline.png").exists()
+    assert "--overwrite" in (tmp_path / "INCOMPLETE").read_text()
+    assert earlier_run(tmp_path) == tmp_path / "INCOMPLETE", "a new compare needs --overwrite"

@@ -47,9 +47,9 @@ from pipesgd_ref.commands.compare_figures import plot_compare
 from pipesgd_ref.commands.train import run_training
 from pipesgd_ref.config import TrainConfig, model_label
 from pipesgd_ref.data import load_dataset
-from pipesgd_ref.errors import ConfigError
+from pipesgd_ref.errors import ConfigError, JobStopped
 from pipesgd_ref.methods.table import method
-from pipesgd_ref.outputs import write_json
+from pipesgd_ref.outputs import write_json, write_text_atomic
 from pipesgd_ref.runtime.preflight import check_config, check_run, n_params_of
 from pipesgd_ref.timing.calibrate import calibrate
 from pipesgd_ref.timing.sharing import CALIBRATION_REPS, CALIBRATION_TRIES
@@ -63,6 +63,16 @@ CHECKS = (
 )
 
 
+# What a finished comparison writes beside its run folders, and the file that marks a folder
+# whose comparison has not finished (outputs.RUN_MARKERS keeps a second one off it too).
+REPORT_FILES = (
+    "compare.json",
+    "loss_vs_time.png",
+    "time_breakdown.png",
+    "timeline.png",
+    "predicted_vs_bandwidth.png",
+)
+INCOMPLETE = "INCOMPLETE"
 REPEATS = 2  # runs of each method; the table keeps the one that reached the target soonest
 QUICK_CALIBRATION_REPS = 6  # timed steps per process in --quick's calibration...
 QUICK_CALIBRATION_TRIES = 1  # ...and one launch per figure (the default takes the best of 2)
@@ -190,6 +200,39 @@ def run_compare(
         raise ValueError(f"repeats must be at least 1, got {repeats}")
     preflight_runs(cfg, runs)  # before the calibration starts a worker
     out_dir = Path(out) if out else None
+    if out_dir is not None:
+        mark_incomplete(out_dir)
+    try:
+        return _compare(
+            cfg,
+            out_dir,
+            progress,
+            log,
+            runs,
+            calibration,
+            calibration_reps,
+            calibration_tries,
+            repeats,
+            train,
+        )
+    except JobStopped as e:
+        e.args = (compare_stopped_line(e, out_dir, runs),)
+        raise
+
+
+def _compare(
+    cfg,
+    out_dir,
+    progress,
+    log,
+    runs,
+    calibration,
+    calibration_reps,
+    calibration_tries,
+    repeats,
+    train,
+) -> dict[str, Any]:
+    """run_compare's work, once the folder is marked incomplete."""
     started = time.perf_counter()
     times = f" x {repeats} repeats" if repeats > 1 else ""
     log(
@@ -230,8 +273,37 @@ def run_compare(
         figures = plot_compare(report, summaries, traces, cal, cfg, out_dir)
         extra = f" and {len(figures)} figures" if figures else " (no matplotlib: no figures)"
         log(f"wrote {out_dir / 'compare.json'}{extra}")
+        (out_dir / INCOMPLETE).unlink(missing_ok=True)
     log(f"compare: done in {report['wall_time_s']:.0f} s")
     return report
+
+
+def mark_incomplete(out_dir: Path) -> None:
+    """Before the first run: the folder says it holds an unfinished comparison (INCOMPLETE,
+    removed once compare.json is written), and an earlier comparison's report and figures
+    (--overwrite) go, so none of them stands beside the new runs' half-finished folders."""
+    for name in REPORT_FILES:
+        (out_dir / name).unlink(missing_ok=True)
+    write_text_atomic(
+        out_dir / INCOMPLETE,
+        "This comparison did not finish: the run folders here are partial and there is no "
+        "compare.json yet.\nA comparison does not resume: run `pipesgd compare` again with "
+        "--overwrite.\n",
+    )
+
+
+def compare_stopped_line(stopped: JobStopped, out_dir: Path | None, runs) -> str:
+    """The one line a stopped comparison ends with: the signal, the run it stopped, and what
+    to do (a run's own advice, --resume of its folder, would not finish the comparison)."""
+    run = stopped.cfg
+    which = f" during {timing.run_label(run.algo, run.codec)}" if run is not None else ""
+    line = f"compare: stopped by {stopped.signal_name}{which} ({len(runs)} runs in all)"
+    if out_dir is None:
+        return line
+    return (
+        f"{line}; {out_dir} is incomplete (see {out_dir / INCOMPLETE}): a comparison does not "
+        f"resume, run it again with --overwrite"
+    )
 
 
 def run_repeats(
