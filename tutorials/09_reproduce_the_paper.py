@@ -74,7 +74,7 @@ print(f"ratio p^2/(p-1) = {ps_wire / ring_wire:.2f}x")
 # %% [markdown]
 # ## 1. The `compare` preset, and why it is communication-heavy
 #
-# `TrainConfig.preset("compare")` (pipesgd_ref/config.py) is the problem every run shares:
+# `TrainConfig.preset("compare")` (pipesgd_ref/presets.py) is the problem every run shares:
 
 # %%
 shown = ("dataset", "model", "hidden", "world_size", "batch_size", "lr", "steps", "eval_every",

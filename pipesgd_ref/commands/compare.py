@@ -28,7 +28,7 @@ one per repeat: ps-sync/repeat-1, ps-sync/repeat-2, ...), and with matplotlib:
 loss_vs_time.png, time_breakdown.png, timeline.png, predicted_vs_bandwidth.png (drawn from the
 kept repeats).
 
-The default problem is the `compare` preset (config.py): an emulated network on which a ring
+The default problem is the `compare` preset (presets.py): an emulated network on which a ring
 AllReduce of the gradient takes about as long as the computation of one step on this machine's
 shared cores, the communication-heavy regime of the paper, where pipelining pays most.
 """

@@ -213,7 +213,7 @@ def resolve_config(args: argparse.Namespace, rest: list[str]) -> TrainConfig:
     given = parse_overrides(overrides)
     preset = args.preset
     if args.command == "compare" and preset == "compare" and given.get("model") == "cnn":
-        preset = "compare-cnn"  # the CNN's own comparison (config.py), not the MLP's with a CNN
+        preset = "compare-cnn"  # the CNN's own comparison (presets.py), not the MLP's with a CNN
     cfg = TrainConfig.preset(preset)
     if args.config == "":
         raise ConfigError("--config is empty; give a .toml or .json file of config keys")
