@@ -256,9 +256,10 @@ def _staleness_problems(cfg: TrainConfig) -> list[str]:
 # page fault or a peer's start fails a healthy job, blaming a rank that did nothing wrong.
 MIN_TIMEOUT = 1.0
 # The largest whole number each integer field takes: a count past MAX_COUNT (steps, a width, a
-# period) is a typo or a run that never ends; a seed is stored as an int64 in checkpoints.
+# period) is a typo or a run that never ends; a seed fits an int64, as any reader of
+# summary.json or another tool's generator takes it. (master_port has its own range above.)
 MAX_COUNT = 10**9
-INT_BOUNDS = {"seed": 2**63 - 1, "max_restarts": 1000, "master_port": 65535}
+INT_BOUNDS = {"seed": 2**63 - 1, "max_restarts": 1000, "master_port": math.inf}
 
 
 def _size_bound_problems(cfg: TrainConfig) -> list[str]:
