@@ -560,6 +560,58 @@ def test_wrong_token_is_refused_garbage_dropped_and_the_job_still_forms():
     assert "bad magic" in logged, logged
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("transport", ["tcp", "unix"])
+def test_idle_strangers_on_every_data_listener_do_not_stop_the_job(monkeypatch, transport):
+    """A local process holding idle connections to each data listener (as found with `ss`)
+    neither stops the job from forming nor gets an innocent rank blamed: hellos are read
+    concurrently, and each stranger is logged as one."""
+    from pipesgd_ref.comm import rendezvous
+
+    strays, per_listener = [], 3
+
+    def occupied(listener: socket.socket) -> socket.socket:
+        for _ in range(per_listener):  # connected before any rank of the job can be
+            stray = socket.socket(listener.family, socket.SOCK_STREAM)
+            stray.connect(listener.getsockname())
+            strays.append(stray)
+        return listener
+
+    real_listen, real_listen_unix = rendezvous.listen, rendezvous.listen_unix
+    monkeypatch.setattr(rendezvous, "listen", lambda *a: occupied(real_listen(*a)))
+    monkeypatch.setattr(rendezvous, "listen_unix", lambda: occupied(real_listen_unix()))
+    logger = logging.getLogger("pipesgd.rendezvous")
+    handler = ListHandler()
+    logger.addHandler(handler)
+    monkeypatch.setattr(logger, "level", logging.WARNING)
+    port, world, timeout = free_port(), 3, 5.0  # strangers served one by one: 3 x 5 s > 5 s
+    specs = {
+        r: (JobSpec(r, world, master_port=port, token="t", timeout=timeout, transport=transport),)
+        for r in range(world)
+    }
+    try:
+        start = time.monotonic()
+        comms = Ranks(init_process_group, specs).start().join(timeout=4 * timeout)
+        elapsed = time.monotonic() - start
+        record(f"{transport} job formed beside {len(strays)} idle strangers", elapsed)
+        try:
+            inputs = {r: np.full(4, r + 1.0) for r in range(world)}
+            summed = Ranks(allreduce, {r: (comms[r], inputs[r]) for r in range(world)})
+            for r, out in summed.start().join(timeout=2 * timeout).items():
+                np.testing.assert_array_equal(out, np.full(4, 6.0), err_msg=f"rank {r}")
+        finally:
+            for comm in comms.values():
+                comm.close()
+    finally:
+        for stray in strays:
+            stray.close()
+        logger.removeHandler(handler)
+    logged = "\n".join(handler.messages)
+    assert elapsed < timeout, f"the job took {elapsed:.1f} s to form (timeout {timeout} s)"
+    assert "a stranger (not a rank of this job)" in logged, logged
+    assert "rank -1" not in logged and "did not connect" not in logged, logged
+
+
 # --- 6. a busy port --------------------------------------------------------------------------
 
 

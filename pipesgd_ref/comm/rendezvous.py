@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pipesgd_ref.comm import shm
 from pipesgd_ref.comm.activity import doing
 from pipesgd_ref.comm.communicator import Communicator
+from pipesgd_ref.comm.hellos import HELLO_TIMEOUT, HelloReader, drop_stranger, read_hello, where
 from pipesgd_ref.comm.links import Link
 from pipesgd_ref.comm.netem import LinkSpec
 from pipesgd_ref.comm.sockets import connect, connect_unix, listen, listen_unix, node_id
@@ -49,7 +50,6 @@ from pipesgd_ref.comm.wire import Kind
 from pipesgd_ref.errors import CommError, RendezvousError
 
 log = logging.getLogger("pipesgd.rendezvous")
-HELLO_TIMEOUT = 5.0  # a connection that has not said hello by then is dropped
 TRANSPORTS = ("auto", "tcp", "unix", "shm")
 # What `auto` picks between two ranks on one host: the fastest path (measured by
 # `pipesgd bench allreduce --transport tcp,unix,shm`; benchmarks/RESULTS.md).
@@ -173,43 +173,53 @@ class _Store:
     def _handle(self, conn: socket.socket, addr) -> None:
         """One connection: its hello registers a rank, or it is refused with the reason."""
         link = Link(conn, rank=0, peer=-1, timeout=HELLO_TIMEOUT)
-        try:
-            with doing("rendezvous hello"):
-                hello = link.recv_json(Kind.HELLO)
-        except CommError as e:
-            log.warning("rendezvous: dropped a connection from %s:%s: %s", *addr[:2], e)
-            link.close()
+        hello, why = read_hello(link)
+        if hello is None:
+            drop_stranger(link, addr, "rendezvous store", why)
             return
-        reason = self._refusal(hello)
+        reason = _store_refusal(hello, self.spec)
+        if reason is None:
+            rank = hello["rank"]
+            address = {
+                "host": hello.get("host") or addr[0],  # bound to all interfaces: its source IP
+                "port": hello["port"],
+                "unix": hello.get("unix", ""),  # its unix listener ("": a tcp-only job)
+                "node": hello.get("node") or addr[0],  # its host (node_id)
+            }
+            with self.lock:  # checked and taken at once: two hellos of one rank race here
+                if rank in self.registered or self.all_in.is_set():
+                    reason = f"rank {rank} has already joined (two processes with one RANK?)"
+                else:
+                    link.peer, link.timeout = rank, self.spec.timeout
+                    self.registered[rank] = (link, address)
+                    if len(self.registered) == self.spec.world_size:
+                        self.all_in.set()
         if reason:
-            log.warning("rendezvous: refused a connection from %s:%s: %s", *addr[:2], reason)
+            log.warning("rendezvous: refused a connection from %s:%s: %s", *where(addr), reason)
             _refuse(link, reason, "rendezvous")
-            return
-        address = {
-            "host": hello.get("host") or addr[0],  # a rank bound to all interfaces: its source IP
-            "port": int(hello["port"]),
-            "unix": str(hello.get("unix") or ""),  # its unix listener ("": a tcp-only job)
-            "node": str(hello.get("node") or addr[0]),  # its host (node_id)
-        }
-        link.peer, link.timeout = hello["rank"], self.spec.timeout
-        with self.lock:
-            self.registered[link.peer] = (link, address)
-            if len(self.registered) == self.spec.world_size:
-                self.all_in.set()
 
-    def _refusal(self, hello: dict) -> str | None:
-        """Why a hello is refused (None: it registers a rank)."""
-        spec, rank = self.spec, hello.get("rank")
-        if not _token_ok(hello.get("token"), spec.token):
-            return "wrong job token (this is a different job, or PIPESGD_JOB_TOKEN differs)"
-        if hello.get("world_size") != spec.world_size:
-            return f"world size {hello.get('world_size')} != the job's {spec.world_size}"
-        if not isinstance(rank, int) or not 0 <= rank < spec.world_size:
-            return f"rank {rank!r} is outside 0..{spec.world_size - 1}"
-        with self.lock:
-            if rank in self.registered:
-                return f"rank {rank} has already joined (two processes with one RANK?)"
-        return None
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _store_refusal(hello: dict, spec: JobSpec) -> str | None:
+    """Why a registration is refused (None: it registers a rank). The token comes first: a
+    process without it learns nothing about the job (not even which field it got wrong)."""
+    if not _token_ok(hello.get("token"), spec.token):
+        return "wrong job token (this is a different job, or PIPESGD_JOB_TOKEN differs)"
+    rank, size, port = hello.get("rank"), hello.get("world_size"), hello.get("port")
+    if size != spec.world_size or not _is_int(size):
+        return f"world size {size!r} != the job's {spec.world_size}"
+    if not _is_int(rank) or not 0 <= rank < spec.world_size:
+        return f"rank {rank!r} is outside 0..{spec.world_size - 1}"
+    if not _is_int(port) or not 1 <= port <= 65535:
+        return f"rank {rank}: listening port {port!r} is not a port number in 1..65535"
+    for name in ("host", "unix", "node"):
+        value = hello.get(name, "")
+        if not isinstance(value, str) or len(value) > 255:
+            return f"rank {rank}: {name} {value!r:.60} is not a string of at most 255 characters"
+    return None
 
 
 def _refuse(link: Link, reason: str, what: str) -> None:
@@ -261,45 +271,46 @@ def _accept_peers(
     """Accept connections (on the tcp listener, and the unix one when the job has it) until
     every expected (purpose, rank) has said hello with the job's token over the transport both
     ends derive from the table; refuse anything else (wrong token, unexpected rank, another
-    transport, garbage) and keep waiting."""
+    transport, garbage) and keep waiting. Each connection reads its hello in a thread of its own
+    (comm/hellos.py), so strangers that connect and say nothing hold up no one."""
     deadline = time.monotonic() + spec.timeout
     links: dict[tuple[str, int], Link] = {}
-    while len(links) < len(expected):
-        if time.monotonic() > deadline:
-            missing = sorted(expected - set(links), key=lambda k: k[1])
-            names = ", ".join(f"rank {r} ({what})" for what, r in missing)
-            raise RendezvousError(
-                f"rank {spec.rank}: {names} did not connect within {spec.timeout:.1f} s; did it "
-                f"crash? raise --timeout to wait longer"
-            )
-        ready, _, _ = select.select(listeners, [], [], 0.1)
-        if ready:
-            with doing("hello"):
-                _accept_one(ready[0], spec, expected, addrs, links)
+    hellos = HelloReader(
+        spec.rank, lambda conn: Link(conn, spec.rank, -1, HELLO_TIMEOUT, spec=spec.link)
+    )
+    try:
+        while len(links) < len(expected):
+            if time.monotonic() > deadline:
+                missing = sorted(expected - set(links), key=lambda k: k[1])
+                names = ", ".join(f"rank {r} ({what})" for what, r in missing)
+                raise RendezvousError(
+                    f"rank {spec.rank}: {names} did not connect within {spec.timeout:.1f} s; "
+                    f"did it crash? raise --timeout to wait longer"
+                )
+            ready, _, _ = select.select(listeners, [], [], 0.02)
+            for listener in ready:
+                hellos.accept(listener)
+            said = hellos.take(0.0 if ready else 0.03)
+            if said is not None:
+                with doing("hello"):
+                    _admit(*said, spec, expected, addrs, links)
+    finally:
+        hellos.close()
     return links
 
 
-def _accept_one(listener, spec: JobSpec, expected: set, addrs: list, links: dict) -> None:
-    """Accept one connection: a peer that says the hello `expected` of it joins `links`
-    (welcomed, or, over shm, given this rank's region); anything else is refused."""
-    conn, addr = listener.accept()
-    addr = addr if isinstance(addr, tuple) else ("unix socket", "-")
-    link = Link(conn, spec.rank, peer=-1, timeout=HELLO_TIMEOUT, spec=spec.link)
-    try:
-        hello = link.recv_json(Kind.HELLO)
-    except CommError as e:
-        log.warning("rank %d: dropped a connection from %s:%s: %s", spec.rank, *addr[:2], e)
-        link.close()
-        return
+def _admit(link: Link, hello: dict, addr, spec: JobSpec, expected, addrs, links: dict) -> None:
+    """A connection that said `hello`: the peer `expected` of it joins `links` (welcomed, or,
+    over shm, given this rank's region); anything else is refused."""
     key = (hello.get("purpose"), hello.get("rank"))
     reason, how = _peer_refusal(hello, key, link, spec, expected, links, addrs)
     if reason:
-        log.warning("rank %d: refused a connection from %s:%s: %s", spec.rank, *addr[:2], reason)
+        log.warning("rank %d: refused a connection from %s:%s: %s", spec.rank, *where(addr), reason)
         _refuse(link, reason, "hello")
         return
     link.peer, link.timeout = key[1], spec.timeout
     if how == "shm":  # the connector's region came right after its hello
-        link = _shm_link(link, theirs=shm.recv_region(conn, spec.rank, key[1], spec.timeout))
+        link = _shm_link(link, theirs=shm.recv_region(link.sock, spec.rank, key[1], spec.timeout))
     else:
         link.send_json(Kind.WELCOME, {})
     links[key] = link
@@ -309,6 +320,8 @@ def _peer_refusal(hello, key, link, spec, expected, links, addrs) -> tuple[str |
     """(why a peer's hello is refused, None when it is not; the link's transport)."""
     if not _token_ok(hello.get("token"), spec.token):
         return "wrong job token", ""
+    if not all(isinstance(part, (str, int)) for part in key):
+        return f"a hello naming purpose {key[0]!r} and rank {key[1]!r}", ""
     if key not in expected or key in links:
         return f"unexpected {key[0]!r} connection from rank {key[1]!r}", ""
     how = link_transport(spec.transport, spec.rank, key[1], addrs)
