@@ -612,6 +612,78 @@ def test_idle_strangers_on_every_data_listener_do_not_stop_the_job(monkeypatch, 
     assert "rank -1" not in logged and "did not connect" not in logged, logged
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "change, reason",
+    [
+        ({"port": None}, "listening port None is not a port"),  # a hello without a port
+        ({"port": "29500"}, "listening port '29500' is not a port"),
+        ({"port": 70000}, "listening port 70000 is not a port"),
+        ({"rank": [1]}, "rank [1] is outside"),
+        ({"rank": True}, "rank True is outside"),
+        ({"world_size": 2.0}, "world size 2.0 != the job's 2"),
+        ({"host": ["h"]}, "host ['h'] is not a string"),
+        ({"node": "x" * 300}, "node 'xxx"),
+        ({"token": None}, "wrong job token"),
+    ],
+)
+def test_the_store_refuses_a_malformed_registration_and_the_job_still_forms(
+    monkeypatch, change, reason
+):
+    """Every field of a registration is checked: a malformed one is refused with the reason (it
+    gets no address table), no store thread dies, and the real rank still joins."""
+    died = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: died.append(args.exc_value))
+    port, token = free_port(), "the-real-token"
+    specs = {r: (JobSpec(r, 2, master_port=port, token=token, timeout=5.0),) for r in (0, 1)}
+    ranks = Ranks(init_process_group, specs).start(0)
+    stray = Link(connect_when_listening(port), rank=9, peer=0, timeout=5.0)
+    hello = {"token": token, "rank": 1, "world_size": 2, "host": "127.0.0.1", "port": 1,
+             "unix": "", "node": "n", "purpose": "store"} | change  # fmt: skip
+    hello = {k: v for k, v in hello.items() if v is not None}
+    try:
+        stray.send_json(Kind.HELLO, hello)
+        with pytest.raises(CommError, match="refused") as info:
+            stray.recv_json(Kind.CONTROL)
+        assert reason in str(info.value), info.value
+        comms = ranks.start(1).join(timeout=10.0)
+        for comm in comms.values():
+            comm.close()
+    finally:
+        stray.close()
+    assert died == [], f"a store thread died: {died}"
+
+
+@pytest.mark.timeout(60)
+def test_a_data_listener_refuses_a_hello_with_an_unhashable_rank(monkeypatch):
+    """A hello whose rank is a list (token right) is refused; the rank does not crash."""
+    from pipesgd_ref.comm import rendezvous
+
+    port, token = free_port(), "t"
+    real_listen = rendezvous.listen
+
+    def with_stray(host, port_, what, rank):
+        listener = real_listen(host, port_, what, rank)
+        if what == "data links" and rank == 0:
+            stray = Link(socket.create_connection(listener.getsockname()), 9, 0, 5.0)
+            stray.send_json(Kind.HELLO, {"token": token, "rank": [1], "purpose": "ring"})
+            strays.append(stray)
+        return listener
+
+    strays = []
+    monkeypatch.setattr(rendezvous, "listen", with_stray)
+    specs = {r: (JobSpec(r, 2, master_port=port, token=token, timeout=5.0),) for r in (0, 1)}
+    try:
+        comms = Ranks(init_process_group, specs).start().join(timeout=10.0)
+        for comm in comms.values():
+            comm.close()
+        with pytest.raises(CommError, match="refused .* rank \\[1\\]"):
+            strays[0].recv_json(Kind.WELCOME)
+    finally:
+        for stray in strays:
+            stray.close()
+
+
 # --- 6. a busy port --------------------------------------------------------------------------
 
 
