@@ -955,3 +955,30 @@ def test_a_killed_runs_temporary_files_are_removed_at_the_next_start(tmp_path):
     assert rc == 0, err[-3000:]
     assert not [n for n in leftovers if (run / n).exists()], err
     assert (run / "notes.tmp").exists() and "temporary file(s)" in err
+
+
+# --- two local jobs started at once on one --master-port -------------------------------------
+
+
+def test_two_jobs_started_at_once_on_one_master_port(tmp_path):
+    """The launcher binds the store's port itself and hands it to rank 0, so the loser of the
+    race learns at once, in one line, that the port is taken: none of its ranks starts, and
+    none reaches the winner's store to be refused for a "wrong job token" (issue 29, item 20)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    runs = [["train", *TINY.split(), "--steps=20", f"--master-port={port}",
+             f"--out={tmp_path / name}"] for name in ("a", "b")]  # fmt: skip
+    with ThreadPoolExecutor(2) as pool:
+        done = list(pool.map(lambda argv: run_pipesgd(argv, {}, tmp_path), runs))
+    codes = sorted(rc for rc, *_ in done)
+    assert codes == [0, 2], [(rc, err[-2000:]) for rc, _, err, _ in done]
+    rc, _, err, group = next(run for run in done if run[0] == 2)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("pipesgd: error: "), err
+    assert f"port {port} on 127.0.0.1 is in use" in lines[0] and "--master-port" in lines[0]
+    assert "token" not in err, err
+    for _, _, _, group in done:
+        assert not left_behind(group, tmp_path)

@@ -20,10 +20,21 @@ abstract address: no file to clean up); both ends of a link derive its transport
 and the acceptor checks the connector's claim. unix or shm asked for between two hosts is an
 error naming both ranks.
 
-A per-job token (random for local jobs; PIPESGD_JOB_TOKEN across hosts) travels in every HELLO
-and is compared in constant time. A connection with a wrong token, a wrong rank, or bytes that
-are not a frame is refused with a reason and logged; rendezvous goes on waiting for the real
-peer. Listeners bind to loopback unless another interface is asked for (`bind`).
+A per-job token travels in every HELLO and is compared in constant time. A connection with a
+wrong token, a wrong or malformed field, or bytes that are not a frame is refused with a reason
+and logged; one that says nothing within HELLO_TIMEOUT is dropped as a stranger. Hellos are read
+concurrently (comm/hellos.py), so idle connections hold up no one, and rendezvous goes on waiting
+for the real peer. A process without the token gets nothing: no address table, no rank.
+What the token protects against depends on where it comes from:
+    local jobs    a random 128-bit token (`new_token`), handed to the workers by the launcher:
+                  no other process can join or learn the job's addresses
+    PIPESGD_JOB_TOKEN   a secret the launcher or scheduler exports to every rank: the same, for
+                  anyone who cannot read a rank's environment (the same user, or root, can)
+    the default   sha256 of MASTER_ADDR and MASTER_PORT (runtime/jobenv.py), which anyone can
+                  compute: it keeps jobs on different addresses or ports apart and turns away
+                  programs that are not pipesgd, but keeps out no one who means to join
+The token is not encryption: the links carry gradients in the clear.
+Listeners bind to loopback unless another interface is asked for (`bind`).
 """
 
 from __future__ import annotations
@@ -111,9 +122,9 @@ def _token_ok(presented: object, token: str) -> bool:
 class _Store:
     """Rank 0's address book: collects p registrations, then hands everyone the table."""
 
-    def __init__(self, spec: JobSpec):
+    def __init__(self, spec: JobSpec, sock: socket.socket | None = None):
         self.spec = spec
-        self.sock = listen(spec.bind, spec.master_port, "rendezvous store", 0)
+        self.sock = sock or listen(spec.bind, spec.master_port, "rendezvous store", 0)
         self.port = self.sock.getsockname()[1]
         self.registered: dict[int, tuple[Link, dict]] = {}
         self.lock = threading.Lock()
@@ -363,12 +374,16 @@ def _shm_link(link: Link, theirs=None, ours=None) -> shm.ShmLink:
     )
 
 
-def init_process_group(spec: JobSpec, star: bool = False) -> Communicator:
+def init_process_group(
+    spec: JobSpec, star: bool = False, store_sock: socket.socket | None = None
+) -> Communicator:
     """Join the job described by `spec`; returns this rank's Communicator with its ring links
     ready, and with `star=True` also the links of a star around rank 0 (the parameter server):
     `comm.server` on ranks 1..p-1, `comm.clients[r]` on rank 0. Each link is of the transport
-    `link_transport` derives from spec.transport and where the two ranks run."""
-    store = _Store(spec) if spec.rank == 0 else None
+    `link_transport` derives from spec.transport and where the two ranks run. `store_sock`
+    (rank 0): the store's listener, already bound by a launcher that holds the port from the
+    moment it checked it (runtime/launch.py), so no other job can take it in between."""
+    store = _Store(spec, store_sock) if spec.rank == 0 else None
     if store is not None and spec.master_port == 0:  # port 0: the store picked one
         spec = dataclasses.replace(spec, master_port=store.port)
     listeners = [listen(spec.bind, 0, "data links", spec.rank)]

@@ -13,7 +13,9 @@ default would only leave every rank on another host waiting for a store that is 
 under mpirun pass them with `-x MASTER_ADDR=... -x MASTER_PORT=...`. Under torchrun
 itself, whose agent keeps its own store on MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE=True), the
 store listens on MASTER_PORT + 1; PIPESGD_MASTER_PORT, when set, overrides the port everywhere.
-The job token comes from PIPESGD_JOB_TOKEN; every rank must have the same one.
+The job token comes from PIPESGD_JOB_TOKEN, a secret every rank must have (the launcher or the
+batch script exports it); without it, ranks derive one from MASTER_ADDR and MASTER_PORT that
+anyone can compute (what each protects against: comm/rendezvous.py's docstring).
 """
 
 from __future__ import annotations
@@ -107,7 +109,8 @@ def detect_env(environ: Mapping[str, str] | None = None) -> JobEnv | None:
 
 def _default_token(addr: str, port: int) -> str:
     """Without PIPESGD_JOB_TOKEN every rank derives the same token from the store's address:
-    it keeps two jobs on different ports apart, not a hostile process out."""
+    it keeps two jobs on different addresses or ports apart and turns away programs that are
+    not pipesgd, but anyone can compute it: it keeps no hostile process out."""
     return hashlib.sha256(f"pipesgd:{addr}:{port}".encode()).hexdigest()[:32]
 
 

@@ -104,6 +104,7 @@ def _worker_main(
     plan: StopPlan,
     parent: int,
     grace: float,
+    store_sock: socket.socket | None = None,
 ) -> None:
     # First: a signal from now on asks the job to stop (no KeyboardInterrupt traceback), and
     # this process never outlives the launcher (lifetime.py).
@@ -114,7 +115,7 @@ def _worker_main(
         pin_to_core(spec.rank)
     comm = None
     try:
-        comm = init_process_group(spec, star=star)
+        comm = init_process_group(spec, star=star, store_sock=store_sock)
         value = target(comm, *args)
         results.put(("ok", spec.rank, value))
     except (CommError, JobError, ConfigError, DataError) as e:  # ours say what happened and
@@ -207,8 +208,8 @@ def launch_local(
     if world_size < 1:
         raise LaunchError(f"world_size must be >= 1, got {world_size}")
     ctx = mp.get_context(start_method)
-    check_port(master_port)  # in use: one line here, not an error in every worker
-    port = master_port or free_port()
+    store = hold_store_port(master_port)  # in use: one line here, before any worker starts
+    port = store.getsockname()[1]
     spec = JobSpec(
         rank=0,
         world_size=world_size,
@@ -225,15 +226,7 @@ def launch_local(
     plan = StopPlan(ctx, world_size)
     # every worker gets the same arguments but its own rank: _worker_main(spec_r, *shared)
     shared = (target, args, results, logging_setup, pin_cores, star, plan, os.getpid(), stop_grace)
-    procs = [
-        ctx.Process(
-            target=_worker_main,
-            args=(dataclasses.replace(spec, rank=r), *shared),
-            name=f"pipesgd-rank{r}",
-            daemon=True,
-        )
-        for r in range(world_size)
-    ]
+    procs = _workers(ctx, spec, shared, store)
     values: dict[int, Any] = {}
     errors: dict[int, str] = {}
     blamed: dict[int, int | None] = {}  # failed rank -> the rank its error points to
@@ -241,30 +234,57 @@ def launch_local(
     try:
         with LauncherSignals(plan, stop_grace) as signals:  # before any worker starts
             _supervise(
-                procs, results, world_size, values, errors, blamed, signals, grace, job_timeout
+                procs,
+                results,
+                world_size,
+                values,
+                errors,
+                blamed,
+                signals,
+                grace,
+                job_timeout,
+                store,
             )
     finally:
+        store.close()  # rank 0 has its own copy (or never started)
         logging_setup.stop()
     _raise_unless_done(world_size, values, errors, blamed, signals.signum, plan.stop_at)
     return [values[r] for r in range(world_size)]
 
 
-def check_port(master_port: int | None) -> None:
-    """Refuse a --master-port that something already listens on (LaunchError)."""
-    if not master_port:
-        return
+def _workers(ctx, spec: JobSpec, shared: tuple, store: socket.socket) -> list:
+    """The worker processes, not started: rank r runs _worker_main(spec of rank r, *shared),
+    and rank 0 also gets the store's listener."""
+    return [
+        ctx.Process(
+            target=_worker_main,
+            args=(dataclasses.replace(spec, rank=r), *shared, store if r == 0 else None),
+            name=f"pipesgd-rank{r}",
+            daemon=True,
+        )
+        for r in range(spec.world_size)
+    ]
+
+
+def hold_store_port(master_port: int | None) -> socket.socket:
+    """The rendezvous store's listener on 127.0.0.1:master_port (None or 0: a free port the OS
+    picks), bound here and handed to rank 0: a port checked free and bound later by rank 0 could
+    be taken in between by another job started at the same moment. A port something listens on
+    is refused in one line (LaunchError)."""
+    sock = socket.socket()
+    # As comm/sockets.listen binds: a port whose only users are the closed connections of an
+    # earlier job (TIME_WAIT, ~60 s) is free to reuse; one that something listens on is not.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        with socket.socket() as probe:
-            # As the store binds (comm/sockets.listen): a port whose only users are the closed
-            # connections of an earlier job (TIME_WAIT, ~60 s) is free to reuse; one that
-            # something listens on is refused all the same.
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            probe.bind(("127.0.0.1", master_port))
+        sock.bind(("127.0.0.1", master_port or 0))
+        sock.listen(128)
     except OSError:
+        sock.close()
         raise LaunchError(
             f"port {master_port} on 127.0.0.1 is in use (another job, or an earlier one still "
             f"running?); choose another --master-port, or leave it out to pick a free one"
         ) from None
+    return sock
 
 
 def _raise_unless_done(
@@ -298,15 +318,18 @@ def _supervise(
     signals: LauncherSignals,
     grace: float,
     job_timeout: float | None,
+    store: socket.socket,
 ) -> None:
     """Start the workers, collect their results and errors, and leave no process behind: the
-    loop of launch_local, filling `values` (rank -> result), `errors` and `blamed`."""
+    loop of launch_local, filling `values` (rank -> result), `errors` and `blamed`. `store`:
+    the launcher's copy of rank 0's store listener, closed once rank 0 has its own."""
     deadline = time.monotonic() + job_timeout if job_timeout else None
     first_failure: float | None = None
     last_report = 0.0  # when the last failure was reported
     try:
         for proc in procs:
             proc.start()
+        store.close()
         while len(values) + len(errors) < world_size:
             now = time.monotonic()
             if signals.urgent:  # a second signal, or the grace is over: stop what is left
