@@ -318,6 +318,8 @@ TRAIN = [
     C("train-RANK-without-WORLD_SIZE", f"train {TINY}", "WORLD_SIZE", env={"RANK": "0"}),
     C("train-MASTER_PORT-99999", f"train {TINY}", "MASTER_PORT",
       env={"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "99999"}),
+    C("train-MASTER_ADDR-ipv6", f"train {TINY}", "MASTER_ADDR", "IPv6", "127.0.0.1",
+      env={"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "::1", "MASTER_PORT": "29555"}),
     C("train-joined-world-size-mismatch", f"train {TINY} --world-size=4", "WORLD_SIZE",
       env={"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29555"}),
 ]

@@ -8,13 +8,14 @@ TIME_WAIT for about 60 s, which must not make the port look busy).
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from pipesgd_ref.errors import LaunchError
-from pipesgd_ref.runtime.jobenv import detect_env
+from pipesgd_ref.runtime.jobenv import default_bind, detect_env
 from pipesgd_ref.runtime.launch import free_port, launch_local
 
 REPO = Path(__file__).resolve().parents[1]
@@ -185,3 +186,62 @@ def test_the_differences_name_each_option_and_each_ranks_value():
     assert not set(PER_RANK) & set(shared_options(base))
     text = differences([shared_options(base), shared_options(other), shared_options(base)])
     assert text == "--hidden 64 on ranks 0 and 2 vs 32,16 on rank 1"
+
+
+# --- where a joined rank's listeners bind ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "addr, bind",
+    [("127.0.0.1", "127.0.0.1"), ("localhost", "127.0.0.1"), ("127.0.0.2", "127.0.0.2"),
+     ("127.0.1.1", "127.0.1.1"), ("10.0.0.7", "0.0.0.0"), ("rank0.example", "0.0.0.0")],
+)  # fmt: skip
+def test_listeners_bind_the_loopback_address_master_addr_names(addr, bind):
+    assert default_bind(addr) == bind
+
+
+@pytest.mark.timeout(60)
+def test_a_job_on_127_0_0_2_listens_there_only(monkeypatch):
+    """MASTER_ADDR=127.0.0.2: the store and every data listener bind 127.0.0.2, never all
+    interfaces (issue 29, item 10), and the job forms."""
+    from pipesgd_ref.comm import rendezvous
+    from pipesgd_ref.runtime import jobenv
+
+    port, bound, errors = free_port(), [], []
+    real_listen = rendezvous.listen
+
+    def recording(host, port_, what, rank):
+        sock = real_listen(host, port_, what, rank)
+        bound.append((what, sock.getsockname()[0]))
+        return sock
+
+    def rank_of_thread():  # each thread is one rank of the joined job
+        rank = int(threading.current_thread().name.removeprefix("rank"))
+        return jobenv.JobEnv(rank, 2, "127.0.0.2", port, "t", "torchrun")
+
+    monkeypatch.setattr(rendezvous, "listen", recording)
+    monkeypatch.setattr(jobenv, "detect_env", rank_of_thread)
+    comms = {}
+
+    def join(rank):
+        try:
+            comms[rank] = jobenv.join_from_env(timeout=10.0)
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=join, args=(r,), name=f"rank{r}") for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    for comm in comms.values():
+        comm.close()
+    assert not errors and len(comms) == 2, errors
+    assert len(bound) == 3 and {host for _, host in bound} == {"127.0.0.2"}, bound
+
+
+@pytest.mark.parametrize("addr", ["::1", "[::1]", "fe80::1"])
+def test_an_ipv6_master_addr_is_refused_in_one_line(addr):
+    with pytest.raises(LaunchError, match="IPv6 address.*IPv4 only") as info:
+        detect_env({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": addr} | PORT)
+    assert "\n" not in str(info.value)

@@ -21,6 +21,7 @@ anyone can compute (what each protects against: comm/rendezvous.py's docstring).
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -99,12 +100,38 @@ def detect_env(environ: Mapping[str, str] | None = None) -> JobEnv | None:
                     f"0's host, MASTER_PORT: a free port there); {how}"
                 )
             addr = env["MASTER_ADDR"]
+            check_master_addr(addr)
             if port_var == "MASTER_PORT" and env.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
                 # Under torchrun, its own agent's store already listens on MASTER_PORT.
                 port = port + 1 if port < 65535 else port - 1
             token = env.get("PIPESGD_JOB_TOKEN") or _default_token(addr, port)
             return JobEnv(rank, world_size, addr, port, token, source)
     return None
+
+
+def check_master_addr(addr: str) -> None:
+    """Refuse an IPv6 MASTER_ADDR in one line (LaunchError): the rendezvous and the data links
+    listen on IPv4 (comm/sockets.py), so ranks would wait out the timeout for a store that
+    never listens where they look."""
+    if ":" in addr.strip("[]"):
+        raise LaunchError(
+            f"MASTER_ADDR={addr!r} is an IPv6 address, and pipesgd's rendezvous listens on IPv4 "
+            f"only; use an IPv4 address of rank 0's host (127.0.0.1 for one host)"
+        )
+
+
+def default_bind(master_addr: str) -> str:
+    """Where this rank's listeners bind when --bind is not given: the loopback address that
+    MASTER_ADDR is (127.0.0.1 for `localhost`; 127.0.0.2 or 127.0.1.1 stay on that address),
+    where every rank must be on this host anyway; else all interfaces (0.0.0.0), where ranks of
+    other hosts reach it. A host name is not resolved here: a name that /etc/hosts maps to a
+    loopback address on rank 0's host may name its network address on the others."""
+    if master_addr == "localhost":
+        return "127.0.0.1"
+    try:
+        return master_addr if ipaddress.ip_address(master_addr).is_loopback else "0.0.0.0"
+    except ValueError:  # a host name
+        return "0.0.0.0"
 
 
 def _default_token(addr: str, port: int) -> str:
@@ -147,9 +174,9 @@ def join_from_env(
 ):
     """Join the job the environment describes (see detect_env); returns the Communicator.
 
-    bind: the interface for this rank's listeners (default: loopback when MASTER_ADDR is
-    loopback, else all interfaces). star: also link every rank to rank 0, as the parameter
-    server methods need (`comm.server`, `comm.clients`); every rank of the job must agree.
+    bind: the interface for this rank's listeners (default: `default_bind`). star: also link
+    every rank to rank 0, as the parameter server methods need (`comm.server`,
+    `comm.clients`); every rank of the job must agree.
     """
     job = detect_env()
     if job is None:
@@ -157,7 +184,7 @@ def join_from_env(
             "no job in the environment: set RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (or run "
             "under mpirun or srun)"
         )
-    host = bind or ("127.0.0.1" if job.master_addr in ("127.0.0.1", "localhost") else "0.0.0.0")
+    host = bind or default_bind(job.master_addr)
     spec = JobSpec(
         job.rank,
         job.world_size,
