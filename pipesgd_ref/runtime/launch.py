@@ -104,13 +104,16 @@ def _worker_main(
     plan: StopPlan,
     parent: int,
     grace: float,
-    store_sock: socket.socket | None = None,
+    store_sock: socket.socket,
 ) -> None:
     # First: a signal from now on asks the job to stop (no KeyboardInterrupt traceback), and
     # this process never outlives the launcher (lifetime.py).
     worker_signals(plan)
     work_done = bind_to_parent(parent, grace, lambda: plan.request(signal.SIGTERM))
     logging_setup.worker_init(spec.rank)
+    if spec.rank != 0:  # a forked worker's copy of the store's listener: rank 0's alone
+        store_sock.close()
+        store_sock = None
     if pin:
         pin_to_core(spec.rank)
     comm = None
@@ -253,12 +256,13 @@ def launch_local(
 
 
 def _workers(ctx, spec: JobSpec, shared: tuple, store: socket.socket) -> list:
-    """The worker processes, not started: rank r runs _worker_main(spec of rank r, *shared),
-    and rank 0 also gets the store's listener."""
+    """The worker processes, not started: rank r runs _worker_main(spec of rank r, *shared,
+    store), and rank 0 serves the store on that listener (the others close their copies: a
+    forked worker has one whether it is handed over or not)."""
     return [
         ctx.Process(
             target=_worker_main,
-            args=(dataclasses.replace(spec, rank=r), *shared, store if r == 0 else None),
+            args=(dataclasses.replace(spec, rank=r), *shared, store),
             name=f"pipesgd-rank{r}",
             daemon=True,
         )
