@@ -79,18 +79,24 @@ class HelloReader:
         self.closed = False
 
     def accept(self, listener: socket.socket) -> None:
-        """Accept one connection and read its hello in the background."""
-        try:
-            conn, addr = listener.accept()
-        except OSError:  # gone between select and accept (reset by the peer)
-            return
-        link = self.make_link(conn)
-        link.timeout = HELLO_TIMEOUT
-        with self.lock:
-            self.pending[link] = addr
-        threading.Thread(
-            target=self._read, args=(link, addr), name="rendezvous-hello", daemon=True
-        ).start()
+        """Accept every connection waiting on `listener` (a real peer may be queued behind
+        strangers) and read each one's hello in the background."""
+        listener.setblocking(False)
+        while True:
+            try:
+                conn, addr = listener.accept()
+            except ConnectionAbortedError:  # gone before it was accepted (reset by the peer)
+                continue
+            except OSError:  # none left (EAGAIN), or none can be taken now (EMFILE): next round
+                return
+            conn.setblocking(True)
+            link = self.make_link(conn)
+            link.timeout = HELLO_TIMEOUT
+            with self.lock:
+                self.pending[link] = addr
+            threading.Thread(
+                target=self._read, args=(link, addr), name="rendezvous-hello", daemon=True
+            ).start()
 
     def _read(self, link: Link, addr) -> None:
         hello, why = read_hello(link)
