@@ -69,13 +69,17 @@ class WorkerFailed(LaunchError):
 class JobStopped(Exception):
     """The job was stopped by a signal (not a failure). `signum` is the signal; `results` the
     workers' results when every rank finished its last step, else None; `stop_at` the first
-    step no rank ran (None where unknown)."""
+    step no rank ran (None where unknown); `rank` the worker that received the signal, when
+    one did rather than the launcher (None)."""
 
-    def __init__(self, signum: int, results=None, stop_at: int | None = None):
+    def __init__(
+        self, signum: int, results=None, stop_at: int | None = None, rank: int | None = None
+    ):
         super().__init__(f"stopped by {signal.Signals(signum).name}")  # (train.py says more)
         self.signum = signum
         self.results = results
         self.stop_at = stop_at
+        self.rank = rank
         self.cfg = None  # set by train.py: the config of the run that was stopped
         self.restarts: list[dict] = []  # and the restarts before it
 

@@ -64,6 +64,20 @@ def test_a_stop_before_any_step_stops_every_rank_at_its_start():
     assert not any(plan.entering(r, 7) for r in range(3))  # resumed at step 7: runs nothing
 
 
+def test_the_plan_keeps_the_rank_whose_signal_stopped_the_job():
+    """The job's last line names the worker that received the signal (None: the launcher);
+    a later request, by any rank, changes neither the step nor the rank."""
+    plan = StopPlan(mp.get_context("fork"), 3)
+    assert plan.by_rank is None
+    assert plan.entering(0, 4) and plan.entering(2, 5)
+    assert plan.request(signal.SIGTERM, rank=2) == 6
+    assert plan.request(signal.SIGINT) == 6 and plan.request(signal.SIGHUP, rank=1) == 6
+    assert (plan.signum, plan.by_rank) == (signal.SIGTERM, 2)
+    launcher = StopPlan(mp.get_context("fork"), 3)
+    launcher.request(signal.SIGINT)
+    assert (launcher.signum, launcher.by_rank) == (signal.SIGINT, None)
+
+
 # --- signals to a real job ---------------------------------------------------------------------
 
 
@@ -147,6 +161,53 @@ def test_a_signal_stops_every_worker_with_a_checkpoint_and_one_line(algo, how, t
     summary = json.loads((out / "summary.json").read_text())
     stop_at = summary["stopped"]["at_step"]
     assert summary["stopped"]["signal"] == sig.name and stop_at > 0
+    assert summary["stopped"]["rank"] is None and "sent to rank" not in lines[0], lines[0]
+    with np.load(out / "checkpoint.npz") as z:  # the stop's own checkpoint, not a periodic one
+        assert int(z["next_step"]) == stop_at and np.all(np.isfinite(z["params"]))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(
+    "algo, rank, how, role",
+    [
+        ("sync", 1, "SIGTERM", ""),  # `kill PID` of one worker found with ps
+        ("pipe", 2, "SIGINT", ""),
+        ("ps-async", 2, "SIGTERM", " (worker 1)"),
+        ("ps-sync", 0, "SIGHUP", " (the parameter server)"),
+    ],
+)
+def test_a_signal_to_one_worker_stops_the_job_as_one_to_the_launcher(
+    algo, rank, how, role, tmp_path
+):
+    """A stop of any rank is a stop of the job: the worker that received the signal asks the
+    job to stop, every rank stops before the same step, and the launcher ends with the
+    signal's code, one line naming the rank, the stop's checkpoint and `stopped` in
+    summary.json, not with a success over fewer steps."""
+    out = tmp_path / f"one-{algo}-{how}"
+    proc = _start(out, f"--algo={algo}", "--world-size=3")
+    try:
+        _wait_for_checkpoint(out, proc)
+        # The launcher starts its workers in rank order: their pids ascend with the rank.
+        workers = sorted(pid for pid in _job_pids(str(out)) if pid != proc.pid)
+        ranks = 4 if algo.startswith("ps") else 3  # a parameter server's job has p + 1
+        assert len(workers) == ranks, workers
+        sig = getattr(signal, how)
+        os.kill(workers[rank], sig)
+        _, err = proc.communicate(timeout=60)
+        left = _gone_within(str(out), 5.0)
+        assert left is not None, f"processes of the job still alive 5 s after {how}"
+    finally:
+        _kill_job(str(out))
+    assert proc.returncode == 128 + sig, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, f"want one line, got:\n{err}"
+    assert f"{algo}: stopped by {how} sent to rank {rank}{role} before step " in lines[0], lines[0]
+    assert "--resume" in lines[0] and "Traceback" not in err, lines[0]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["stopped"]["signal"] == how and summary["stopped"]["rank"] == rank, summary
+    stop_at = summary["stopped"]["at_step"]
+    assert f"before step {stop_at} " in lines[0], lines[0]
     with np.load(out / "checkpoint.npz") as z:  # the stop's own checkpoint, not a periodic one
         assert int(z["next_step"]) == stop_at and np.all(np.isfinite(z["params"]))
 

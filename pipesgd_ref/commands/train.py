@@ -135,7 +135,11 @@ def run_training(
     summary["restarts"] = restarts
     summary["stopped"] = None
     if stopped is not None:
-        summary["stopped"] = {"signal": stopped.signal_name, "at_step": stopped.stop_at}
+        summary["stopped"] = {
+            "signal": stopped.signal_name,
+            "at_step": stopped.stop_at,
+            "rank": stopped.rank,  # the worker that received it; None: the launcher
+        }
     else:
         log_outcome(cfg, summary, wall, log)
     if cfg.out:
@@ -151,10 +155,11 @@ def run_training(
 
 
 def stopped_line(cfg: TrainConfig, stopped, summary: dict | None, local: bool = True) -> str:
-    """The one line a stopped job ends with: which signal, where, and how to go on (local:
-    a job of local workers, whose results are missing only where some were killed)."""
+    """The one line a stopped job ends with: which signal, sent to which rank when a worker
+    received it rather than the launcher, where, and how to go on (local: a job of local
+    workers, whose results are missing only where some were killed)."""
     where = f" before step {stopped.stop_at}" if stopped.stop_at is not None else ""
-    line = f"{cfg.algo}: stopped by {stopped.signal_name}{where}"
+    line = f"{cfg.algo}: stopped by {stopped.signal_name}{_sent_to(cfg, stopped.rank)}{where}"
     if summary is not None:
         line += f" ({summary['steps']} steps run)"
     if local and stopped.results is None:
@@ -165,6 +170,16 @@ def stopped_line(cfg: TrainConfig, stopped, summary: dict | None, local: bool = 
     elif cfg.out:
         line += f"; no checkpoint in {cfg.out}"
     return line
+
+
+def _sent_to(cfg: TrainConfig, rank: int | None) -> str:
+    """The words " sent to rank r (its role)" when one worker received the stopping signal."""
+    if rank is None:
+        return ""
+    if not method(cfg.algo).server:
+        return f" sent to rank {rank}"
+    role = "the parameter server" if rank == 0 else f"worker {rank - 1}"
+    return f" sent to rank {rank} ({role})"
 
 
 def _launch_with_restarts(cfg: TrainConfig, launch: dict, job_args: tuple, inputs, log):

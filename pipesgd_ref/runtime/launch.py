@@ -108,7 +108,7 @@ def _worker_main(
 ) -> None:
     # First: a signal from now on asks the job to stop (no KeyboardInterrupt traceback), and
     # this process never outlives the launcher (lifetime.py).
-    worker_signals(plan)
+    worker_signals(plan, spec.rank)
     work_done = bind_to_parent(parent, grace, lambda: plan.request(signal.SIGTERM))
     logging_setup.worker_init(spec.rank)
     if spec.rank != 0:  # a forked worker's copy of the store's listener: rank 0's alone
@@ -203,10 +203,10 @@ def launch_local(
     link every rank to rank 0 (the parameter server's links: `comm.server`, `comm.clients`).
     transport: tcp, unix, shm or auto, the data links' transport (comm/rendezvous.py).
 
-    Signals (lifetime.py): a SIGINT, SIGTERM or SIGHUP to this process (or to the workers)
+    Signals (lifetime.py): a SIGINT, SIGTERM or SIGHUP to this process, or to any worker,
     stops every worker after one common step; JobStopped is raised, with the results when
-    every rank returned one. Workers still running `stop_grace` seconds later, or at a second
-    signal, are SIGKILLed.
+    every rank returned one (and the worker that received the signal, if one did). Workers
+    still running `stop_grace` seconds later, or at a second signal, are SIGKILLed.
     """
     if world_size < 1:
         raise LaunchError(f"world_size must be >= 1, got {world_size}")
@@ -251,7 +251,8 @@ def launch_local(
     finally:
         store.close()  # rank 0 has its own copy (or never started)
         logging_setup.stop()
-    _raise_unless_done(world_size, values, errors, blamed, signals.signum, plan.stop_at)
+    stop = (signals.signum, plan.stop_at, signals.by_rank)
+    _raise_unless_done(world_size, values, errors, blamed, stop)
     return [values[r] for r in range(world_size)]
 
 
@@ -291,18 +292,20 @@ def hold_store_port(master_port: int | None) -> socket.socket:
     return sock
 
 
-def _raise_unless_done(
-    world_size: int, values: dict, errors: dict, blamed: dict, signum: int | None, stop_at
-) -> None:
-    """The end of a job that did not simply succeed: JobStopped after a stop signal (with
-    every rank's result when all returned one; errors while stopping are only logged), else
-    WorkerFailed naming every failed rank, headed by the rank their errors point to."""
+def _raise_unless_done(world_size: int, values: dict, errors: dict, blamed: dict, stop) -> None:
+    """The end of a job that did not simply succeed: JobStopped after a stop signal to the
+    launcher or to any worker (with every rank's result when all returned one; errors while
+    stopping are only logged), else WorkerFailed naming every failed rank, headed by the rank
+    their errors point to. `stop`: (signal or 0, the first step not run, the worker that
+    received the signal or None)."""
+    signum, stop_at, by_rank = stop
     if signum:  # stopped on purpose: not a failure, whatever the ranks said
         done = len(values) == world_size and not errors
         if errors:
             last = [f"rank {r}: {m.strip().splitlines()[-1]}" for r, m in sorted(errors.items())]
             log.warning("while stopping: %s", "; ".join(last))
-        raise JobStopped(signum, [values[r] for r in range(world_size)] if done else None, stop_at)
+        results = [values[r] for r in range(world_size)] if done else None
+        raise JobStopped(signum, results, stop_at, by_rank)
     if errors:
         lines = [f"  rank {r}: {msg.strip()}" for r, msg in sorted(errors.items())]
         cause = culprit(blamed)

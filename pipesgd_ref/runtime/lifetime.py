@@ -65,6 +65,7 @@ class StopPlan:
         self._entered = ctx.Array("q", [-1] * world_size, lock=False)  # guarded by _lock
         self._stop_at = ctx.Value("q", NEVER, lock=False)
         self._signum = ctx.Value("i", 0, lock=False)
+        self._by = ctx.Value("i", -1, lock=False)  # the rank that received it; -1 the launcher
 
     def entering(self, rank: int, step: int) -> bool:
         """At the top of `step` on `rank`: True to run it, False to stop before it."""
@@ -74,13 +75,15 @@ class StopPlan:
             self._entered[rank] = step
             return True
 
-    def request(self, signum: int = signal.SIGTERM) -> int:
+    def request(self, signum: int = signal.SIGTERM, rank: int | None = None) -> int:
         """Ask every rank to stop after the step the furthest rank is in; returns stop_at.
-        A second request changes nothing."""
+        `rank`: the worker that received the signal (None: the launcher). A second request
+        changes nothing."""
         with self._locked():
             if self._stop_at.value == NEVER:
                 self._stop_at.value = max(self._entered) + 1
                 self._signum.value = signum
+                self._by.value = -1 if rank is None else rank
             return self._stop_at.value
 
     @property
@@ -99,6 +102,11 @@ class StopPlan:
     @property
     def signum(self) -> int:
         return self._signum.value
+
+    @property
+    def by_rank(self) -> int | None:
+        """The worker whose signal asked for the stop; None when the launcher's did (or none)."""
+        return self._by.value if self._signum.value and self._by.value >= 0 else None
 
     def stop_to_tell(self) -> None:
         """The ranks agreed on the step through the plan: none stops first, none is told."""
@@ -136,7 +144,7 @@ class LocalStop:
         self._current = step
         return True
 
-    def request(self, signum: int = signal.SIGTERM) -> int:
+    def request(self, signum: int = signal.SIGTERM, rank: int | None = None) -> int:
         self._signum = self._signum or signum
         return self._current + 1
 
@@ -162,7 +170,7 @@ class _NeverStop:
     def entering(self, rank: int, step: int) -> bool:
         return True
 
-    def request(self, signum: int = signal.SIGTERM) -> int:
+    def request(self, signum: int = signal.SIGTERM, rank: int | None = None) -> int:
         return NEVER
 
     def stop_to_tell(self) -> None:
@@ -202,10 +210,12 @@ def heard_stop(signum: int) -> None:
     _PLAN.request(signum)
 
 
-def worker_signals(plan) -> None:
+def worker_signals(plan, rank: int | None = None) -> None:
     """In a worker: SIGINT, SIGTERM and SIGHUP ask the job to stop (a terminal's Ctrl-C
     reaches every process of its group: each then asks, and no worker prints a
-    KeyboardInterrupt traceback)."""
+    KeyboardInterrupt traceback). A signal sent to one worker alone (`kill PID`, an
+    out-of-memory killer's SIGTERM) stops the whole job as one sent to the launcher does:
+    the plan keeps `rank`, the worker that received it, for the job's last line."""
     set_plan(plan)
     asked = threading.Event()
     received: list[int] = []
@@ -219,7 +229,7 @@ def worker_signals(plan) -> None:
 
     def ask():
         asked.wait()
-        plan.request(received[0])
+        plan.request(received[0], rank)
 
     threading.Thread(target=ask, name="stop-request", daemon=True).start()
     for sig in STOP_SIGNALS:
@@ -271,29 +281,52 @@ class LauncherSignals:
     """The launcher's handlers for the job's lifetime: the first SIGINT, SIGTERM or SIGHUP asks
     every worker to stop (`plan.request`) and starts the grace period; a second one, the end
     of the grace, or a job with no step begun (nothing to finish) means stop now (`urgent`).
+    A signal that reached one worker alone stops the job all the same: that worker asked the
+    plan, and the launcher takes the plan's stop as its own (`signum`, `urgent`); a signal
+    that then reaches the launcher is the first it received, not a second (a terminal's
+    Ctrl-C reaches the launcher and its workers at once, in no set order).
     Installed only in the main thread (where Python delivers signals); restored on exit."""
 
     def __init__(self, plan, grace: float):
         self.plan = plan
         self.grace = grace
-        self.signum = 0
+        self.received = 0  # the first signal the launcher itself received
         self.deadline: float | None = None
         self.hurry = False
         self._old: dict = {}
 
     def _on_signal(self, signum, frame):
-        if self.signum:
+        if self.received:
             self.hurry = True
             return
-        self.signum = signum
-        self.deadline = time.monotonic() + self.grace
+        self.received = signum
         self.plan.request(signum)
-        if not self.plan.started:  # no step to finish, nothing to save: end it now
+        self._stopping()
+
+    def _stopping(self) -> None:
+        """A stop was asked for: the grace period starts, and a job with no step begun ends
+        now (no step to finish, nothing to save)."""
+        if self.deadline is None:
+            self.deadline = time.monotonic() + self.grace
+        if not self.plan.started:
             self.hurry = True
+
+    @property
+    def signum(self) -> int:
+        """The signal that stopped the job, whether the launcher or a worker received it (the
+        plan keeps the first); 0 while none did."""
+        return self.plan.signum or self.received
+
+    @property
+    def by_rank(self) -> int | None:
+        """The worker that received the stopping signal; None when the launcher did."""
+        return self.plan.by_rank
 
     @property
     def urgent(self) -> bool:
         """Stop what is left now: a second signal, or the grace period is over."""
+        if self.deadline is None and self.plan.signum:  # a worker's signal stopped the job
+            self._stopping()
         return self.hurry or (self.deadline is not None and time.monotonic() > self.deadline)
 
     def __enter__(self):
