@@ -80,6 +80,9 @@ class JobStopped(Exception):
         self.results = results
         self.stop_at = stop_at
         self.rank = rank
+        # A rank of `train --comm mpi` run alone: the launcher it told ends the job, with one
+        # line for all the ranks and the signal's code (comm/mpi.py report_stop); exit 0 here.
+        self.told_launcher = False
         self.cfg = None  # set by train.py: the config of the run that was stopped
         self.restarts: list[dict] = []  # and the restarts before it
 

@@ -342,6 +342,54 @@ def test_a_rank_that_fails_ends_the_job_naming_itself(tmp_path):
     assert ended - float(found.group(1)) < KILL_BOUND_S
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("algo, how", [("sync", "SIGTERM"), ("ps-sync", "Ctrl-C")])
+def test_a_signal_stops_train_run_alone_with_one_line_and_a_summary(algo, how, tmp_path):
+    """`pipesgd train --comm mpi` run alone is the job's launcher: SIGTERM to it, or Ctrl-C
+    (SIGINT to its terminal's process group), stops every rank as a local job stops, with the
+    signal's code, one line (not one per rank, nor mpirun's report of a failed job), the
+    stop's checkpoint and a summary.json marked `stopped`; nothing of the job is left."""
+    import json
+    import signal
+
+    _mpirun_or_skip()
+    out = tmp_path / "stopped"
+    command = [sys.executable, "-m", "pipesgd_ref", "train", *TINY, "--comm=mpi", f"--algo={algo}",
+               "--world-size=2", "--steps=200000", "--log-level=WARNING", "--checkpoint-every=50",
+               f"--out={out}"]  # fmt: skip
+    env = job_env()
+    if os.geteuid() == 0:
+        env |= {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    proc = subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + JOB_DEADLINE
+        while not (out / "checkpoint.npz").is_file():  # every rank has begun training
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "no checkpoint in time"
+            time.sleep(0.1)
+        sig = signal.SIGINT if how == "Ctrl-C" else getattr(signal, how)
+        if how == "Ctrl-C":
+            os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        stray = kill_session(proc)
+    assert not stray, f"processes of the job outlived it: {stray}"
+    assert proc.returncode == 128 + sig, err
+    lines = [line for line in err.strip().splitlines() if "starting 3 ranks" not in line
+             and "starting 2 ranks" not in line]  # fmt: skip
+    assert len(lines) == 1, f"want one line, got:\n{err}"
+    assert f"{algo}: stopped by {sig.name} before step " in lines[0], lines[0]
+    assert f"--resume {out}" in lines[0] and "prterun" not in err, err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["stopped"]["signal"] == sig.name and summary["stopped"]["at_step"] > 0
+    with np.load(out / "checkpoint.npz") as z:
+        assert int(z["next_step"]) > 0 and np.all(np.isfinite(z["params"]))
+
+
 # --- without a job ---------------------------------------------------------------------------
 
 

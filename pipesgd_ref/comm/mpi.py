@@ -28,7 +28,9 @@ the process exit and kills every other rank ("prterun noticed that process rank 
 signal 9 (Killed)"; README, "MPI: --comm mpi", has how long that takes). A rank that fails
 with an error of ours tells its neighbours (the same ABORT frames as on sockets), prints its one
 line and calls MPI_Abort (`abort_job`), which ends every rank at once: no orphans, and no rank
-left waiting out its timeout.
+left waiting out its timeout. A signal to `pipesgd train --comm mpi` run alone (this command
+starts mpirun: `run_under_mpirun`) goes to every rank, and the ranks hand their stop back to it
+(`report_stop`): it ends the job as a local launcher does, with one line and the signal's code.
 
 Not carried: link emulation (MPI owns the wire; refused in config.py) and the wire faults of
 PIPESGD_FAULT (garbage, truncate, close act on a socket; refused in cli.py). `--device cuda`:
@@ -38,6 +40,7 @@ these links; `cuda_aware()` says whether the library takes device memory directl
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -231,24 +234,94 @@ def mpirun_command(n: int, argv: list[str], mpirun: str | None = None) -> tuple[
     return command + [sys.executable, "-m", "pipesgd_ref", *argv], env
 
 
-def run_under_mpirun(n: int, argv: list[str]) -> int:
+def run_under_mpirun(n: int, argv: list[str], stops: list[dict] | None = None) -> int:
     """Start the job of `pipesgd ARGV` as n ranks under mpirun, wait, and return its exit code
-    (the parent only relays it; a signal to this process reaches mpirun, which stops the ranks)."""
+    (the parent only relays it; a signal to this process reaches mpirun, which stops the ranks).
+
+    stops (`train --comm mpi` run alone): a list this fills with the stop report of each rank
+    that stopped on a signal (`report_stop`: rank, signal, step, its line), so that the caller
+    ends the job as a local launcher does, with the signal's code and one line. This process
+    is then the job's launcher: mpirun runs in a process group of its own (a terminal's Ctrl-C
+    reaches this process alone: mpirun would take SIGINT for "kill the job" and lose every
+    rank's stop), and a SIGINT, SIGTERM or SIGHUP here is sent to every rank, which stops as a
+    joined rank does; a second one ends mpirun, which kills the ranks."""
     import signal
     import subprocess
+    import tempfile
 
     command, env = mpirun_command(n, argv)
     print(f"pipesgd: starting {n} ranks: {' '.join(command)}", file=sys.stderr, flush=True)
-    proc = subprocess.Popen(command, env=env)
-    forward = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    if stops is None:
+        return relay(subprocess.Popen(command, env=env), forward_to_ranks=False)
+    with tempfile.TemporaryDirectory(prefix="pipesgd-mpi-stops-") as folder:
+        env[STOP_DIR_ENV] = folder  # each rank's report of a stop (report_stop)
+        command[1:1] = ["-x", STOP_DIR_ENV]
+        proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, process_group=0)
+        rc = relay(proc, forward_to_ranks=True, extra=(signal.SIGINT,))
+        for report in sorted(Path(folder).glob("rank-*.json")):
+            stops.append(json.loads(report.read_text()))
+    stops.sort(key=lambda r: r["rank"])
+    return rc
+
+
+def relay(proc, forward_to_ranks: bool, extra: tuple = ()) -> int:
+    """Wait for mpirun `proc` and return its exit code, handing it SIGTERM and SIGHUP (and the
+    signals in `extra`) meanwhile: to mpirun itself, or with `forward_to_ranks` to each rank
+    (mpirun's children), mpirun only at a second signal or where no rank is found."""
+    import signal
+
+    sigs = (signal.SIGTERM, signal.SIGHUP, *extra)
+    previous = {sig: signal.getsignal(sig) for sig in sigs}
+    received: list[int] = []
+
+    def on_signal(signum, _frame):
+        ranks = children(proc.pid) if forward_to_ranks and not received else []
+        received.append(signum)
+        for pid in ranks:
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
+        if not ranks:
+            proc.send_signal(signal.SIGTERM if forward_to_ranks and received[1:] else signum)
+
     try:
-        for sig in forward:  # mpirun forwards SIGTERM and SIGHUP to every rank
-            signal.signal(sig, lambda signum, _frame: proc.send_signal(signum))
+        for sig in sigs:
+            signal.signal(sig, on_signal)
         while True:
             try:
                 return proc.wait()
             except KeyboardInterrupt:  # Ctrl-C reached mpirun too (same process group)
                 continue
     finally:
-        for sig, handler in forward.items():
+        for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (mpirun's ranks on this host), from /proc; none
+    where there is no /proc."""
+    found = []
+    for entry in Path("/proc").glob("[0-9]*/stat") if Path("/proc").is_dir() else ():
+        try:
+            fields = entry.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(entry.parent.name))
+    return found
+
+
+STOP_DIR_ENV = "PIPESGD_MPI_STOPS"  # set by run_under_mpirun for the ranks of `train` alone
+
+
+def report_stop(rank: int, signum: int, stop_at: int | None, line: str) -> bool:
+    """A rank of `train --comm mpi` run alone that stopped on a signal: hand the stop to the
+    launcher (this command's first process, which ends the job with one line and the signal's
+    code) and return True; False under any other launcher, which shows each rank's line."""
+    folder = os.environ.get(STOP_DIR_ENV)
+    if not folder or not Path(folder).is_dir():
+        return False
+    report = {"rank": rank, "signal": signum, "at_step": stop_at, "line": line}
+    (Path(folder) / f"rank-{rank}.json").write_text(json.dumps(report))
+    return True

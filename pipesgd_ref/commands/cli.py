@@ -51,7 +51,7 @@ import sys
 from pipesgd_ref.commands.parser import EXIT_USAGE, build_parser, resolve_config
 from pipesgd_ref.commands.reference import run_reference
 from pipesgd_ref.commands.train import run_training
-from pipesgd_ref.commands.train_joined import run_training_joined
+from pipesgd_ref.commands.train_joined import run_training_joined, stopped_mpi_job
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.errors import (
     CommError,
@@ -252,7 +252,11 @@ def _train_mpi(args: argparse.Namespace, cfg: TrainConfig) -> int:
         check_faults(n_ranks(cfg))
         with _claimed(cfg.out, args.overwrite, cfg.resume):
             pass  # a bad --out is one line here; rank 0 claims the folder for the run
-        return mpi.run_under_mpirun(n_ranks(cfg), args.argv)
+        stops: list[dict] = []
+        rc = mpi.run_under_mpirun(n_ranks(cfg), args.argv, stops)
+        if stops:  # ranks stopped on a signal: the job is stopped, not failed or done
+            raise stopped_mpi_job(cfg, stops)
+        return rc
     job = mpi.mpi_job()
     check_faults(job.world_size)
     configure_parent_logging(args.log_level)
@@ -377,6 +381,8 @@ def _main(argv: list[str] | None) -> int:
     except USER_ERRORS as e:
         return _end_mpi_job(_error(e))
     except JobStopped as e:  # a signal stopped the job: one line, and 128 + its number
+        if e.told_launcher:  # one rank of several: the launcher says it, once (_train_mpi)
+            return 0
         print(f"pipesgd: {e}", file=sys.stderr)
         return e.exit_code
     except OSError as e:

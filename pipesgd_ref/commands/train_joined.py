@@ -89,6 +89,10 @@ def run_training_joined(
             stopped = JobStopped(plan.signum, None, plan.stop_at)
             line = stopped_line(cfg, stopped, None, local=False)
             stopped.args = (f"{line} (rank {comm.rank})",)
+            if cfg.comm == "mpi":  # `train --comm mpi` run alone: its first process says it
+                from pipesgd_ref.comm.mpi import report_stop
+
+                stopped.told_launcher = report_stop(comm.rank, plan.signum, plan.stop_at, line)
             raise stopped
         wall = time.perf_counter() - t0
         # Every rank takes part in the gather (they are collectives); only rank 0 reads it.
@@ -100,6 +104,30 @@ def run_training_joined(
     summary = summary_of_gathered(cfg, wall, result, gathered, t0)
     write_results(cfg, summary, result, wall, log)
     return summary, result
+
+
+def stopped_mpi_job(cfg: TrainConfig, stops: list[dict]) -> JobStopped:
+    """The end of `train --comm mpi` run alone whose ranks stopped on a signal (`stops`: the
+    reports they left, comm/mpi.py report_stop): JobStopped with the signal and rank 0's line
+    (its step and checkpoint), said once for the job, and with --out a summary.json that says
+    the run was stopped. The ranks stop at the top of their next step, each on its own (they
+    share no memory to agree on one), so no rank gathers the others' results: the summary
+    holds the run's config and where each rank stopped, not its measurements."""
+    # Rank 0's line (it writes the checkpoint), or, where rank 0 only heard of the stop from a
+    # peer and never reached a step's top, the line of a rank that knows the step.
+    first = sorted(stops, key=lambda s: (s["at_step"] is None, s["rank"] != 0, s["rank"]))[0]
+    stopped = JobStopped(first["signal"], None, first["at_step"])
+    stopped.args = (first["line"],)
+    if cfg.out:
+        summary = {
+            "algo": cfg.algo,
+            "world_size": cfg.world_size,
+            "config": cfg.to_dict(),
+            "stopped": {"signal": stopped.signal_name, "at_step": stopped.stop_at, "rank": None},
+            "ranks_stopped_before_step": {str(s["rank"]): s["at_step"] for s in stops},
+        }
+        write_json(Path(cfg.out) / "summary.json", summary)
+    return stopped
 
 
 def job_of(cfg: TrainConfig, mpi_comm=None):
