@@ -319,8 +319,10 @@ class LauncherSignals:
 
     @property
     def by_rank(self) -> int | None:
-        """The worker that received the stopping signal; None when the launcher did."""
-        return self.plan.by_rank
+        """The worker that received the stopping signal; None when the launcher did, too (a
+        Ctrl-C reaches every process of the group: a worker may ask first, but the job was
+        not stopped through that worker alone)."""
+        return None if self.received else self.plan.by_rank
 
     @property
     def urgent(self) -> bool:
