@@ -344,12 +344,15 @@ def test_a_rank_that_fails_ends_the_job_naming_itself(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("algo, how", [("sync", "SIGTERM"), ("ps-sync", "Ctrl-C")])
+@pytest.mark.parametrize(
+    "algo, how", [("sync", "SIGTERM"), ("ps-sync", "Ctrl-C"), ("pipe", "SIGTERM to one rank")]
+)
 def test_a_signal_stops_train_run_alone_with_one_line_and_a_summary(algo, how, tmp_path):
     """`pipesgd train --comm mpi` run alone is the job's launcher: SIGTERM to it, or Ctrl-C
     (SIGINT to its terminal's process group), stops every rank as a local job stops, with the
     signal's code, one line (not one per rank, nor mpirun's report of a failed job), the
-    stop's checkpoint and a summary.json marked `stopped`; nothing of the job is left."""
+    stop's checkpoint and a summary.json marked `stopped`; nothing of the job is left. A
+    signal to one rank alone stops the job the same way (it tells the others it stopped)."""
     import json
     import signal
 
@@ -369,11 +372,14 @@ def test_a_signal_stops_train_run_alone_with_one_line_and_a_summary(algo, how, t
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "no checkpoint in time"
             time.sleep(0.1)
-        sig = signal.SIGINT if how == "Ctrl-C" else getattr(signal, how)
+        sig = signal.SIGINT if how == "Ctrl-C" else signal.SIGTERM
         if how == "Ctrl-C":
             os.killpg(proc.pid, sig)
-        else:
+        elif how == "SIGTERM":
             proc.send_signal(sig)
+        else:  # the last rank mpirun started
+            (launcher,) = mpi.children(proc.pid)
+            os.kill(max(mpi.children(launcher)), sig)
         _, err = proc.communicate(timeout=60)
     finally:
         stray = kill_session(proc)
