@@ -11,7 +11,7 @@
 # row beside two busy loops, one per core of the 2-core development machine.
 #
 # What it does: starts one busy loop (`python -c 'while 1: pass'`) per core, runs
-# tests/test_comm_faults.py and tests/faults/ once per round, prints one line per round
+# the suites of faults, bad input and signals (SUITES) once per round, prints one line per round
 # (passed or failed, the counts pytest reports, the seconds taken), keeps each round's full
 # output in $STRESS_LOGS (default /tmp/stress_faults), and ends with a tally. On any exit
 # (the trap: the end, Ctrl-C, SIGTERM) the busy loops and a round still running are stopped.
@@ -29,6 +29,9 @@ PYTHON=${PYTHON:-.venv/bin/python}
 LOGS=${STRESS_LOGS:-/tmp/stress_faults}
 mkdir -p "$LOGS"
 BUSY=${BUSY_LOOPS:-$(nproc 2>/dev/null || echo 2)}
+# The suites whose tests start processes and time or blame them: faults on the wire and in
+# training, bad input at the real entry point, signals and lifetimes.
+SUITES=${SUITES:-tests/test_comm_faults.py tests/faults/ tests/test_bad_input.py tests/test_lifetime.py}
 
 # Job control: every command started in the background gets a process group of its own,
 # with SIGINT not ignored (as it would be without -m), so a round's pytest and every worker
@@ -60,7 +63,7 @@ for _ in $(seq "$BUSY"); do
     "$PYTHON" -c 'while 1: pass' &
     busy_pids+=($!)
 done
-echo "stress: $ROUNDS rounds of tests/test_comm_faults.py tests/faults/ beside $BUSY busy" \
+echo "stress: $ROUNDS rounds of $SUITES beside $BUSY busy" \
      "loops (pids ${busy_pids[*]}); logs in $LOGS"
 
 passed=0
@@ -71,8 +74,8 @@ for round in $(seq "$ROUNDS"); do
     # In the background and waited for: a trapped signal interrupts `wait` at once, where
     # a command in the foreground would first run to its end.
     # shellcheck disable=SC2086  # PYTEST_ARGS is a list of words on purpose
-    "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_comm_faults.py tests/faults/ \
-        ${PYTEST_ARGS:-} >"$log" 2>&1 &
+    # shellcheck disable=SC2086  # SUITES too
+    "$PYTHON" -m pytest -q -p no:cacheprovider $SUITES ${PYTEST_ARGS:-} >"$log" 2>&1 &
     test_pid=$!
     wait "$test_pid"
     rc=$?
