@@ -805,6 +805,7 @@ def _run_with_closed_stdout(argv: list[str], cwd: Path) -> tuple[int, str]:
     return proc.returncode, _text(proc.stderr)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "argv, written",
     [
@@ -871,6 +872,7 @@ def _fill(disk: Path) -> None:
         os.close(fd)
 
 
+@pytest.mark.slow
 def test_a_full_disk_at_the_checkpoint_is_one_line_and_not_retried(small_disk, tmp_path):
     """Issue 29 (4): ENOSPC from the checkpoint write was a 43-line traceback that left
     checkpoint.npz.tmp, and --max-restarts 2 retried it twice. Two pages of disk: the lock fits,
@@ -884,6 +886,7 @@ def test_a_full_disk_at_the_checkpoint_is_one_line_and_not_retried(small_disk, t
     assert not list(disk.rglob("*.tmp")) and not left_behind(group, tmp_path)
 
 
+@pytest.mark.slow
 def test_a_full_disk_after_training_is_one_line(small_disk, tmp_path):
     """ENOSPC from write_text_atomic after training (trace.json, 70 KB, on a 64 KiB disk): one
     line naming trace.json, and its temporary file removed."""
@@ -894,6 +897,7 @@ def test_a_full_disk_after_training_is_one_line(small_disk, tmp_path):
     assert not [p for p in (disk / "run").iterdir() if p.name.endswith(".tmp")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "argv, words",
     [
@@ -920,6 +924,7 @@ def test_an_already_full_disk_is_one_line(argv, words, small_disk, tmp_path):
 # --- one rule for the modes of a run's files: the user's umask ----------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("umask", [0o022, 0o027])
 def test_every_result_file_follows_the_umask(umask, tmp_path):
     """Issue 29 (21): summary.json and trace.json were 0600 (tempfile.mkstemp's), checkpoint.npz
@@ -942,6 +947,7 @@ def test_every_result_file_follows_the_umask(umask, tmp_path):
 # --- leftovers of a killed run: removed at the next start ---------------------------------------
 
 
+@pytest.mark.slow
 def test_a_killed_runs_temporary_files_are_removed_at_the_next_start(tmp_path):
     """Issue 29 (18): SIGKILL of rank 0 during a checkpoint write left a 0-byte
     checkpoint.npz.tmp (and one of write_text_atomic's, a compare run's in its folder) for ever.
@@ -962,6 +968,7 @@ def test_a_killed_runs_temporary_files_are_removed_at_the_next_start(tmp_path):
 # --- two local jobs started at once on one --master-port -------------------------------------
 
 
+@pytest.mark.slow
 def test_two_jobs_started_at_once_on_one_master_port(tmp_path):
     """The launcher binds the store's port itself and hands it to rank 0, so the loser of the
     race learns at once, in one line, that the port is taken: none of its ranks starts, and

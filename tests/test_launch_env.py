@@ -154,6 +154,7 @@ def _joined_ranks(tmp_path, *per_rank: list[str]) -> list[subprocess.CompletedPr
     return done
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize(
     "rank1, named",
