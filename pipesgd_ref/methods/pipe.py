@@ -37,6 +37,7 @@ from pipesgd_ref.comm.ring import barrier
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.errors import JobError
 from pipesgd_ref.methods.compensation import PipeCompensation
+from pipesgd_ref.methods.table import METHODS
 from pipesgd_ref.runtime.hooks import Hooks
 from pipesgd_ref.runtime.worker import Worker, WorkerResult
 from pipesgd_ref.trace import Timeline
@@ -136,8 +137,7 @@ def pipe_worker(comm, cfg: TrainConfig, hooks: Hooks | None = None) -> WorkerRes
     this rank's runtime (its Worker, built once by the per-rank job); built here when a
     caller runs the method directly."""
     K, s = cfg.width, cfg.staleness  # width, staleness
-    if hooks is None:  # run directly (tests): this rank's runtime is built here
-        hooks = Hooks.build(comm, cfg, stale=f"staleness {cfg.staleness}" if K > 1 else "")
+    hooks = hooks or Hooks.build(comm, cfg, METHODS["pipe"])
     worker, span = hooks.worker, hooks.timeline.span
     worker.to_device(comm.rank)  # --device cuda: weights, buffers, resumed gradients on the GPU
     warmup, first = cfg.warmup_steps, worker.start_step

@@ -56,6 +56,7 @@ from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.errors import JobError
 from pipesgd_ref.methods.compensation import DelayCompensation
 from pipesgd_ref.methods.ps_server import ParameterServer
+from pipesgd_ref.methods.table import METHODS
 from pipesgd_ref.runtime.hooks import Hooks
 from pipesgd_ref.runtime.worker import WorkerResult
 
@@ -63,13 +64,13 @@ from pipesgd_ref.runtime.worker import WorkerResult
 def ps_sync_worker(comm, cfg: TrainConfig, hooks: Hooks | None = None) -> WorkerResult:
     """One rank of synchronous parameter-server SGD: rank 0 serves, the others compute.
     `hooks`: this rank's runtime (built once by the per-rank job; here when None)."""
-    hooks = hooks or Hooks.build(comm, cfg, server=True)
+    hooks = hooks or Hooks.build(comm, cfg, METHODS["ps-sync"])
     return serve(comm, cfg, hooks, False) if comm.rank == 0 else work(comm, cfg, hooks, False)
 
 
 def ps_async_worker(comm, cfg: TrainConfig, hooks: Hooks | None = None) -> WorkerResult:
     """One rank of asynchronous parameter-server SGD: rank 0 serves, the others compute."""
-    hooks = hooks or Hooks.build(comm, cfg, server=True, stale="ps-async's staleness")
+    hooks = hooks or Hooks.build(comm, cfg, METHODS["ps-async"])
     return serve(comm, cfg, hooks, True) if comm.rank == 0 else work(comm, cfg, hooks, True)
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from pipesgd_ref.comm.ring import barrier
 from pipesgd_ref.config import TrainConfig
+from pipesgd_ref.methods.table import METHODS
 from pipesgd_ref.runtime.hooks import Hooks
 from pipesgd_ref.runtime.worker import WorkerResult
 
@@ -24,7 +25,7 @@ from pipesgd_ref.runtime.worker import WorkerResult
 def sync_worker(comm, cfg: TrainConfig, hooks: Hooks | None = None) -> WorkerResult:
     """One rank of synchronous SGD. `hooks`: this rank's runtime (its Worker, built once by
     the per-rank job); built here when a caller runs the method directly."""
-    hooks = hooks or Hooks.build(comm, cfg)
+    hooks = hooks or Hooks.build(comm, cfg, METHODS["sync"])
     worker, span = hooks.worker, hooks.timeline.span
     worker.to_device(comm.rank)  # --device cuda: weights and buffers on this rank's GPU
     grads = worker.new_buffer()  # preallocated once, beside the weights: the loop allocates none

@@ -46,15 +46,12 @@ class Hooks:
         self.stopped_at: int | None = None  # the step a signal stopped the job before
 
     @classmethod
-    def build(cls, comm, cfg, server: bool = False, stale: str = "", progress=None) -> Hooks:
-        """The hooks of `comm.rank` in a job of cfg, its Worker built here (a parameter
-        server's job: worker index rank - 1 on ranks >= 1, rank 0 the weights' keeper).
-        `stale`: how stale the method's gradients are, for the advice of a diverged run."""
-        n_workers = comm.world_size - 1 if server else comm.world_size
-        index = comm.rank - 1 if server and comm.rank > 0 else comm.rank
-        worker = Worker.build(cfg, index, n_workers)
-        worker.stale = stale
-        return cls(comm.rank, worker, progress)
+    def build(cls, comm, cfg, row, progress=None) -> Hooks:
+        """The hooks of `comm.rank` in a job of cfg running the method `row`
+        (methods/table.py), its Worker built here for the job `comm` forms (a parameter
+        server's job: comm.world_size - 1 workers)."""
+        n_workers = comm.world_size - 1 if row.server else comm.world_size
+        return cls(comm.rank, Worker.for_rank(cfg, comm.rank, row, n_workers=n_workers), progress)
 
     def keep_going(self, step: int) -> bool:
         """Whether to run `step`: False once a signal stopped the job (every rank stops

@@ -21,8 +21,7 @@ def n_ranks(cfg: TrainConfig) -> int:
 def build_worker(cfg: TrainConfig, rank: int, inputs: JobInputs | None = None) -> Worker:
     """The Worker of `rank` in a job of cfg, as its method's row lays out the ranks; `inputs`:
     the job's data, model and checkpoint, when the launcher built them once."""
-    row = method(cfg.algo)
-    return Worker.for_rank(cfg, rank, row.server, row.stale_note(cfg), inputs)
+    return Worker.for_rank(cfg, rank, method(cfg.algo), inputs)
 
 
 def train_job(

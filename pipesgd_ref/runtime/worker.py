@@ -71,17 +71,19 @@ class Worker:
         cls,
         cfg: TrainConfig,
         rank: int,
-        server: bool = False,
-        stale: str = "",
+        row,
         inputs: JobInputs | None = None,
+        n_workers: int | None = None,
     ) -> Worker:
-        """The Worker of `rank` in a job of cfg: worker index = rank in the ring methods; with
-        a parameter `server` rank 0 is the server (index 0, the weights' keeper) and worker i
-        is rank i + 1. `stale`: how stale the method's gradients are (for a diverged run's
-        advice); `inputs`: the job's data, model and checkpoint, built once by the launcher."""
-        index = rank - 1 if server and rank > 0 else rank
-        built = cls.build(cfg, index, cfg.world_size, inputs)
-        built.stale = stale
+        """The Worker of `rank` in a job of cfg running the method `row` (methods/table.py):
+        worker index = rank in the ring methods; with a parameter server (row.server) rank 0
+        is the server (index 0, the weights' keeper) and worker i is rank i + 1. `inputs`: the
+        job's data, model and checkpoint, built once by the launcher; `n_workers`: the workers
+        that compute (default cfg.world_size)."""
+        index = rank - 1 if row.server and rank > 0 else rank
+        n = cfg.world_size if n_workers is None else n_workers
+        built = cls.build(cfg, index, n, inputs)
+        built.stale = row.stale_note(cfg)  # for a diverged run's advice
         return built
 
     @classmethod
