@@ -24,7 +24,7 @@ Usage (parent, then each worker):
     ... join the workers ...
     worker_logging.stop()
 
-`trace(...)` is the opt-in communication trace (PIPESGD_TRACE=1) of STYLE.md, item 6:
+`trace(...)` is the opt-in communication trace (PIPESGD_TRACE=1), one line per hop:
     iter 3 | rank 0 -> 1 | chunk 2 | 1.2 MB
 """
 

@@ -13,7 +13,7 @@ from pipesgd_ref.runtime import preflight
 
 
 def test_every_field_has_a_comment():
-    """STYLE.md: a comment on every field of the config dataclass."""
+    """Every field of the config dataclass has a comment saying what it does."""
     import inspect
 
     source = inspect.getsource(TrainConfig).splitlines()
