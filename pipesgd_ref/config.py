@@ -24,7 +24,7 @@ from typing import Any
 
 from pipesgd_ref.errors import ConfigError
 from pipesgd_ref.presets import PRESETS
-from pipesgd_ref.units import MAX_SECONDS
+from pipesgd_ref.units import MAX_SECONDS, parse_size
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -46,7 +46,10 @@ class TrainConfig:
     # only ring chunks cross to the host. Rank r uses GPU r mod the visible GPUs.
     device: str = "cpu"  # cpu | cuda (sync and pipe; a GPU, or NUMBA_ENABLE_CUDASIM=1)
     # --- method ---
-    algo: str = "pipe"  # sync | pipe | ps-sync | ps-async (distributed runs: `pipesgd train`)
+    algo: str = "pipe"  # sync | ddp | pipe | ps-sync | ps-async (distributed runs: `pipesgd train`)
+    # ddp: the gradient leaves in buckets of at least this many bytes, each all-reduced as soon
+    # as the backward has written it (models/layout.py `buckets`; why 32KB: methods/ddp.py)
+    bucket_size: str = "32KB"  # ddp's bucket, e.g. 32KB, 1MB (0: one bucket per layer)
     # --- parallelism ---
     world_size: int = 4  # p: number of workers, each with its own shard of the training set
     width: int = 2  # K: pipeline width; staleness = K - 1 (1 = synchronous, 2 = Pipe-SGD)
@@ -164,6 +167,10 @@ def _run_size_problems(cfg: TrainConfig) -> list[str]:
         problems.append(f"warmup_steps must be >= 0, got {cfg.warmup_steps}")
     if cfg.batch_size < 1:
         problems.append(f"batch_size must be >= 1, got {cfg.batch_size}")
+    try:
+        parse_size(cfg.bucket_size)
+    except ValueError as e:
+        problems.append(f"bucket_size: {e}")
     return problems
 
 

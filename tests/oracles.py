@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipesgd_ref.comm.schedule import simulate_allreduce
+from pipesgd_ref.comm.schedule import simulate_allreduce, simulate_compressed_allreduce
 from pipesgd_ref.methods import reference
 from pipesgd_ref.methods.reference import delayed_sgd, model_grad_fn, sync_sgd
 from pipesgd_ref.runtime.worker import Worker
@@ -55,3 +55,35 @@ def ring_ordered_average(grad_fn, params, world_size: int, step: int):
 def use_ring_order(monkeypatch) -> None:
     """Make the oracles of `reference` average in the ring's order for this test."""
     monkeypatch.setattr(reference, "average_gradient", ring_ordered_average)
+
+
+def bucket_ring_average(plan, codec=None):
+    """An `average` for reference.sync_sgd: each bucket (lo, hi) of `plan` averaged on its own
+    in the ring's order of additions for that bucket (the compressed ring's with `codec`),
+    which a ddp run equals bitwise at any p."""
+
+    def average(grad_fn, params, world_size: int, step: int):
+        losses, grads = zip(*(grad_fn(params, r, step) for r in range(world_size)), strict=True)
+        mean = np.empty_like(params)
+        for lo, hi in plan:
+            parts = [g[lo:hi] for g in grads]
+            if codec is None:
+                mean[lo:hi] = simulate_allreduce(parts, "mean")[0]
+            else:
+                mean[lo:hi] = simulate_compressed_allreduce(parts, codec, "mean")[0]
+        return sum(losses) / world_size, mean
+
+    return average
+
+
+def ddp_oracle(cfg, codec=None):
+    """The one-process run of ddp for cfg: sync_sgd with the mean taken bucket by bucket in
+    the ring's order (bitwise what the distributed run computes)."""
+    from pipesgd_ref.models.layout import buckets
+    from pipesgd_ref.units import parse_size
+
+    worker = Worker.build(cfg, 0, cfg.world_size)
+    grad_fn = model_grad_fn(worker.model, worker.data, worker.sampler)
+    plan = buckets(worker.model.grad_units(), parse_size(cfg.bucket_size))
+    w0, p, steps = worker.model.init_params(cfg.seed), cfg.world_size, worker.steps
+    return sync_sgd(grad_fn, w0, p, steps, cfg.lr_at, average=bucket_ring_average(plan, codec))

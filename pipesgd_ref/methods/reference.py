@@ -2,7 +2,7 @@
 
 These functions are the *definitions*. They run all p workers inside one process, in a fixed
 order, with no threads and no sockets, so that each line reads as the math. The distributed
-implementations (sync.py, pipe.py, ps.py) are tested against them.
+implementations (sync.py, ddp.py, pipe.py, ps.py) are tested against them.
 
 Every oracle takes a gradient oracle
 
@@ -16,7 +16,8 @@ which returns worker `rank`'s loss and gradient on its own minibatch number `ste
 The methods:
 - `sync_sgd`: w_{t+1} = w_t - lr_t * g_t. Equal to large-batch SGD on the union of the p
   minibatches (batch p*B), because the mean of p means of B terms is the mean of the p*B terms.
-  Synchronous AllReduce SGD and synchronous parameter-server SGD both compute exactly this.
+  Synchronous AllReduce SGD, DDP-style bucketed SGD and synchronous parameter-server SGD all
+  compute exactly this (up to the order in which the mean's terms are added).
 - `delayed_sgd` (staleness s = K - 1 for Pipe-SGD of width K):
       w_{t+1} = w_t - lr_t * g_{t-s}    for t >= warmup + s
       w_{t+1} = w_t                     for warmup <= t < warmup + s   (the pipeline fills)
@@ -88,13 +89,18 @@ def sync_sgd(
     lr: LR,
     record: bool = False,
     callback: Callback | None = None,
+    average: Callable | None = None,
 ) -> Trajectory:
-    """Synchronous data-parallel SGD: w_{t+1} = w_t - lr_t * mean_r grad f_r(w_t)."""
+    """Synchronous data-parallel SGD: w_{t+1} = w_t - lr_t * mean_r grad f_r(w_t).
+    `average(grad_fn, params, world_size, step) -> (loss, mean gradient)`: how the mean is
+    summed (default `average_gradient`, rank order); ddp is this oracle with each bucket's
+    mean summed in the ring's order for that bucket (the tests' oracles)."""
     lr_at = _lr_fn(lr)
+    average = average or average_gradient
     w = params0.copy()
     out = Trajectory(params=w, history=[w.copy()] if record else None)
     for t in range(steps):
-        loss, g = average_gradient(grad_fn, w, world_size, t)
+        loss, g = average(grad_fn, w, world_size, t)
         w -= w.dtype.type(lr_at(t)) * g
         out.losses.append(loss)
         if record:

@@ -2,6 +2,7 @@
 
     name       the loop (one file)     ranks    staleness of the applied gradient
     sync       sync.sync_worker        p        0
+    ddp        ddp.ddp_worker          p        0       (AllReduce in buckets during backward)
     pipe       pipe.pipe_worker        p        K - 1   (K = --width: 1 at the default K = 2)
     ps-sync    ps.ps_sync_worker       p + 1    0       (rank 0 serves, ranks 1..p compute)
     ps-async   ps.ps_async_worker      p + 1    unbounded ((p - 1)(2S + 1) with --max-staleness S)
@@ -38,6 +39,10 @@ class Method:
     # Takes --device cuda: the ring methods' weights, buffers and ring live on the GPU.
     on_device: bool = False
     checkpoint_rounds: bool = False  # a checkpoint step is a round of p pushes (ps-async)
+    bucketed: bool = False  # takes --bucket-size: the gradient leaves in buckets (ddp)
+    # Takes --skip-nonfinite: a rank's whole gradient can still be left out of a step's mean
+    # when it is not finite (not so when its buckets leave before the whole exists: ddp).
+    skips_nonfinite: bool = True
 
     @property
     def loop(self) -> Callable:
@@ -80,6 +85,15 @@ METHODS: dict[str, Method] = {
             server=False,
             staleness="0",
             on_device=True,
+        ),
+        Method(
+            "ddp",
+            "pipesgd_ref.methods.ddp:ddp_worker",
+            server=False,
+            staleness="0",
+            on_device=True,
+            bucketed=True,
+            skips_nonfinite=False,
         ),
         Method(
             "pipe",

@@ -75,11 +75,13 @@ class FlatModel:
                 ops.relu_forward(Z[l], A[l + 1])  # A[l+1] = relu(Z[l])
 
     def _dense_loss_and_backward(
-        self, ops: Backend, v: dict, g: dict, A: list, Z: list, y, dZs: list, dAs: list
+        self, ops: Backend, v: dict, g: dict, A: list, Z: list, y, dZs: list, dAs: list, ready
     ) -> float:
         """Mean cross-entropy of softmax(Z[-1]) against y, and the dense layers' gradients into
         g (W{l}, b{l}); dAs[0], when not None, receives d loss / d A[0] (the CNN's pooled map).
-        dZs[l] like Z[l] and dAs[l] like A[l] are scratch, each written once."""
+        dZs[l] like Z[l] and dAs[l] like A[l] are scratch, each written once. `ready(lo, hi,
+        loss)`, if given, hears of each layer's gradient as soon as it is written (see
+        `grad_units`)."""
         last = len(Z) - 1
         # dZ starts as dL/dlogits (B, n_classes); the softmax and the loss are fused.
         dZ = dZs[last]
@@ -87,12 +89,24 @@ class FlatModel:
         for l in range(last, -1, -1):
             # Z[l] = A[l] W_l + b_l  =>  dW_l = A[l]^T dZ, db_l = sum_rows dZ, dA[l] = dZ W_l^T
             dA = dAs[l]
-            ops.dense_backward(A[l], v[f"W{l}"], dZ, g[f"W{l}"], g[f"b{l}"], dA)
+            ops.dense_backward(A[l], v[f"W{l}"], dZ, g[f"W{l}"], g[f"b{l}"], None)
+            if ready is not None:  # layer l's gradient is final: it may leave now (ddp)
+                ready(*self.layout.span(f"W{l}", f"b{l}"), loss)
+            if dA is not None:  # then the layer's input gradient, the same bits as fused
+                ops.dense_input_grad(v[f"W{l}"], dZ, dA)
             if l > 0:
                 # A[l] = relu(Z[l-1])  =>  dZ[l-1] = dA[l] * [Z[l-1] > 0]
                 dZ = dZs[l - 1]
                 ops.relu_backward(Z[l - 1], dA, dZ)
         return loss
+
+    def grad_units(self) -> list[tuple[int, int]]:
+        """The (lo, hi) ranges of the flat gradient in the order `loss_and_grad` finishes
+        them, which is the order its `ready` callback hears of them: the dense layers last
+        first (W{l} and b{l} together); a model with more layers (the CNN) adds its own after.
+        Each range ends where the one before begins, so any run of them is one slice."""
+        n_dense = len(self.widths) - 1
+        return [self.layout.span(f"W{l}", f"b{l}") for l in range(n_dense - 1, -1, -1)]
 
     def flops_per_sample(self) -> int:
         """Multiply-adds of one sample's forward pass through the dense layers `widths`

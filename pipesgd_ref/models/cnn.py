@@ -135,6 +135,12 @@ class CNN(FlatModel):
             v[f"W{l}"][...] = rng.normal(0.0, np.sqrt(2.0 / fan_in), v[f"W{l}"].shape)
         return params
 
+    def grad_units(self) -> list[tuple[int, int]]:
+        """As FlatModel's: the dense head's layers last first, then the conv layers' filters
+        and biases (C{l}, c{l}), last first."""
+        convs = [self.layout.span(f"C{l}", f"c{l}") for l in range(self.n_conv - 1, -1, -1)]
+        return super().grad_units() + convs
+
     def flops_per_sample(self) -> int:
         """Multiply-adds of one image's forward pass (backward: about twice as many)."""
         total = 0
@@ -216,13 +222,15 @@ class CNN(FlatModel):
         self._dense_forward(ops, v, b["Ad"], b["Zd"])  # the head (Ad[0] views A), as the MLP's
         return b
 
-    def loss_and_grad(self, params, X, y, grads) -> float:
-        """Mean cross-entropy on (X, y); writes d loss / d params into the flat `grads`."""
+    def loss_and_grad(self, params, X, y, grads, ready=None) -> float:
+        """Mean cross-entropy on (X, y); writes d loss / d params into the flat `grads`.
+        `ready(lo, hi, loss)`: as the MLP's, for each range of `grad_units()` in turn."""
         ops, v, g = self._ops_for(params), self.layout.views(params), self.layout.views(grads)
         b = self.forward(params, X)
         B = X.shape[0]
         # the head, as the MLP's layers; dAd[0] receives the gradient of its input
-        loss = self._dense_loss_and_backward(ops, v, g, b["Ad"], b["Zd"], y, b["dZd"], b["dAd"])
+        dZd, dAd = b["dZd"], b["dAd"]
+        loss = self._dense_loss_and_backward(ops, v, g, b["Ad"], b["Zd"], y, dZd, dAd, ready)
         dP = b["dAd"][0]  # (B, flat): the gradient of the last pooled map, NHWC flattened
         for l in range(self.n_conv - 1, -1, -1):
             h, w, _ = self.maps[l]
@@ -235,8 +243,11 @@ class CNN(FlatModel):
             ops.relu_backward(b["Z"][l], dR.reshape(B * h * w, c_out), dZc)
             # Z = cols Wc + bc  =>  dWc = cols^T dZ, dbc = sum_rows dZ, dcols = dZ Wc^T
             dW, db = g[f"C{l}"], g[f"c{l}"]
-            ops.dense_backward(b["cols"][l], v[f"C{l}"], dZc, dW, db, b["dcols"][l])
-            if l > 0:
+            ops.dense_backward(b["cols"][l], v[f"C{l}"], dZc, dW, db, None)
+            if ready is not None:  # conv layer l's gradient is final (ddp)
+                ready(*self.layout.span(f"C{l}", f"c{l}"), loss)
+            if l > 0:  # the first layer's input needs no gradient: dcols only above it
+                ops.dense_input_grad(v[f"C{l}"], dZc, b["dcols"][l])
                 k = self.kernels[l]
                 ops.col2im(b["dcols"][l], k, k, 1, k // 2, b["dA"][l])  # dA = col2im(dcols)
                 dP = b["dA"][l].reshape(B, h * w * self.maps[l][2])  # the pooled map before

@@ -54,6 +54,17 @@ class ParamLayout:
             raise ValueError("the flat parameter vector must be contiguous (views need it)")
         return {s.name: flat[s.offset : s.offset + s.size].reshape(s.shape) for s in self.slots}
 
+    def span(self, *names: str) -> tuple[int, int]:
+        """(lo, hi): the range of the flat vector the named tensors fill, which must be
+        neighbours in the layout (a layer's weights and bias)."""
+        slots = sorted((s for s in self.slots if s.name in names), key=lambda s: s.offset)
+        if len(slots) != len(names):
+            raise KeyError(f"no tensor named {sorted(set(names) - {s.name for s in slots})}")
+        for a, b in zip(slots[:-1], slots[1:], strict=True):
+            if a.offset + a.size != b.offset:
+                raise ValueError(f"{a.name} and {b.name} are not neighbours in the layout")
+        return slots[0].offset, slots[-1].offset + slots[-1].size
+
     def __repr__(self) -> str:
         parts = ", ".join(f"{s.name}{list(s.shape)}" for s in self.slots)
         return f"ParamLayout({self.size} params: {parts})"
@@ -63,3 +74,37 @@ def on_device(array) -> bool:
     """Whether `array` is a Numba CUDA device array (a GPU's, or the simulator's): one that
     has `copy_to_host` and is not a NumPy array. Host arrays (pinned ones included) are not."""
     return not isinstance(array, np.ndarray) and hasattr(array, "copy_to_host")
+
+
+def buckets(
+    units: list[tuple[int, int]], cap_bytes: int, itemsize: int = 4
+) -> list[tuple[int, int]]:
+    """Group a backward pass's gradient units into the buckets a ddp step all-reduces.
+
+    `units`: the (lo, hi) ranges of the flat gradient in the order the backward writes them
+    (a model's `grad_units()`: last layer first, each range just below the one before). A bucket
+    takes units in that order until it holds at least `cap_bytes`; the last one takes what is
+    left. Each bucket is again one contiguous range (lo, hi), so the ring all-reduces it as a
+    view of the gradient, with no copy. A cap of 0 gives one bucket per unit; a cap above the
+    gradient, one bucket: synchronous SGD with its AllReduce at the end of the backward.
+
+        units   [L2: 41 KB] [L1: 4.2 MB] [L0: 266 KB]     (the compare preset's MLP)
+        32 KB   [L2]        [L1]         [L0]             3 buckets
+        1 MB    [L2 + L1 ...............] [L0]            2 buckets
+    """
+    out: list[tuple[int, int]] = []
+    lo = hi = None
+    below = None  # where the unit before began: the next one must end there
+    for u_lo, u_hi in units:
+        if below is not None and u_hi != below:
+            raise ValueError(f"unit {(u_lo, u_hi)} does not end where the one before starts")
+        below = u_lo
+        if hi is None:
+            hi = u_hi
+        lo = u_lo
+        if (hi - lo) * itemsize >= cap_bytes:
+            out.append((lo, hi))
+            lo = hi = None
+    if hi is not None:
+        out.append((lo, hi))
+    return out

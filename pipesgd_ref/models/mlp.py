@@ -103,16 +103,19 @@ class MLP(FlatModel):
         self._dense_forward(ops, v, A, Z)  # Z[l] = A[l] W_l + b_l, A[l+1] = relu(Z[l])
         return Z, A
 
-    def loss_and_grad(self, params, X, y, grads) -> float:
+    def loss_and_grad(self, params, X, y, grads, ready=None) -> float:
         """Mean cross-entropy on (X, y); writes d loss / d params into the flat `grads`.
         On the device: params and grads device arrays; X and y device arrays, or host ones
-        (copied over: the worker stages them through pinned buffers instead)."""
+        (copied over: the worker stages them through pinned buffers instead). `ready(lo, hi,
+        loss)`, if given, is called as soon as grads[lo:hi] is final, for each range of
+        `grad_units()` in turn (last layer first), with this minibatch's loss: ddp all-reduces
+        the gradient in buckets while the rest of the backward runs."""
         ops, v = self._ops_for(params), self.layout.views(params)
         g = self.layout.views(grads)
         Z, A = self.forward(params, X)
         dZs, dAs = self._gradients(Z[0].shape[0], params.dtype, on_device(params))
         # dAs[0] is None: the input needs no gradient
-        return self._dense_loss_and_backward(ops, v, g, A, Z, y, dZs, dAs)
+        return self._dense_loss_and_backward(ops, v, g, A, Z, y, dZs, dAs, ready)
 
     def logits(self, params, X: np.ndarray) -> np.ndarray:
         """(B, n_classes) logits, on the host (device weights are copied over first: evaluation

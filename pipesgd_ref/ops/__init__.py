@@ -20,6 +20,7 @@ from types import ModuleType
 OP_NAMES = (
     "dense_forward",  # Y = X @ W + b
     "dense_backward",  # dW = X^T dY, db = sum_rows dY, dX = dY W^T
+    "dense_input_grad",  # dX = dY W^T alone (ddp: the weights' gradient goes out first)
     "relu_forward",  # A = max(Z, 0)
     "relu_backward",  # dZ = dA * [Z > 0]
     "softmax_xent_grad",  # mean cross-entropy of softmax(logits), and d/dlogits

@@ -154,6 +154,12 @@ def dense_backward(X, W, dY, dW, db, dX) -> None:
         matmul(dY, W, no_bias, dX, False, True)
 
 
+def dense_input_grad(W, dY, dX) -> None:
+    """dX = dY W^T: dense_backward's third product alone (the same kernel and flags)."""
+    _require_float32("dense_input_grad", W, dY, dX)
+    matmul(dY, W, _scratch_f32("no_bias", 0), dX, False, True)
+
+
 def relu_forward(Z, A) -> None:
     launch(relu_forward_kernel, launch_1d(Z.size), _flat(Z), _flat(A))
 

@@ -257,6 +257,10 @@ def dense_backward(X, W, dY, dW, db, dX) -> None:
         _dense_backward_input(W, dY, dX)
 
 
+def dense_input_grad(W, dY, dX) -> None:
+    _dense_backward_input(W, dY, dX)
+
+
 def relu_forward(Z, A) -> None:
     _relu_forward(_flat(Z), _flat(A))
 

@@ -120,6 +120,13 @@ def _method_problems(cfg: TrainConfig, row: Method) -> list[str]:
             f"--max-staleness {cfg.max_staleness} bounds how far ps-async's workers run ahead; "
             f"--algo {cfg.algo} has no such freedom: use --algo ps-async"
         )
+    if cfg.skip_nonfinite and not row.skips_nonfinite:
+        problems.append(
+            f"--skip-nonfinite leaves a rank's whole gradient out of a step's mean, and --algo "
+            f"{cfg.algo} sends each bucket during the backward, before the whole gradient is "
+            f"known: use --algo sync (the same updates, without the overlap), or drop "
+            f"--skip-nonfinite"
+        )
     if not row.pipelined and cfg.width not in (1, 2):
         # 2 is the default, so it cannot mean that someone asked; 1 is what compare sets
         problems.append(
@@ -171,6 +178,13 @@ def check_idle_options(cfg: TrainConfig, preset: TrainConfig | None = None) -> N
         problems.append(
             f"--ps-pulls {cfg.ps_pulls} orders a parameter server's pulls, and --algo "
             f"{cfg.algo} has no server: use --algo ps-sync, or drop --ps-pulls"
+        )
+    if cfg.bucket_size != TrainConfig.bucket_size and not row.bucketed:
+        bucketed = [m.name for m in METHODS.values() if m.bucketed]
+        problems.append(
+            f"--bucket-size {cfg.bucket_size} sizes the buckets {', '.join(bucketed)} "
+            f"all-reduces during the backward, and --algo {cfg.algo} sends its gradient "
+            f"whole: use --algo {bucketed[0]}, or drop --bucket-size"
         )
     if cfg.error_feedback and cfg.codec == "none":
         problems.append(

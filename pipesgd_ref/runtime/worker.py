@@ -239,8 +239,12 @@ class Worker:
 
         checkpoint.save(self.cfg.out, self.cfg, params, next_step, pending or {})
 
-    def loss_and_grad(self, step: int, grads: np.ndarray, params: np.ndarray | None = None):
-        """This worker's loss on its minibatch `step`, gradient written into `grads`."""
+    def loss_and_grad(
+        self, step: int, grads: np.ndarray, params: np.ndarray | None = None, ready=None
+    ):
+        """This worker's loss on its minibatch `step`, gradient written into `grads`;
+        `ready(lo, hi, loss)` hears of each layer's gradient as the backward writes it
+        (the model's `loss_and_grad`; ddp)."""
         X, y = self.sampler.batch(self.data, self.index, step)
         if self.on_device:  # through the pinned buffers (see to_device)
             self._X_host[...] = X
@@ -251,7 +255,11 @@ class Worker:
         # A diverging run overflows before its loss turns inf; the check below reports that
         # as one clear error, so NumPy's overflow warnings would only be noise on the way.
         with np.errstate(over="ignore", invalid="ignore"), compute_priority(self.cfg.comm_first):
-            loss = self.model.loss_and_grad(self.params if params is None else params, X, y, grads)
+            w = self.params if params is None else params
+            if ready is None:
+                loss = self.model.loss_and_grad(w, X, y, grads)
+            else:
+                loss = self.model.loss_and_grad(w, X, y, grads, ready)
         if not math.isfinite(loss) and not self.cfg.skip_nonfinite:
             raise diverged(
                 f"worker {self.index}",
@@ -319,33 +327,41 @@ class Worker:
 
         return get_codec(self.cfg.codec, self.cfg.codec_backend)
 
-    def feed_back(self, grads: np.ndarray, codec) -> None:
+    def feed_back(self, grads: np.ndarray, codec, lo: int = 0, hi: int | None = None) -> None:
         """Error feedback (--error-feedback): add last step's residual to `grads`, then keep as
         the new residual what encoding `grads` drops. The residual is that of this worker's
         whole gradient as one code (the ring re-encodes partial sums, which no worker owns):
-        the standard local form used with 1-bit SGD and PowerSGD."""
+        the standard local form used with 1-bit SGD and PowerSGD. `lo`, `hi`: only
+        grads[lo:hi], coded on its own (a ddp bucket, which leaves before the rest exists)."""
         if not self.cfg.error_feedback or codec.name == "none":
             return
+        hi = grads.size if hi is None else hi
         if self.on_device:  # the codecs run on the host (as the compressed ring does)
             if not hasattr(self, "_grads_host"):
                 from numba import cuda
 
                 self._grads_host = cuda.pinned_array(grads.shape, grads.dtype)
-            grads.copy_to_host(self._grads_host)
-            self._feed_back_host(self._grads_host, codec)
-            grads.copy_to_device(self._grads_host)
+            part = self._grads_host[lo:hi]
+            grads[lo:hi].copy_to_host(part)
+            self._feed_back_host(part, codec, lo)
+            grads[lo:hi].copy_to_device(part)
             return
-        self._feed_back_host(grads, codec)
+        self._feed_back_host(grads[lo:hi], codec, lo)
 
-    def _feed_back_host(self, grads: np.ndarray, codec) -> None:
+    def _feed_back_host(self, part: np.ndarray, codec, lo: int) -> None:
+        """part += residual[lo:...]; residual[lo:...] = part - decode(encode(part))."""
         if not hasattr(self, "_residual"):
-            self._residual = np.zeros_like(grads)
-            self._codes = np.empty(codec.wire_bytes(grads.size), np.uint8)
-            self._decoded = np.empty_like(grads)
-        grads += self._residual
-        codec.encode(grads, self._codes)
-        codec.decode(self._codes, self._decoded)
-        np.subtract(grads, self._decoded, out=self._residual)
+            self._residual = np.zeros(self.params.shape, self.params.dtype)
+            self._codes: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        if part.size not in self._codes:  # scratch per coded length, made once
+            n = part.size
+            self._codes[n] = (np.empty(codec.wire_bytes(n), np.uint8), np.empty(n, part.dtype))
+        codes, decoded = self._codes[part.size]
+        residual = self._residual[lo : lo + part.size]
+        part += residual
+        codec.encode(part, codes)
+        codec.decode(codes, decoded)
+        np.subtract(part, decoded, out=residual)
 
     def sgd_step(self, grads: np.ndarray, step: int) -> None:
         self.model.backend.sgd_step(self.params, grads, self.cfg.lr_at(step))
