@@ -6,7 +6,7 @@ them, and writes what the test checks into OUT (one .npz per rank and run; no pi
                                                    over MPI for every p = 1 .. size (one
                                                    sub-communicator each) and lengths 0, 1,
                                                    < p, not divisible by p, several segments
-    python tests/mpi_programs.py train OUT         sync and pipe (width 2) on ranks 0..3,
+    python tests/mpi_programs.py train OUT         sync, ddp and pipe (width 2) on ranks 0..3,
                                                    ps-sync and ps-async on all 5 ranks
                                                    (4 workers + the server), over MPI
     python tests/mpi_programs.py device OUT        the device ring over MPI (Numba's CUDA
@@ -34,6 +34,7 @@ SEGMENT_BYTES = 1024  # small segments: a chunk of 1000 float32 crosses as sever
 TRAIN = TrainConfig.preset("tiny").replace(world_size=4, steps=20, model="mlp", hidden=(16,))
 CONFIGS = {
     "sync": TRAIN.replace(algo="sync", width=1),
+    "ddp": TRAIN.replace(algo="ddp", width=1, bucket_size="0"),  # a bucket per layer
     "pipe": TRAIN.replace(algo="pipe", width=2),
     "ps-sync": TRAIN.replace(algo="ps-sync", width=1),
     "ps-async": TRAIN.replace(algo="ps-async", width=1),
@@ -106,6 +107,7 @@ def collectives(out: Path) -> None:
 
 
 def train(out: Path) -> None:
+    from pipesgd_ref.methods.ddp import ddp_worker
     from pipesgd_ref.methods.pipe import pipe_worker
     from pipesgd_ref.methods.ps import ps_async_worker, ps_sync_worker
     from pipesgd_ref.methods.sync import sync_worker
@@ -117,7 +119,7 @@ def train(out: Path) -> None:
     # The ring methods on ranks 0..3 (rank 4 waits at the next collective call, the Split).
     _, ring = list(sub_communicators(MPI, [TRAIN.world_size]))[0]
     if ring is not None:
-        for algo, fn in (("sync", sync_worker), ("pipe", pipe_worker)):
+        for algo, fn in (("sync", sync_worker), ("ddp", ddp_worker), ("pipe", pipe_worker)):
             result = fn(ring, CONFIGS[algo])
             np.savez(out / f"{algo}-rank{rank}.npz", params=result.params, losses=result.losses)
         ring.close()

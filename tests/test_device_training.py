@@ -151,6 +151,19 @@ def test_pipe_on_the_device_matches_the_cpu():
     assert summary["params_identical_on_all_ranks"]
 
 
+@pytest.mark.slow
+def test_ddp_on_the_device_matches_the_cpu():
+    """run_training(device="cuda"), ddp with a bucket per layer (MLP 8-8-3): the CPU run's
+    weights and losses; the comm thread all-reduces device views of the gradient while the
+    backward's kernels go on."""
+    cfg = tiny(algo="ddp", width=1, bucket_size="0")
+    _, cpu = run_training(cfg, progress=False, log=lambda _: None)
+    summary, gpu = run_training(cfg.replace(device="cuda"), progress=False, log=lambda _: None)
+    assert_weights_close(gpu[0].params, cpu[0].params, "ddp")
+    assert np.allclose(gpu[0].losses, cpu[0].losses, rtol=RTOL, atol=ATOL)
+    assert summary["params_identical_on_all_ranks"]
+
+
 # --- the device ring -----------------------------------------------------------------------------
 
 LENGTHS = (0, 1, 4, 7, 11)  # 0, 1, p + 1 (p = 3), odd, odd with several segments per chunk
@@ -337,7 +350,7 @@ def test_no_gpu_is_one_line_and_exit_2():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not GPU_TESTS, reason="needs a real CUDA GPU: run with PIPESGD_GPU_TESTS=1")
-@pytest.mark.parametrize("algo", ["sync", "pipe"])
+@pytest.mark.parametrize("algo", ["sync", "ddp", "pipe"])
 def test_real_gpu_training_matches_the_cpu(algo):
     """digits, MLP 64-64-10, 2 workers x batch 32, 30 steps, on the GPU: the CPU run's weights
     within a looser float32 tolerance (30 steps of differently rounded matmuls)."""

@@ -233,7 +233,7 @@ def test_workers_stop_on_their_own_when_the_launcher_is_sigkilled(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("algo", ["sync", "pipe", "ps-sync"])
+@pytest.mark.parametrize("algo", ["sync", "ddp", "pipe", "ps-sync"])
 def test_stopped_then_resumed_ends_bitwise_as_an_uninterrupted_run(algo, tmp_path):
     """The stop's checkpoint continues the very run: for pipe it keeps the gradients in
     flight instead of draining them."""
@@ -268,7 +268,7 @@ def test_stopped_then_resumed_ends_bitwise_as_an_uninterrupted_run(algo, tmp_pat
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("algo", ["sync", "pipe", "ps-sync"])
+@pytest.mark.parametrize("algo", ["sync", "ddp", "pipe", "ps-sync"])
 def test_max_restarts_resumes_from_the_checkpoint_and_ends_as_if_nothing_failed(
     algo, tmp_path, monkeypatch, capsys
 ):

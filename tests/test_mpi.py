@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from oracles import oracle_inputs, use_ring_order
+from oracles import ddp_oracle, oracle_inputs, use_ring_order
 from procs import kill, processes
 
 from pipesgd_ref.comm import mpi
@@ -164,24 +164,24 @@ def test_device_ring_over_mpi_in_the_cuda_simulator(tmp_path, cuda_aware):
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_every_method_over_mpi_equals_its_oracle(tmp_path, monkeypatch):
-    """One `mpirun -n 5` job: sync and pipe (width 2) on 4 ranks, ps-sync and ps-async on 5
+    """One `mpirun -n 5` job: sync, ddp and pipe (width 2) on 4 ranks, ps-sync and ps-async on 5
     (4 workers + the server), all over MPI. Every replica bitwise equal; sync and pipe bitwise
-    the ring-ordered oracle; ps-sync bitwise sync_sgd; ps-async bitwise async_ps_sgd in the
-    recorded arrival order."""
+    the ring-ordered oracle, ddp bucket by bucket; ps-sync bitwise sync_sgd; ps-async bitwise
+    async_ps_sgd in the recorded arrival order."""
     sys.path.insert(0, str(PROGRAMS.parent))
     from mpi_programs import CONFIGS
 
     command = mpirun(5, str(PROGRAMS), "train", str(tmp_path))
     rc, output, _ = run(command, job_env(), tmp_path / "job.log")
     assert rc == 0, output[-4000:]
-    for algo in ("sync", "pipe"):
+    for algo in ("sync", "ddp", "pipe"):
         ranks = ranks_of(tmp_path, algo)
         assert len(ranks) == 4, f"{algo}: {len(ranks)} ranks wrote results"
         for r, got in enumerate(ranks):
             same = np.array_equal(got["params"], ranks[0]["params"])
             assert same, f"{algo}: the weights of rank {r} differ from rank 0's"
         cfg = CONFIGS[algo]
-        want = ring_oracle(cfg, monkeypatch)
+        want = ddp_oracle(cfg) if algo == "ddp" else ring_oracle(cfg, monkeypatch)
         np.testing.assert_array_equal(
             ranks[0]["params"], want.params, err_msg=f"{algo} over MPI != its ring-ordered oracle"
         )

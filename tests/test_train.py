@@ -165,7 +165,7 @@ def _run_until_checkpoint_then_kill(out, argv, min_step):
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("algo, width", [("sync", 1), ("pipe", 2), ("pipe", 3)])
+@pytest.mark.parametrize("algo, width", [("sync", 1), ("ddp", 1), ("pipe", 2), ("pipe", 3)])
 def test_resume_after_a_crash_equals_an_uninterrupted_run(algo, width, tmp_path):
     common = ["--preset=tiny", f"--algo={algo}", f"--width={width}", "--world-size=3",
               "--model=mlp", "--hidden=8", "--steps=1200", "--no-progress"]  # fmt: skip
