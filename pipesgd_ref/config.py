@@ -44,7 +44,7 @@ class TrainConfig:
     # Where training runs. cuda: params, grads and activations on a GPU, the model's ops on the
     # cuda backend whatever --backend says (--backend then picks the host ops of evaluation);
     # only ring chunks cross to the host. Rank r uses GPU r mod the visible GPUs.
-    device: str = "cpu"  # cpu | cuda (sync and pipe; a GPU, or NUMBA_ENABLE_CUDASIM=1)
+    device: str = "cpu"  # cpu | cuda (ring methods; a GPU or NUMBA_ENABLE_CUDASIM=1)
     # --- method ---
     algo: str = "pipe"  # sync | ddp | pipe | ps-sync | ps-async (distributed runs: `pipesgd train`)
     # ddp: the gradient leaves in buckets of at least this many bytes, each all-reduced as soon

@@ -2,7 +2,7 @@
 
 Why MPI at all: on a cluster the fast wire (InfiniBand, Slingshot, shared memory between ranks
 of one host) is reached through the MPI library, and jobs are started by `mpirun` or SLURM's
-`srun`. This module lets every algorithm (sync, pipe, ps-sync, ps-async) run there unchanged.
+`srun`. This module lets every algorithm (sync, ddp, pipe, ps-sync, ps-async) run there unchanged.
 
 Which schedule, and why. MPI_Allreduce does not promise the same bits on every rank, nor the
 same order of additions from one call, library or process count to the next (the standard only

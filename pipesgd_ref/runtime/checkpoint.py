@@ -3,7 +3,7 @@
 A checkpoint taken after step t holds the weights w_{t+1}, the next step t+1, and, for Pipe-SGD,
 the averaged gradients still in flight (computed at steps t-s+1 .. t, not yet applied). Data
 order, learning rate and everything else are functions of (seed, rank, step), so nothing more
-is needed: a resumed sync, pipe or ps-sync run ends with the same weights as an uninterrupted
+is needed: a resumed sync, ddp, pipe or ps-sync run ends with the same weights as an uninterrupted
 one (ps-sync: the server writes its weights). ps-async's server writes its weights after every
 `checkpoint_every` rounds of p updates; a resumed ps-async run continues from them with each
 worker's remaining pushes, but its result depends on the order pushes arrive in, so it is not

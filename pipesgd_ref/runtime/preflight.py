@@ -303,7 +303,7 @@ def slowest_frame(cfg: TrainConfig, n_params: int) -> tuple[str, int, float]:
     """(what, bytes, seconds): the longest a worker of cfg waits on the emulated link for one
     frame, for a model of n_params float32 parameters.
 
-    Ring (sync, pipe): a segment of the largest chunk, ceil(n / p) values and at most
+    Ring (sync, ddp, pipe): a segment of the largest chunk, ceil(n / p) values and at most
     SEGMENT_VALUES of them (timing/emulated.py), in the codec's wire bytes, plus the header:
     alpha + b / B. Parameter server: a worker waits after its push for the pushes of all p
     workers to cross the server's one ingress wire and then for the p pulls on its egress wire

@@ -1,7 +1,7 @@
 """What every distributed training method shares, inside one worker process.
 
 - `Worker`: the worker's runtime, built once per worker process (`Worker.for_rank`, by
-  train.py's per-rank job) and handed to the method (sync, pipe, ps): its data and shard,
+  train.py's per-rank job) and handed to the method (sync, ddp, pipe, ps): its data and shard,
   model, weights and step count, and the steps every method takes the same way (the gradient
   and its finiteness check, error feedback, the AllReduce of the ring methods, the update,
   checkpoints, the device). Data, model and initial weights come from the config and the seed
@@ -14,7 +14,7 @@ A worker trains on its own shard: worker index `index` (0..n_workers-1) draws mi
 server's rank 0 holds a Worker too (worker index 0): its weights, model and steps; it never
 computes a gradient.
 
---device cuda (`Worker.to_device`, sync and pipe): the weights, the gradient buffers and
+--device cuda (`Worker.to_device`, the ring methods): the weights, the gradient buffers and
 the activations live on GPU rank mod (visible GPUs); each minibatch goes over through reusable
 pinned host buffers; the update runs there; the ring stages only its chunks through the host
 (comm/device_ring.py). What leaves the worker (its result, checkpoints, the progress callback's
