@@ -1,8 +1,8 @@
 """How long one iteration takes: the analysis of the paper's section 3, method by method.
 
 Every prediction below applies the alpha-beta ("latency-bandwidth") cost of a link to the
-schedule each method runs; `predict` hands a method to its function (`sync`, `pipe`, `ps_sync`,
-`ps_async`), each written beside its equation. Symbols: p = world_size workers; M = 4n
+schedule each method runs; `predict` hands a method to its function (`sync`, `pipe`, `ddp`,
+`ps_sync`, `ps_async`), each written beside its equation. Symbols: p = world_size workers; M = 4n
 gradient bytes (n float32 parameters); alpha = seconds per message; B = bandwidth, bytes/s per
 link and direction (full duplex); gamma = seconds per byte of reduction (dst += src); t_comp =
 forward and backward of one minibatch; t_u = one SGD update; r = compression ratio (wire bytes
@@ -107,6 +107,24 @@ ps-async's workers do not wait for each other and its iteration is worker 0's, s
 worker 0's core: the m workers pinned there, m (t_cpu + (M/r + M) copy + M e), plus the
 server's p ((M/r + M) copy + M (d + gamma) + t_u) only where it shares that core (C = 1).
 
+DDP-style synchronous SGD (methods/ddp.py). The backward hands the gradient to the ring in
+buckets j = 1..J, last layer first, each b_j bytes (models/layout.py `buckets`: units until a
+bucket holds --bucket-size), ready when the backward has written its last unit, at r_j = f_j
+t_comp (f_j: Calibration.backward_units, measured; timing/buckets.py says what is assumed
+where it was not). The ring all-reduces them one at a time, in order, each as soon as it is
+ready and the one before is done, and the update waits for the last:
+
+    s_j = max(r_j, e_(j-1)),   e_j = s_j + T_ar(b_j),   e_0 = 0
+    T_ddp = max(t_comp, e_J) + t_u          (on shared cores: at least the cpu bound (9))  (12)
+
+T_ar(b) is (1) and (2) for b bytes: every bucket pays the ring's 2(p-1) alpha (alpha_busy,
+where measured, for a bucket that starts while the backward runs). The communication hidden is
+what of [s_j, e_j] lies before t_comp. A bucket can hide only behind the backward left after
+it is ready, t_comp - r_j: the bucket holding the bottom layer is ready at the end (f_J near
+1) and is never hidden; one bucket of everything is sync (3). ddp's bytes are sync's, so is
+its cpu bound (9). Pipe-SGD hides T_ar behind the whole next step instead, so pipe beats ddp
+by about T_ddp / max(t_comp + t_u, T_ar): most where the big layers are ready late.
+
 Every step of a ring method waits for its slowest rank. On shared cores the ranks' steps differ
 (time slices, caches): the per-step maximum over ranks is above the median (by how much:
 benchmarks/RESULTS.md). So sync and pipe read t_comp_lockstep, the median over steps of the
@@ -120,6 +138,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
+from pipesgd_ref.timing.buckets import bucket_ready, schedule, units_of
 from pipesgd_ref.timing.figures import Calibration
 from pipesgd_ref.timing.terms import (
     compensation_passes,
@@ -129,6 +148,7 @@ from pipesgd_ref.timing.terms import (
     ps_sync_core_bound,
     ps_sync_cpu_bound,
     ring_terms,
+    ring_time,
     shared_compute,
     workers_on_timed_core,
 )
@@ -138,6 +158,7 @@ COMPARE_RUNS = (
     ("ps-sync", "none"),
     ("ps-async", "none"),
     ("sync", "none"),
+    ("ddp", "none"),
     ("pipe", "none"),
     ("pipe", "trunc16"),
     ("pipe", "q8"),
@@ -220,6 +241,39 @@ def pipe(
     return Prediction("pipe", codec, world_size, width, it, tc + tu, t_ar, hidden, bound)
 
 
+DEFAULT_BUCKET_BYTES = 32_000  # --bucket-size's default, 32KB (config.py)
+
+
+def ddp(
+    world_size: int, cal: Calibration, codec: str = "none", bucket_size: int = DEFAULT_BUCKET_BYTES
+) -> Prediction:
+    """DDP-style synchronous SGD: the buckets of the backward's units (at least `bucket_size`
+    bytes each) all-reduced one at a time as each is ready, the update after the last
+    (Eq. 12); on shared cores at least the cpu bound (Eq. 9)."""
+    tc, _, cpu = ring_terms(world_size, cal, codec, cal.alpha)
+    tu = cal.t_update
+    plan = bucket_ready(units_of(cal), bucket_size)
+    busy = max(cal.alpha, cal.alpha_busy) if cal.alpha_busy is not None else cal.alpha
+
+    def allreduce_s(j: int, start: float) -> float:  # T_ar(b_j): alpha_busy beside compute
+        return ring_time(world_size, cal, codec, plan[j][0], busy if start < tc else cal.alpha)
+
+    spans = schedule([f * tc for _, f in plan], allreduce_s)  # Eq. (12): (s_j, e_j)
+    comm = sum(e - s for s, e in spans)
+    hidden = sum(max(0.0, min(e, tc) - s) for s, e in spans)
+    last_start, end = spans[-1]
+    if end <= tc:
+        bound = "compute"  # every bucket done within the backward
+    elif len(spans) > 1 and last_start > plan[-1][1] * tc:
+        bound = "network"  # the last bucket waited for the ring: the buckets queued
+    else:
+        bound = "tail"  # the ring idle until the last bucket was ready: its T_ar after it
+    it = max(tc, end) + tu  # Eq. (12)
+    if cpu > it:
+        it, bound = cpu, "cpu"  # Eq. (9)
+    return Prediction("ddp", codec, world_size, 1, it, tc + tu, comm, hidden, bound)
+
+
 def ps_sync(
     world_size: int, cal: Calibration, codec: str = "none", ps_pulls: str = "sequential"
 ) -> Prediction:
@@ -282,6 +336,7 @@ PREDICTORS = {
     "ps-async": (ps_async, ()),
     "sync": (sync, ()),
     "pipe": (pipe, ("width", "compensation")),
+    "ddp": (ddp, ("bucket_size",)),
 }
 ALGOS = tuple(PREDICTORS)
 
@@ -294,14 +349,21 @@ def predict(
     width: int = 2,
     ps_pulls: str = "sequential",
     compensation: str = "none",
+    bucket_size: int = DEFAULT_BUCKET_BYTES,
 ) -> Prediction:
     """The predicted iteration time of `algo` on p = world_size workers (a Prediction), from
     its method's function. `width`: Pipe-SGD's K; `ps_pulls`: how ps-sync's server sends its
-    pulls (methods/ps.py): "sequential" or "shared"; `compensation`: Pipe-SGD's."""
+    pulls (methods/ps.py): "sequential" or "shared"; `compensation`: Pipe-SGD's;
+    `bucket_size`: ddp's, in bytes."""
     if algo not in PREDICTORS:
         raise ValueError(f"unknown algo {algo!r}; choose one of {', '.join(ALGOS)}")
     function, takes = PREDICTORS[algo]
-    options = {"width": width, "ps_pulls": ps_pulls, "compensation": compensation}
+    options = {
+        "width": width,
+        "ps_pulls": ps_pulls,
+        "compensation": compensation,
+        "bucket_size": bucket_size,
+    }
     return function(world_size, cal, codec, **{name: options[name] for name in takes})
 
 
@@ -312,11 +374,14 @@ def predict_all(
     width: int = 2,
     ps_pulls: str = "sequential",
     compensation: str = "none",
+    bucket_size: int = DEFAULT_BUCKET_BYTES,
 ):
     """Predictions for every (algo, codec) of `runs`, keyed by run_label (`compensation`:
-    Pipe-SGD's runs')."""
+    Pipe-SGD's runs'; `bucket_size`: ddp's, bytes)."""
     return {
-        run_label(algo, codec): predict(algo, world_size, cal, codec, width, ps_pulls, compensation)
+        run_label(algo, codec): predict(
+            algo, world_size, cal, codec, width, ps_pulls, compensation, bucket_size
+        )
         for algo, codec in runs
     }
 

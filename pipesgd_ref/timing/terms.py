@@ -197,16 +197,29 @@ def ps_sync_core_bound(
     return longest
 
 
+def ring_bandwidth(world_size: int, cal: Calibration) -> float:
+    """B of a ring method's links: the emulated one or, if less, what the machine itself moves
+    with all p ranks streaming at once on C cores."""
+    return min(cal.bandwidth, cal.loop_bandwidth * min(1.0, cal.cores / world_size))
+
+
+def ring_time(world_size: int, cal: Calibration, codec: str, nbytes: float, alpha: float) -> float:
+    """T_ar, Eq. (1) and (2), of `nbytes` on a ring method's links (`ring_bandwidth`) with
+    `alpha` per hop: the whole gradient's for sync and pipe, one bucket's for ddp (Eq. 12)."""
+    r, e, d = cal.codec(codec)
+    B = ring_bandwidth(world_size, cal)
+    return ring_allreduce_time(world_size, nbytes, alpha, B, cal.gamma, r, e, d)
+
+
 def ring_terms(world_size: int, cal: Calibration, codec: str, alpha: float):
     """(t_comp, T_ar, cpu bound) of a ring method (sync, pipe) with `alpha` per hop: all p
     workers compute at once and each step waits for the slowest (t_comp_lockstep); the link is
-    the emulated one or, if less, what the machine itself moves with all p ranks streaming at
-    once on C cores."""
+    `ring_bandwidth`'s."""
     p, M, C = world_size, cal.grad_bytes, cal.cores
-    r, e, d = cal.codec(codec)
-    B = min(cal.bandwidth, cal.loop_bandwidth * min(1.0, C / p))
+    r, _, _ = cal.codec(codec)
+    B = ring_bandwidth(p, cal)
     tc = compute_time(cal, p, lockstep=True)
-    t_ar = ring_allreduce_time(p, M, alpha, B, cal.gamma, r, e, d)  # Eq. (1), (2)
+    t_ar = ring_time(p, cal, codec, M, alpha)  # Eq. (1), (2)
     moved = 2 * 2 * (p - 1) / p * M / r  # bytes sent + received per AllReduce
     # Eq. (9): the CPU part of T_ar (reductions, codec) and the copies of every byte moved
     cpu_comm = moved * cal.copy + (t_ar - 2 * (p - 1) * alpha - 2 * (p - 1) / p * M / (r * B))

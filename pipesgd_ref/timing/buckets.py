@@ -1,0 +1,64 @@
+"""The backward's profile and ddp's buckets, as its prediction (timing/iteration.py, Eq. 12)
+reads them: when each bucket of the gradient is ready, and the ring's schedule of the buckets.
+
+A Calibration's `backward_units` is the measured profile: per unit of the model's gradient
+(a layer's weights and bias, last layer first), (bytes, the fraction of t_comp elapsed when
+the backward has written it). Where it was not measured (a JSON file from before it was, or
+`pipesgd predict --params N --t-comp T`, which has no model to time), `units_of` assumes
+
+    DEFAULT_UNITS layers of equal size; the forward takes FORWARD_SHARE = 1/3 of t_comp and
+    the backward the other 2/3, each layer's backward equally long: layer i (i = 1..L, the
+    last layer first) is ready at 1/3 + 2/3 i / L of t_comp.
+
+(A dense layer's backward costs two products, dW and the input's gradient, for the forward's
+one: the 2/3 share. The MLPs and CNN here are far from equal layers: their measured profiles
+say how far; benchmarks and `pipesgd predict --this-machine` read those.)
+"""
+
+from __future__ import annotations
+
+from pipesgd_ref.models.layout import buckets
+from pipesgd_ref.timing.figures import Calibration
+
+FORWARD_SHARE = 1 / 3  # of t_comp, where the backward's profile was not measured
+DEFAULT_UNITS = 10  # equal layers, where the backward's profile was not measured
+
+
+def units_of(cal: Calibration) -> tuple[tuple[float, float], ...]:
+    """The backward's units (bytes, fraction of t_comp when ready), last layer first: the
+    measured ones, else the module docstring's assumption over the M gradient bytes."""
+    if cal.backward_units:
+        return tuple(cal.backward_units)
+    layer = cal.grad_bytes / DEFAULT_UNITS
+    back = 1 - FORWARD_SHARE
+    return tuple(
+        (layer, FORWARD_SHARE + back * i / DEFAULT_UNITS) for i in range(1, DEFAULT_UNITS + 1)
+    )
+
+
+def bucket_ready(units, cap_bytes: float) -> list[tuple[float, float]]:
+    """ddp's buckets of `units` (bytes, fraction), grouped as methods/ddp.py groups them
+    (models/layout.py `buckets`: units in the backward's order until a bucket holds at least
+    `cap_bytes`): per bucket, in the order the ring all-reduces them, (bytes, the fraction of
+    t_comp when its last unit is ready)."""
+    total = sum(b for b, _ in units)
+    ranges, hi = [], total  # the units as byte ranges of the flat gradient, top down
+    for nbytes, _ in units:
+        ranges.append((hi - nbytes, hi))
+        hi -= nbytes
+    ready = {lo: f for (lo, _), (_, f) in zip(ranges, units, strict=True)}
+    # ranges of floats (the assumed units): `buckets` only compares and subtracts them
+    return [(b_hi - b_lo, ready[b_lo]) for b_lo, b_hi in buckets(ranges, cap_bytes, 1)]
+
+
+def schedule(ready_s: list[float], allreduce_s) -> list[tuple[float, float]]:
+    """[(start, end)] of each bucket on the ring, in order: bucket j starts when it is ready
+    (ready_s[j]) and the ring has finished bucket j - 1, and takes allreduce_s(j, start)
+    seconds (its T_ar, which may depend on whether it starts while the backward runs)."""
+    out: list[tuple[float, float]] = []
+    free = 0.0  # when the ring is done with the bucket before
+    for j, ready in enumerate(ready_s):
+        start = max(ready, free)
+        free = start + allreduce_s(j, start)
+        out.append((start, free))
+    return out
