@@ -105,6 +105,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
         help="ps-sync's pulls: one after another, or all at once sharing the link "
         "(as pipesgd compare's baseline)",
     )
+    r.add_argument(
+        "--bucket-size",
+        default="32KB",
+        help="ddp's buckets: at least this many bytes each, e.g. 32KB (default), 1MB, 0 (a "
+        "layer each)",
+    )
     r.add_argument("--sweep", default=None, help="e.g. bandwidth=100Mbit..100Gbit")
     r.add_argument("--plot", default=None, help="write the sweep's figure here (.png, .pdf)")
     r.add_argument("--json", dest="json_path", default=None, help="write the predictions here")
@@ -134,6 +140,11 @@ def cmd_predict(args) -> int:
     verdict = "pays" if gain >= PAYS else f"does not pay (under {PAYS:.1f}x)"
     ps_vs = f"{lag:.2f}x slower" if lag > 1 else f"{1 / lag:.2f}x faster"
     print(f"\npipe over sync: {gain:.2f}x faster, pipelining {verdict}; ps-sync vs sync: {ps_vs}")
+    over_ddp = preds["ddp"].iter_time_s / preds["pipe"].iter_time_s
+    print(
+        f"pipe over ddp (buckets of {format_bytes(s.bucket_size)}, all-reduced during the "
+        f"backward): {over_ddp:.2f}x faster"
+    )
     ups = timing.speedups(preds, BASELINE)
     payload = {
         "command": "predict",
@@ -142,6 +153,7 @@ def cmd_predict(args) -> int:
         "model": s.what,
         "mode": "this-machine" if s.cores_per_worker is None else "cluster",
         "network": {"latency_s": s.latency, "hop_s": s.hop, "bandwidth": s.cal.bandwidth},
+        "bucket_size": s.bucket_size,
         "calibration": s.cal.to_dict(),
         "runs": {k: {**p.to_dict(), f"speedup_vs_{BASELINE}": ups[k]} for k, p in preds.items()},
     }
@@ -205,6 +217,7 @@ def _run_sweep(s: Scenario, key: str, values: list[float], plot_path) -> dict:
         print(f"(compute sharing measured up to p = {s.world_size}, extrapolated beyond)")
     print(format_sweep(key, values, rows))
     print(f"\nwhere does pipelining stop paying? {answers['pipelining']['text']}")
+    print(f"where does Pipe-SGD stop beating ddp? {answers['ddp']['text']}")
     print(f"where does PS fall behind? {answers['ps']['text']}")
     if plot_path:
         title = f"{s.world_size} workers, {s.what}" if key != "world_size" else s.what
