@@ -477,6 +477,17 @@ def test_ddp_pays_alpha_busy_for_buckets_beside_the_backward():
     close(predict("ddp", 4, cal, bucket_size=0).iter_time_s, 0.088 + T_U, "alpha_busy")
 
 
+def test_ddp_bucket_beside_the_backward_takes_its_cpu_from_it():
+    # copy 1 ns/B: a 2 MB bucket moves 2 * 2(p-1)/p * 2 MB = 6 MB through the sockets, 6 ms of
+    # CPU. The first bucket runs from 10 ms wholly beside the backward: 36 + 6 = 42 ms, to 52;
+    # the backward ends 6 ms late, at 56, when the second is ready: 36 ms, to 92
+    cal = textbook(copy=1e-9, backward_units=((2_000_000, 0.2), (2_000_000, 1.0)))
+    got = predict("ddp", 4, cal, bucket_size=0)
+    close(got.iter_time_s, 0.092 + T_U, "ddp with the CPU of its first bucket")
+    close(got.compute_s, 0.056 + T_U, "the backward, 6 ms later")
+    close(got.hidden_s, 0.042, "the first bucket, beside the backward")
+
+
 @pytest.mark.parametrize("bandwidth", [1e6, 1e7, 1e8])
 def test_pipe_beats_ddp_beats_sync_when_communication_is_heavy(bandwidth):
     units = ((41_000, 0.36), (4_198_400, 0.67), (266_240, 1.0))  # the compare preset's MLP
@@ -496,13 +507,14 @@ def backward_profiles(draw):
 
 
 @given(calibrations(cores=MANY), timing_world_sizes, backward_profiles(), st.integers(0, 10**7))
-def test_pipe_is_never_slower_than_ddp_and_ddp_is_sync_without_latency(cal, p, units, cap):
+def test_pipe_never_slower_than_ddp_and_ddp_than_sync_without_costs(cal, p, units, cap):
     cal = dataclasses.replace(cal, n_params=sum(b for b, _ in units) // 4, backward_units=units)
     ddp = predict("ddp", p, cal, bucket_size=cap)
     assert predict("pipe", p, cal).iter_time_s <= ddp.iter_time_s * (1 + 1e-9)
     assert ddp.iter_time_s >= predict("sync", p, cal).iter_time_s - ddp.comm_s * (1 + 1e-9)
     assert 0 <= ddp.hidden_s <= ddp.comm_s * (1 + 1e-9)
-    free = dataclasses.replace(cal, alpha=0.0)  # no per-bucket cost: never slower than sync
+    # no per-bucket cost, no CPU taken from the backward: never slower than sync
+    free = dataclasses.replace(cal, alpha=0.0, copy=0.0, gamma=0.0)
     sync = predict("sync", p, free).iter_time_s
     assert predict("ddp", p, free, bucket_size=cap).iter_time_s <= sync * (1 + 1e-9)
 

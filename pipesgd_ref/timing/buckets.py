@@ -51,14 +51,27 @@ def bucket_ready(units, cap_bytes: float) -> list[tuple[float, float]]:
     return [(b_hi - b_lo, ready[b_lo]) for b_lo, b_hi in buckets(ranges, cap_bytes, 1)]
 
 
-def schedule(ready_s: list[float], allreduce_s) -> list[tuple[float, float]]:
-    """[(start, end)] of each bucket on the ring, in order: bucket j starts when it is ready
-    (ready_s[j]) and the ring has finished bucket j - 1, and takes allreduce_s(j, start)
-    seconds (its T_ar, which may depend on whether it starts while the backward runs)."""
+def schedule(
+    fractions: list[float], t_comp: float, allreduce_s, cpu_s
+) -> tuple[list[tuple[float, float]], float]:
+    """([(start, end)] of each bucket on the ring, in order; when the backward ends).
+
+    Bucket j is ready when the backward has done fractions[j] of t_comp, and starts when it is
+    ready and the ring has finished bucket j - 1; it takes allreduce_s(j, beside) seconds
+    (T_ar; `beside`: whether it starts while the backward runs). A bucket beside the backward
+    shares the cores with it: its CPU work, cpu_s(j) (copies, reductions; 0 where it runs
+    apart), is paid by both for the share of the bucket that overlaps, so the backward and
+    that bucket each take that much longer, and the buckets ready later with them."""
     out: list[tuple[float, float]] = []
-    free = 0.0  # when the ring is done with the bucket before
-    for j, ready in enumerate(ready_s):
-        start = max(ready, free)
-        free = start + allreduce_s(j, start)
+    free = stretch = 0.0  # when the ring is done with the bucket before; the backward's delay
+    for j, f in enumerate(fractions):
+        start = max(f * t_comp + stretch, free)
+        end_of_backward = t_comp + stretch
+        took = allreduce_s(j, start < end_of_backward)
+        if start < end_of_backward and took > 0:
+            extra = cpu_s(j) * min(1.0, (end_of_backward - start) / took)
+            took += extra
+            stretch += extra
+        free = start + took
         out.append((start, free))
-    return out
+    return out, t_comp + stretch

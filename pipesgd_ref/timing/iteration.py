@@ -109,21 +109,27 @@ server's p ((M/r + M) copy + M (d + gamma) + t_u) only where it shares that core
 
 DDP-style synchronous SGD (methods/ddp.py). The backward hands the gradient to the ring in
 buckets j = 1..J, last layer first, each b_j bytes (models/layout.py `buckets`: units until a
-bucket holds --bucket-size), ready when the backward has written its last unit, at r_j = f_j
-t_comp (f_j: Calibration.backward_units, measured; timing/buckets.py says what is assumed
-where it was not). The ring all-reduces them one at a time, in order, each as soon as it is
-ready and the one before is done, and the update waits for the last:
+bucket holds --bucket-size), ready when the backward has written its last unit, f_j of the way
+through t_comp (f_j: Calibration.backward_units, measured; timing/buckets.py says what is
+assumed where it was not). The ring all-reduces them one at a time, in order, each as soon as
+it is ready and the one before is done, and the update waits for the last:
 
-    s_j = max(r_j, e_(j-1)),   e_j = s_j + T_ar(b_j),   e_0 = 0
-    T_ddp = max(t_comp, e_J) + t_u          (on shared cores: at least the cpu bound (9))  (12)
+    s_j = max(f_j t_comp + D_(j-1), e_(j-1)),   e_j = s_j + T_ar(b_j) + x_j,   e_0 = D_0 = 0
+    x_j = k cpu(b_j) min(1, (t_comp + D_(j-1) - s_j) / T_ar(b_j)),   D_j = D_(j-1) + x_j
+    T_ddp = max(t_comp + D_J, e_J) + t_u     (on shared cores: at least the cpu bound (9))  (12)
 
 T_ar(b) is (1) and (2) for b bytes: every bucket pays the ring's 2(p-1) alpha (alpha_busy,
-where measured, for a bucket that starts while the backward runs). The communication hidden is
-what of [s_j, e_j] lies before t_comp. A bucket can hide only behind the backward left after
-it is ready, t_comp - r_j: the bucket holding the bottom layer is ready at the end (f_J near
-1) and is never hidden; one bucket of everything is sync (3). ddp's bytes are sync's, so is
-its cpu bound (9). Pipe-SGD hides T_ar behind the whole next step instead, so pipe beats ddp
-by about T_ddp / max(t_comp + t_u, T_ar): most where the big layers are ready late.
+where measured, for a bucket that starts while the backward runs). A bucket beside the
+backward shares the cores with it: its CPU work cpu(b), Eq. (9)'s cpu_comm for b bytes (the
+copies of the bytes moved, the reductions, the codec), times k = max(1, p/C) workers per core,
+delays both, for the share of the bucket that overlaps the backward (x_j; 0 for a bucket that
+starts after it): D_j is the backward's delay so far, which also makes the later buckets
+ready later. The communication hidden is what of [s_j, e_j] lies before t_comp + D_J. A bucket
+can hide only behind the backward left after it is ready, (1 - f_j) t_comp: the bucket holding
+the bottom layer is ready at the end (f_J near 1) and is never hidden; one bucket of
+everything is sync (3). ddp moves sync's bytes, so its cpu bound is sync's (9). Pipe-SGD
+hides T_ar behind the whole next step instead, so pipe beats ddp by about
+T_ddp / max(t_comp + t_u, T_ar): most where the big layers are ready late.
 
 Every step of a ring method waits for its slowest rank. On shared cores the ranks' steps differ
 (time slices, caches): the per-step maximum over ranks is above the median (by how much:
@@ -147,6 +153,7 @@ from pipesgd_ref.timing.terms import (
     ps_async_cpu_bound,
     ps_sync_core_bound,
     ps_sync_cpu_bound,
+    ring_cpu,
     ring_terms,
     ring_time,
     shared_compute,
@@ -248,30 +255,36 @@ def ddp(
     world_size: int, cal: Calibration, codec: str = "none", bucket_size: int = DEFAULT_BUCKET_BYTES
 ) -> Prediction:
     """DDP-style synchronous SGD: the buckets of the backward's units (at least `bucket_size`
-    bytes each) all-reduced one at a time as each is ready, the update after the last
-    (Eq. 12); on shared cores at least the cpu bound (Eq. 9)."""
-    tc, _, cpu = ring_terms(world_size, cal, codec, cal.alpha)
+    bytes each) all-reduced one at a time as each is ready, those beside the backward taking
+    their CPU work from it, the update after the last (Eq. 12); on shared cores at least the
+    cpu bound (Eq. 9)."""
+    p = world_size
+    tc, _, cpu = ring_terms(p, cal, codec, cal.alpha)
     tu = cal.t_update
     plan = bucket_ready(units_of(cal), bucket_size)
     busy = max(cal.alpha, cal.alpha_busy) if cal.alpha_busy is not None else cal.alpha
+    share = max(1.0, p / cal.cores)  # workers per core: each one's CPU work slows them all
 
-    def allreduce_s(j: int, start: float) -> float:  # T_ar(b_j): alpha_busy beside compute
-        return ring_time(world_size, cal, codec, plan[j][0], busy if start < tc else cal.alpha)
+    def allreduce_s(j: int, beside: bool) -> float:  # T_ar(b_j): alpha_busy beside compute
+        return ring_time(p, cal, codec, plan[j][0], busy if beside else cal.alpha)
 
-    spans = schedule([f * tc for _, f in plan], allreduce_s)  # Eq. (12): (s_j, e_j)
+    def cpu_s(j: int) -> float:  # a bucket's CPU work, taken from the backward's cores
+        return share * ring_cpu(p, cal, codec, plan[j][0])
+
+    spans, backward = schedule([f for _, f in plan], tc, allreduce_s, cpu_s)  # Eq. (12)
     comm = sum(e - s for s, e in spans)
-    hidden = sum(max(0.0, min(e, tc) - s) for s, e in spans)
+    hidden = sum(max(0.0, min(e, backward) - s) for s, e in spans)
     last_start, end = spans[-1]
-    if end <= tc:
+    if end <= backward:
         bound = "compute"  # every bucket done within the backward
-    elif len(spans) > 1 and last_start > plan[-1][1] * tc:
-        bound = "network"  # the last bucket waited for the ring: the buckets queued
+    elif last_start > backward:
+        bound = "network"  # the ring still busy when the backward ended: the buckets queued
     else:
-        bound = "tail"  # the ring idle until the last bucket was ready: its T_ar after it
-    it = max(tc, end) + tu  # Eq. (12)
+        bound = "tail"  # the ring free when the backward ended: the last bucket's T_ar after it
+    it = max(backward, end) + tu  # Eq. (12)
     if cpu > it:
         it, bound = cpu, "cpu"  # Eq. (9)
-    return Prediction("ddp", codec, world_size, 1, it, tc + tu, comm, hidden, bound)
+    return Prediction("ddp", codec, p, 1, it, backward + tu, comm, hidden, bound)
 
 
 def ps_sync(
