@@ -131,6 +131,12 @@ everything is sync (3). ddp moves sync's bytes, so its cpu bound is sync's (9). 
 hides T_ar behind the whole next step instead, so pipe beats ddp by about
 T_ddp / max(t_comp + t_u, T_ar): most where the big layers are ready late.
 
+What (12) leaves out, seen in the traces of runs on shared cores: the ranks start a step a few
+ms apart (their updates and wake-ups queue for the cores), and a bucket's ring waits for the
+last of them; and a communication thread costs the computation beside it more CPU than the
+copies and reductions of its bytes (wake-ups, the emulated link's pacing). Both make a run
+slower than (12), never faster; sync's (3) misses the first too.
+
 Every step of a ring method waits for its slowest rank. On shared cores the ranks' steps differ
 (time slices, caches): the per-step maximum over ranks is above the median (by how much:
 benchmarks/RESULTS.md). So sync and pipe read t_comp_lockstep, the median over steps of the
