@@ -11,8 +11,8 @@ the backward has written it). Where it was not measured (a JSON file from before
     last layer first) is ready at 1/3 + 2/3 i / L of t_comp.
 
 (A dense layer's backward costs two products, dW and the input's gradient, for the forward's
-one: the 2/3 share. The MLPs and CNN here are far from equal layers: their measured profiles
-say how far; benchmarks and `pipesgd predict --this-machine` read those.)
+one: the 2/3 share. The MLPs and CNN here are far from equal layers: `calibrate`, and
+`pipesgd predict` given a model, measure their profiles instead.)
 """
 
 from __future__ import annotations

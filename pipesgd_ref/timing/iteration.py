@@ -118,7 +118,9 @@ it is ready and the one before is done, and the update waits for the last:
     x_j = k cpu(b_j) min(1, (t_comp + D_(j-1) - s_j) / T_ar(b_j)),   D_j = D_(j-1) + x_j
     T_ddp = max(t_comp + D_J, e_J) + t_u     (on shared cores: at least the cpu bound (9))  (12)
 
-T_ar(b) is (1) and (2) for b bytes: every bucket pays the ring's 2(p-1) alpha (alpha_busy,
+t_comp is sync's, the slowest rank's under core sharing (t_comp_lockstep, below), and f_j is
+taken to be the same share of it as measured alone. T_ar(b) is (1) and (2) for b bytes: every
+bucket pays the ring's 2(p-1) alpha (alpha_busy,
 where measured, for a bucket that starts while the backward runs). A bucket beside the
 backward shares the cores with it: its CPU work cpu(b), Eq. (9)'s cpu_comm for b bytes (the
 copies of the bytes moved, the reductions, the codec), times k = max(1, p/C) workers per core,
