@@ -111,10 +111,11 @@ def test_codecs_choose_the_compressed_runs(capsys):
         "ps-sync",
         "ps-async",
         "sync",
+        "ddp",
         "pipe",
         "pipe+bf16",
     ]
-    assert list(table_rows(run([*FAST, "--codecs", "none"], capsys))) == LABELS[:4]
+    assert list(table_rows(run([*FAST, "--codecs", "none"], capsys))) == LABELS[:5]
 
 
 def test_overrides_of_the_measured_times(tmp_path, capsys):
@@ -159,7 +160,7 @@ def test_bandwidth_sweep_rows_and_answers(tmp_path, capsys):
     assert rows[0].startswith("100 Mbit/s") and rows[-1].startswith("100 Gbit/s")
     assert rows[4].startswith("1 Gbit/s"), "geomspace's 999.99.. Mbit/s reads as 1 Gbit/s"
     header = out.splitlines()[out.splitlines().index(rows[0]) - 2]
-    assert header.split() == ["bandwidth", *LABELS, "pipe/sync"]
+    assert header.split() == ["bandwidth", *LABELS, "pipe/sync", "pipe/ddp"]
     assert "where does pipelining stop paying? pipelining stops paying at bandwidth" in out
     assert "where does PS fall behind?" in out
 
@@ -176,6 +177,40 @@ def test_bandwidth_sweep_rows_and_answers(tmp_path, capsys):
 
     assert gain(stops) < PAYS <= gain(stops * (1 - 1e-9)), f"stops_at {stops}"
     assert f"{stops * 8 / 1e9:.3g} Gbit/s" in out
+
+
+def test_bandwidth_sweep_says_where_pipe_stops_beating_ddp(tmp_path, capsys):
+    path = tmp_path / "s.json"
+    argv = [*FAST, "--bucket-size", "1MB", "--sweep", "bandwidth=100Mbit..100Gbit"]
+    out = run([*argv, "--json", str(path)], capsys)
+    assert "pipe over ddp (buckets of 1.0 MB, all-reduced during the backward):" in out
+    assert "where does Pipe-SGD stop beating ddp? Pipe-SGD stops beating ddp at bandwidth" in out
+    payload = json.loads(path.read_text())
+    assert payload["bucket_size"] == 1_000_000
+    answer = payload["sweep"]["answers"]["ddp"]
+    cal = Calibration.from_dict(payload["calibration"])
+    assert cal.backward_units == (), "--params: the backward's profile is assumed"
+
+    def gain(bandwidth: float) -> float:
+        c = cal.with_network(bandwidth=bandwidth)
+        ddp = timing.predict("ddp", 4, c, bucket_size=1_000_000).iter_time_s
+        return ddp / timing.predict("pipe", 4, c).iter_time_s
+
+    stops = answer["stops_at"]
+    assert gain(stops) < PAYS <= gain(stops * (1 - 1e-9)), f"stops_at {stops}"
+    # the pipe/ddp column is that gain at each row
+    rows = sweep_rows(out)
+    for v, row in zip(payload["sweep"]["values"], rows, strict=True):
+        assert float(row.split()[-1].rstrip("x")) == pytest.approx(gain(v), abs=0.006)
+
+
+def test_a_timed_model_predicts_ddp_from_its_measured_backward(tmp_path, capsys):
+    path = tmp_path / "p.json"
+    run(["--model", "mlp", "--hidden", "32,64", "--batch-size", "16", "--json", str(path)], capsys)
+    units = Calibration.from_dict(json.loads(path.read_text())["calibration"]).backward_units
+    assert [b for b, _ in units] == [(64 * 10 + 10) * 4, (32 * 64 + 64) * 4, (64 * 32 + 32) * 4]
+    fractions = [f for _, f in units]
+    assert all(0 < f <= 1 for f in fractions) and fractions == sorted(fractions)
 
 
 def test_world_size_sweep(tmp_path, capsys):
@@ -291,6 +326,7 @@ def test_parse_codecs():
         ([*FAST, "--sweep", "speed=1..2"], "--sweep: cannot sweep 'speed'"),
         ([*FAST, "--sweep", "world_size=8..2"], "1 <= LOW < HIGH"),
         ([*FAST, "--plot", "x.png"], "--plot draws a sweep: add --sweep"),
+        ([*FAST, "--bucket-size", "32 bananas"], "--bucket-size: unknown size unit"),
         (["--model", "resnet"], "model must be softmax, mlp or cnn, got 'resnet'"),
         (["--hidden", "512,abc"], "expects a comma-separated list of integers"),
         (["--batch-size", "100000"], "cannot build the model to time it"),

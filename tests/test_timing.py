@@ -18,6 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pipesgd_ref import timing
+from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.timing import (
     COMPARE_RUNS,
     Calibration,
@@ -32,6 +33,7 @@ from pipesgd_ref.timing import (
 from pipesgd_ref.timing.calibrate import calibrate
 from pipesgd_ref.timing.merge import calibrations_disagree, merge_passes, merged_calibration
 from pipesgd_ref.timing.sharing import best_of, step_statistics, steps_spanning
+from pipesgd_ref.units import parse_size
 from strategies import calibrations, log_uniform, timing_world_sizes
 
 MANY = 10**6  # cores: every worker has its own, the textbook formulas
@@ -414,13 +416,116 @@ def test_ps_async_timed_worker_sharing_its_core_computes_slower():
           rel=1e-6)  # fmt: skip
 
 
+# --- ddp: buckets all-reduced during the backward (Eq. 12) ---------------------------------------
+
+
+def test_ddp_with_one_bucket_at_the_end_is_sync():
+    # one unit ready when the backward ends: its AllReduce after it, as sync's
+    cal = textbook(backward_units=((4_000_000, 1.0),))
+    close(predict("ddp", 4, cal).iter_time_s, predict("sync", 4, cal).iter_time_s, "ddp")
+    # a bucket larger than the gradient holds every unit: the same
+    cal = textbook(backward_units=((1_000_000, 0.4), (3_000_000, 1.0)))
+    got = predict("ddp", 4, cal, bucket_size=10**9)
+    close(got.iter_time_s, 0.05 + 0.066 + 0.002, "ddp of one bucket")
+    assert got.bound == "tail" and got.hidden_s == 0.0
+
+
+def test_ddp_three_buckets_by_hand():
+    # T_ar(b) = 6 alpha + 1.5 b / B: 1 MB -> 6 + 15 = 21 ms, 2 MB -> 6 + 30 = 36 ms;
+    # ready at 0.4, 0.6, 1.0 of t_comp = 20, 30, 50 ms
+    cal = textbook(backward_units=((1_000_000, 0.4), (2_000_000, 0.6), (1_000_000, 1.0)))
+    got = predict("ddp", 4, cal, bucket_size=0)  # a bucket per unit
+    # s1 = 20, e1 = 41; s2 = max(30, 41) = 41, e2 = 77; s3 = max(50, 77) = 77, e3 = 98
+    close(got.iter_time_s, 0.098 + T_U, "ddp, three buckets")
+    close(got.comm_s, 0.021 + 0.036 + 0.021, "the buckets' AllReduces")
+    close(got.hidden_s, (0.041 - 0.020) + (0.050 - 0.041), "before t_comp ends")
+    assert got.bound == "network", "the last bucket waited for the ring"
+    # buckets of at least 1.5 MB: [1 MB + 2 MB] ready at 30 ms, 6 + 45 = 51 ms -> 81;
+    # [1 MB] at max(50, 81) = 81 -> 102
+    close(predict("ddp", 4, cal, bucket_size=1_500_000).iter_time_s, 0.102 + T_U, "two buckets")
+
+
+def test_ddp_tail_when_the_ring_waits_for_the_last_bucket():
+    # 2 MB ready at 10 ms, done at 46 < 50; the last 2 MB from 50 to 86
+    cal = textbook(backward_units=((2_000_000, 0.2), (2_000_000, 1.0)))
+    got = predict("ddp", 4, cal, bucket_size=0)
+    close(got.iter_time_s, 0.086 + T_U, "ddp with a tail")
+    close(got.hidden_s, 0.036, "the first bucket, all hidden")
+    assert got.bound == "tail"
+
+
+def test_ddp_without_a_measured_backward_assumes_ten_equal_layers():
+    # 10 layers of 400 KB, ready at 1/3 + 2/3 i / 10 of 50 ms (20 ms for the first); each
+    # 6 + 1.5 * 4e5 / 1e8 = 12 ms on the ring, which they queue for from 20 ms on
+    got = predict("ddp", 4, textbook())
+    close(got.iter_time_s, 0.020 + 10 * 0.012 + T_U, "ten queued buckets")
+    assert got.bound == "network"
+    assert timing.DEFAULT_BUCKET_BYTES == parse_size(TrainConfig.bucket_size)
+
+
+def test_ddp_with_infinite_bandwidth_and_no_latency_is_compute_bound():
+    cal = textbook(bandwidth=math.inf, alpha=0.0, backward_units=((1e6, 0.4), (3e6, 1.0)))
+    got = predict("ddp", 4, cal)
+    close(got.iter_time_s, T_COMP + T_U, "compute alone")
+    assert got.bound == "compute"
+
+
+def test_ddp_pays_alpha_busy_for_buckets_beside_the_backward():
+    cal = textbook(alpha_busy=2e-3, backward_units=((2_000_000, 0.2), (2_000_000, 1.0)))
+    # the first bucket: 6 x 2 ms + 30 ms = 42 ms from 10 ms, done at 52 > 50; the second,
+    # after the backward, 6 x 1 ms + 30 = 36 ms from 52 to 88
+    close(predict("ddp", 4, cal, bucket_size=0).iter_time_s, 0.088 + T_U, "alpha_busy")
+
+
+def test_ddp_bucket_beside_the_backward_takes_its_cpu_from_it():
+    # copy 1 ns/B: a 2 MB bucket moves 2 * 2(p-1)/p * 2 MB = 6 MB through the sockets, 6 ms of
+    # CPU. The first bucket runs from 10 ms wholly beside the backward: 36 + 6 = 42 ms, to 52;
+    # the backward ends 6 ms late, at 56, when the second is ready: 36 ms, to 92
+    cal = textbook(copy=1e-9, backward_units=((2_000_000, 0.2), (2_000_000, 1.0)))
+    got = predict("ddp", 4, cal, bucket_size=0)
+    close(got.iter_time_s, 0.092 + T_U, "ddp with the CPU of its first bucket")
+    close(got.compute_s, 0.056 + T_U, "the backward, 6 ms later")
+    close(got.hidden_s, 0.042, "the first bucket, beside the backward")
+
+
+@pytest.mark.parametrize("bandwidth", [1e6, 1e7, 1e8])
+def test_pipe_beats_ddp_beats_sync_when_communication_is_heavy(bandwidth):
+    units = ((41_000, 0.36), (4_198_400, 0.67), (266_240, 1.0))  # the compare preset's MLP
+    cal = textbook(n_params=1_126_410, bandwidth=bandwidth, backward_units=units)
+    pipe, ddp, sync = (predict(a, 4, cal).iter_time_s for a in ("pipe", "ddp", "sync"))
+    assert pipe < ddp < sync, (pipe, ddp, sync)
+
+
+@st.composite
+def backward_profiles(draw):
+    """A backward's units: 1..6 of them, (bytes, fraction ready), fractions rising, whole
+    float32 parameters each."""
+    k = draw(st.integers(1, 6))
+    sizes = [4 * n for n in draw(st.lists(st.integers(1, 10**6), min_size=k, max_size=k))]
+    fractions = sorted(draw(st.lists(st.floats(0.01, 1.0), min_size=k, max_size=k)))
+    return tuple(zip(sizes, fractions, strict=True))
+
+
+@given(calibrations(cores=MANY), timing_world_sizes, backward_profiles(), st.integers(0, 10**7))
+def test_pipe_never_slower_than_ddp_and_ddp_than_sync_without_costs(cal, p, units, cap):
+    cal = dataclasses.replace(cal, n_params=sum(b for b, _ in units) // 4, backward_units=units)
+    ddp = predict("ddp", p, cal, bucket_size=cap)
+    assert predict("pipe", p, cal).iter_time_s <= ddp.iter_time_s * (1 + 1e-9)
+    assert ddp.iter_time_s >= predict("sync", p, cal).iter_time_s - ddp.comm_s * (1 + 1e-9)
+    assert 0 <= ddp.hidden_s <= ddp.comm_s * (1 + 1e-9)
+    # no per-bucket cost, no CPU taken from the backward: never slower than sync
+    free = dataclasses.replace(cal, alpha=0.0, copy=0.0, gamma=0.0)
+    sync = predict("sync", p, free).iter_time_s
+    assert predict("ddp", p, free, bucket_size=cap).iter_time_s <= sync * (1 + 1e-9)
+
+
 # --- predict_all, speedups, labels, errors -------------------------------------------------------
 
 
 def test_predict_all_labels_and_speedups():
     preds = predict_all(4, textbook())
     assert list(preds) == [timing.run_label(a, c) for a, c in COMPARE_RUNS]
-    assert list(preds) == ["ps-sync", "ps-async", "sync", "pipe", "pipe+trunc16", "pipe+q8"]
+    assert list(preds) == ["ps-sync", "ps-async", "sync", "ddp", "pipe", "pipe+trunc16", "pipe+q8"]
     ups = speedups(preds)
     assert ups["ps-sync"] == 1.0
     close(ups["sync"], 0.254 / 0.118, "sync over ps-sync")
@@ -457,7 +562,11 @@ def test_unknown_algo_and_codec_are_errors():
 
 
 def test_calibration_round_trip():
-    cal = textbook(t_comp_shared=(0.05, 0.06), source={"t_comp": "by hand"})
+    cal = textbook(
+        t_comp_shared=(0.05, 0.06),
+        source={"t_comp": "by hand"},
+        backward_units=((41_000, 0.36), (4_198_400, 0.67)),
+    )
     assert Calibration.from_dict(cal.to_dict()) == cal
     # through a JSON file: lists come back, and must become tuples again
     assert Calibration.from_dict(json.loads(json.dumps(cal.to_dict()))) == cal
@@ -472,6 +581,8 @@ def test_describe_names_every_figure():
     for part in ("n=1000000", "M=4.0 MB", "t_comp=50.00 ms", "alpha=1.00 ms", "cores=1000000"):
         assert part in text, f"{part!r} missing from {text!r}"
     assert "q8: r=4.00" in text and "[50.00, 60.00] ms" in text
+    text = timing.describe(textbook(backward_units=((1000, 0.5), (3000, 1.0))))
+    assert "backward ready at [0.50, 1.00] of t_comp" in text
 
 
 # --- sweeps --------------------------------------------------------------------------------------

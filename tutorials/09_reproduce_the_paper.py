@@ -21,7 +21,7 @@
 # 2. calibration: `timing.calibrate.calibrate` measures the figures of the models on this machine,
 #    `timing.describe` prints them;
 # 3. the predictions of every method, and what bounds each;
-# 4. `run_compare`: the six runs, the table, the checks;
+# 4. `run_compare`: the runs of timing.COMPARE_RUNS, the table, the checks;
 # 5. compare.json and the four figures;
 # 6. what the table and the checks say, and what the 5.4× and 1.7× bars mean;
 # 7. the facts that must hold whatever the machine.

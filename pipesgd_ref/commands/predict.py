@@ -2,11 +2,12 @@
 
 The models are those of timing/iteration.py (the paper's section 3): ring AllReduce
 T_ar = 2(p-1) alpha + 2(p-1)/p M/(rB) + (p-1)/p M gamma (+ codec), sync = t_comp + T_ar + t_u,
-Pipe-SGD of width two = max(t_comp + t_u, T_ar), the parameter server's (p + 1) M/B round, and
-the async server's p M/B link bound. This command fills in their figures and prints, for every
-run of `pipesgd compare` (timing.COMPARE_RUNS), the predicted iteration time, its parts
-(compute, communication, how much communication hides under compute, what bounds the cycle) and
-the speedup over ps-sync:
+Pipe-SGD of width two = max(t_comp + t_u, T_ar), ddp (sync with the AllReduce in buckets
+during the backward, each bucket's ring started as the backward writes it: Eq. 12), the
+parameter server's (p + 1) M/B round, and the async server's p M/B link bound. This command
+fills in their figures and prints, for every run of `pipesgd compare` (timing.COMPARE_RUNS),
+the predicted iteration time, its parts (compute, communication, how much communication hides
+under compute, what bounds the cycle) and the speedup over ps-sync:
 
     pipesgd predict                                     # laptop MLP, 4 workers, 50us, 1 Gbit/s
     pipesgd predict --hidden 512,512 --batch-size 64 --bandwidth 10Gbit
@@ -32,12 +33,30 @@ an emulated --bandwidth above it). A few seconds; a world_size sweep past p extr
 shared compute from the p measured (timing.compute_time).
 
 --sweep KEY=LOW..HIGH (bandwidth, latency: 13 log-spaced values; world_size: 2, 3, 4, 6, 8, ...)
-prints one row per value with every run's iteration time, then answers two questions, located
-exactly by bisecting the models between the rows (predict_sweep.py):
+prints one row per value with every run's iteration time and pipe's speedup over sync and over
+ddp, then answers three questions, located exactly by bisecting the models between the rows
+(predict_sweep.py):
 
     where does pipelining stop paying?  the first value past which pipe is under PAYS = 1.1x
                                         faster than sync (a smaller gain is not worth staleness)
+    where does Pipe-SGD stop beating    the same against ddp: the overlap every DDP-style
+    ddp?                                trainer already has, not plain sync, is the rival
     where does PS fall behind?          where ps-sync turns slower than sync
+
+What decides the ddp answer is the backward's shape: a bucket's AllReduce can hide only behind
+the backward left after the bucket is ready, (1 - f_j) t_comp, where f_j is the share of
+t_comp done when the backward has written the bucket's last layer (backward_units). Pipe-SGD
+hides the whole T_ar behind the next step. So pipe gains most over ddp where the big layers
+are ready late (near the input: the compare preset's MLP has its 4.2 MB layer second from the
+bottom, ready at about 2/3 of t_comp, and gains up to about 1.5x over ddp), and little where
+they are ready early (the CNN's big dense layer is ready before half of t_comp). Where the
+link is fast enough that every bucket fits in the backward left after it, ddp is compute
+bound and equals pipe. A model given by its flags is timed here and brings its own profile
+(--hidden 2048,512,512 has its 4 MB layer ready at about 0.72 of t_comp, --hidden
+512,512,2048 at about 0.62: pipe's best over ddp about 1.38x and 1.48x on 4 one-core workers);
+--params N --t-comp T has none, and ten equal layers, the forward a third of t_comp, are
+assumed (timing/buckets.py). --bucket-size (default 32KB, --algo ddp's) sets how the layers
+group into buckets: larger buckets start later, each bucket pays the ring's 2(p-1) alpha.
 
 With --plot FILE (or --out DIR: DIR/predict_sweep.png) and matplotlib installed, the curves are
 drawn: iteration time against the swept value, log axes, one line per run. --json FILE (or
@@ -105,6 +124,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
         help="ps-sync's pulls: one after another, or all at once sharing the link "
         "(as pipesgd compare's baseline)",
     )
+    r.add_argument(
+        "--bucket-size",
+        default="32KB",
+        help="ddp's buckets: at least this many bytes each, e.g. 32KB (default), 1MB, 0 (a "
+        "layer each)",
+    )
     r.add_argument("--sweep", default=None, help="e.g. bandwidth=100Mbit..100Gbit")
     r.add_argument("--plot", default=None, help="write the sweep's figure here (.png, .pdf)")
     r.add_argument("--json", dest="json_path", default=None, help="write the predictions here")
@@ -134,6 +159,11 @@ def cmd_predict(args) -> int:
     verdict = "pays" if gain >= PAYS else f"does not pay (under {PAYS:.1f}x)"
     ps_vs = f"{lag:.2f}x slower" if lag > 1 else f"{1 / lag:.2f}x faster"
     print(f"\npipe over sync: {gain:.2f}x faster, pipelining {verdict}; ps-sync vs sync: {ps_vs}")
+    over_ddp = preds["ddp"].iter_time_s / preds["pipe"].iter_time_s
+    print(
+        f"pipe over ddp (buckets of {format_bytes(s.bucket_size)}, all-reduced during the "
+        f"backward): {over_ddp:.2f}x faster"
+    )
     ups = timing.speedups(preds, BASELINE)
     payload = {
         "command": "predict",
@@ -142,6 +172,7 @@ def cmd_predict(args) -> int:
         "model": s.what,
         "mode": "this-machine" if s.cores_per_worker is None else "cluster",
         "network": {"latency_s": s.latency, "hop_s": s.hop, "bandwidth": s.cal.bandwidth},
+        "bucket_size": s.bucket_size,
         "calibration": s.cal.to_dict(),
         "runs": {k: {**p.to_dict(), f"speedup_vs_{BASELINE}": ups[k]} for k, p in preds.items()},
     }
@@ -205,6 +236,7 @@ def _run_sweep(s: Scenario, key: str, values: list[float], plot_path) -> dict:
         print(f"(compute sharing measured up to p = {s.world_size}, extrapolated beyond)")
     print(format_sweep(key, values, rows))
     print(f"\nwhere does pipelining stop paying? {answers['pipelining']['text']}")
+    print(f"where does Pipe-SGD stop beating ddp? {answers['ddp']['text']}")
     print(f"where does PS fall behind? {answers['ps']['text']}")
     if plot_path:
         title = f"{s.world_size} workers, {s.what}" if key != "world_size" else s.what

@@ -20,10 +20,10 @@ from pipesgd_ref.config import TrainConfig, model_label
 from pipesgd_ref.errors import ConfigError, DataError
 from pipesgd_ref.runtime.preflight import check_config
 from pipesgd_ref.timing import COMPARE_RUNS, Calibration, Prediction
-from pipesgd_ref.timing.calibrate import calibrate
-from pipesgd_ref.timing.measure import time_codecs, time_compute, time_gamma_and_copy
+from pipesgd_ref.timing.calibrate import BACKWARD_SOURCE, calibrate
+from pipesgd_ref.timing.measure import time_codecs, time_compute_profile, time_gamma_and_copy
 from pipesgd_ref.timing.network import network_figures
-from pipesgd_ref.units import parse_bandwidth, parse_latency
+from pipesgd_ref.units import parse_bandwidth, parse_latency, parse_size
 
 CODEC_CHOICES = ("trunc16", "bf16", "q8")
 # The timing models step through every worker's ring schedule, a cost that grows faster than p:
@@ -50,6 +50,7 @@ class Scenario:
     cores_per_worker: int | None  # a cluster: cores = p * this; None: this machine's cores
     what: str  # the model, in words
     ps_pulls: str = "sequential"  # ps-sync's server: pulls one after another, or shared
+    bucket_size: int = timing.DEFAULT_BUCKET_BYTES  # ddp's buckets: at least this many bytes
 
     def at(self, key: str | None = None, value: float | None = None) -> tuple[Calibration, int]:
         """(calibration, p) with `key` (bandwidth, latency, world_size) set to `value`."""
@@ -67,7 +68,9 @@ class Scenario:
     def predict(self, key: str | None = None, value: float | None = None) -> dict[str, Prediction]:
         """{label: Prediction} of every run, with `key` set to `value` (None: as calibrated)."""
         cal, p = self.at(key, value)
-        return timing.predict_all(p, cal, self.runs, self.width, self.ps_pulls)
+        return timing.predict_all(
+            p, cal, self.runs, self.width, self.ps_pulls, bucket_size=self.bucket_size
+        )
 
 
 def _parse(parse: Callable, text, flag: str):
@@ -121,11 +124,12 @@ def _model_config(args) -> TrainConfig:
     return TrainConfig.preset("laptop").replace(**changes)
 
 
-def _time_model(cfg: TrainConfig) -> tuple[int, float, float]:
+def _time_model(cfg: TrainConfig) -> tuple[int, float, float, tuple]:
+    """(n, t_comp, t_u, the backward's units) of cfg's model (time_compute_profile)."""
     try:
         # one worker's compute does not depend on p: time it on a 1-worker shard, so a world
         # size larger than the dataset can hold shards for still predicts
-        return time_compute(cfg.replace(world_size=1))
+        return time_compute_profile(cfg.replace(world_size=1))
     except DataError as e:
         raise ConfigError(f"cannot build the model to time it: {e}") from None
 
@@ -163,6 +167,7 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
             f"--t-comp must be > 0 (a forward + backward takes time), got {args.t_comp!r}"
         )
     codecs = parse_codecs(args.codecs)
+    bucket = _parse(parse_size, getattr(args, "bucket_size", "32KB"), "--bucket-size")
     runs = PLAIN_RUNS + tuple(("pipe", c) for c in codecs)
     n_params = None if args.params is None else parse_count(args.params)
     if n_params is not None:
@@ -191,7 +196,17 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
         cal = replace(cal, t_update=t_update, source=source)
     pulls = getattr(args, "ps_pulls", "sequential")
     return Scenario(
-        cal, args.world_size, runs, args.width, latency, hop, stream, cores_per_worker, what, pulls
+        cal,
+        args.world_size,
+        runs,
+        args.width,
+        latency,
+        hop,
+        stream,
+        cores_per_worker,
+        what,
+        pulls,
+        bucket,
     )
 
 
@@ -264,6 +279,7 @@ def _calibrate_cluster(
 ) -> Calibration:
     """Calibration of p workers, each on its own machine: compute (cfg's model, or n params
     and t_comp as given) and per-byte costs timed in this process, the network as given."""
+    units: tuple = ()  # --params: no model, the backward's profile assumed (timing/buckets.py)
     if n is not None:
         t_update = _time_update(n, cfg.backend)
         source = {
@@ -271,10 +287,11 @@ def _calibrate_cluster(
             "t_update": "an SGD step timed here, per byte",
         }
     else:
-        n, t_comp, t_update = _time_model(cfg)
+        n, t_comp, t_update, units = _time_model(cfg)
         source = {
             "t_comp": f"median of 10 timed loss_and_grad, batch {cfg.batch_size}, this process",
             "t_update": "median of 10 timed sgd_step",
+            "backward_units": BACKWARD_SOURCE,
         }
     k = min(n, TIMING_CAP)
     gamma, copy = time_gamma_and_copy(k)
@@ -288,6 +305,7 @@ def _calibrate_cluster(
         gamma=gamma,
         copy=copy,
         cores=args.world_size * args.cores_per_worker,
+        backward_units=units,
         codecs=codecs,
         source={
             **source,

@@ -1,9 +1,11 @@
 """`pipesgd predict --sweep KEY=LOW..HIGH`: every run's predicted iteration time along one knob
-(bandwidth, latency, world_size), and the two questions of a sweep, each located exactly by
+(bandwidth, latency, world_size), and the three questions of a sweep, each located exactly by
 bisecting the timing models between the rows:
 
     where does pipelining stop paying?  the first value past which pipe is under PAYS = 1.1x
                                         faster than sync (a smaller gain is not worth staleness)
+    where does Pipe-SGD stop beating    the same against ddp, synchronous SGD whose buckets
+    ddp?                                all-reduce during the backward (the pipe/ddp column)
     where does PS fall behind?          where ps-sync turns slower than sync
 """
 
@@ -71,21 +73,51 @@ def format_value(key: str, v: float) -> str:
 
 
 def answer_questions(scenario: Scenario, key: str, values: list[float]) -> dict:
-    """The two questions of a sweep, each as {"text": ..., and the figures behind it}."""
+    """The questions of a sweep, each as {"text": ..., and the figures behind it}."""
 
-    def gain(v):  # pipe's speedup over sync
-        preds = scenario.predict(key, v)
-        return preds["sync"].iter_time_s / preds["pipe"].iter_time_s
+    def over(rival: str):  # pipe's speedup over `rival`
+        def gain(v):
+            preds = scenario.predict(key, v)
+            return preds[rival].iter_time_s / preds["pipe"].iter_time_s
+
+        return gain
 
     def lag(v):  # ps-sync's slowdown against sync
         preds = scenario.predict(key, v)
         return preds["ps-sync"].iter_time_s / preds["sync"].iter_time_s
 
-    return {"pipelining": _pipelining(gain, key, values), "ps": _ps_behind(lag, key, values)}
+    return {
+        "pipelining": _pipelining(over("sync"), key, values),
+        "ddp": _pipelining(over("ddp"), key, values, DDP_WORDS),
+        "ps": _ps_behind(lag, key, values),
+    }
 
 
-def _pipelining(gain: Callable[[float], float], key: str, values: list[float]) -> dict:
-    """Where pipe's speedup over sync (`gain`) is PAYS or more, and where it stops being."""
+# How `_pipelining` words its answer: against sync (pipelining pays or not), and against ddp.
+SYNC_WORDS = {
+    "rival": "sync",
+    "question": "where does pipelining stop paying?",
+    "stops": "pipelining stops paying",
+    "pays": "it pays over",
+    "to_the_end": "pipelining pays to the end of the sweep",
+    "never": "pipelining never pays here",
+}
+DDP_WORDS = {
+    "rival": "ddp",
+    "question": "where does Pipe-SGD stop beating ddp?",
+    "stops": "Pipe-SGD stops beating ddp",
+    "pays": f"{PAYS:.1f}x or more over",
+    "to_the_end": "Pipe-SGD beats ddp to the end of the sweep",
+    "never": "Pipe-SGD never beats ddp by that here",
+}
+
+
+def _pipelining(
+    gain: Callable[[float], float], key: str, values: list[float], words: dict = SYNC_WORDS
+) -> dict:
+    """Where pipe's speedup over a rival (`gain`; sync, or ddp with DDP_WORDS) is PAYS or
+    more, and where it stops being."""
+    rival = words["rival"]
     gains = [gain(v) for v in values]
     best = max(range(len(values)), key=gains.__getitem__)
     pay_changes = crossings(gain, values, PAYS, key == "world_size")
@@ -95,26 +127,26 @@ def _pipelining(gain: Callable[[float], float], key: str, values: list[float]) -
     if stops is not None:
         where = ", ".join(f"{format_value(key, a)}..{format_value(key, b)}" for a, b in pays)
         text = (
-            f"pipelining stops paying at {key} {format_value(key, stops)}: from there pipe is "
-            f"under {PAYS:.1f}x faster than sync (it pays over {where}; {most})"
+            f"{words['stops']} at {key} {format_value(key, stops)}: from there pipe is "
+            f"under {PAYS:.1f}x faster than {rival} ({words['pays']} {where}; {most})"
         )
     elif pays:
         text = (
-            f"pipelining pays to the end of the sweep: pipe is {PAYS:.1f}x or more faster "
-            f"than sync from {key} {format_value(key, pays[-1][0])} on ({most})"
+            f"{words['to_the_end']}: pipe is {PAYS:.1f}x or more faster "
+            f"than {rival} from {key} {format_value(key, pays[-1][0])} on ({most})"
         )
     else:
         text = (
-            f"pipelining never pays here: pipe is under {PAYS:.1f}x faster than sync "
-            f"everywhere ({most})"
+            f"{words['never']}: pipe is under {PAYS:.1f}x faster than {rival} everywhere ({most})"
         )
     return {
-        "question": "where does pipelining stop paying?",
+        "question": words["question"],
         "threshold": PAYS,
         "stops_at": stops,
         "pays": pays,
         "changes": pay_changes,
         "peak": {"value": values[best], "speedup": gains[best]},
+        "gains": gains,
         "text": text,
     }
 
@@ -151,16 +183,20 @@ def _ps_behind(lag: Callable[[float], float], key: str, values: list[float]) -> 
 
 
 def format_sweep(key: str, values: list[float], rows: list[dict]) -> str:
-    """One row per swept value: every run's iteration time, and pipe's speedup over sync."""
+    """One row per swept value: every run's iteration time, and pipe's speedup over sync and
+    (where ddp is predicted) over ddp."""
     labels = list(rows[0])
+    rivals = [r for r in ("sync", "ddp") if r in labels]
     widths = [max(len(label), 9) for label in labels]
     columns = list(zip(labels, widths, strict=True))
-    head = f"{key:<12} " + " ".join(f"{lb:>{w}}" for lb, w in columns) + f" {'pipe/sync':>9}"
+    head = f"{key:<12} " + " ".join(f"{lb:>{w}}" for lb, w in columns)
+    head += "".join(f" {'pipe/' + r:>9}" for r in rivals)
     lines = [head, "-" * len(head)]
     for v, preds in zip(values, rows, strict=True):
         cells = " ".join(f"{format_seconds(preds[lb].iter_time_s):>{w}}" for lb, w in columns)
-        gain = preds["sync"].iter_time_s / preds["pipe"].iter_time_s
-        lines.append(f"{format_value(key, v):<12} {cells} {gain:>8.2f}x")
+        pipe = preds["pipe"].iter_time_s
+        gains = "".join(f" {preds[r].iter_time_s / pipe:>8.2f}x" for r in rivals)
+        lines.append(f"{format_value(key, v):<12} {cells}{gains}")
     return "\n".join(lines)
 
 
@@ -190,6 +226,8 @@ def plot_sweep(
     ax.set_ylabel("predicted iteration time (ms)")
     pays = {True: "pipelining pays from here", False: "pipelining stops paying"}
     marks = [(v, pays[state], "tab:red") for v, state in answers["pipelining"]["changes"]]
+    beats = {True: "pipe beats ddp from here", False: "pipe stops beating ddp"}
+    marks += [(v, beats[state], "tab:purple") for v, state in answers["ddp"]["changes"]]
     behind = {True: "ps-sync slower than sync from here", False: "ps-sync ahead from here"}
     marks += [(v, behind[slower], "tab:gray") for v, slower in answers["ps"]["changes"]]
     for v, text, color in marks:

@@ -1,7 +1,7 @@
 """How long one iteration takes, predicted and measured.
 
     iteration.py  the paper's section 3: an iteration's time derived (Eq. 1-11), and
-                  one function per method (sync, pipe, ps_sync, ps_async), keyed by name in
+                  one function per method (sync, pipe, ddp, ps_sync, ps_async), keyed by name in
                   `PREDICTORS` behind `predict`
     terms.py      the terms those functions share: the ring's T_ar, compute under core sharing,
                   the CPU bounds on shared cores
@@ -10,6 +10,7 @@
     calibrate.py  those figures measured on this machine, by timing this process and launching
                   workers (with measure.py, workers.py, network.py and merge.py beside it)
     emulated.py   one ring AllReduce on a run's emulated link, frame by frame as it is sent
+    buckets.py    the backward's profile and ddp's buckets, as Eq. 12 reads them
     sweep.py      the ranges `pipesgd predict --sweep` re-predicts over
 
 The prediction API is here: `from pipesgd_ref.timing import predict, ring_allreduce_time`.
@@ -21,8 +22,10 @@ from pipesgd_ref.timing.figures import Calibration, describe
 from pipesgd_ref.timing.iteration import (
     ALGOS,
     COMPARE_RUNS,
+    DEFAULT_BUCKET_BYTES,
     PREDICTORS,
     Prediction,
+    ddp,
     pipe,
     predict,
     predict_all,
@@ -51,11 +54,13 @@ from pipesgd_ref.timing.terms import (
 __all__ = [
     "ALGOS",
     "COMPARE_RUNS",
+    "DEFAULT_BUCKET_BYTES",
     "PREDICTORS",
     "Calibration",
     "Prediction",
     "compensation_passes",
     "compute_time",
+    "ddp",
     "describe",
     "pipe",
     "predict",

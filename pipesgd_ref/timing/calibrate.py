@@ -3,8 +3,10 @@
 `calibrate(cfg)` measures every figure a `Calibration` holds for cfg's model, batch size,
 world size and link:
 
-- t_comp and t_u are timed on the actual model and batch size in this process (`time_compute`,
-  measure.py); t_comp with k = 1..p pinned worker processes computing at once
+- t_comp and t_u are timed on the actual model and batch size in this process
+  (`time_compute_profile`, measure.py), and in the same calls, when the backward has written
+  each layer's gradient (backward_units, what ddp's buckets wait for); t_comp with k = 1..p
+  pinned worker processes computing at once
   (`time_shared_compute`, sharing.py: the median, the slowest rank of each step, the CPU time
   of a step), and, for Pipe-SGD, p workers computing while pipe's own communication thread
   AllReduces a gradient per step (`time_busy_compute`).
@@ -32,7 +34,12 @@ from __future__ import annotations
 
 from pipesgd_ref.comm.netem import link_of
 from pipesgd_ref.timing.figures import Calibration, describe
-from pipesgd_ref.timing.measure import time_codecs, time_compute, time_gamma_and_copy, usable_cores
+from pipesgd_ref.timing.measure import (
+    time_codecs,
+    time_compute_profile,
+    time_gamma_and_copy,
+    usable_cores,
+)
 from pipesgd_ref.timing.network import hop_message_bytes, measure_hop, network_figures
 from pipesgd_ref.timing.sharing import (
     CALIBRATION_REPS,
@@ -41,6 +48,11 @@ from pipesgd_ref.timing.sharing import (
     steps_spanning,
     time_busy_compute,
     time_shared_compute,
+)
+
+BACKWARD_SOURCE = (
+    "the same 10 timed loss_and_grad: per unit of grad_units(), the median fraction of the "
+    "call elapsed when the backward's ready callback heard of it"
 )
 
 
@@ -64,7 +76,7 @@ def calibrate(
     MAX_CALIBRATION_REPS) where a step is shorter than `span_s` / reps (`steps_spanning`);
     `tries`: launches per shared or busy compute figure, the fastest kept (see best_of)."""
     link = link_of(cfg)
-    n, t_comp, t_update = time_compute(cfg)
+    n, t_comp, t_update, units = time_compute_profile(cfg)
     reps = steps_spanning(t_comp, span_s, reps, max(reps, MAX_CALIBRATION_REPS))
     hop_bytes = hop_message_bytes(4 * n, cfg.world_size, link.enabled)
     shared, lockstep, per_step_cpu = time_shared_compute(cfg, cfg.world_size, reps, tries)
@@ -95,10 +107,12 @@ def calibrate(
         t_comp_cpu=per_step_cpu,
         t_comp_busy=busy,
         alpha_busy=hop_busy,  # measured on the emulated link: its latency is in it
+        backward_units=units,
         codecs=codecs,
         source={
             "t_comp": f"median of 10 timed loss_and_grad, batch {cfg.batch_size}, this process",
             "t_update": "median of 10 timed sgd_step",
+            "backward_units": BACKWARD_SOURCE,
             "alpha": f"emulated latency {link.latency:g} s + measured hop {net['hop']:.3g} s "
             f"(a ring AllReduce of {hop_bytes} B per hop on this link, its wire time taken out)",
             "bandwidth": f"the emulated link: {link.bandwidth:.4g} bytes/s",
@@ -124,7 +138,7 @@ def cluster_calibration(cfg) -> Calibration:
     t_comp and t_u of cfg's model and batch timed in this process, gamma and the copy cost on
     the gradient (at most 4 MB of it: past the caches a per-byte cost no longer changes), alpha
     and B the link's. Starts no process (`pipesgd compare --study`, tutorial 11)."""
-    n, t_comp, t_update = time_compute(cfg)
+    n, t_comp, t_update, units = time_compute_profile(cfg)
     gamma, copy = time_gamma_and_copy(min(n, 1 << 20))
     link = link_of(cfg)
     return Calibration(
@@ -136,4 +150,6 @@ def cluster_calibration(cfg) -> Calibration:
         gamma=gamma,
         copy=copy,
         cores=cfg.world_size,
+        backward_units=units,
+        source={"backward_units": BACKWARD_SOURCE},
     )

@@ -56,6 +56,12 @@ class Calibration:
     # (measured the same way, a ping-pong round the ring, next to the computations); what
     # Pipe-SGD's AllReduces pay. None: not measured, alpha applies.
     alpha_busy: float | None = None
+    # The backward's profile, what ddp's buckets wait for: per unit of the model's gradient
+    # (`grad_units()`: a layer's weights and bias), in the order the backward writes them (last
+    # layer first), (bytes, the fraction of t_comp elapsed when that unit is ready), measured
+    # in this process (the median over the timed loss_and_grad). Empty: not measured;
+    # timing/buckets.py `DEFAULT_UNITS` then says what is assumed.
+    backward_units: tuple = ()
     codecs: dict = field(default_factory=dict)  # name -> (ratio r, encode s/B, decode s/B)
     source: dict = field(default_factory=dict)  # figure -> how it was obtained
 
@@ -93,6 +99,7 @@ class Calibration:
                 "t_comp_lockstep": tuple(d.get("t_comp_lockstep", ())),
                 "t_comp_cpu": tuple(d.get("t_comp_cpu", ())),
                 "t_comp_busy": dict(d.get("t_comp_busy", {})),
+                "backward_units": tuple(tuple(u) for u in d.get("backward_units", ())),
                 "codecs": {k: tuple(v) for k, v in d.get("codecs", {}).items()},
             }
         )
@@ -124,6 +131,12 @@ def describe(cal: Calibration) -> str:
         + (
             f" (CPU a step: [{', '.join(f'{t * 1e3:.2f}' for t in cal.t_comp_cpu)}] ms)"
             if cal.t_comp_cpu
+            else ""
+        )
+        + (
+            f", backward ready at [{', '.join(f'{f:.2f}' for _, f in cal.backward_units)}] "
+            "of t_comp"
+            if cal.backward_units
             else ""
         )
         + (f"; {codecs}" if codecs else "")

@@ -1,8 +1,8 @@
 """How long one iteration takes: the analysis of the paper's section 3, method by method.
 
 Every prediction below applies the alpha-beta ("latency-bandwidth") cost of a link to the
-schedule each method runs; `predict` hands a method to its function (`sync`, `pipe`, `ps_sync`,
-`ps_async`), each written beside its equation. Symbols: p = world_size workers; M = 4n
+schedule each method runs; `predict` hands a method to its function (`sync`, `pipe`, `ddp`,
+`ps_sync`, `ps_async`), each written beside its equation. Symbols: p = world_size workers; M = 4n
 gradient bytes (n float32 parameters); alpha = seconds per message; B = bandwidth, bytes/s per
 link and direction (full duplex); gamma = seconds per byte of reduction (dst += src); t_comp =
 forward and backward of one minibatch; t_u = one SGD update; r = compression ratio (wire bytes
@@ -107,6 +107,38 @@ ps-async's workers do not wait for each other and its iteration is worker 0's, s
 worker 0's core: the m workers pinned there, m (t_cpu + (M/r + M) copy + M e), plus the
 server's p ((M/r + M) copy + M (d + gamma) + t_u) only where it shares that core (C = 1).
 
+DDP-style synchronous SGD (methods/ddp.py). The backward hands the gradient to the ring in
+buckets j = 1..J, last layer first, each b_j bytes (models/layout.py `buckets`: units until a
+bucket holds --bucket-size), ready when the backward has written its last unit, f_j of the way
+through t_comp (f_j: Calibration.backward_units, measured; timing/buckets.py says what is
+assumed where it was not). The ring all-reduces them one at a time, in order, each as soon as
+it is ready and the one before is done, and the update waits for the last:
+
+    s_j = max(f_j t_comp + D_(j-1), e_(j-1)),   e_j = s_j + T_ar(b_j) + x_j,   e_0 = D_0 = 0
+    x_j = k cpu(b_j) min(1, (t_comp + D_(j-1) - s_j) / T_ar(b_j)),   D_j = D_(j-1) + x_j
+    T_ddp = max(t_comp + D_J, e_J) + t_u     (on shared cores: at least the cpu bound (9))  (12)
+
+t_comp is sync's, the slowest rank's under core sharing (t_comp_lockstep, below), and f_j is
+taken to be the same share of it as measured alone. T_ar(b) is (1) and (2) for b bytes: every
+bucket pays the ring's 2(p-1) alpha (alpha_busy,
+where measured, for a bucket that starts while the backward runs). A bucket beside the
+backward shares the cores with it: its CPU work cpu(b), Eq. (9)'s cpu_comm for b bytes (the
+copies of the bytes moved, the reductions, the codec), times k = max(1, p/C) workers per core,
+delays both, for the share of the bucket that overlaps the backward (x_j; 0 for a bucket that
+starts after it): D_j is the backward's delay so far, which also makes the later buckets
+ready later. The communication hidden is what of [s_j, e_j] lies before t_comp + D_J. A bucket
+can hide only behind the backward left after it is ready, (1 - f_j) t_comp: the bucket holding
+the bottom layer is ready at the end (f_J near 1) and is never hidden; one bucket of
+everything is sync (3). ddp moves sync's bytes, so its cpu bound is sync's (9). Pipe-SGD
+hides T_ar behind the whole next step instead, so pipe beats ddp by about
+T_ddp / max(t_comp + t_u, T_ar): most where the big layers are ready late.
+
+What (12) leaves out, seen in the traces of runs on shared cores: the ranks start a step a few
+ms apart (their updates and wake-ups queue for the cores), and a bucket's ring waits for the
+last of them; and a communication thread costs the computation beside it more CPU than the
+copies and reductions of its bytes (wake-ups, the emulated link's pacing). Both make a run
+slower than (12), never faster; sync's (3) misses the first too.
+
 Every step of a ring method waits for its slowest rank. On shared cores the ranks' steps differ
 (time slices, caches): the per-step maximum over ranks is above the median (by how much:
 benchmarks/RESULTS.md). So sync and pipe read t_comp_lockstep, the median over steps of the
@@ -120,6 +152,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
+from pipesgd_ref.timing.buckets import bucket_ready, schedule, units_of
 from pipesgd_ref.timing.figures import Calibration
 from pipesgd_ref.timing.terms import (
     compensation_passes,
@@ -128,7 +161,9 @@ from pipesgd_ref.timing.terms import (
     ps_async_cpu_bound,
     ps_sync_core_bound,
     ps_sync_cpu_bound,
+    ring_cpu,
     ring_terms,
+    ring_time,
     shared_compute,
     workers_on_timed_core,
 )
@@ -138,6 +173,7 @@ COMPARE_RUNS = (
     ("ps-sync", "none"),
     ("ps-async", "none"),
     ("sync", "none"),
+    ("ddp", "none"),
     ("pipe", "none"),
     ("pipe", "trunc16"),
     ("pipe", "q8"),
@@ -220,6 +256,45 @@ def pipe(
     return Prediction("pipe", codec, world_size, width, it, tc + tu, t_ar, hidden, bound)
 
 
+DEFAULT_BUCKET_BYTES = 32_000  # --bucket-size's default, 32KB (config.py)
+
+
+def ddp(
+    world_size: int, cal: Calibration, codec: str = "none", bucket_size: int = DEFAULT_BUCKET_BYTES
+) -> Prediction:
+    """DDP-style synchronous SGD: the buckets of the backward's units (at least `bucket_size`
+    bytes each) all-reduced one at a time as each is ready, those beside the backward taking
+    their CPU work from it, the update after the last (Eq. 12); on shared cores at least the
+    cpu bound (Eq. 9)."""
+    p = world_size
+    tc, _, cpu = ring_terms(p, cal, codec, cal.alpha)
+    tu = cal.t_update
+    plan = bucket_ready(units_of(cal), bucket_size)
+    busy = max(cal.alpha, cal.alpha_busy) if cal.alpha_busy is not None else cal.alpha
+    share = max(1.0, p / cal.cores)  # workers per core: each one's CPU work slows them all
+
+    def allreduce_s(j: int, beside: bool) -> float:  # T_ar(b_j): alpha_busy beside compute
+        return ring_time(p, cal, codec, plan[j][0], busy if beside else cal.alpha)
+
+    def cpu_s(j: int) -> float:  # a bucket's CPU work, taken from the backward's cores
+        return share * ring_cpu(p, cal, codec, plan[j][0])
+
+    spans, backward = schedule([f for _, f in plan], tc, allreduce_s, cpu_s)  # Eq. (12)
+    comm = sum(e - s for s, e in spans)
+    hidden = sum(max(0.0, min(e, backward) - s) for s, e in spans)
+    last_start, end = spans[-1]
+    if end <= backward:
+        bound = "compute"  # every bucket done within the backward
+    elif last_start > backward:
+        bound = "network"  # the ring still busy when the backward ended: the buckets queued
+    else:
+        bound = "tail"  # the ring free when the backward ended: the last bucket's T_ar after it
+    it = max(backward, end) + tu  # Eq. (12)
+    if cpu > it:
+        it, bound = cpu, "cpu"  # Eq. (9)
+    return Prediction("ddp", codec, p, 1, it, backward + tu, comm, hidden, bound)
+
+
 def ps_sync(
     world_size: int, cal: Calibration, codec: str = "none", ps_pulls: str = "sequential"
 ) -> Prediction:
@@ -282,6 +357,7 @@ PREDICTORS = {
     "ps-async": (ps_async, ()),
     "sync": (sync, ()),
     "pipe": (pipe, ("width", "compensation")),
+    "ddp": (ddp, ("bucket_size",)),
 }
 ALGOS = tuple(PREDICTORS)
 
@@ -294,14 +370,21 @@ def predict(
     width: int = 2,
     ps_pulls: str = "sequential",
     compensation: str = "none",
+    bucket_size: int = DEFAULT_BUCKET_BYTES,
 ) -> Prediction:
     """The predicted iteration time of `algo` on p = world_size workers (a Prediction), from
     its method's function. `width`: Pipe-SGD's K; `ps_pulls`: how ps-sync's server sends its
-    pulls (methods/ps.py): "sequential" or "shared"; `compensation`: Pipe-SGD's."""
+    pulls (methods/ps.py): "sequential" or "shared"; `compensation`: Pipe-SGD's;
+    `bucket_size`: ddp's, in bytes."""
     if algo not in PREDICTORS:
         raise ValueError(f"unknown algo {algo!r}; choose one of {', '.join(ALGOS)}")
     function, takes = PREDICTORS[algo]
-    options = {"width": width, "ps_pulls": ps_pulls, "compensation": compensation}
+    options = {
+        "width": width,
+        "ps_pulls": ps_pulls,
+        "compensation": compensation,
+        "bucket_size": bucket_size,
+    }
     return function(world_size, cal, codec, **{name: options[name] for name in takes})
 
 
@@ -312,11 +395,14 @@ def predict_all(
     width: int = 2,
     ps_pulls: str = "sequential",
     compensation: str = "none",
+    bucket_size: int = DEFAULT_BUCKET_BYTES,
 ):
     """Predictions for every (algo, codec) of `runs`, keyed by run_label (`compensation`:
-    Pipe-SGD's runs')."""
+    Pipe-SGD's runs'; `bucket_size`: ddp's, bytes)."""
     return {
-        run_label(algo, codec): predict(algo, world_size, cal, codec, width, ps_pulls, compensation)
+        run_label(algo, codec): predict(
+            algo, world_size, cal, codec, width, ps_pulls, compensation, bucket_size
+        )
         for algo, codec in runs
     }
 

@@ -1,7 +1,8 @@
 """What one process times by itself: t_comp and t_u of a model, gamma, the copy cost, codecs.
 
 Each figure is the median of a few timed calls after an untimed warm-up (`median_time`), on
-the run's own model and batch (`time_compute`, in one BLAS thread as in a worker) or on arrays
+the run's own model and batch (`time_compute`, in one BLAS thread as in a worker; with the
+backward's profile, when each layer's gradient is ready: `time_compute_profile`) or on arrays
 of the gradient's size.
 """
 
@@ -39,14 +40,46 @@ def usable_cores() -> int:
 
 def time_compute(cfg, reps: int = 10) -> tuple[int, float, float]:
     """(n_params, t_comp, t_update) of cfg's model and batch size, timed in this process."""
+    n, t_comp, t_update, _ = time_compute_profile(cfg, reps)
+    return n, t_comp, t_update
+
+
+def time_compute_profile(cfg, reps: int = 10) -> tuple[int, float, float, tuple]:
+    """(n_params, t_comp, t_update, backward_units) of cfg's model and batch size, timed in
+    this process. backward_units: per unit of the model's `grad_units()`, in the order the
+    backward writes them (last layer first), (bytes, the fraction of the loss_and_grad call
+    elapsed when its `ready` callback ran), each the median over the same `reps` timed calls
+    that give t_comp (Calibration.backward_units; the ddp prediction reads it)."""
     w = Worker.build(cfg.replace(resume=""), 0, cfg.world_size)
     grads = np.empty_like(w.params)
+    itemsize = grads.dtype.itemsize
     step = iter(range(10**9))
     with _one_blas_thread():  # as in a worker (jobenv.pin_to_core): one core, one BLAS thread
-        t_comp = median_time(lambda: w.loss_and_grad(next(step), grads), reps)
+        for _ in range(2):  # warm-up, untimed (as median_time)
+            w.loss_and_grad(next(step), grads, ready=lambda lo, hi, loss: None)
+        times, marks = [], []  # per call: its seconds, and (bytes, seconds in) per unit
+        for _ in range(reps):
+            ready: list[tuple[int, float]] = []
+            start = time.perf_counter()
+            w.loss_and_grad(next(step), grads, ready=_recorder(ready, start, itemsize))
+            times.append(time.perf_counter() - start)
+            marks.append(ready)
         params = w.params.copy()
         t_update = median_time(lambda: w.model.backend.sgd_step(params, grads, 1e-12), reps)
-    return w.model.n_params, t_comp, t_update
+    units = tuple(
+        (nbytes, statistics.median(call[i][1] / t for call, t in zip(marks, times, strict=True)))
+        for i, (nbytes, _) in enumerate(marks[0])
+    )
+    return w.model.n_params, statistics.median(times), t_update, units
+
+
+def _recorder(into: list, start: float, itemsize: int):
+    """A backward's `ready(lo, hi, loss)` callback that appends (bytes, seconds since start)."""
+
+    def ready(lo: int, hi: int, loss: float) -> None:
+        into.append(((hi - lo) * itemsize, time.perf_counter() - start))
+
+    return ready
 
 
 def _one_blas_thread():

@@ -67,12 +67,24 @@ def merged_calibration(cals: list[Calibration]) -> Calibration:
         t_comp_cpu=table("t_comp_cpu"),
         t_comp_busy=busy,
         alpha_busy=typical("alpha_busy"),
+        backward_units=_backward_units(cals),
         codecs=codecs,
         source={
             **first.source,
             "merged": f"the median of {len(cals)} calibrations, figure by figure "
             "(merged_calibration)",
         },
+    )
+
+
+def _backward_units(cals: list[Calibration]) -> tuple:
+    """The backward's profile, each unit's fraction the median over the calibrations that
+    measured the same units; the first one's where they differ."""
+    have = [c.backward_units for c in cals if c.backward_units]
+    if not have or len({tuple(b for b, _ in units) for units in have}) != 1:
+        return cals[0].backward_units
+    return tuple(
+        (unit[0][0], statistics.median(f for _, f in unit)) for unit in zip(*have, strict=True)
     )
 
 

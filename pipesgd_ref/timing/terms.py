@@ -197,19 +197,42 @@ def ps_sync_core_bound(
     return longest
 
 
+def ring_bandwidth(world_size: int, cal: Calibration) -> float:
+    """B of a ring method's links: the emulated one or, if less, what the machine itself moves
+    with all p ranks streaming at once on C cores."""
+    return min(cal.bandwidth, cal.loop_bandwidth * min(1.0, cal.cores / world_size))
+
+
+def ring_time(world_size: int, cal: Calibration, codec: str, nbytes: float, alpha: float) -> float:
+    """T_ar, Eq. (1) and (2), of `nbytes` on a ring method's links (`ring_bandwidth`) with
+    `alpha` per hop: the whole gradient's for sync and pipe, one bucket's for ddp (Eq. 12)."""
+    r, e, d = cal.codec(codec)
+    B = ring_bandwidth(world_size, cal)
+    return ring_allreduce_time(world_size, nbytes, alpha, B, cal.gamma, r, e, d)
+
+
+def ring_cpu(world_size: int, cal: Calibration, codec: str, nbytes: float) -> float:
+    """The CPU time a ring AllReduce of `nbytes` costs each rank, Eq. (9)'s cpu_comm: the
+    socket path's copy of every byte sent and received, 2 * 2(p-1)/p * b/r * copy, and the
+    CPU part of T_ar (the reductions, the codec)."""
+    p = world_size
+    if p <= 1:
+        return 0.0
+    r, _, _ = cal.codec(codec)
+    moved = 2 * 2 * (p - 1) / p * nbytes / r  # bytes sent + received per AllReduce
+    cpu_part = ring_allreduce_time(p, nbytes, 0.0, math.inf, cal.gamma, *cal.codec(codec))
+    return moved * cal.copy + cpu_part
+
+
 def ring_terms(world_size: int, cal: Calibration, codec: str, alpha: float):
     """(t_comp, T_ar, cpu bound) of a ring method (sync, pipe) with `alpha` per hop: all p
     workers compute at once and each step waits for the slowest (t_comp_lockstep); the link is
-    the emulated one or, if less, what the machine itself moves with all p ranks streaming at
-    once on C cores."""
+    `ring_bandwidth`'s."""
     p, M, C = world_size, cal.grad_bytes, cal.cores
-    r, e, d = cal.codec(codec)
-    B = min(cal.bandwidth, cal.loop_bandwidth * min(1.0, C / p))
     tc = compute_time(cal, p, lockstep=True)
-    t_ar = ring_allreduce_time(p, M, alpha, B, cal.gamma, r, e, d)  # Eq. (1), (2)
-    moved = 2 * 2 * (p - 1) / p * M / r  # bytes sent + received per AllReduce
+    t_ar = ring_time(p, cal, codec, M, alpha)  # Eq. (1), (2)
     # Eq. (9): the CPU part of T_ar (reductions, codec) and the copies of every byte moved
-    cpu_comm = moved * cal.copy + (t_ar - 2 * (p - 1) * alpha - 2 * (p - 1) / p * M / (r * B))
+    cpu_comm = ring_cpu(p, cal, codec, M)
     cpu = tc + p * (cal.t_update + cpu_comm) / C  # Eq. (9): all CPU work of p workers on C cores
     return tc, t_ar, cpu
 
