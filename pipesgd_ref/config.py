@@ -398,6 +398,11 @@ def apply_overrides(cfg: TrainConfig, args: list[str]) -> TrainConfig:
 
 def load_config_file(path: str | Path, base: TrainConfig | None = None) -> TrainConfig:
     """Read a .toml or .json file of keys (flat, or inside a [train] table) onto `base`."""
+    return apply_dict(base or TrainConfig(), read_config_file(path))
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """The keys of a .toml or .json config file (flat, or inside a [train] table), unchecked."""
     path = Path(path)
     if path.is_dir():
         raise ConfigError(
@@ -437,7 +442,7 @@ def load_config_file(path: str | Path, base: TrainConfig | None = None) -> Train
             f"config file {str(path)!r}: a [train] table and other keys beside it ({others}); "
             f"put every key inside [train], or write them all flat without it"
         )
-    return apply_dict(base or TrainConfig(), data)
+    return data
 
 
 __all__ = [
@@ -452,4 +457,5 @@ __all__ = [
     "load_config_file",
     "model_label",
     "parse_overrides",
+    "read_config_file",
 ]

@@ -18,7 +18,6 @@ _COMPARE_CNN = dict(
     eval_every=10,
     target_accuracy=0.9,
     latency="50us",
-    bandwidth="150Mbit",
     ps_pulls="shared",
 )
 PRESETS: dict[str, dict[str, Any]] = {
@@ -34,11 +33,12 @@ PRESETS: dict[str, dict[str, Any]] = {
         eval_every=100,
     ),
     # `pipesgd compare`: digits on an MLP 64-1024-1024-10 (1.13M parameters, a 4.5 MB
-    # gradient), 4 workers x batch 352 (nearly each worker's whole shard), an emulated
-    # 700 Mbit/s network, where a ring AllReduce of the gradient takes about as long as
-    # computing it: the paper's communication-heavy regime. ps-sync is the conventional server
-    # (its pulls share its link). A copy of the weights every 2 steps, evaluated after the
-    # run, gives the time to the target.
+    # gradient), 4 workers x batch 352 (nearly each worker's whole shard), an emulated link of
+    # 50 us whose bandwidth compare chooses for the machine at hand (commands/compare_link.py):
+    # where a ring AllReduce of the gradient takes as long as a step's computation, the
+    # paper's communication-heavy regime (about 700 Mbit/s on a two-core laptop). ps-sync is
+    # the conventional server (its pulls share its link). A copy of the weights every 2 steps,
+    # evaluated after the run, gives the time to the target.
     "compare": dict(
         dataset="digits",
         model="mlp",
@@ -50,14 +50,14 @@ PRESETS: dict[str, dict[str, Any]] = {
         eval_every=2,
         target_accuracy=0.96,
         latency="50us",
-        bandwidth="700Mbit",
         ps_pulls="shared",
     ),
-    # a LeNet-5 on 5,000 real MNIST images (the `images` extra), on a link where the ring
-    # AllReduce of its 431 KB gradient takes about as long as a step's computation: the CNN,
-    # too, in the communication-heavy regime
+    # a LeNet-5 on 5,000 real MNIST images (the `images` extra), on a link compare chooses so
+    # that the ring AllReduce of its 431 KB gradient takes as long as a step's computation:
+    # the CNN, too, in the communication-heavy regime
     "compare-cnn": _COMPARE_CNN,
-    # the same on a 10 Gbit/s link: compute-bound, where pipelining has little to hide
+    # the same on a 10 Gbit/s link, named here so that compare keeps it: compute-bound, where
+    # pipelining has little to hide
     "compare-cnn-compute": {**_COMPARE_CNN, "bandwidth": "10Gbit"},
     # the smallest run that still learns: for CI, tutorials and smoke tests
     "tiny": dict(

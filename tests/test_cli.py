@@ -133,6 +133,38 @@ def test_a_yes_no_field_alone_is_a_flag():
     assert cfg.skip_nonfinite and cfg.steps == 3
 
 
+@pytest.mark.parametrize(
+    "argv, named",
+    [
+        (["compare"], False),
+        (["compare", "--quick", "--model=cnn"], False),
+        (["compare", "--bandwidth", "1Gbit"], True),
+        (["compare", "--bandwidth=inf"], True),
+        (["compare", "--preset", "compare-cnn-compute"], True),
+        (["compare", "--latency=1ms"], False),
+    ],
+)
+def test_compare_tells_a_named_bandwidth_from_the_default(argv, named):
+    """compare chooses the link's bandwidth only where neither the preset, nor --config's file,
+    nor a --bandwidth names one."""
+    from pipesgd_ref.commands.parser import build_parser, resolve_named
+
+    args, rest = build_parser().parse_known_args(argv)
+    cfg, keys = resolve_named(args, rest)
+    assert ("bandwidth" in keys) == named, keys
+    assert cfg.bandwidth == ("inf" if not named else cfg.bandwidth)
+
+
+def test_a_config_files_bandwidth_is_named_too(tmp_path):
+    from pipesgd_ref.commands.parser import build_parser, resolve_named
+
+    path = tmp_path / "link.toml"
+    path.write_text('bandwidth = "2Gbit"\nworld-size = 4\n')
+    args, rest = build_parser().parse_known_args(["compare", "--config", str(path)])
+    cfg, keys = resolve_named(args, rest)
+    assert cfg.bandwidth == "2Gbit" and {"bandwidth", "world_size"} <= keys
+
+
 # --- outputs: checked before the work, locked while in use, written atomically -------------
 
 TINY_REF = ["reference", "--preset", "tiny", "--no-progress", "--steps=3"]

@@ -18,7 +18,9 @@ the compare-cnn preset.
 `compare` (pipesgd_ref/commands/compare.py) trains ps-sync, ps-async, sync, pipe, pipe+trunc16 and
 pipe+q8 on the same problem (the `compare` preset) through one emulated network, each twice
 (--repeats), and prints measured against predicted iteration times and the wall-clock time to
-the target accuracy (of each method's repeat that reached it soonest). With --comm mpi every
+the target accuracy (of each method's repeat that reached it soonest). Its bandwidth is chosen
+for this machine (the ring AllReduce of the gradient as long as a step's compute,
+compare_link.py) unless --bandwidth, --config's file or the preset names one. With --comm mpi every
 run is a job of world size + 1 MPI ranks instead (compare_mpi.py; run alone it starts them
 through mpirun), on MPI's own wire: the preset's emulated link is dropped.
 
@@ -48,7 +50,7 @@ import math
 import os
 import sys
 
-from pipesgd_ref.commands.parser import EXIT_USAGE, build_parser, resolve_config
+from pipesgd_ref.commands.parser import EXIT_USAGE, build_parser, resolve_named
 from pipesgd_ref.commands.reference import run_reference
 from pipesgd_ref.commands.train import run_training
 from pipesgd_ref.commands.train_joined import run_training_joined, stopped_mpi_job
@@ -106,7 +108,10 @@ def _fixed_steps(cfg: TrainConfig) -> int | None:
     return cfg.steps if cfg.epochs <= 0 and not cfg.resume else None
 
 
-def cmd_compare(args: argparse.Namespace, cfg: TrainConfig) -> int:
+def cmd_compare(args: argparse.Namespace, cfg: TrainConfig, named=frozenset()) -> int:
+    """`pipesgd compare`; `named`: the config keys the command line named (its preset's, its
+    file's, its --key=value ones): without a bandwidth among them, the link is chosen for this
+    machine (compare_link.py), except under --comm mpi, where MPI owns the wire."""
     from pipesgd_ref.commands.compare import (
         QUICK_CALIBRATION_REPS,
         QUICK_CALIBRATION_TRIES,
@@ -144,7 +149,8 @@ def cmd_compare(args: argparse.Namespace, cfg: TrainConfig) -> int:
     _check_faults(cfg.world_size + 1, None)
     configure_parent_logging("WARNING")
     with _claimed(args.out_dir, args.overwrite):
-        run_compare(cfg, out=args.out_dir, progress=not args.no_progress, **more)
+        choose = "bandwidth" not in named
+        run_compare(cfg, args.out_dir, not args.no_progress, choose=choose, **more)
     return 0
 
 
@@ -287,7 +293,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, rest: list[s
         from pipesgd_ref.commands.bench_command import cmd_bench
 
         return cmd_bench(args)
-    cfg = resolve_config(args, rest)
+    cfg, named = resolve_named(args, rest)
     check_config(cfg)  # every command refuses a config whose options do not make a run
     if args.command == "config":
         import json
@@ -300,7 +306,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, rest: list[s
         return 0
     if args.command == "train":
         return cmd_train(args, cfg)
-    return cmd_compare(args, cfg)
+    return cmd_compare(args, cfg, named)
 
 
 USER_ERRORS = (ConfigError, DataError, TrainingDiverged, JobError, LaunchError, CommError)

@@ -11,10 +11,11 @@ local worker processes over TCP, through one emulated network:
     pipe+q8        Pipe-SGD, 8-bit quantization in the ring (a quarter of the bytes)
 
 Before the runs, `timing.calibrate.calibrate` measures this machine (t_comp, t_u, gamma, the
-codecs, the cost of a hop) and `timing.predict` gives each method's iteration time. Each run
-records its timeline (trace.json), its loss at every step, and a copy of the weights every
-`eval_every` steps, evaluated on the test set after training; the first evaluation at or above
-`target_accuracy` gives the wall-clock time to target.
+codecs, the cost of a hop: the machine's figures first, then the chosen link's) and
+`timing.predict` gives each method's iteration time. Each run records its timeline
+(trace.json), its loss at every step, and a copy of the weights every `eval_every` steps,
+evaluated on the test set after training; the first evaluation at or above `target_accuracy`
+gives the wall-clock time to target.
 
 Repeats. Every method runs `repeats` times (2 by default, 1 with --quick), in passes: all six
 methods once, then all six again, so a slow minute of the machine falls on one repeat of a few
@@ -28,9 +29,13 @@ one per repeat: ps-sync/repeat-1, ps-sync/repeat-2, ...), and with matplotlib:
 loss_vs_time.png, time_breakdown.png, timeline.png, predicted_vs_bandwidth.png (drawn from the
 kept repeats).
 
-The default problem is the `compare` preset (presets.py): an emulated network on which a ring
-AllReduce of the gradient takes about as long as the computation of one step on this machine's
-shared cores, the communication-heavy regime of the paper, where pipelining pays most.
+The default problem is the `compare` preset (presets.py), on an emulated network whose
+bandwidth is chosen for this machine (`choose`; compare_link.py): the ring AllReduce of the
+gradient takes as long as the computation of one step on its shared cores, the
+communication-heavy regime of the paper, where pipelining pays most. A bandwidth the config
+names is kept. The checks (compare_checks.py) hold the same meaning on any machine, and the
+report says how busy the machine was with other programs (timing/load.py): a busy one makes
+every timing figure unreliable.
 """
 
 from __future__ import annotations
@@ -43,7 +48,9 @@ from pathlib import Path
 from typing import Any
 
 from pipesgd_ref import timing
+from pipesgd_ref.commands.compare_checks import HEADLINE, check_targets
 from pipesgd_ref.commands.compare_figures import plot_compare
+from pipesgd_ref.commands.compare_link import choose_link, given_link
 from pipesgd_ref.commands.train import run_training
 from pipesgd_ref.config import TrainConfig, model_label
 from pipesgd_ref.data import load_dataset
@@ -51,17 +58,9 @@ from pipesgd_ref.errors import ConfigError, JobStopped
 from pipesgd_ref.methods.table import method
 from pipesgd_ref.outputs import write_json, write_text_atomic
 from pipesgd_ref.runtime.preflight import check_config, check_run, n_params_of
-from pipesgd_ref.timing.calibrate import calibrate
+from pipesgd_ref.timing import load
+from pipesgd_ref.timing.calibrate import calibrate, calibrate_machine
 from pipesgd_ref.timing.sharing import CALIBRATION_REPS, CALIBRATION_TRIES
-
-# The paper's headline and the issue's bars: (faster run, slower run, minimum ratio of their
-# wall-clock times to the target accuracy).
-CHECKS = (
-    ("pipe+q8", "ps-sync", 5.4),
-    ("pipe+trunc16", "ps-sync", 5.4),
-    ("pipe", "sync", 1.7),
-)
-
 
 # What a finished comparison writes beside its run folders, and the file that marks a folder
 # whose comparison has not finished (outputs.RUN_MARKERS keeps a second one off it too).
@@ -91,12 +90,14 @@ def calibrate_for(
     reps: int = CALIBRATION_REPS,
     tries: int = CALIBRATION_TRIES,
     network: dict | None = None,
+    base: timing.Calibration | None = None,
 ) -> timing.Calibration:
     """The calibration compare uses: everything calibrate measures, plus Pipe-SGD's
     compute next to its communication for every codec a pipe run of `runs` uses. `network`:
-    the wire's figures when measured elsewhere (calibrate's; compare_mpi.py measures MPI's)."""
+    the wire's figures when measured elsewhere (calibrate's; compare_mpi.py measures MPI's);
+    `base`: the machine's figures, measured already (calibrate_machine)."""
     busy = tuple(sorted({codec for algo, codec in runs if method(algo).pipelined}))
-    return calibrate(cfg, network=network, busy_codecs=busy, reps=reps, tries=tries)
+    return calibrate(cfg, network=network, busy_codecs=busy, reps=reps, tries=tries, base=base)
 
 
 def run_config(
@@ -191,60 +192,46 @@ def run_compare(
     calibration_tries: int = CALIBRATION_TRIES,
     repeats: int = REPEATS,
     train: Callable[..., tuple[dict, list]] = run_training,
+    choose: bool = False,
 ) -> dict[str, Any]:
     """Calibrate, predict, run every method `repeats` times, and report; returns what
     compare.json holds. `train(cfg, progress=, log=, label=)` runs one method and returns
     (summary, results): run_training's local workers by default, a job of MPI ranks under
-    `--comm mpi` (compare_mpi.py)."""
+    `--comm mpi` (compare_mpi.py). `choose`: set cfg's bandwidth for this machine from the
+    calibration (compare_link.py; `pipesgd compare` without --bandwidth), else keep cfg's."""
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
+    if choose and calibration is not None:
+        raise ValueError("choose measures the machine to choose the link: give no calibration")
     preflight_runs(cfg, runs)  # before the calibration starts a worker
     out_dir = Path(out) if out else None
     if out_dir is not None:
         mark_incomplete(out_dir)
+    how = dict(progress=progress, log=log, runs=runs, calibration=calibration, choose=choose)
+    cal_options = dict(reps=calibration_reps, tries=calibration_tries)
     try:
-        return _compare(
-            cfg,
-            out_dir,
-            progress,
-            log,
-            runs,
-            calibration,
-            calibration_reps,
-            calibration_tries,
-            repeats,
-            train,
-        )
+        return _compare(cfg, out_dir, how, cal_options, repeats, train)
     except JobStopped as e:
         e.args = (compare_stopped_line(e, out_dir, runs),)
         raise
 
 
-def _compare(
-    cfg,
-    out_dir,
-    progress,
-    log,
-    runs,
-    calibration,
-    calibration_reps,
-    calibration_tries,
-    repeats,
-    train,
-) -> dict[str, Any]:
+def _compare(cfg, out_dir, how: dict, cal_options: dict, repeats, train) -> dict[str, Any]:
     """run_compare's work, once the folder is marked incomplete."""
     started = time.perf_counter()
+    start, log, runs = load.sample(), how["log"], how["runs"]
+    before = load.quiet_window()  # other programs' load before the calibration starts any
     times = f" x {repeats} repeats" if repeats > 1 else ""
+    chosen = " (chosen for this machine after measuring it)" if how["choose"] else ""
     log(
         f"compare: {len(runs)} runs{times} of {cfg.world_size} workers, {cfg.dataset}, "
-        f"{model_label(cfg)}, batch {cfg.batch_size}, {cfg.steps} steps, link {timing_link(cfg)}"
+        f"{model_label(cfg)}, batch {cfg.batch_size}, {cfg.steps} steps, link "
+        f"{timing_link(cfg)}{chosen}"
     )
-    if calibration is None:
-        log("calibrating the timing model on this machine ...")
-    cal = calibration or calibrate_for(cfg, runs, calibration_reps, calibration_tries)
-    log("  " + timing.describe(cal))
+    cfg, cal, link = _calibrated(cfg, how, cal_options)
     options = dict(width=cfg.width, ps_pulls=cfg.ps_pulls, compensation=cfg.compensation)
     preds = timing.predict_all(cfg.world_size, cal, runs, **options)
+    progress = how["progress"]
     done, all_traces = run_repeats(cfg, runs, preds, out_dir, repeats, progress, log, train)
     summaries: dict[str, dict] = {}
     traces: dict[str, list[dict]] = {}
@@ -253,16 +240,17 @@ def _compare(
         briefs = [repeat_brief(s) for s in repeat_summaries]
         summaries[label] = {**repeat_summaries[kept], "repeat": kept + 1, "repeats": briefs}
         traces[label] = all_traces[label][kept]
-
+    after = load.quiet_window()
     rows = table_rows(summaries, preds)
-    checks = check_targets(rows)
     report = {
         "kind": "compare",
         "config": cfg.to_dict(),
+        "link": link,
+        "load": load.report(before, load.others_between(start, load.sample()), after),
         "calibration": cal.to_dict(),
         "predictions": {k: v.to_dict() for k, v in preds.items()},
         "table": rows,
-        "checks": checks,
+        "checks": check_targets(rows),
         "repeats": repeats,
         "runs": {k: _without_heavy(v) for k, v in summaries.items()},
         "wall_time_s": time.perf_counter() - started,
@@ -276,6 +264,27 @@ def _compare(
         (out_dir / INCOMPLETE).unlink(missing_ok=True)
     log(f"compare: done in {report['wall_time_s']:.0f} s")
     return report
+
+
+def _calibrated(cfg: TrainConfig, how: dict, cal_options: dict):
+    """(cfg on its link, the calibration, the report's "link" entry): the calibration given,
+    or measured here; with how["choose"], the machine's figures first, the link chosen from
+    them (compare_link.choose_link), then the link's figures on it."""
+    log, runs, cal = how["log"], how["runs"], how["calibration"]
+    reps, tries = cal_options["reps"], cal_options["tries"]
+    if cal is None:
+        log("calibrating the timing model on this machine ...")
+    if how["choose"]:
+        base = calibrate_machine(cfg, reps=reps, tries=tries)
+        cfg, link, network = choose_link(cfg, base)
+        log(f"  link: {link['reason']}")
+        preflight_runs(cfg, runs)  # the chosen link against --timeout
+        cal = calibrate_for(cfg, runs, reps, tries, network, base=base)
+    else:
+        cal = cal or calibrate_for(cfg, runs, reps, tries)
+        link = given_link(cfg, cal)
+    log("  " + timing.describe(cal))
+    return cfg, cal, link
 
 
 def mark_incomplete(out_dir: Path) -> None:
@@ -356,9 +365,14 @@ def _log_report(report: dict, cfg: TrainConfig, log: Callable[[str], None]) -> N
         log(c["text"])
     if cfg.model != "mlp":
         log(
-            f"(the bars are the paper's headline on the MLP problem of the compare preset; on "
-            f"--model {cfg.model} they are figures to read, not targets)"
+            f"(the {HEADLINE}x bars are the paper's headline on the MLP problem of the compare "
+            f"preset; on --model {cfg.model} they are figures to read, not targets)"
         )
+    log("")
+    log(f"link: {report['link']['reason']}")
+    log(load.describe(report["load"]))
+    if report["load"]["warning"]:
+        log(report["load"]["warning"])
 
 
 def _quiet(*_: Any) -> None:
@@ -442,35 +456,3 @@ def format_table(rows: list[dict], cfg: TrainConfig) -> str:
         f"{max(errors):.0%}"
     )
     return "\n".join(lines)
-
-
-def check_targets(rows: list[dict]) -> list[dict]:
-    """The comparison's claims, each measured: every run reaches the target, and the wall-clock
-    ratios of CHECKS hold."""
-    by = {r["run"]: r for r in rows}
-    out = []
-    missed = [r["run"] for r in rows if r["time_to_target_s"] is None]
-    out.append(
-        {
-            "check": "every run reaches the target",
-            "ok": not missed,
-            "text": "every run reached the target accuracy"
-            if not missed
-            else f"did not reach the target accuracy: {', '.join(missed)}",
-        }
-    )
-    for fast, slow, bar in CHECKS:
-        if fast not in by or slow not in by:
-            continue
-        a, b = by[fast]["time_to_target_s"], by[slow]["time_to_target_s"]
-        ratio = b / a if a and b else None
-        ok = ratio is not None and ratio >= bar
-        text = (
-            f"{fast} reached the target {ratio:.2f}x sooner than {slow} (bar: {bar}x): "
-            f"{'met' if ok else 'NOT met'}"
-            if ratio is not None
-            else f"{fast} vs {slow}: a run did not reach the target"
-        )
-        check = {"check": f"{fast} vs {slow}", "ratio": ratio, "bar": bar, "ok": ok}
-        out.append({**check, "text": text})
-    return out

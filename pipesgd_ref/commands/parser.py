@@ -13,11 +13,12 @@ import math
 
 from pipesgd_ref.config import (
     MIN_TIMEOUT,
+    PRESETS,
     TrainConfig,
     apply_dict,
     field_names,
-    load_config_file,
     parse_overrides,
+    read_config_file,
 )
 from pipesgd_ref.errors import ConfigError
 from pipesgd_ref.runtime.launch import add_many_workers_flag
@@ -209,18 +210,28 @@ def split_overrides(rest: list[str]) -> list[str]:
 
 def resolve_config(args: argparse.Namespace, rest: list[str]) -> TrainConfig:
     """The TrainConfig of a command line: the preset, then --config's file, then the keys."""
+    return resolve_named(args, rest)[0]
+
+
+def resolve_named(args: argparse.Namespace, rest: list[str]) -> tuple[TrainConfig, frozenset]:
+    """resolve_config's TrainConfig, and the keys the command line named: its preset's,
+    --config's file's and the --key=value ones (compare chooses the link's bandwidth for this
+    machine only where none of them names it: compare_link.py)."""
     overrides = split_overrides(rest)
     given = parse_overrides(overrides)
     preset = args.preset
     if args.command == "compare" and preset == "compare" and given.get("model") == "cnn":
         preset = "compare-cnn"  # the CNN's own comparison (presets.py), not the MLP's with a CNN
     cfg = TrainConfig.preset(preset)
+    named = set(PRESETS[preset]) | set(given)
     if args.config == "":
         raise ConfigError("--config is empty; give a .toml or .json file of config keys")
     if args.config:
-        cfg = load_config_file(args.config, base=cfg)
+        from_file = read_config_file(args.config)
+        cfg = apply_dict(cfg, from_file)
+        named |= set(from_file)
     if given.get("comm") == "mpi" and not args.config and not {"latency", "bandwidth"} & set(given):
         # A preset's emulated link (compare's) paces the project's own sockets; under MPI the
         # library owns the wire, so the preset's link is dropped rather than refused.
         cfg = cfg.replace(latency="0", bandwidth="inf")
-    return apply_dict(cfg, given)
+    return apply_dict(cfg, given), frozenset(key.replace("-", "_") for key in named)

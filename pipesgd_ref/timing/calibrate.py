@@ -6,10 +6,10 @@ world size and link:
 - t_comp and t_u are timed on the actual model and batch size in this process
   (`time_compute_profile`, measure.py), and in the same calls, when the backward has written
   each layer's gradient (backward_units, what ddp's buckets wait for); t_comp with k = 1..p
-  pinned worker processes computing at once
-  (`time_shared_compute`, sharing.py: the median, the slowest rank of each step, the CPU time
-  of a step), and, for Pipe-SGD, p workers computing while pipe's own communication thread
-  AllReduces a gradient per step (`time_busy_compute`).
+  pinned worker processes computing at once (`time_shared_compute`, sharing.py: the median,
+  the slowest rank of each step, the CPU time of a step), and, for Pipe-SGD, p workers
+  computing while pipe's own communication thread AllReduces a gradient per step
+  (`time_busy_compute`).
 - gamma and the codecs' e and d are timed on gradient-sized arrays (`time_gamma_and_copy`,
   `time_codecs`, measure.py).
 - alpha is the emulated link's latency plus the software cost of one hop, measured by a ring
@@ -21,6 +21,12 @@ world size and link:
   move, and `copy` is the CPU time the sending and the receiving thread of that stream spent
   per byte.
 
+The figures split in two: the machine's (t_comp, t_u, the shared compute, gamma, copy, the
+codecs, the stream), which no link changes (`calibrate_machine`), and the link's (the hop on
+it, Pipe-SGD's compute beside its AllReduces on it). `calibrate(cfg, base=machine)` measures
+only the link's, so a caller may choose the link from the machine's figures first (`pipesgd
+compare` does: commands/compare_link.py) without measuring anything twice.
+
 The shared and busy compute figures are the fastest of two launches, of three when they
 disagree (`best_of`): on a shared machine a burst of other load only ever slows a launch down.
 Calibrations of the same setup made minutes apart merge figure by figure into their median
@@ -31,6 +37,9 @@ Everything here launches processes or times this one; the equations themselves
 """
 
 from __future__ import annotations
+
+import math
+from dataclasses import replace
 
 from pipesgd_ref.comm.netem import link_of
 from pipesgd_ref.timing.figures import Calibration, describe
@@ -64,6 +73,7 @@ def calibrate(
     reps: int = CALIBRATION_REPS,
     tries: int = CALIBRATION_TRIES,
     span_s: float = 0.0,
+    base: Calibration | None = None,
 ) -> Calibration:
     """Measure every figure the predictions read for cfg (model, batch size, world size, link).
 
@@ -74,28 +84,64 @@ def calibrate(
     prediction uses the shared-core t_comp and its cpu bound). `reps`: timed steps per process in
     the shared and busy compute measurements (fewer: faster, noisier), more (up to
     MAX_CALIBRATION_REPS) where a step is shorter than `span_s` / reps (`steps_spanning`);
-    `tries`: launches per shared or busy compute figure, the fastest kept (see best_of)."""
+    `tries`: launches per shared or busy compute figure, the fastest kept (see best_of).
+    `base`: the figures that do not depend on the link (`calibrate_machine`'s), measured
+    already for the same model, batch and world size: only the link's are measured here (the
+    hop on cfg's link and Pipe-SGD's compute beside its AllReduces on it)."""
     link = link_of(cfg)
-    n, t_comp, t_update, units = time_compute_profile(cfg)
-    reps = steps_spanning(t_comp, span_s, reps, max(reps, MAX_CALIBRATION_REPS))
-    hop_bytes = hop_message_bytes(4 * n, cfg.world_size, link.enabled)
-    shared, lockstep, per_step_cpu = time_shared_compute(cfg, cfg.world_size, reps, tries)
+    if base is None:
+        base = calibrate_machine(cfg, network, reps, tries, span_s)
+    reps = steps_spanning(base.t_comp, span_s, reps, max(reps, MAX_CALIBRATION_REPS))
+    hop_bytes = hop_message_bytes(base.grad_bytes, cfg.world_size, link.enabled)
     busy, hop_busy = {}, None
     if busy_codecs and cfg.world_size > 1:
         busy, hop_busy = time_busy_compute(cfg, busy_codecs, reps, hop_bytes, tries)
+    hop = (network or {}).get("hop")
+    if hop is None:
+        hop = measure_hop(cfg.world_size, link if link.enabled else None, hop_bytes)
+    cal = replace(
+        base,
+        alpha=link.latency + hop,
+        bandwidth=link.bandwidth,
+        t_comp_busy=busy,
+        alpha_busy=hop_busy,  # measured on the emulated link: its latency is in it
+        source={
+            **base.source,
+            "alpha": f"emulated latency {link.latency:g} s + measured hop {hop:.3g} s "
+            f"(a ring AllReduce of {hop_bytes} B per hop on this link, its wire time taken out)",
+            "bandwidth": f"the emulated link: {link.bandwidth:.4g} bytes/s",
+        },
+    )
+    if log:
+        log(describe(cal))
+    return cal
+
+
+def calibrate_machine(
+    cfg,
+    network: dict | None = None,
+    reps: int = CALIBRATION_REPS,
+    tries: int = CALIBRATION_TRIES,
+    span_s: float = 0.0,
+) -> Calibration:
+    """The figures of `calibrate` that do not depend on the link, each measured once: t_comp
+    and t_u, t_comp with k = 1..p workers at once (shared, lockstep, CPU), gamma, the copy
+    cost, the codecs, and what loopback streams. The link's figures are placeholders (alpha 0,
+    B unlimited): `calibrate(cfg, base=this)` measures them on the link chosen after."""
+    n, t_comp, t_update, units = time_compute_profile(cfg)
+    reps = steps_spanning(t_comp, span_s, reps, max(reps, MAX_CALIBRATION_REPS))
+    shared, lockstep, per_step_cpu = time_shared_compute(cfg, cfg.world_size, reps, tries)
     gamma, copy = time_gamma_and_copy(n)
     codecs = time_codecs(n, cfg.codec_backend)
     net = {**(network or {})}
     if "stream" not in net or "copy" not in net:
         net = {**network_figures(), **net}
-    if "hop" not in net:
-        net["hop"] = measure_hop(cfg.world_size, link if link.enabled else None, hop_bytes)
-    cal = Calibration(
+    return Calibration(
         n_params=n,
         t_comp=t_comp,
         t_update=t_update,
-        alpha=link.latency + net["hop"],
-        bandwidth=link.bandwidth,
+        alpha=0.0,
+        bandwidth=math.inf,
         loop_bandwidth=net["stream"],
         gamma=gamma,
         # Each byte a rank sends or receives costs the cores the socket path's CPU time (kernel
@@ -105,17 +151,12 @@ def calibrate(
         t_comp_shared=shared,
         t_comp_lockstep=lockstep,
         t_comp_cpu=per_step_cpu,
-        t_comp_busy=busy,
-        alpha_busy=hop_busy,  # measured on the emulated link: its latency is in it
         backward_units=units,
         codecs=codecs,
         source={
             "t_comp": f"median of 10 timed loss_and_grad, batch {cfg.batch_size}, this process",
             "t_update": "median of 10 timed sgd_step",
             "backward_units": BACKWARD_SOURCE,
-            "alpha": f"emulated latency {link.latency:g} s + measured hop {net['hop']:.3g} s "
-            f"(a ring AllReduce of {hop_bytes} B per hop on this link, its wire time taken out)",
-            "bandwidth": f"the emulated link: {link.bandwidth:.4g} bytes/s",
             "loop_bandwidth": "the median of 6 streams of 16 MB between two local processes",
             "copy": "CPU time per byte of the sending and receiving thread of those streams "
             "(their mean)",
@@ -128,9 +169,6 @@ def calibrate(
             "t_comp_cpu": "the same launches: the median CPU time (thread_time) of a step",
         },
     )
-    if log:
-        log(describe(cal))
-    return cal
 
 
 def cluster_calibration(cfg) -> Calibration:
