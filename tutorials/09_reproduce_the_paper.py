@@ -224,6 +224,15 @@ print(f"this run: T_ar / (t_comp + t_u) = {t_ar / preds['pipe'].compute_s:.2f} "
 # though. What the paper reports, and `compare` checks, is the time to reach an accuracy,
 # and staleness (ps-async, pipe) or compression error may cost extra steps.
 #
+# Between sync and pipe sits **ddp**, the baseline most people train with (PyTorch DDP,
+# Horovod): still synchronous, but each bucket of the gradient goes round the ring as soon as
+# the backward has written it, while the backward goes on below it (methods/ddp.py). Its
+# **bound** says where its time goes. It can hide only the backward that is left when a bucket
+# is ready: this MLP's big layer (4.2 MB of the 4.5 MB) is the second from the bottom, so its
+# AllReduce starts near the end of the step and little hides. Pipe-SGD hides the whole
+# AllReduce behind the next step, at the price of one step of staleness; `pipesgd predict
+# --sweep bandwidth=...` says at which bandwidth that trade stops paying.
+#
 # Pipe's **compute** bound is not t_comp + t_u here but `t_comp_busy` + t_u: the compute
 # thread timed while its AllReduces run beside it (`calibrate_for` measures it), which holds
 # what the shared cores take from it. On two cores that figure can be several times t_comp,
