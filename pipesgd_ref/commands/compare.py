@@ -60,7 +60,7 @@ from pipesgd_ref.outputs import write_json, write_text_atomic
 from pipesgd_ref.runtime.preflight import check_config, check_run, n_params_of
 from pipesgd_ref.timing import load
 from pipesgd_ref.timing.calibrate import calibrate, calibrate_machine
-from pipesgd_ref.timing.sharing import CALIBRATION_REPS, CALIBRATION_TRIES
+from pipesgd_ref.timing.sharing import CALIBRATION_REPS, CALIBRATION_TRIES, time_busy_compute
 
 # What a finished comparison writes beside its run folders, and the file that marks a folder
 # whose comparison has not finished (outputs.RUN_MARKERS keeps a second one off it too).
@@ -280,7 +280,13 @@ def _calibrated(cfg: TrainConfig, how: dict, cal_options: dict):
         log("calibrating the timing model on this machine ...")
     if how["choose"]:
         base = calibrate_machine(cfg, reps=reps, tries=tries)
-        cfg, link, network = choose_link(cfg, base)
+        busy = None
+        if any(method(algo).pipelined for algo, _ in runs):  # balance pipe's compute thread
+
+            def busy(on_link: TrainConfig, hop_bytes: int) -> float:
+                return time_busy_compute(on_link, ("none",), reps, hop_bytes, tries)[0]["none"]
+
+        cfg, link, network = choose_link(cfg, base, busy=busy)
         log(f"  link: {link['reason']}")
         preflight_runs(cfg, runs)  # the chosen link against --timeout
         cal = calibrate_for(cfg, runs, reps, tries, network, base=base)

@@ -11,7 +11,15 @@ of the whole gradient takes as long as one step's computation of p workers here:
 
 alpha is the link's latency plus the software cost of a hop. That cost is a figure of the link,
 measured on it: so B is first solved with the latency alone, the hop is measured on that link
-(its wire time taken out, so it holds at any B), and B solved again with the measured alpha;
+(its wire time taken out, so it holds at any B), and B solved again with the measured alpha.
+
+Which computation? On shared cores Pipe-SGD's compute thread runs slower than the lockstep
+figure while its AllReduces take CPU beside it (t_comp_busy: 54 against 46 ms here). Pipe's
+iteration is max(t_busy, T_ar) and sync's t_comp + T_ar, so their ratio is least, pipelining
+pays most, at T_ar = t_busy; balancing against the lockstep figure instead leaves pipe
+compute-bound at t_busy / (2 t_comp), 0.59x sync here, not 0.54x. So where `busy` is given
+(compare: a pipe run is in the comparison) pipe's compute thread is also measured on the
+trial link and B solved against the larger of the two;
 the calibration then measures only what depends on the link (calibrate(base=...)), reusing
 that hop. B is rounded to three figures (e.g. 712 Mbit/s), the text a --bandwidth would be.
 
@@ -45,28 +53,42 @@ def bandwidth_text(bandwidth: float) -> str:
 
 
 def choose_link(
-    cfg: TrainConfig, base: Calibration, measure: Callable[..., float] = measure_hop
+    cfg: TrainConfig,
+    base: Calibration,
+    measure: Callable[..., float] = measure_hop,
+    busy: Callable[[TrainConfig, int], float] | None = None,
 ) -> tuple[TrainConfig, dict, dict]:
     """(cfg on the link chosen for this machine, the report's "link" entry, the network figures
     measured on the way, {"hop": s}, for calibrate to reuse). `base`: the machine's figures
-    (calibrate_machine). `measure(p, link, hop_bytes)`: a hop's software cost on that link."""
+    (calibrate_machine). `measure(p, link, hop_bytes)`: a hop's software cost on that link;
+    `busy(cfg, hop_bytes)`: Pipe-SGD's compute thread on cfg's link (None: not measured, the
+    lockstep figure is balanced)."""
     p, latency = cfg.world_size, link_of(cfg).latency
     first = balanced_bandwidth(p, base, latency)
     if first is None:
         return _unemulated(cfg, base, latency)
-    trial = link_of(cfg.replace(bandwidth=bandwidth_text(first)))
-    hop = measure(p, trial, hop_message_bytes(base.grad_bytes, p, True))
-    chosen = balanced_bandwidth(p, base, latency + hop)
+    on_trial = cfg.replace(bandwidth=bandwidth_text(first))
+    hop_bytes = hop_message_bytes(base.grad_bytes, p, True)
+    hop = measure(p, link_of(on_trial), hop_bytes)
+    t_busy = busy(on_trial, hop_bytes) if busy is not None else None
+    _, lockstep = ring_and_compute(p, base, latency + hop, math.inf)
+    target = max(lockstep, t_busy) if t_busy is not None else None
+    chosen = balanced_bandwidth(p, base, latency + hop, t_comp=target)
     if chosen is None:
         return _unemulated(cfg, base, latency + hop)
     run = cfg.replace(bandwidth=bandwidth_text(chosen))
     bandwidth = link_of(run).bandwidth  # as the rounded text reads
     t_ar, tc = ring_and_compute(p, base, latency + hop, bandwidth)
+    which = f"a step's compute with {p} workers here, {format_seconds(tc)}"
+    if target is not None and target > tc:
+        which = (
+            f"Pipe-SGD's compute thread beside its AllReduces with {p} workers here, "
+            f"{format_seconds(target)} (alone in lock step: {format_seconds(tc)})"
+        )
     reason = (
         f"{format_bandwidth(bandwidth)}, latency {format_seconds(latency)}: the ring AllReduce "
-        f"of the {format_bytes(base.grad_bytes)} gradient then takes as long as a step's "
-        f"compute with {p} workers here, {format_seconds(tc)} (T_ar {format_seconds(t_ar)} "
-        f"with alpha {format_seconds(latency + hop)} a hop)"
+        f"of the {format_bytes(base.grad_bytes)} gradient then takes as long as {which} "
+        f"(T_ar {format_seconds(t_ar)} with alpha {format_seconds(latency + hop)} a hop)"
     )
     link = {
         "chosen": "balanced",
@@ -76,6 +98,7 @@ def choose_link(
         "alpha_s": latency + hop,
         "t_ar_s": t_ar,
         "t_comp_s": tc,
+        "t_comp_busy_s": t_busy,
         "reason": reason,
     }
     return run, link, {"hop": hop}

@@ -31,16 +31,22 @@ def ring_and_compute(world_size: int, cal: Calibration, alpha: float, bandwidth:
 
 
 def balanced_bandwidth(
-    world_size: int, cal: Calibration, alpha: float, iterations: int = 200
+    world_size: int,
+    cal: Calibration,
+    alpha: float,
+    iterations: int = 200,
+    t_comp: float | None = None,
 ) -> float | None:
     """The B (bytes/s) at which T_ar(M) = t_comp(p), by bisection on log B; None where even
-    the fastest link (loopback's, B unlimited) leaves T_ar at or above t_comp."""
+    the fastest link (loopback's, B unlimited) leaves T_ar at or above t_comp. `t_comp`: the
+    computation to balance, when not the lockstep figure (Pipe-SGD's compute thread measured
+    beside its AllReduces, which on shared cores is longer: compare_link.py)."""
     if world_size < 2:
         return None
 
     def excess(b: float) -> float:  # T_ar - t_comp: falls as b grows
         t_ar, tc = ring_and_compute(world_size, cal, alpha, b)
-        return t_ar - tc
+        return t_ar - (tc if t_comp is None else t_comp)
 
     if excess(math.inf) >= 0:
         return None
