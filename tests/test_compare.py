@@ -564,6 +564,36 @@ def test_choose_link_solves_with_the_latency_then_with_the_hop_measured_on_that_
     assert run.replace(bandwidth=CFG.bandwidth) == CFG, "only the bandwidth is chosen"
 
 
+def test_choose_link_balances_pipes_compute_thread_when_it_is_longer():
+    """With `busy` (Pipe-SGD's compute thread on the trial link: 40 ms against the lockstep
+    30), B is solved for T_ar = 40 ms, a slower link; a busy figure below the lockstep one
+    changes nothing (the larger counts)."""
+    from pipesgd_ref.comm.netem import link_of
+    from pipesgd_ref.commands.compare_link import choose_link
+    from pipesgd_ref.timing.regime import balanced_bandwidth, ring_and_compute
+
+    cal, trials = machine(), []
+
+    def busy(on_link, hop_bytes):
+        trials.append((on_link, hop_bytes))
+        return 0.04
+
+    run, link, _ = choose_link(CFG, cal, measure=lambda *_: 250e-6, busy=busy)
+    assert len(trials) == 1 and trials[0][1] > 4, "measured once, on the trial link"
+    assert link_of(trials[0][0]).bandwidth == pytest.approx(
+        balanced_bandwidth(4, cal, 50e-6), rel=5e-3
+    )
+    want = balanced_bandwidth(4, cal, 300e-6, t_comp=0.04)
+    assert want < balanced_bandwidth(4, cal, 300e-6)
+    assert link_of(run).bandwidth == pytest.approx(want, rel=5e-3)
+    t_ar, _ = ring_and_compute(4, cal, 300e-6, link_of(run).bandwidth)
+    assert t_ar == pytest.approx(0.04, rel=1e-2) and link["t_comp_busy_s"] == 0.04
+    assert "Pipe-SGD's compute thread beside its AllReduces" in link["reason"], link["reason"]
+    run2, link2, _ = choose_link(CFG, cal, measure=lambda *_: 250e-6, busy=lambda *_: 0.02)
+    assert link_of(run2).bandwidth == pytest.approx(balanced_bandwidth(4, cal, 300e-6), rel=5e-3)
+    assert "a step's compute with 4 workers" in link2["reason"]
+
+
 def test_choose_link_runs_unemulated_where_loopback_is_slower_than_compute():
     from pipesgd_ref.commands.compare_link import choose_link
 
