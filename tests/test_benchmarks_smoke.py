@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from pipesgd_ref.timing import COMPARE_RUNS
+
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
@@ -21,13 +23,14 @@ def test_timing_model_accuracy_quick(tmp_path):
     the verdict may be either, but it must be the one the printed figures give."""
     out = tmp_path / "accuracy.json"
     cmd = [sys.executable, str(BENCHMARKS / "timing_model_accuracy.py"), "--quick", "--json", out]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=55)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=90)
     log = f"stdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-3000:]}"
     assert done.returncode == 0, f"timing_model_accuracy.py --quick exited {done.returncode}\n{log}"
     report = json.loads(out.read_text())
     rows = report["rows"]
     # --quick: p = 2, two networks, one model, every method of timing.COMPARE_RUNS
-    assert len(rows) == 2 * 6, f"expected 12 rows (2 networks x 6 methods), got {len(rows)}"
+    n = len(COMPARE_RUNS)
+    assert len(rows) == 2 * n, f"expected {2 * n} rows (2 networks x {n} methods), got {len(rows)}"
     failed = [f"{r['network']} {r['method']}: {r['failed']}" for r in rows if r.get("failed")]
     assert not failed, "runs failed:\n" + "\n".join(failed)
     for r in rows:
@@ -166,7 +169,7 @@ def test_kernels_gpu_without_a_gpu_says_why():
 @pytest.mark.parametrize("flag", ["--passes", "--repeats"])
 def test_timing_model_accuracy_refuses_fewer_than_one_pass_or_repeat(flag):
     cmd = [sys.executable, str(BENCHMARKS / "timing_model_accuracy.py"), flag, "0"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=55)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=90)
     assert done.returncode == 2, done.stdout + done.stderr
     assert "--passes and --repeats must be at least 1" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr and "timing models against" not in done.stdout

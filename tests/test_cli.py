@@ -15,7 +15,7 @@ from pipesgd_ref.config import TrainConfig
 @pytest.mark.timeout(180)
 def test_compare_quick_runs_and_writes_results(tmp_path, capsys):
     """The main job end to end, made cheap: a 64-32-10 MLP, 2 workers, no emulated link.
-    It still calibrates this machine, runs all six methods, and writes compare.json."""
+    It still calibrates this machine, runs every method, and writes compare.json."""
     from pipesgd_ref.commands.compare import quick_config
     from pipesgd_ref.timing import COMPARE_RUNS, run_label
 
