@@ -12,7 +12,7 @@
 # next gradient's computation: up to another 2× over synchronous AllReduce.
 #
 # `pipesgd compare` (pipesgd_ref/commands/compare.py) is this package's version of that experiment,
-# measured on your machine: the same problem trained six ways through one emulated network,
+# measured on your machine: the same problem trained seven ways through one emulated network,
 # each run's iteration time put next to what the timing models (tutorial 04) predicted, and
 # each run's wall-clock time to a target test accuracy. This tutorial runs it piece by piece:
 #
@@ -421,7 +421,7 @@ print("all checks passed")
 # %% [markdown]
 # ## Summary
 #
-# - `pipesgd compare` trains one problem six ways (ps-sync, ps-async, sync, pipe,
+# - `pipesgd compare` trains one problem seven ways (ps-sync, ps-async, sync, ddp, pipe,
 #   pipe+trunc16, pipe+q8) through one emulated network and reports each run's measured and
 #   predicted iteration and its wall-clock time to a target accuracy.
 # - The `compare` preset is communication-heavy by design: on a two-core machine the ring

@@ -1,11 +1,12 @@
 """`pipesgd compare`: the paper's comparison in miniature, measured and predicted side by side.
 
-The same problem (data, model, seed, batch size, learning rate, steps) is trained six ways on p
+The same problem (data, model, seed, batch size, learning rate, steps) is trained seven ways on p
 local worker processes over TCP, through one emulated network:
 
     ps-sync        parameter server, synchronous          (the conventional baseline)
     ps-async       parameter server, asynchronous          (no barrier; stale by up to ~p-1)
     sync           ring AllReduce, synchronous             (decentralized; compute then comm)
+    ddp            ring AllReduce in buckets, synchronous  (each bucket during the backward)
     pipe           Pipe-SGD, width 2                       (comm of step t overlaps compute t+1)
     pipe+trunc16   Pipe-SGD, 16-bit truncation in the ring (half the bytes)
     pipe+q8        Pipe-SGD, 8-bit quantization in the ring (a quarter of the bytes)
@@ -17,8 +18,8 @@ codecs, the cost of a hop: the machine's figures first, then the chosen link's) 
 evaluated on the test set after training; the first evaluation at or above `target_accuracy`
 gives the wall-clock time to target.
 
-Repeats. Every method runs `repeats` times (2 by default, 1 with --quick), in passes: all six
-methods once, then all six again, so a slow minute of the machine falls on one repeat of a few
+Repeats. Every method runs `repeats` times (2 by default, 1 with --quick), in passes: every
+method once, then every one again, so a slow minute of the machine falls on one repeat of a few
 methods, not on every repeat of one. The table keeps each method's repeat that reached the
 target soonest (the fastest of its repeats, as timeit reports the fastest: on a machine shared
 with other jobs, noise only ever adds time), and compare.json keeps every repeat's figures.
@@ -375,8 +376,8 @@ def _log_report(report: dict, cfg: TrainConfig, log: Callable[[str], None]) -> N
         log(c["text"])
     if cfg.model != "mlp":
         log(
-            f"(the {HEADLINE}x bars are the paper's headline on the MLP problem of the compare "
-            f"preset; on --model {cfg.model} they are figures to read, not targets)"
+            f"(the {HEADLINE}x bar is the paper's headline on the MLP problem of the compare "
+            f"preset; on --model {cfg.model} it is a figure to read, not a target)"
         )
     log("")
     log(f"link: {report['link']['reason']}")

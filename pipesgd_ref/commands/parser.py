@@ -120,7 +120,7 @@ def _add_compare(sub) -> None:
         "--study",
         choices=("staleness",),
         default=None,
-        help="instead of the six methods: staleness, the learning-rate sweep of "
+        help="instead of the methods of the comparison: staleness, the learning-rate sweep of "
         "sync, pipe and pipe's compensations (study.py)",
     )
     c.add_argument(

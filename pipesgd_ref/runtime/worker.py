@@ -256,10 +256,7 @@ class Worker:
         # as one clear error, so NumPy's overflow warnings would only be noise on the way.
         with np.errstate(over="ignore", invalid="ignore"), compute_priority(self.cfg.comm_first):
             w = self.params if params is None else params
-            if ready is None:
-                loss = self.model.loss_and_grad(w, X, y, grads)
-            else:
-                loss = self.model.loss_and_grad(w, X, y, grads, ready)
+            loss = self.model.loss_and_grad(w, X, y, grads, ready)
         if not math.isfinite(loss) and not self.cfg.skip_nonfinite:
             raise diverged(
                 f"worker {self.index}",
