@@ -1,16 +1,24 @@
-"""Optional figures: matplotlib when installed (the `plot` extra), written to files, never shown.
+"""Optional figures: matplotlib when installed (the `plot` extra), written to files, and shown
+inline when the code runs in a notebook.
 
 Tutorials and reports call `pyplot()` once; None means "print the numbers, skip the plots".
+A tutorial runs two ways: as a script (`python tutorials/05_pipe_sgd.py`), where each figure is
+written to a file and its path printed, and as a notebook (Jupyter, VS Code, `jupyter nbconvert
+--execute`, the docs site), where the same figure is also displayed in the cell's output.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 
 def pyplot():
-    """matplotlib.pyplot on the file-only Agg backend, or None when matplotlib is missing."""
+    """matplotlib.pyplot on the file-only Agg backend, or None when matplotlib is missing.
+
+    Agg in a notebook too: `save_figure` displays each figure itself, once, as the PNG it
+    wrote, so what a notebook shows is exactly the file a script leaves behind."""
     try:
         import matplotlib
 
@@ -21,10 +29,23 @@ def pyplot():
     return plt
 
 
+def in_notebook() -> bool:
+    """True inside a Jupyter kernel (Jupyter, VS Code, nbconvert/nbclient), where a cell's
+    output can hold an image; False in a script or a plain `python`/IPython terminal."""
+    if "ipykernel" not in sys.modules:  # never import IPython just to ask
+        return False
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and "IPKernelApp" in getattr(shell, "config", {})
+
+
 def save_figure(fig, path: str | Path) -> Path:
     """Lay out, write (120 dpi), close and announce one figure; returns its path. Written
     atomically (a temporary file beside it, then os.replace): a reader, or a run that dies in
-    the middle, never sees half a figure."""
+    the middle, never sees half a figure. In a notebook the figure is displayed inline too."""
     import matplotlib.pyplot as plt
 
     path = Path(path)
@@ -40,6 +61,10 @@ def save_figure(fig, path: str | Path) -> Path:
         if tmp.exists():
             tmp.unlink()
     print(f"figure: {path}")
+    if in_notebook() and path.suffix.lower() == ".png":
+        from IPython.display import Image, display
+
+        display(Image(filename=str(path)))
     return path
 
 

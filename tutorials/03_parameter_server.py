@@ -45,7 +45,10 @@ from pipesgd_ref.trace import median_duration
 from pipesgd_ref.units import format_bandwidth, format_bytes, format_seconds
 
 SMALL = os.environ.get("PIPESGD_TUTORIAL_SMALL") == "1"  # CI: fewer steps, same lessons
-OUT = Path(__file__).resolve().parent / "out"  # figures go here (git-ignored)
+# As a script, beside this file; as a notebook (Jupyter, VS Code, nbconvert), in the
+# notebook's own folder, which is where a notebook runs.
+HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
+OUT = HERE / "out"  # figures go here (git-ignored)
 
 plt = pyplot()  # None without matplotlib: the lessons are in the printed numbers and asserts
 

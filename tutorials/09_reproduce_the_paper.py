@@ -46,7 +46,10 @@ from pipesgd_ref.timing.measure import time_compute, usable_cores
 from pipesgd_ref.units import format_bandwidth, format_bytes, format_seconds
 
 SMALL = os.environ.get("PIPESGD_TUTORIAL_SMALL") == "1"  # CI: a smaller model, same regime
-OUT = Path(__file__).resolve().parent / "out" / "09"  # compare.json, runs, figures (git-ignored)
+# As a script, beside this file; as a notebook (Jupyter, VS Code, nbconvert), in the
+# notebook's own folder, which is where a notebook runs.
+HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
+OUT = HERE / "out" / "09"  # compare.json, runs, figures (git-ignored)
 
 # `pipesgd compare` chooses the bandwidth for the machine at hand (compare_link.py: the ring
 # AllReduce as long as a step's computation); this tutorial fixes the 700 Mbit/s it chose on a

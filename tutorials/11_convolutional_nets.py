@@ -36,7 +36,10 @@ from pipesgd_ref.timing.calibrate import cluster_calibration
 from pipesgd_ref.units import parse_bandwidth
 
 SMALL = os.environ.get("PIPESGD_TUTORIAL_SMALL") == "1"  # CI: fewer points, same lessons
-OUT = Path(__file__).resolve().parent / "out"  # figures go here (git-ignored)
+# As a script, beside this file; as a notebook (Jupyter, VS Code, nbconvert), in the
+# notebook's own folder, which is where a notebook runs.
+HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
+OUT = HERE / "out"  # figures go here (git-ignored)
 
 plt = pyplot()  # None without matplotlib: the lessons are in the printed numbers and asserts
 

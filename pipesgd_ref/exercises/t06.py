@@ -1,0 +1,30 @@
+"""Tutorial 06's checkable exercises (staleness and convergence)."""
+
+from __future__ import annotations
+
+import math
+
+from pipesgd_ref.exercises import close, exercise
+
+
+@exercise(
+    "06.2",
+    "the largest a for which both roots of z^2 - z + a are real",
+    "the roots of z^2 - z + a are real while the discriminant 1 - 4a is at least 0",
+    judge=close(rel=1e-6),
+)
+def real_roots_limit() -> float:
+    return 1.0 / 4.0  # 1 - 4a >= 0
+
+
+@exercise(
+    "06.3",
+    "the largest stable lr * lambda with staleness 2, as a share of the synchronous bound",
+    "the bound is 2 sin(pi / (2 (2 tau + 1))); divide the tau = 2 bound by the tau = 0 one",
+    judge=close(rel=0.01),
+)
+def staleness_two_share() -> float:
+    def bound(tau: int) -> float:
+        return 2.0 * math.sin(math.pi / (2.0 * (2.0 * tau + 1.0)))
+
+    return bound(2) / bound(0)
