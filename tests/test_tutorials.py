@@ -34,12 +34,38 @@ def test_every_tutorial_is_run_and_listed():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("path", TUTORIALS, ids=[p.stem for p in TUTORIALS])
-def test_tutorial_runs(path):
+def test_tutorial_runs(path, tmp_path):
+    """As a script, from another folder than its own (a learner's working folder is anywhere);
+    the notebook run is tests/test_site.py's."""
     env = {**os.environ, "PIPESGD_TUTORIAL_SMALL": "1", "MPLBACKEND": "Agg"}
     done = subprocess.run(
-        [sys.executable, str(path)], capture_output=True, text=True, timeout=240, env=env
+        [sys.executable, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+        cwd=tmp_path,
     )
     assert done.returncode == 0, (
         f"{path.name} failed (exit {done.returncode}):\n"
         f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     )
+
+
+def test_each_tutorial_has_its_paired_notebook_in_step():
+    """tutorials/NN_topic.ipynb holds the same cells as NN_topic.py (the source): the notebook a
+    learner opens in Jupyter, VS Code or Colab. After editing a tutorial, run
+    `python docs/build.py --sync`."""
+    jupytext = pytest.importorskip("jupytext")
+    nbformat = pytest.importorskip("nbformat")
+    for path in TUTORIALS:
+        paired = path.with_suffix(".ipynb")
+        assert paired.exists(), f"{paired.name} is missing: run python docs/build.py --sync"
+        want = [(c.cell_type, c.source) for c in jupytext.read(path).cells]
+        have = [(c.cell_type, c.source) for c in nbformat.read(paired, as_version=4).cells]
+        assert have == want, (
+            f"{paired.name} differs from {path.name}: run python docs/build.py --sync"
+        )
+        assert all(not c.get("outputs") for c in nbformat.read(paired, as_version=4).cells), (
+            f"{paired.name} holds outputs: the paired notebooks are kept without them"
+        )

@@ -1,0 +1,230 @@
+"""Build the documentation site: every tutorial executed as a notebook, with its printed output
+and figures, beside the notes on the paper and the reference pages.
+
+    python docs/build.py                 # all tutorials at full size (about 10 minutes here)
+    python docs/build.py --small         # PIPESGD_TUTORIAL_SMALL=1: what CI builds (about 2)
+    python docs/build.py --only 05 12    # just these tutorials (the others' pages are left out)
+    python docs/build.py --sync          # rewrite tutorials/*.ipynb from the .py sources, stop
+
+The site lands in build/docs/site/ (open index.html; `--out DIR` to move it). Needs the `docs`
+extra: pip install -e ".[docs]".
+
+How it works: the tutorials' source is tutorials/NN_topic.py in jupytext's percent format
+(`# %%` cells). Each is read as a notebook and run by a Jupyter kernel (nbclient), in the
+build folder, exactly as Jupyter or `jupyter nbconvert --execute` would run it: no `__file__`,
+the notebook's folder as the working folder, figures shown inline by plots.save_figure. The
+executed notebooks and the Markdown pages of docs/ go to a staging folder that mkdocs (with
+mkdocs-material and mkdocs-jupyter) renders. A tutorial that raises is reported with its
+failing cell and the build goes on with the others, then exits 1: one broken tutorial does not
+hide the state of the rest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+TUTORIALS = ROOT / "tutorials"
+PAGES = ["index.md", "paper.md"]  # docs/ pages in the order of the site's navigation
+REFERENCE = DOCS / "reference"  # the reference pages (commands, methods, figures, layout)
+
+
+def tutorial_sources() -> list[Path]:
+    return sorted(TUTORIALS.glob("[0-9][0-9]_*.py"))
+
+
+def read_notebook(path: Path):
+    """The tutorial as a notebook (jupytext reads the percent format), with the kernel named."""
+    import jupytext
+
+    nb = jupytext.read(path)
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
+    return nb
+
+
+def sync_notebooks() -> list[Path]:
+    """Write tutorials/NN_topic.ipynb from each .py (no outputs): the notebook a learner opens
+    in Jupyter, VS Code or Colab. tests/test_tutorials.py checks that they match the sources."""
+    import jupytext
+
+    written = []
+    for src in tutorial_sources():
+        nb = read_notebook(src)
+        dst = src.with_suffix(".ipynb")
+        jupytext.write(nb, dst, fmt="ipynb")
+        written.append(dst)
+    return written
+
+
+def title_of(nb) -> str:
+    """The first Markdown heading of a notebook: its page title."""
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            for line in cell.source.splitlines():
+                if line.startswith("# "):
+                    return line[2:].strip()
+    return "untitled"
+
+
+def count_outputs(nb) -> tuple[int, list[str]]:
+    """(images shown, error messages) over the notebook's outputs."""
+    images, errors = 0, []
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "error":
+                errors.append(f"{out.get('ename')}: {out.get('evalue')}")
+            elif "image/png" in out.get("data", {}):
+                images += 1
+    return images, errors
+
+
+def execute(src: Path, workdir: Path, timeout: float) -> dict:
+    """Run one tutorial as a notebook in `workdir`; write the executed notebook there, even a
+    failed one (the outputs up to the failing cell are what a reader debugs from)."""
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+
+    nb = read_notebook(src)
+    client = NotebookClient(
+        nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(workdir)}}
+    )
+    start = time.perf_counter()
+    failure = None
+    try:
+        client.execute()
+    except CellExecutionError as err:
+        failure = str(err).strip().splitlines()[-1] if str(err).strip() else repr(err)
+    seconds = time.perf_counter() - start
+    dst = workdir / src.with_suffix(".ipynb").name
+    nbformat.write(nb, dst)
+    images, errors = count_outputs(nb)
+    if failure and not errors:
+        errors = [failure]
+    return {"name": src.stem, "seconds": seconds, "images": images, "errors": errors, "path": dst}
+
+
+def nav_of(results: list[dict], notebooks: Path) -> list:
+    import nbformat
+
+    tutorials = []
+    for r in results:
+        nb = nbformat.read(notebooks / f"{r['name']}.ipynb", as_version=4)
+        tutorials.append({title_of(nb): f"tutorials/{r['name']}.ipynb"})
+    reference = [
+        {page.stem.replace("-", " ").capitalize(): f"reference/{page.name}"}
+        for page in sorted(REFERENCE.glob("*.md"))
+    ]
+    nav = [{"Home": "index.md"}, {"The paper": "paper.md"}, {"Tutorials": tutorials}]
+    if reference:
+        nav.append({"Reference": reference})
+    return nav
+
+
+def stage_pages(stage: Path) -> None:
+    """Copy docs/'s Markdown pages into the staging folder mkdocs reads."""
+    for name in PAGES:
+        if (DOCS / name).exists():
+            shutil.copy2(DOCS / name, stage / name)
+    if REFERENCE.is_dir():
+        shutil.copytree(REFERENCE, stage / "reference", dirs_exist_ok=True)
+
+
+def render(out: Path, stage: Path, nav: list) -> float:
+    """mkdocs renders the staged pages and notebooks into out/site; returns seconds taken."""
+    config = json.loads(json.dumps(base_config()))
+    config.update({"docs_dir": str(stage), "site_dir": str(out / "site"), "nav": nav})
+    cfg = out / "mkdocs.yml"
+    cfg.write_text(json.dumps(config, indent=1), encoding="utf-8")  # JSON is YAML
+    start = time.perf_counter()
+    mkdocs = [sys.executable, "-m", "mkdocs", "build", "--quiet", "--clean", "-f", str(cfg)]
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}  # a notice about mkdocs' future, not the site
+    subprocess.run(mkdocs, check=True, cwd=out, env=env)
+    return time.perf_counter() - start
+
+
+def base_config() -> dict:
+    return {
+        "site_name": "pipesgd_ref",
+        "site_description": "Pipe-SGD and its baselines, taught and measured",
+        "theme": {"name": "material", "features": ["navigation.sections"]},
+        "markdown_extensions": ["admonition", "tables", "toc", "pymdownx.details"],
+        "plugins": [
+            "search",
+            {"mkdocs-jupyter": {"execute": False, "include": ["*.ipynb"], "allow_errors": True}},
+        ],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--small", action="store_true", help="PIPESGD_TUTORIAL_SMALL=1 (as CI)")
+    parser.add_argument("--only", nargs="+", metavar="NN", help="tutorials to build, by number")
+    parser.add_argument("--out", type=Path, default=ROOT / "build" / "docs", help="build folder")
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds per cell")
+    parser.add_argument("--sync", action="store_true", help="rewrite tutorials/*.ipynb, stop")
+    args = parser.parse_args(argv)
+    if args.sync:
+        for path in sync_notebooks():
+            print(f"wrote {path.relative_to(ROOT)}")
+        return 0
+
+    sources = tutorial_sources()
+    if args.only:
+        sources = [s for s in sources if s.name[:2] in {n.zfill(2) for n in args.only}]
+        if not sources:
+            parser.error(f"no tutorial numbered {' '.join(args.only)}")
+    if args.small:
+        os.environ["PIPESGD_TUTORIAL_SMALL"] = "1"  # the kernels inherit it
+    out = args.out.resolve()
+    stage = out / "pages"
+    notebooks = stage / "tutorials"
+    if stage.exists():
+        shutil.rmtree(stage)
+    notebooks.mkdir(parents=True)
+    stage_pages(stage)
+
+    start = time.perf_counter()
+    results = []
+    for i, src in enumerate(sources, 1):
+        print(f"[{i}/{len(sources)}] {src.name} ...", flush=True)
+        r = execute(src, notebooks, args.timeout)
+        state = "ok" if not r["errors"] else "FAILED: " + "; ".join(r["errors"])
+        print(f"    {r['seconds']:.1f} s, {r['images']} figures, {state}", flush=True)
+        results.append(r)
+    render_s = render(out, stage, nav_of(results, notebooks))
+    total = time.perf_counter() - start
+    (out / "build.json").write_text(
+        json.dumps(
+            {
+                "small": args.small,
+                "seconds": total,
+                "render_seconds": render_s,
+                "tutorials": [{k: v for k, v in r.items() if k != "path"} for r in results],
+            },
+            indent=1,
+        ),
+        encoding="utf-8",
+    )
+    failed = [r["name"] for r in results if r["errors"]]
+    print(f"site: {out / 'site' / 'index.html'} ({total:.0f} s; mkdocs {render_s:.1f} s)")
+    if failed:
+        print(f"{len(failed)} tutorial(s) failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
