@@ -5,7 +5,7 @@
 For 1 MB, 16 MB and 64 MB of float32 input, times (median of repeats) each pass of each codec
 on both backends, and np.copyto of the same float32 bytes as the reference rate. Rates are in
 GB/s of float32 input processed (4n bytes / time, whatever the wire size), and as a fraction of
-the copy's rate. In the ring (the paper's section 3) a hop of M/p bytes costs one decode-add
+the copy's rate. In the ring (equation (2) of docs/paper.md) a hop of M/p bytes costs one decode-add
 and one encode on top of its M/(r p B) wire time: compression pays off only while those passes
 run well above the link rate B (1 Gb/s = 0.125 GB/s). Prints the table and nothing else.
 """

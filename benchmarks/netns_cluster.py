@@ -24,7 +24,7 @@ Then, with the same sizes and the same network:
        MASTER_ADDR = host 0, MASTER_PORT, PIPESGD_JOB_TOKEN; --bind to each host's address),
        one `ip netns exec psgd-N-i python -m pipesgd_ref ...` per rank; rank 0's --json has
        the times (median over repeats of rank 0's AllReduce).
-    2. model: the paper's section 3 (timing.ring_allreduce_time),
+    2. model: equation (1) of docs/paper.md (timing.ring_allreduce_time),
 
            T_ar = 2(p-1) alpha + 2(p-1)/p * M/B + (p-1)/p * M gamma
 

@@ -7,9 +7,9 @@ For each bandwidth it trains both methods for a few steps (same seed, same data)
 worker processes whose links are emulated (--latency, 100 us by default, and the given
 bandwidth), and prints the steady-state median iteration time of each, their ratio, pipe's
 comm_hidden_fraction, and the alpha-beta expectation: sync = t_comp + T_ring, pipe =
-max(t_comp, T_ring) (the paper's section 3), with t_comp measured in the sync run and
-T_ring from the formula. Where T_ring is about t_comp, the pipe/sync ratio approaches its
-limit of 0.5.
+max(t_comp, T_ring) (equations (3) and (4) of docs/paper.md), with t_comp measured in the
+sync run and T_ring from the formula. Where T_ring is about t_comp, the pipe/sync ratio
+approaches its limit of 0.5.
 """
 
 from __future__ import annotations

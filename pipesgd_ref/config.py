@@ -72,7 +72,7 @@ class TrainConfig:
     codec_pull: str = "none"  # parameter server: codec of pulled weights (none = full precision)
     # ps-sync's server sends a step's p pulls one after another (worker i has its weights after
     # (i+1) M/B) or all at once sharing its link (all after p M/B: the conventional server,
-    # PAPER.md's model)
+    # equation (6) of docs/paper.md)
     ps_pulls: str = "sequential"  # sequential | shared
     # --- network ---
     latency: str = "0"  # emulated per-message latency per link, e.g. 50us, 1ms (0 = none)

@@ -1,4 +1,4 @@
-"""Convergence of staleness-one SGD, as properties (the paper's section 4).
+"""Convergence of staleness-one SGD, as properties (docs/paper.md, section 4).
 
 1. Quadratics f(w) = 1/2 w^T A w - b^T w: delayed gradient descent with staleness tau converges
    to the minimiser iff lr * lam_max < 2 sin(pi / (2 (2 tau + 1))): 2 for tau = 0, 1 for tau = 1,

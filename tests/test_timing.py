@@ -2,7 +2,7 @@
 
 The hand-computed cases use one textbook calibration: M = 4e6 bytes (n = 1e6 float32), alpha =
 1 ms, B = 1e8 bytes/s (800 Mbit/s), t_comp = 50 ms, t_u = 2 ms, gamma = copy = 0, and cores
-so many (10**6) that no two workers ever share one: the formulas of the paper's section 3
+so many (10**6) that no two workers ever share one: the formulas of docs/paper.md, section 3,
 then hold term by term, and each test writes the arithmetic out. Core sharing has tests of its
 own at the end. One smoke test calibrates on this machine (it launches two processes).
 """

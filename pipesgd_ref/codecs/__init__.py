@@ -1,4 +1,4 @@
-"""Gradient codecs for the compressed ring AllReduce (the paper's section 3, "codecs").
+"""Gradient codecs for the compressed ring AllReduce (docs/paper.md, section 3, eq. (2)).
 
 Compression is Pipe-SGD's second lever: fewer bytes per hop. Codes cannot be added, so every
 reduce-scatter hop of the ring decodes what arrives, adds it to its own chunk and encodes the

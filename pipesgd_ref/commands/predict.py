@@ -1,6 +1,6 @@
 """`pipesgd predict`: each method's iteration time from the timing models, before any run.
 
-The models are those of timing/iteration.py (the paper's section 3): ring AllReduce
+The models are those of timing/iteration.py (docs/paper.md, section 3): ring AllReduce
 T_ar = 2(p-1) alpha + 2(p-1)/p M/(rB) + (p-1)/p M gamma (+ codec), sync = t_comp + T_ar + t_u,
 Pipe-SGD of width two = max(t_comp + t_u, T_ar), ddp (sync with the AllReduce in buckets
 during the backward, each bucket's ring started as the backward writes it: Eq. 12), the

@@ -18,7 +18,8 @@ from pathlib import Path
 from pipesgd_ref.commands.predict_scenario import Scenario
 from pipesgd_ref.units import format_bandwidth, format_seconds
 
-PAYS = 1.1  # pipe must beat sync by this factor to be worth its staleness (PAPER.md section 5)
+# pipe must beat sync by this factor to be worth its staleness (docs/paper.md, section 5)
+PAYS = 1.1
 
 
 def crossings(

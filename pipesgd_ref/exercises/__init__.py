@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -57,7 +58,9 @@ def equal(answer: Any, expected: Any) -> bool:
     """The same value exactly (ints, strings, tuples), or the same bits (arrays)."""
     if isinstance(expected, np.ndarray):
         a = np.asarray(answer)
-        return a.shape == expected.shape and a.dtype == expected.dtype and np.array_equal(a, expected)
+        return (
+            a.shape == expected.shape and a.dtype == expected.dtype and np.array_equal(a, expected)
+        )
     return answer == expected
 
 
@@ -80,16 +83,16 @@ def same_function(cases: Callable[[], list[tuple]], judge: Judge = equal) -> Jud
     return judge_function
 
 
-def exercise(key: str, question: str, hint: str, judge: Judge = close(), wrong=None):
+def exercise(key: str, question: str, hint: str, judge: Judge | None = None, wrong=None):
     """Register the decorated function as the way to compute exercise `key`'s answer. `wrong`
-    computes an answer the check must reject (default: the expected number doubled)."""
+    computes an answer the check must reject (default: the expected number doubled); `judge`
+    defaults to close(rel=0.01)."""
 
     def register(expected: Callable[[], Any]) -> Callable[[], Any]:
         if key in EXERCISES:
             raise ValueError(f"exercise {key} is registered twice")
-        EXERCISES[key] = Exercise(
-            key, question, hint, expected, judge, wrong or (lambda: 2 * np.asarray(expected()))
-        )
+        doubled = lambda: 2 * np.asarray(expected())  # noqa: E731
+        EXERCISES[key] = Exercise(key, question, hint, expected, judge or close(), wrong or doubled)
         return expected
 
     return register

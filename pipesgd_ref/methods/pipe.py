@@ -1,4 +1,5 @@
-"""Pipe-SGD of width K (Li et al., NeurIPS 2018, section 2): compute and communication overlap.
+"""Pipe-SGD of width K (Li et al., NeurIPS 2018; docs/paper.md, section 2): compute and
+communication overlap.
 
 Each worker runs two threads. The compute thread computes g_t on the current weights and hands
 it to the communication thread, which AllReduces it while the compute thread goes on to

@@ -17,13 +17,14 @@ its own full-precision weights exactly (w <- w - lr * g, never decoded weights):
 answer. Workers start on the exact w_0, so the oracle is the one above with every gradient
 after a worker's first computed on decode(encode(w)) of the weights it pulled.
 
-Cost (alpha-beta, the paper's section 3; M = 4n bytes, plus 48 header bytes a frame).
+Cost (alpha-beta, docs/paper.md, section 3; M = 4n bytes, plus 48 header bytes a frame).
 The server's one link carries p * M in (pushes) and p * M out (pulls) per round, so it is the
 bottleneck as p grows. With a codec of ratio r a push is wire_bytes(n) + 4 ~ M / r bytes: in
 the formulas below each push's M becomes M / r (e.g. (p + 1) M / B reads p M / B + M / (r B)),
 the pulls' M stays 4n (with --codec-pull of ratio r', M / r' too), and the server's t_u gains p
 decode passes (plus one encode per version with --codec-pull; each worker one decode per pull).
-PAPER.md writes the sync round as two separate phases, all pushes in, then all pulls out:
+The conventional model (docs/paper.md, section 3) writes the sync round as two phases, all
+pushes in, then all pulls out:
 
     ps-sync (phases):     T_it = t_c + 2 alpha + 2 p M / B + p M gamma + t_u
 
@@ -36,16 +37,17 @@ in meanwhile: only the last worker's pull, compute and push are on the critical 
 
 `pulls="shared"` (--ps-pulls=shared) sends the p pulls of a version all at once instead, as a
 server answering every worker's request at the same time over one NIC does (the conventional
-server, and PAPER.md's model): they share the link, so all arrive together after p M / B, all
-workers compute at once, and their p pushes queue on the ingress wire for p M / B more:
+server, and the model of docs/paper.md, section 3): they share the link, so all arrive
+together after p M / B, all workers compute at once, and their p pushes queue on the ingress
+wire for p M / B more:
 
     ps-sync (shared):     T_it = t_c + 2 alpha + 2 p M / B + p M gamma + t_u
     ps-async:             rate = min(p / (t_c + 2 alpha + 2 M / B),  B / M)   updates/s
 
 (timing.predict implements these; benchmarks/ps_link_model.py measures them under emulation,
 its figures in benchmarks/RESULTS.md. With full-duplex links the push of one update and the
-pull of another overlap, so the server's async bound is B / M; PAPER.md section 3 writes
-B / (2M), the figure for a half-duplex link.)
+pull of another overlap, so the server's async bound is B / M, as docs/paper.md, section 3
+writes it; a half-duplex link would give B / (2M).)
 
 Results. Rank 0's WorkerResult is the answer: params = the server's final weights, losses and
 step_end one per applied update (the loss that came with the push: in ps-sync the mean over the

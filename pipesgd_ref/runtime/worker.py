@@ -370,7 +370,7 @@ def diverged(
     """The error of a run whose loss or weights are no longer finite, in one form wherever it
     is found (a worker's loss or checkpoint, the one-process oracle's loss): who, what, and
     what to do. Stale gradients (`stale`: "staleness 1" for pipe of width 2, "ps-async's
-    staleness") lower the largest stable step size (PAPER.md section 4), so the advice says
+    staleness") lower the largest stable step size (docs/paper.md, section 4), so the advice says
     so where they are in play. Under delay compensation (dc, dc-adaptive) with a --dc-lambda
     above the default, the correction lam g*g*(w - w_stale) grows with lam and is the first
     suspect: the advice names --dc-lambda before --lr."""

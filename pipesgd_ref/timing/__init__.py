@@ -1,6 +1,6 @@
 """How long one iteration takes, predicted and measured.
 
-    iteration.py  the paper's section 3: an iteration's time derived (Eq. 1-11), and
+    iteration.py  docs/paper.md, section 3: an iteration's time derived (Eq. 1-12), and
                   one function per method (sync, pipe, ddp, ps_sync, ps_async), keyed by name in
                   `PREDICTORS` behind `predict`
     terms.py      the terms those functions share: the ring's T_ar, compute under core sharing,

@@ -1,9 +1,10 @@
 """What one ring AllReduce takes on a run's emulated link, frame by frame as the ring sends it.
 
-timing/iteration.py predicts an iteration from the paper's equations (T_ar, Eq. 1); this counts
-the frames a ring AllReduce of cfg really puts on the wire (chunks cut into segments, each with
-its header, in the codec's bytes) and times them on cfg's alpha-beta link (comm/netem.py). The
-pipe's compute thread, which waits for a whole AllReduce, allows this much beyond --timeout.
+timing/iteration.py predicts an iteration from the timing models (T_ar: equation (1) of
+docs/paper.md); this counts the frames a ring AllReduce of cfg really puts on the wire (chunks
+cut into segments, each with its header, in the codec's bytes) and times them on cfg's
+alpha-beta link (comm/netem.py). The pipe's compute thread, which waits for a whole
+AllReduce, allows this much beyond --timeout.
 """
 
 from __future__ import annotations

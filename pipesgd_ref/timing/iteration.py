@@ -1,4 +1,4 @@
-"""How long one iteration takes: the analysis of the paper's section 3, method by method.
+"""How long one iteration takes: the timing models of docs/paper.md, section 3, method by method.
 
 Every prediction below applies the alpha-beta ("latency-bandwidth") cost of a link to the
 schedule each method runs; `predict` hands a method to its function (`sync`, `pipe`, `ddp`,
@@ -16,7 +16,7 @@ right neighbour while receiving one from its left (full duplex: the two overlap)
 alpha + M/(pB); the p-1 reduce-scatter steps also add the received chunk into the local one,
 (M/p) gamma each:
 
-    T_ar = 2(p-1) alpha + 2(p-1)/p * M/(rB) + (p-1)/p * M gamma  + codec    (1)  PAPER.md (3)
+    T_ar = 2(p-1) alpha + 2(p-1)/p * M/(rB) + (p-1)/p * M gamma  + codec    (1)
 
 With a codec (comm/compressed_ring.py) the wire carries M/r, and every reduce-scatter hop decodes,
 adds and re-encodes its chunk, each all-gather hop decodes the chunk it forwards, and the owner
@@ -47,10 +47,10 @@ averages p gradients (p M gamma, plus p decodes with a codec) and updates:
 
     T_ps-sync = t_comp + 2 alpha + p M/B + M/(rB) + p M gamma + t_u   (+ p M d with a codec)  (5)
 
-(PAPER.md writes 2pM/B: all pulls sent at once sharing the link; methods/ps.py explains why this
-server pays (p+1) M/B.) With --ps-pulls=shared the server does send them at once: all workers
-have their weights after p M/B, compute together (k = p), and their p pushes queue on the
-ingress wire:
+(The conventional model, docs/paper.md section 3, writes 2pM/B: all pulls sent at once sharing
+the link; methods/ps_server.py explains why this server pays (p+1) M/B.) With
+--ps-pulls=shared the server does send them at once: all workers have their weights after
+p M/B, compute together (k = p), and their p pushes queue on the ingress wire:
 
     T_ps-sync(shared) = t_comp + 2 alpha + p M/B + p M/(rB) + p M gamma + t_u          (6)
 

@@ -3,7 +3,7 @@ rank in its own namespace with its own address, every link shaped by the kernel 
 delay and rate where the kernel has netem, else tbf rate). Ring AllReduce and `pipe` training
 run across it, and their times must match, within TOLERANCE,
 
-    the timing model of that network (the paper's section 3: timing.ring_allreduce_time,
+    the timing model of that network (docs/paper.md, section 3: timing.ring_allreduce_time,
     timing.predict), and
     the project's own link emulation of the same latency and bandwidth on loopback.
 
