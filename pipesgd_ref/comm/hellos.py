@@ -13,6 +13,7 @@ import logging
 import queue
 import socket
 import threading
+import time
 
 from pipesgd_ref.comm.activity import doing
 from pipesgd_ref.comm.links import Link
@@ -111,6 +112,17 @@ class HelloReader:
             drop_stranger(link, addr, f"rank {self.rank}", why)
         else:
             link.close()  # it came after the job had formed: no rank was waiting for it
+
+    def settle(self, wait: float) -> None:
+        """Give connections already accepted up to `wait` seconds to finish reading their
+        hellos, so that one which spoke just before the job formed is answered with a reason
+        (by the caller, from `take`) rather than closed without a word."""
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            with self.lock:
+                if not self.pending:
+                    return
+            time.sleep(0.005)
 
     def take(self, wait: float):
         """The next (link, hello, addr) of a connection that said hello; None within `wait`."""

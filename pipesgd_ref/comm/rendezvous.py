@@ -276,6 +276,9 @@ def _register(spec: JobSpec, data_port: int, host: str, unix: str) -> list[dict]
     return reply["addrs"]
 
 
+STRAGGLER_WAIT = 0.2  # s: how long a formed job waits for hellos being read before answering them
+
+
 def _accept_peers(
     listeners: list[socket.socket], spec: JobSpec, expected: set[tuple[str, int]], addrs: list
 ) -> dict[tuple[str, int], Link]:
@@ -305,6 +308,12 @@ def _accept_peers(
             if said is not None:
                 with doing("hello"):
                     _admit(*said, spec, expected, addrs, links)
+        # The job formed. A connection that said hello meanwhile is refused with its reason
+        # (a hello read a moment too late would otherwise see only a closed connection).
+        hellos.settle(STRAGGLER_WAIT)
+        while (said := hellos.take(0.0)) is not None:
+            with doing("hello"):
+                _admit(*said, spec, expected, addrs, links)
     finally:
         hellos.close()
     return links
