@@ -136,8 +136,7 @@ def nav_of(results: list[dict], notebooks: Path) -> list:
 def stage_pages(stage: Path) -> None:
     """Copy docs/'s Markdown pages into the staging folder mkdocs reads."""
     for name in PAGES:
-        if (DOCS / name).exists():
-            shutil.copy2(DOCS / name, stage / name)
+        shutil.copy2(DOCS / name, stage / name)
     if REFERENCE.is_dir():
         shutil.copytree(REFERENCE, stage / "reference", dirs_exist_ok=True)
 
