@@ -6,9 +6,9 @@
 # over p = 4 workers moves 2(p−1)/p = 1.5 times that through every link: **0.3 s per step**.
 # If the forward and backward pass of that model took, say, 0.1 s, a synchronous worker would
 # spend three quarters of every step waiting for the network. That idle time is what Pipe-SGD
-# attacks (PAPER.md, section 1). Before any of that, this tutorial pins down *what* the p
-# workers compute together, so that every faster version has something exact to be checked
-# against.
+# attacks (Li et al., NeurIPS 2018; docs/paper.md, section 1). Before any of that, this
+# tutorial pins down *what* the p workers compute together, so that every faster version has
+# something exact to be checked against.
 #
 # You will:
 # 1. split the digits training set over p = 4 workers and draw each worker's minibatch;
@@ -17,8 +17,8 @@
 # 4. train on digits and measure test accuracy;
 # 5. preview the staleness-one oracle `reference.delayed_sgd(staleness=1)`.
 #
-# Run it with `python tutorials/01_data_parallel_sgd.py` (set `PIPESGD_TUTORIAL_SMALL=1` for
-# the quick version CI runs).
+# Run it with `python tutorials/01_data_parallel_sgd.py`. Takes about 4 s here on two cores
+# (about 3 s with `PIPESGD_TUTORIAL_SMALL=1`, the quick version CI runs).
 
 # %%
 import os
@@ -29,6 +29,7 @@ import numpy as np
 
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.data import MinibatchSampler, load_dataset, shard_indices
+from pipesgd_ref.exercises import check
 from pipesgd_ref.methods import reference
 from pipesgd_ref.models import build_model
 from pipesgd_ref.plots import pyplot, save_figure
@@ -45,10 +46,11 @@ plt = pyplot()  # None without matplotlib: the lessons are in the printed number
 # %% [markdown]
 # ## 0. The back-of-envelope, in code
 #
-# The alpha-beta model of PAPER.md section 3: a ring AllReduce of M bytes over p workers costs
-# 2(p−1)·α + 2(p−1)/p · M/B, with α the per-message latency and B the link bandwidth. We also
-# *measure* one gradient of the small MLP this tutorial trains, and price its (much smaller)
-# gradient the same way. α = 50 µs is an assumed LAN latency, not a measurement.
+# The alpha-beta model (equation (1) of docs/paper.md, less its reduction and codec terms): a
+# ring AllReduce of M bytes over p workers costs 2(p−1)·α + 2(p−1)/p · M/B, with α the
+# per-message latency and B the link bandwidth. We also *measure* one gradient of the small
+# MLP this tutorial trains, and price its (much smaller) gradient the same way. α = 50 µs is
+# an assumed LAN latency, not a measurement.
 
 # %%
 cfg = TrainConfig.preset("laptop")  # digits, MLP(64), p = 4, B = 32, lr = 0.1, 600 steps
@@ -237,18 +239,54 @@ print(f"step 1 applies g_0: max |w_2 - (w_1 - lr*g_0)| = {np.abs(hist[2] - w2).m
 stale_acc = model.accuracy(stale_run.params, data.X_test, data.y_test)
 print(f"staleness-one SGD: test accuracy {stale_acc:.3f} (sync: {sync_acc:.3f})")
 
+# %% [markdown]
+# The two runs draw the same minibatch at every step (the sampler is a function of the step),
+# so their losses can be compared step by step: at step t both are the loss of batch t, at
+# the weights each run has reached. Plotted on top of each other the two curves hide each
+# other, so the figure's right panel plots their **gap**, staleness-one loss minus sync loss,
+# and both panels put the steps on a log axis so that the first few, where the runs differ
+# most, get room.
+
 # %%
+sync_losses, stale_losses = np.array(sync_run.losses), np.array(stale_run.losses)
+gap = stale_losses - sync_losses  # > 0: the stale run is behind on that step's batch
+early = slice(0, 10)
+late = slice(cfg.steps // 2, cfg.steps)
+early_gap = gap[early].mean()
+late_gap = np.abs(gap[late]).mean() / sync_losses[late].mean()  # relative to the loss itself
+print(f"loss gap, staleness one - sync, steps 1-10: mean {early_gap:+.3f} "
+      f"(the loss itself: {sync_losses[early].mean():.3f})")  # fmt: skip
+print(f"loss gap, steps {late.start + 1}-{cfg.steps}: mean |gap| = {late_gap:.2%} of the loss")
+
 if plt is not None:
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot(sync_run.losses, lw=0.8, label=f"sync SGD, p={p}")
-    ax.plot(stale_run.losses, lw=0.8, alpha=0.7, label="staleness one")
-    ax.set(xlabel="step", ylabel="mean worker loss", yscale="log", title="digits, MLP")
-    ax.legend()
+    steps_axis = np.arange(1, cfg.steps + 1)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
+    left.plot(steps_axis, sync_losses, lw=1.2, label=f"sync SGD, p={p}")
+    left.plot(steps_axis, stale_losses, lw=1.2, ls="--", label="staleness one")
+    left.set(xscale="log", yscale="log", xlabel="step (log scale)", ylabel="mean worker loss",
+             title="the two losses, step by step")  # fmt: skip
+    left.legend()
+    window = 10  # a running mean shows the trend through the minibatch noise
+    smooth = np.convolve(gap, np.ones(window) / window, mode="valid")
+    right.plot(steps_axis, gap, lw=0.6, color="0.6", label="gap at each step")
+    right.plot(steps_axis[window - 1 :], smooth, lw=1.5, color="C3",
+               label=f"running mean of {window} steps")  # fmt: skip
+    right.axhline(0, color="k", lw=0.8)
+    right.set(xscale="log", xlabel="step (log scale)", ylabel="staleness-one loss - sync loss",
+              title="the gap: the stale run lags at first, then catches up")  # fmt: skip
+    right.legend()
     save_figure(fig, OUT / "01_sync_vs_stale_loss.png")
 else:
     print("matplotlib is not installed: plots skipped")
 
 # %% [markdown]
+# The gap is what one step of delay costs. While the loss falls fast (the first tens of
+# steps) a gradient one step old points downhill from where the weights *were*, and the stale
+# run trails the synchronous one by a visible margin. Once the loss changes slowly from one
+# step to the next, last step's gradient is nearly today's, and the gap shrinks to the size of
+# the minibatch noise: after half the run it is a fraction of a percent of the loss (printed
+# above). Tutorial 06 shows where this stops being true: at a large learning rate.
+#
 # ## 6. Check against the oracle
 
 # %%
@@ -279,6 +317,14 @@ assert np.array_equal(same, reference.sync_sgd(grad_fn, w0, p, 20, cfg.lr).param
 )
 min_acc = 0.9 if SMALL else 0.95
 assert sync_acc > min_acc, f"sync SGD reached test accuracy {sync_acc:.3f}, expected > {min_acc}"
+assert early_gap > 0, (
+    f"staleness one should trail sync in the first 10 steps (its first update is a step late): "
+    f"mean loss gap {early_gap:+.4f}"
+)
+assert late_gap < 0.02, (
+    f"after half the run the stale and sync losses should be within 2% of each other on "
+    f"average: {late_gap:.2%}"
+)
 assert abs(stale_acc - sync_acc) < 0.03, (
     f"at lr={cfg.lr}, staleness one should cost little on digits: "
     f"{stale_acc:.3f} vs sync {sync_acc:.3f}"
@@ -296,15 +342,78 @@ print("all checks passed")
 # - `reference.sync_sgd` and `reference.delayed_sgd` are one-process oracles; the distributed
 #   implementations are tested against them.
 # - Communication is not small: a 25 MB gradient costs ~0.3 s per ring AllReduce at 1 Gb/s.
-#   Staleness one hides it behind compute, and on digits at lr = 0.1 costs little accuracy.
+#   Staleness one hides it behind compute. On digits at lr = 0.1 it trails synchronous SGD for
+#   the first tens of steps, then their losses agree to a fraction of a percent, and it costs
+#   little accuracy.
 #
 # ## Exercises
 #
-# 1. Give rank 0 a batch of 8 and the others 32, average the p gradients, and compare with the
-#    gradient of the concatenation. Which weights make the two equal again?
-# 2. Repeat section 3 with `world_size=8` and `batch_size=16`. Is the trajectory the same as
-#    p = 4, B = 32? Why not, even though both have an effective batch of 128?
-# 3. With the alpha-beta model of section 0, at what gradient size does the latency term
-#    2(p−1)·α equal the bandwidth term? What does that say about very small models?
-# 4. Make `large_batch_grad_fn` stack the batches in reverse rank order. Which checks still
-#    pass, and what changes in the float32 gap?
+# Each exercise with a single answer has a cell that checks it: put your answer in place of
+# `None` and run the cell.
+
+# %% [markdown]
+# **1.** Give rank 0 a batch of 8 and the others 32 (p = 4), average the p gradients, and
+# compare with the gradient of the concatenation: they differ. The fix is a *weighted* average,
+# Σ_r c_r · g_r. What weight c_0 must rank 0's gradient get so that the two are equal again?
+#
+# <details><summary>Hint</summary>
+#
+# Write the gradient of the concatenated batch as (1/N) Σ over all N samples, split the sum by
+# rank, and recognise each rank's part as B_r times its mean gradient g_r. The weights are
+# B_r / N, with N = 8 + 3 · 32.
+#
+# </details>
+
+# %%
+answer = None  # your answer: the weight c_0 of rank 0's gradient, a number between 0 and 1
+check("01.1", answer)
+
+# %% [markdown]
+# **2.** Repeat section 3 with `world_size=8` and `batch_size=16`. Is the trajectory the same
+# as with p = 4, B = 32, even though both have an effective batch of 128? To see why not, count
+# the training rows that the 128 samples of step 0 of the two set-ups have in common.
+#
+# <details><summary>Hint</summary>
+#
+# Build `MinibatchSampler(data.n_train, 8, 16, seed=cfg.seed)`, concatenate its 8 batches of
+# step 0 with `batch_indices(rank, 0)`, and intersect with `np.concatenate(step0)` above
+# (`np.intersect1d`). The shards change with p (rank r owns rows r, r+p, ...), and each rank
+# shuffles its own shard, so the batches are different samples: the same algorithm, on other
+# data.
+#
+# </details>
+
+# %%
+answer = None  # your answer: how many rows the two step-0 batches of 128 share (a count)
+check("01.2", answer)
+
+# %% [markdown]
+# **3.** With the alpha-beta model of section 0 (p = 4, α = 50 µs, 1 Gb/s), at what gradient
+# size M does the latency term 2(p−1)·α equal the bandwidth term 2(p−1)/p · M/B? What does
+# that say about very small models, such as the 19 KB MLP of this tutorial?
+#
+# <details><summary>Hint</summary>
+#
+# The 2(p−1) cancels: α = M/(p·B). `ring_allreduce_time(p, 0, alpha, bandwidth)` is the
+# latency term alone, `ring_allreduce_time(p, M, 0, bandwidth)` the bandwidth term alone: try
+# your M in both. A gradient much smaller than that is all latency, and sending fewer bytes
+# (tutorial 07) would not help it.
+#
+# </details>
+
+# %%
+answer = None  # your answer: M in bytes
+check("01.3", answer)
+
+# %% [markdown]
+# **4.** Make `large_batch_grad_fn` stack the batches in reverse rank order. Which checks
+# still pass, and what changes in the float32 gap?
+#
+# <details><summary>Hint</summary>
+#
+# The mean loss over a batch does not depend on the order of its rows, so in exact arithmetic
+# nothing changes. In floating point the sums are taken in another order: expect the gaps to
+# move by a few ulps, not more, and the bitwise checks of the staleness-one oracle (which do
+# not use `large_batch_grad_fn`) not to move at all.
+#
+# </details>

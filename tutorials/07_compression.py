@@ -6,7 +6,9 @@
 # ms** per iteration on the wire. Keep only the high 16 bits of each float32 and it is 18.75 MB,
 # **150 ms**; send 8-bit codes with one scale per chunk and it is about 9.4 MB, **75 ms**. Over
 # 10 000 iterations 8-bit codes save 37 minutes of pure transfer. That is Pipe-SGD's second
-# lever (PAPER.md section 3): the ratio r divides the bandwidth term of the ring,
+# lever, light compression inside the AllReduce (Li et al., NeurIPS 2018; docs/paper.md,
+# section 5): the ratio r divides the bandwidth term of the ring (equations (1) and (2) of
+# docs/paper.md),
 #
 #     T_ring = 2(p−1)·α + 2(p−1)/p · M/(r·B)   (+ the codec's passes over the data)
 #
@@ -23,10 +25,12 @@
 # 4. run the compressed ring over sockets in 4 processes: bitwise the simulation, and
 #    2(p−1)/p · M/r bytes per rank;
 # 5. time it on an emulated 1 Gbit/s link;
-# 6. train digits with Pipe-SGD under each codec, with and without error feedback.
+# 6. train digits with Pipe-SGD under each codec, with and without error feedback, and
+#    measure what error feedback changes.
 #
-# Run it with `python tutorials/07_compression.py` (set `PIPESGD_TUTORIAL_SMALL=1` for the
-# quick version CI runs).
+# Run it with `python tutorials/07_compression.py`. Takes 20 to 30 s here on two cores, the
+# more the busier the machine (10 to 20 s with `PIPESGD_TUTORIAL_SMALL=1`, the quick version
+# CI runs).
 
 # %%
 import os
@@ -49,6 +53,7 @@ from pipesgd_ref.comm.schedule import (
 from pipesgd_ref.comm.wire import HEADER
 from pipesgd_ref.commands.train import run_training
 from pipesgd_ref.config import TrainConfig
+from pipesgd_ref.exercises import check
 from pipesgd_ref.plots import pyplot, save_figure
 from pipesgd_ref.runtime.launch import launch_local
 from pipesgd_ref.runtime.worker import Worker
@@ -457,7 +462,7 @@ sock_inputs = [rank_gradient(seed, r, n_sock) for r in range(P)]
 M_sock = 4 * n_sock
 sock_checks = {}
 print("   codec | ranks identical | == simulation | bytes sent per rank (min..max) | "
-      "2(p-1)/p * M/r | = schedule's count")  # fmt: skip
+      "2(p-1)/p * M/r | = schedule's count (+ heartbeats)")  # fmt: skip
 for name in socket_codecs:
     got = [sock[r][name][0] for r in range(P)]
     sent = [sock[r][name][1] for r in range(P)]
@@ -466,17 +471,23 @@ for name in socket_codecs:
     equals_sim = all(g.tobytes() == s.tobytes() for g, s in zip(got, sim, strict=True))
     model_bytes = 2 * (P - 1) / P * M_sock / get_codec(name).ratio
     exact_count = [expected_bytes_sent(r, P, n_sock, name) for r in range(P)]
-    sock_checks[name] = (identical, equals_sim, sent, exact_count, model_bytes)
+    extra = [s - e for s, e in zip(sent, exact_count, strict=True)]  # heartbeats: headers alone
+    counted = all(x >= 0 and x % HEADER.size == 0 for x in extra)
+    sock_checks[name] = (identical, equals_sim, sent, exact_count, counted, model_bytes)
     print(f"{name:>8} | {identical!s:>15} | {equals_sim!s:>13} | "
           f"{min(sent):>14,}..{max(sent):<14,} | {model_bytes:>14,.0f} | "
-          f"{sent == exact_count}")  # fmt: skip
+          f"{counted} (+{sum(extra) // HEADER.size})")  # fmt: skip
 
 # %% [markdown]
 # Every rank holds the same bytes, and they are the simulation's bytes: as for the plain ring,
 # the one-process simulation is an exact oracle for the distributed code. Each rank sends
 # 2(p−1)/p · M/r: half the bytes for the 16-bit codecs, a quarter for q8, plus a 48-byte header
-# per segment and q8's 4-byte scale per segment, which the "exact count" column adds up from
-# the ring schedule.
+# per segment and q8's 4-byte scale per segment, which the last column adds up from the ring
+# schedule. One more kind of frame may appear: a rank kept waiting by its left neighbour,
+# with nothing of its own to send, sends its right one a **heartbeat** every 0.2 s, a header
+# alone (48 bytes), so that only the rank next to a dead peer times out. On a busy machine a
+# few of them slip in; the count allows whole headers beyond the schedule's bytes, and the
+# number in brackets says how many there were (usually none).
 #
 # ## 5. Time saved on a slow link
 #
@@ -574,12 +585,94 @@ for label, s in trained.items():
           f"{drift:29.1e} | {s['params_identical_on_all_ranks']}")  # fmt: skip
 
 # %% [markdown]
-# On this problem no codec costs accuracy: the gradient noise of a minibatch of 32 is far
-# larger than 2^−7 relative, or even than q8's half step. Compression error is one more source
-# of noise, and SGD tolerates noise that is small next to its own. Where it would start to
-# matter: larger p (section 3's error grows with every hop), harder problems trained to high
-# precision, and coarser codes (1-bit, top-k), which is where error feedback becomes
-# necessary rather than optional.
+# Every variant, with error feedback or without, lands within a few test images of the
+# uncompressed run (the check below allows two percentage points). Two measurements say why,
+# and what error feedback does change.
+#
+# **Compression error against SGD's own noise.** A minibatch gradient is itself a noisy
+# estimate of the full-batch gradient ∇f. Below, along one worker's run, we compare how far a
+# minibatch gradient g is from ∇f with how far q8's decode(encode(g)) is from g, both as a
+# share of |∇f|.
+#
+# **What error feedback guarantees.** The weights move by −lr · Σ_t (what was sent at step t).
+# Without feedback, what every step's encoding dropped stays dropped, and the sum is off by all
+# those errors together. With feedback each step sends its gradient *plus* what the previous
+# step dropped, so the sum telescopes:
+#
+#     Σ_t sent_t = Σ_t g_t − r_T       (r_T: the residual still held after the last step)
+#
+# and only one step's rounding is ever missing, however long the run. We follow one worker of
+# the `laptop` preset through `train_steps` plain SGD steps (the trajectory itself is not
+# compressed: only the bookkeeping differs) and keep both sums, with `Worker.feed_back`, the
+# very method the training run above calls, coding the worker's whole gradient as one q8 code
+# as it does.
+
+# %%
+ef_cfg = laptop.replace(codec="q8", error_feedback=True)
+ef_worker = Worker.build(ef_cfg, 0, ef_cfg.world_size)
+q8_codec = get_codec("q8")
+g = np.empty_like(ef_worker.params)
+full = np.empty_like(ef_worker.params)
+sum_g, sum_plain, sum_fed = (np.zeros(g.size) for _ in range(3))  # float64 running sums
+noise_share, q8_share = [], []  # |g - grad f| / |grad f| and |q8(g) - g| / |grad f|
+sum_error = []  # per step: (without feedback, with feedback), |sum sent - sum g| / |sum g|
+for t in range(train_steps):
+    ef_worker.loss_and_grad(t, g)
+    if t % 25 == 0:  # the full-batch gradient at the same weights, now and then
+        ef_worker.model.loss_and_grad(ef_worker.params, ef_worker.data.X_train,
+                                      ef_worker.data.y_train, full)  # fmt: skip
+        noise_share.append(np.linalg.norm(g - full) / np.linalg.norm(full))
+        q8_share.append(np.linalg.norm(roundtrip("q8", g) - g) / np.linalg.norm(full))
+    sum_g += g
+    sum_plain += roundtrip("q8", g)  # without feedback: g's own codes
+    fed = g.copy()
+    ef_worker.feed_back(fed, q8_codec)  # fed = g + last residual; residual = fed - q8(fed)
+    sent = roundtrip("q8", fed)
+    sum_fed += sent
+    ef_worker.sgd_step(g, t)
+    size = np.linalg.norm(sum_g)
+    sum_error.append((np.linalg.norm(sum_plain - sum_g) / size,
+                      np.linalg.norm(sum_fed - sum_g) / size))  # fmt: skip
+last_residual = fed - sent  # r_T: what feed_back holds for the next step
+telescope_gap = np.abs(sum_fed - (sum_g - last_residual)).max() / np.abs(sum_g).max()
+plain_error, fed_error = sum_error[-1]
+noise_ratio = np.mean(noise_share) / np.mean(q8_share)
+print(f"one worker, {train_steps} steps: minibatch noise |g - grad f| / |grad f| = "
+      f"{np.mean(noise_share):.2f} on average; q8's error |q8(g) - g| / |grad f| = "
+      f"{np.mean(q8_share):.3f} ({noise_ratio:.0f}x smaller)")  # fmt: skip
+print("error of the sum of what was sent, |sum sent - sum g| / |sum g|:")
+for t in sorted({1, 10, 30, 100, train_steps}):
+    print(f"   after {t:4d} steps: without feedback {sum_error[t - 1][0]:.1e}, "
+          f"with feedback {sum_error[t - 1][1]:.1e}")  # fmt: skip
+print(f"with feedback, sum sent = sum g - r_T to {telescope_gap:.1e} (relative; float rounding)")
+
+if plt is not None:
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    steps_axis = np.arange(1, train_steps + 1)
+    ax.loglog(steps_axis, [e[0] for e in sum_error], label="q8, no error feedback")
+    ax.loglog(steps_axis, [e[1] for e in sum_error], label="q8 + error feedback")
+    ax.loglog(steps_axis, sum_error[0][1] / steps_axis, "k:", lw=1, label="1 / T")
+    ax.set(xlabel="steps T", ylabel="|Σ sent − Σ g| / |Σ g|",
+           title="Error feedback: the compression errors stop adding up")  # fmt: skip
+    ax.legend(fontsize=8)
+    save_figure(fig, OUT / "07_error_feedback.png")
+
+# %% [markdown]
+# q8's error is a small fraction of the noise every minibatch gradient already carries, and
+# SGD is built to average that noise out over many steps: one more, smaller source of noise
+# disappears in it. That is why no variant's accuracy moves on this problem.
+#
+# Error feedback's effect is in the sums. Without it, the error of the summed updates falls
+# only slowly with the number of steps (the blue curve; the table above). With it the error
+# falls like 1/T (the dotted line): the sum is exact but for one residual, as the telescoping
+# identity says, and the run prints it holding to float rounding. Here even the
+# error without feedback is under a percent of the summed gradient, so the weights hardly
+# notice. With a coarse codec (1-bit signs, top-k sparsification) one step's error is of the
+# size of the gradient itself; without feedback the summed updates would be off by about as
+# much, and that is where error feedback becomes necessary rather than optional. Larger p
+# (section 3's error grows with every hop) and training to high precision push the same way.
+# (The feedback here is local: it restores what encoding the worker's *own* gradient drops,
+# not the roundings of the partial sums that the ring re-encodes at every hop.)
 #
 # ## 7. Check against the oracle
 
@@ -603,11 +696,12 @@ assert np.abs(q8_err).max() <= q8_scale / 2, (
     f"q8: max |error| {np.abs(q8_err).max():.3e} above scale/2 = {q8_scale / 2:.3e}"
 )
 assert bits_decoded[0] > 1e38, "adding trunc16 codes as integers should not give 2.0"
-for name, (identical, equals_sim, sent, exact_count, model_bytes) in sock_checks.items():
+for name, (identical, equals_sim, sent, exact_count, counted, model_bytes) in sock_checks.items():
     assert identical, f"{name}: the {P} ranks' results differ; the ring must give bitwise equal"
     assert equals_sim, f"{name}: the socket ring differs from simulate_compressed_allreduce"
-    assert sent == exact_count, (
-        f"{name}: bytes sent per rank {sent}, expected {exact_count} from the schedule"
+    assert counted, (
+        f"{name}: bytes sent per rank {sent}, expected {exact_count} from the schedule, plus "
+        f"whole {HEADER.size}-byte heartbeat frames at most"
     )
     assert all(abs(s - model_bytes) / model_bytes < 0.01 for s in sent), (
         f"{name}: bytes sent per rank {sent} should be within 1% of 2(p-1)/p * M/r = "
@@ -619,6 +713,18 @@ for name in ("trunc16", "q8"):
         f"{format_seconds(measured[name])} vs {format_seconds(measured['none'])} for "
         f"{format_bytes(M_time)}"
     )
+assert np.mean(q8_share) < np.mean(noise_share) / 10, (
+    f"q8's error ({np.mean(q8_share):.3f} of |grad f|) should be far below the minibatch noise "
+    f"({np.mean(noise_share):.2f} of |grad f|): that is why training does not notice it"
+)
+assert telescope_gap < 1e-5, (
+    f"with error feedback the sum of what was sent must be the sum of the gradients minus the "
+    f"last residual; they differ by {telescope_gap:.1e} (relative)"
+)
+assert fed_error < plain_error / 10, (
+    f"after {train_steps} steps error feedback should leave the summed updates far closer to "
+    f"the summed gradients: {fed_error:.1e} with feedback, {plain_error:.1e} without"
+)
 acc_none = trained["none"]["test_accuracy"]
 for label, s in trained.items():
     assert s["params_identical_on_all_ranks"], f"{label}: the ranks' final weights differ"
@@ -641,19 +747,98 @@ print("all checks passed")
 #   rank, and sends 2(p−1)/p · M/r bytes (plus headers and q8's scales).
 # - On an emulated 1 Gbit/s link it is faster, though by less than r: the codec's passes and
 #   the per-step overhead (the loopback column) eat part of the saving, and on a fast link
-#   all of it. On digits, Pipe-SGD with any codec reaches the uncompressed run's accuracy.
+#   all of it. On digits, Pipe-SGD with any codec reaches the uncompressed run's accuracy:
+#   q8's error is far smaller than the minibatch noise SGD already lives with.
+# - Error feedback makes the compression errors stop adding up: the sum of what a worker sent
+#   is the sum of its gradients but for one residual, so its error falls like 1/T. It matters
+#   where one step's error is large (coarse codecs), not for q8 on digits.
 #
 # ## Exercises
 #
-# 1. In section 3, replace trunc16 by bf16 in the hop-by-hop table. Why does truncation's
-#    error grow about linearly in the number of hops while rounding to nearest grows more
-#    slowly? Compute the mean *signed* error of each after p = 8.
-# 2. From section 5's numbers, estimate the link bandwidth above which q8 no longer saves time
-#    on this machine: where the wire time saved equals what the codec adds (read it off the
-#    loopback column). Repeat with `get_codec(name, "numba")` in `timing_job`.
-# 3. q8 with `stochastic=True` rounds up or down at random, unbiased. Rerun section 1 and
-#    section 3 with it: what happens to the zeroed entries, and to the mean error over p?
-# 4. Give q8 one scale per *layer* instead of per chunk segment (split the gradient with the
-#    model's parameter shapes). How many entries of the digits gradient still decode to zero?
-# 5. Raise `lr` in section 6 toward the stability edge that tutorial 06 found for staleness
-#    one. Does compression change where Pipe-SGD diverges? Does error feedback help q8 there?
+# Each exercise with a single answer has a cell that checks it: put your answer in place of
+# `None` and run the cell.
+
+# %% [markdown]
+# **1.** In section 3, replace trunc16 by bf16 in the hop-by-hop table. Why does truncation's
+# error grow about linearly in the number of hops while rounding to nearest grows more slowly?
+# To see it, compute the mean *signed* error after p = 8: with S the exact sum of `grads8`
+# (float64) and R what `simulate_compressed_allreduce(grads8, get_codec(name))[0]` returns,
+# mean(sign(S) · (R − S)) / max|S|. Check trunc16's; compare with bf16's.
+#
+# <details><summary>Hint</summary>
+#
+# sign(S) · (R − S) is negative where the result is smaller in magnitude than the exact sum.
+# Truncation only ever shrinks magnitudes, so every hop adds an error of the same sign and
+# the mean grows with the number of hops; bf16's errors have either sign and their mean stays
+# near zero (two orders of magnitude smaller here).
+#
+# </details>
+
+# %%
+answer = None  # your answer: trunc16's mean(sign(S) * (R - S)) / max|S| at p = 8 (a number)
+check("07.1", answer)
+
+# %% [markdown]
+# **2.** Section 5 shows that the codec adds work on every hop; the loopback column measures
+# it. Suppose q8's passes add c = 5 ms to an AllReduce of 4 MB at p = 4. Above which link
+# bandwidth does q8 stop saving time, that is, where does the wire time it saves,
+# (1 − 1/r) · 2(p−1)/p · M/B, fall to c? Then read c off your own run and repeat with
+# `get_codec(name, "numba")` in `timing_job`.
+#
+# <details><summary>Hint</summary>
+#
+# Solve (1 − 1/r) · 2(p−1)/p · M/B = c for B, with r = `get_codec("q8").ratio` and
+# M = 4 · 10^6 bytes: B = (1 − 1/r) · 1.5 · M / c, in bytes/s; multiply by 8 for bit/s.
+#
+# </details>
+
+# %%
+answer = None  # your answer: the bandwidth in Mbit/s above which q8 no longer saves time
+check("07.2", answer)
+
+# %% [markdown]
+# **3.** q8 with `stochastic=True` (`get_codec("q8", stochastic=True)`) rounds up or down at
+# random, unbiased. Rerun section 1 and section 3 with it: what happens to the entries that
+# decoded to zero, and to the mean error as p grows?
+#
+# <details><summary>Hint</summary>
+#
+# A value x between two codes is rounded up with probability equal to its distance from the
+# lower one, in steps: small entries now decode to zero only *most* of the time, and to ±scale
+# otherwise, so their expected value is right. Each rounding gets noisier (up to a whole step
+# instead of half), but the errors no longer lean one way, so over p hops (and over many
+# steps) they cancel rather than add up.
+#
+# </details>
+
+# %% [markdown]
+# **4.** Give q8 one scale per *layer* instead of one for the whole gradient: encode each of
+# the model's tensors on its own (`worker.model.layout.slots` gives each one's `offset` and
+# `size`). How many nonzero entries of section 1's digits gradient `grad` still decode to
+# zero?
+#
+# <details><summary>Hint</summary>
+#
+# `roundtrip("q8", grad[s.offset : s.offset + s.size])` for each slot s, written into one
+# array, then count `(decoded == 0) & (grad != 0)`. A layer whose gradients are all small gets
+# a small scale of its own and keeps them, so the count drops well below section 1's.
+#
+# </details>
+
+# %%
+answer = None  # your answer: how many nonzero entries decode to 0 with one scale per layer
+check("07.4", answer)
+
+# %% [markdown]
+# **5.** Raise `lr` in section 6 toward the stability edge that tutorial 06 found for
+# staleness one. Does compression change where Pipe-SGD diverges? Does error feedback help q8
+# there?
+#
+# <details><summary>Hint</summary>
+#
+# Tutorial 06's bound depends on the curvature and the delay, not on small perturbations of
+# the gradient: expect the edge to stay where it is for every codec. Near the edge, look at
+# the final train loss rather than the accuracy, and run each setting twice (or with two
+# seeds) before you read a difference into it.
+#
+# </details>

@@ -14,10 +14,11 @@
 # 4. predict, with the timing models, at which link speed pipelining pays most for each;
 # 5. train the CNN with Pipe-SGD on two worker processes and check it against the oracle.
 #
-# Run it with `python tutorials/11_convolutional_nets.py` (set `PIPESGD_TUTORIAL_SMALL=1` for
-# the quick version CI runs).
+# Run it with `python tutorials/11_convolutional_nets.py`. Takes about 4 s here on two cores
+# (about 3 s with `PIPESGD_TUTORIAL_SMALL=1`, the quick version CI runs).
 
 # %%
+import math
 import os
 from pathlib import Path
 
@@ -25,6 +26,7 @@ import numpy as np
 
 from pipesgd_ref import timing
 from pipesgd_ref.config import TrainConfig
+from pipesgd_ref.exercises import check
 from pipesgd_ref.methods.pipe import pipe_worker
 from pipesgd_ref.methods.reference import delayed_sgd, model_grad_fn
 from pipesgd_ref.models import CNN, MLP
@@ -32,10 +34,11 @@ from pipesgd_ref.ops import numpy_ops as ops
 from pipesgd_ref.plots import pyplot, save_figure
 from pipesgd_ref.runtime.launch import launch_local
 from pipesgd_ref.runtime.worker import Worker
+from pipesgd_ref.timing import ring_allreduce_time
 from pipesgd_ref.timing.calibrate import cluster_calibration
-from pipesgd_ref.units import parse_bandwidth
+from pipesgd_ref.units import format_bandwidth
 
-SMALL = os.environ.get("PIPESGD_TUTORIAL_SMALL") == "1"  # CI: fewer points, same lessons
+SMALL = os.environ.get("PIPESGD_TUTORIAL_SMALL") == "1"  # CI: fewer steps, same lessons
 # As a script, beside this file; as a notebook (Jupyter, VS Code, nbconvert), in the
 # notebook's own folder, which is where a notebook runs.
 HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
@@ -104,11 +107,23 @@ ratio_cnn = lenet.flops_per_sample() / lenet.n_params
 # %% [markdown]
 # ## 4. Where pipelining pays, for each model
 #
-# Pipe-SGD's iteration is max(t_comp, T_ar) where sync's is t_comp + T_ar (PAPER.md section 3):
-# the gain is largest, 2x, where communication takes as long as computation, and fades on either
-# side. t_comp grows with the work, T_ar with the parameters: the CNN, with more work per
-# parameter, reaches that balance on a slower link than an MLP with as many parameters. Below,
-# the timing models on a cluster (each worker its own machine), with t_comp timed here.
+# Pipe-SGD's iteration is max(t_comp + t_u, T_ar) where sync's is t_comp + T_ar + t_u
+# (equations (3) and (4) of docs/paper.md): the gain is largest, 2x, where communication takes
+# as long as computation, and fades on either side. Where is that balance? With n parameters
+# the ring sends 2(p−1)/p · 4n bytes, and computing the gradient takes n times the compute
+# time per parameter, so, latency left aside,
+#
+#     T_ar = t_comp   at   B* ≈ 2(p−1)/p · 4 bytes / (compute time per parameter).
+#
+# **The number of parameters cancels.** What places the balance is how long a model computes
+# per parameter it must send, and a CNN, reusing every filter weight at every position, computes
+# far longer per parameter: it balances on a slower link. The two models below also differ in
+# size (the MLP has over twenty times the CNN's parameters), but that is not what moves the
+# balance; exercise 6 looks at an MLP as small as the CNN. Below, the timing models on a
+# cluster (each worker its own machine, `cluster_calibration`), with t_comp timed here, swept
+# from 1 Mbit/s to 100 Gbit/s, wide enough that each model's gain rises, peaks and falls
+# inside the grid. B* is solved exactly from equation (1): the bandwidth at which
+# T_ar = t_comp + t_u, with the latency and reduction terms kept.
 
 
 # %%
@@ -120,35 +135,55 @@ setups = {
     ),  # fmt: skip
     "mlp (digits, 512-512)": base.replace(model="mlp", hidden=(512, 512)),
 }
-bandwidths = [parse_bandwidth(b) for b in (
-    ("10Mbit", "100Mbit", "1Gbit", "10Gbit") if SMALL else
-    ("5Mbit", "10Mbit", "20Mbit", "50Mbit", "100Mbit", "200Mbit", "500Mbit", "1Gbit", "2Gbit",
-     "5Gbit", "10Gbit"))]  # fmt: skip
-curves = {}
+P_CLUSTER = base.world_size
+# 1, 2, 5 x 10^k Mbit/s from 1 Mbit/s to 100 Gbit/s, in bytes/s
+bandwidths = [m * 10**e * 1e6 / 8 for e in range(6) for m in (1, 2, 5) if m * 10**e <= 100_000]
+curves, balance, peak_index, per_param = {}, {}, {}, {}
 for name, cfg in setups.items():
     cal = cluster_calibration(cfg)
     gains = []
     for bw in bandwidths:
         net = cal.with_network(bandwidth=bw)
-        sync_t = timing.predict("sync", 4, net).iter_time_s
-        pipe_t = timing.predict("pipe", 4, net).iter_time_s
+        sync_t = timing.predict("sync", P_CLUSTER, net).iter_time_s
+        pipe_t = timing.predict("pipe", P_CLUSTER, net).iter_time_s
         gains.append(sync_t / pipe_t)
-    best = bandwidths[int(np.argmax(gains))]
     curves[name] = gains
-    print(f"{name}: {cal.n_params:,} parameters, t_comp {cal.t_comp * 1e3:.2f} ms, "
-          f"{cal.t_comp / cal.n_params * 1e9:.1f} ns of compute per parameter; pipe's gain "
-          f"over sync peaks at {max(gains):.2f}x near {best * 8 / 1e6:,.0f} Mbit/s")  # fmt: skip
+    peak_index[name] = int(np.argmax(gains))
+    per_param[name] = cal.t_comp / cal.n_params  # seconds of compute per parameter
+    # B*: T_ar(B*) = t_comp + t_u. Equation (1) at infinite bandwidth is its fixed part
+    # (2(p-1) hops of latency, the reductions); the wire part 2(p-1)/p M/B fills the rest.
+    M = 4 * cal.n_params
+    fixed = ring_allreduce_time(P_CLUSTER, M, cal.alpha, math.inf, cal.gamma)
+    balance[name] = 2 * (P_CLUSTER - 1) / P_CLUSTER * M / (cal.t_comp + cal.t_update - fixed)
+    print(f"{name}: {cal.n_params:,} parameters, t_comp {cal.t_comp * 1e3:.2f} ms = "
+          f"{cal.t_comp / cal.n_params * 1e9:.1f} ns of compute per parameter")  # fmt: skip
+    print(f"    T_ar = t_comp + t_u at B* = {format_bandwidth(balance[name])}; on the grid "
+          f"pipe's gain over sync peaks at {max(gains):.2f}x at "
+          f"{format_bandwidth(bandwidths[peak_index[name]])} (grid ends: {gains[0]:.2f}x, "
+          f"{gains[-1]:.2f}x)")  # fmt: skip
+cnn_name, mlp_name = list(setups)
+b_ratio = balance[mlp_name] / balance[cnn_name]
+t_ratio = per_param[cnn_name] / per_param[mlp_name]
+print(f"B* of the MLP / B* of the CNN = {b_ratio:.1f}; compute time per parameter, CNN / MLP "
+      f"= {t_ratio:.1f}")  # fmt: skip
 
 if plt is not None:
     fig, ax = plt.subplots(figsize=(7, 4))
-    for name, gains in curves.items():
-        ax.semilogx([b * 8 for b in bandwidths], gains, marker="o", label=name)
-    ax.set_xlabel("link bandwidth (bit/s)")
+    for (name, gains), colour in zip(curves.items(), ("C0", "C1"), strict=True):
+        ax.semilogx([b * 8 for b in bandwidths], gains, marker="o", color=colour, label=name)
+        ax.axvline(balance[name] * 8, color=colour, ls=":", lw=1)  # B*: T_ar = t_comp + t_u
+    ax.set_xlabel("link bandwidth (bit/s); dotted: B*, where T_ar = t_comp + t_u")
     ax.set_ylabel("predicted sync / pipe iteration time")
     ax.legend()
     save_figure(fig, OUT / "11_where_pipelining_pays.png")
 
 # %% [markdown]
+# Each curve peaks near its B* (the grid is coarse: 1, 2, 5 per decade) and falls on both
+# sides: below it the network is the bottleneck and pipelining hides only the compute, above
+# it the compute is and pipelining hides only the (shrinking) communication. The ratio of the
+# two B* is close to the ratio of the two compute times per parameter, as the formula says,
+# whatever the two parameter counts.
+#
 # `pipesgd compare --model cnn` runs the whole comparison on LeNet-5 and 5,000 MNIST images
 # (the `compare-cnn` preset: a link on which the CNN is communication-heavy on this machine's
 # shared cores) and `--preset compare-cnn-compute` the compute-bound case.
@@ -169,9 +204,24 @@ print(f"pipe on 2 workers, {cfg.steps} steps of the CNN: bitwise the oracle: {sa
 assert np.allclose(by_loops, by_matmul), "im2col + matmul is the convolution"
 assert abs(lhs - rhs) < 1e-9 * max(1.0, abs(lhs)), "col2im is im2col's adjoint"
 assert ratio_cnn > 5, f"LeNet-5 should do several multiply-adds per parameter: {ratio_cnn:.1f}"
-cnn_name, mlp_name = list(setups)
-peak = {name: bandwidths[int(np.argmax(g))] for name, g in curves.items()}
-assert peak[cnn_name] <= peak[mlp_name], f"the CNN's gain should peak on a slower link: {peak}"
+for name, i in peak_index.items():
+    assert 0 < i < len(bandwidths) - 1, (
+        f"{name}: pipe's gain peaks at the edge of the grid ({format_bandwidth(bandwidths[i])}), "
+        f"so the grid does not show where it peaks; widen it"
+    )
+    assert balance[name] / 2.5 <= bandwidths[i] <= balance[name] * 2.5, (
+        f"{name}: the gain should peak within one grid step of B*, where T_ar = t_comp + t_u "
+        f"({format_bandwidth(balance[name])}); it peaks at {format_bandwidth(bandwidths[i])}"
+    )
+assert balance[cnn_name] < balance[mlp_name] / 3, (
+    f"the CNN computes far longer per parameter, so it should balance on a much slower link: "
+    f"B* {format_bandwidth(balance[cnn_name])} against the MLP's "
+    f"{format_bandwidth(balance[mlp_name])}"
+)
+assert abs(b_ratio / t_ratio - 1) < 0.3, (
+    f"B* should scale with 1 / (compute time per parameter) up to the latency terms: the B* "
+    f"ratio {b_ratio:.1f} is far from the per-parameter time ratio {t_ratio:.1f}"
+)
 assert same, "the distributed CNN run differs from the oracle"
 print("all checks passed")
 
@@ -183,17 +233,107 @@ print("all checks passed")
 #   adjoint, gives the input gradient.
 # - A conv layer reuses each weight at every position: LeNet-5 does about six multiply-adds per
 #   parameter per image, an MLP one.
-# - Pipelining pays most where communication and computation take about as long. The CNN
-#   reaches that point on a slower link than an MLP: per byte of gradient it has more work to
-#   hide communication under.
+# - Pipelining pays most where communication and computation take about as long, at
+#   B* ≈ 2(p−1)/p · 4 bytes / (compute time per parameter): the parameter count cancels. The
+#   CNN reaches that point on a much slower link than the MLP: per byte of gradient it has more
+#   work to hide communication under.
 #
 # ## Exercises
 #
-# 1. Write im2col for stride 2 by hand for the 4 x 4 image and check it against `ops.im2col`.
-# 2. Max-pooling's backward sends each gradient to one pixel. Which pixel gets it when a window
-#    holds two equal maxima, and why must every backend agree on that?
-# 3. cols holds k*k copies of the input. For LeNet-5's first layer at batch 32 on MNIST, how
-#    many bytes is that, and how does it compare with the layer's weights?
-# 4. Run `pipesgd compare --preset compare-cnn-compute --quick`: where does pipe's time go, and
-#    why is its gain over sync small?
-# 5. Make the CNN wider (`--channels 32,64`): does its compute per parameter rise or fall?
+# Each exercise with a single answer has a cell that checks it: put your answer in place of
+# `None` and run the cell.
+
+# %% [markdown]
+# **1.** Write im2col for stride 2 by hand: a function of an NHWC image X (B, H, W, C) that
+# returns cols for a 3 x 3 window, padding 1, stride 2. Check it on the 4 x 4 image of
+# section 1 against `ops.im2col(X, 3, 3, 2, 1, cols)`.
+#
+# <details><summary>Hint</summary>
+#
+# With stride s the output has Ho = (H + 2·pad − k) // s + 1 rows (2 for the 4 x 4 image), and
+# output pixel (i, j) reads the window whose top-left corner is (i·s − pad, j·s − pad). Pad
+# the image with zeros (`np.pad`), then copy each window into one row, its pixels in (u, v, c)
+# order.
+#
+# </details>
+
+# %%
+answer = None  # your answer: a function X (B, H, W, C) -> cols (B*Ho*Wo, 9*C)
+check("11.1", answer)
+
+# %% [markdown]
+# **2.** Max-pooling's backward sends each gradient to one pixel. A 2 x 2 window holds
+# [[3, 7], [7, 1]]: two equal maxima. Which position u·2 + v (0 to 3, row-major) does
+# `ops.maxpool_forward` record, and so receive the gradient? Why must every backend (NumPy,
+# Numba, CUDA) agree on that?
+#
+# <details><summary>Hint</summary>
+#
+# Read `maxpool_forward`'s docstring, or run it on a (1, 2, 2, 1) array with
+# `Y = np.empty((1, 1, 1, 1))` and `argmax = np.empty((1, 1, 1, 1), np.int32)`. As for the
+# why: a different choice sends the gradient to another pixel, so the weights, and with them
+# the bitwise checks between backends and against the oracle, would differ.
+#
+# </details>
+
+# %%
+answer = None  # your answer: the position u*2 + v that receives the gradient (an int)
+check("11.2", answer)
+
+# %% [markdown]
+# **3.** cols holds k*k copies of the input. For LeNet-5's first layer (section 3) at batch 32
+# on MNIST, in float32, how many bytes is that? How does it compare with the layer's weights?
+#
+# <details><summary>Hint</summary>
+#
+# cols has B·Ho·Wo rows of k·k·Cin entries; "same" padding keeps Ho = Wo = 28, k = 5 and
+# Cin = 1 (`lenet.maps[0]` and `lenet.kernels[0]`). The layer's weights are k·k·Cin·Cout
+# filters plus Cout biases.
+#
+# </details>
+
+# %%
+answer = None  # your answer: bytes of cols for LeNet-5's first layer, batch 32, float32
+check("11.3", answer)
+
+# %% [markdown]
+# **4.** Run `pipesgd compare --preset compare-cnn-compute --quick`: where does pipe's time go,
+# and why is its gain over sync small?
+#
+# <details><summary>Hint</summary>
+#
+# Look at the time breakdown figure and the "bound" column of the predictions: when t_comp
+# is far above T_ar, the link is well to the right of B* in section 4's figure, and pipelining
+# can hide at most T_ar, a small part of sync's t_comp + T_ar.
+#
+# </details>
+
+# %% [markdown]
+# **5.** Make LeNet-5 wider, `CNN((1, 28, 28), 10, channels=(32, 64))` (`--channels 32,64`).
+# How many multiply-adds per parameter does it do per image: more or fewer than LeNet-5's?
+#
+# <details><summary>Hint</summary>
+#
+# `flops_per_sample() / n_params`. Widening multiplies a conv layer's weights and its work by
+# the same factor, but the dense head's first layer grows with the channels of the last map
+# too, and it does one multiply-add per weight.
+#
+# </details>
+
+# %%
+answer = None  # your answer: multiply-adds per parameter of the wider LeNet-5, per image
+check("11.5", answer)
+
+# %% [markdown]
+# **6.** Add to `setups` in section 4 an MLP as small as the CNN: one hidden layer of 182
+# (about 13,700 parameters). Where does pipe's gain over sync peak, and why does the assert on
+# the grid's edges fail for it?
+#
+# <details><summary>Hint</summary>
+#
+# Compare its t_comp with the ring's fixed cost, 2(p−1)·α = 0.3 ms at α = 50 µs. If computing
+# the gradient takes less than the hops' latency, T_ar stays above t_comp at any bandwidth:
+# there is no B*, and the gain only creeps up towards 1 + t_comp / (2(p−1)·α) as the link gets
+# faster. Few parameters do not make a model easy to pipeline; much compute per parameter does.
+#
+# </details>
