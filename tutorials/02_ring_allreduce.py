@@ -7,8 +7,9 @@
 # takes **1.12 s**. The ring AllReduce sends 2(p−1)/p · M = 175 MB through *every* link instead
 # of 1.4 GB through one, and all links work at once: **0.14 s**, p = 8 times faster. The ring's
 # cost hardly depends on p at all (it tends to 2M/B), the root's grows linearly with p. This is
-# why NCCL, Gloo and Horovod implement a ring AllReduce for large tensors, and why Pipe-SGD
-# (PAPER.md, section 3) models its communication with the ring formula
+# why NCCL, Gloo and Horovod implement a ring AllReduce for large tensors, why Pipe-SGD
+# (Li et al., NeurIPS 2018) reduces its gradients with one, and why this project's timing
+# models charge its communication with the ring formula (equation (1) of docs/paper.md):
 #
 #     T_ring = 2(p−1)·α + 2(p−1)/p · M/B   (+ (p−1)/p · M·γ for the additions)
 #
@@ -21,8 +22,8 @@
 # 4. time it on loopback and on an emulated 1 ms, 100 MB/s link, compare with the formula, and
 #    read the results as nccl-tests does (algbw and busbw).
 #
-# Run it with `python tutorials/02_ring_allreduce.py` (set `PIPESGD_TUTORIAL_SMALL=1` for the
-# quick version CI runs).
+# Run it with `python tutorials/02_ring_allreduce.py`. Takes about 7 s here on two cores
+# (about 4 s with `PIPESGD_TUTORIAL_SMALL=1`, the quick version CI runs).
 
 # %%
 import os
@@ -42,6 +43,7 @@ from pipesgd_ref.comm.schedule import (
     simulate_allreduce,
 )
 from pipesgd_ref.comm.wire import HEADER
+from pipesgd_ref.exercises import check
 from pipesgd_ref.plots import pyplot, save_figure
 from pipesgd_ref.runtime.launch import launch_local
 from pipesgd_ref.timing import ring_allreduce_time
@@ -556,18 +558,117 @@ print("all checks passed")
 #
 # ## Exercises
 #
-# 1. Repeat the emulated sweep with p = 2 and p = 8 (change `P`). Does busbw at 16 MB change?
-#    Does algbw? Which term of the formula grows with p?
-# 2. With α = 1 ms and B = 100 MB/s, at what M do the latency and bandwidth terms of the ring
-#    formula cross for p = 4? Check it against the measured table.
-# 3. Pass `segment_bytes=64_000` to `allreduce` in `timing_job` and rerun the emulated 16 MB
-#    case. The formula charges α per step; what happens to the measurement, and why? What is the
-#    cost if segments get very small?
-# 4. Gather-and-broadcast is not the only alternative: recursive halving and doubling (used by
-#    MPI for small messages) takes 2·log2(p) steps. Write its alpha-beta cost and find where it
-#    beats the ring for p = 64 and α = 50 µs.
-# 5. In `timing_job`, remove the barrier and let rank 0 `time.sleep(0.01)` before each timed
-#    allreduce. What happens to each rank's time, and to their average? Why do benchmarks
-#    synchronise the ranks before they start the clock?
-# 6. In section 3b, run the transports at 1 MB and at 64 MB. Where does shm's lead over unix
-#    grow, and where does the per-frame header on the socket matter more than the copies?
+# Each exercise with a single answer has a cell that checks it: put your answer in place of
+# `None` and run the cell.
+
+# %% [markdown]
+# **1.** Repeat the emulated sweep with p = 2 and p = 8 (change `P` and rerun from section 1).
+# First predict: what algbw does the formula give for 16 MB at p = 8 on the emulated link
+# (α = 1 ms, B = 100 MB/s)? Then measure. Does busbw at 16 MB change with p? Does algbw?
+# Which term of the formula grows with p?
+#
+# <details><summary>Hint</summary>
+#
+# algbw = M / T with T = `ring_allreduce_time(8, 16e6, 1e-3, 100e6)`. The bandwidth term
+# 2(p−1)/p · M/B hardly moves between p = 4 and 8 (1.5 and 1.75 times M/B), so busbw, which
+# divides it out, stays near B; the latency term 2(p−1)·α grows linearly. On 2 cores, 8
+# processes also queue for the CPU: expect the measurement to fall further behind the formula.
+#
+# </details>
+
+# %%
+answer = None  # your answer: the formula's algbw for 16 MB at p = 8, in bytes per second
+check("02.1", answer)
+
+# %% [markdown]
+# **2.** With α = 1 ms and B = 100 MB/s, at what M are the latency and bandwidth terms of the
+# ring formula equal for p = 4? Check it against the measured table: which sizes are
+# latency-bound?
+#
+# <details><summary>Hint</summary>
+#
+# Set 2(p−1)·α = 2(p−1)/p · M/B. The 2(p−1) cancels, leaving M = p·α·B: the size at which
+# each step's chunk M/p takes α to send.
+#
+# </details>
+
+# %%
+answer = None  # your answer: M in bytes
+check("02.2", answer)
+
+# %% [markdown]
+# **3.** Pass `segment_bytes=64_000` to `allreduce` in `timing_job` and rerun the emulated
+# 16 MB case. The formula charges α per step; what happens to the measurement, and why? What
+# is the cost if segments get very small?
+#
+# <details><summary>Hint</summary>
+#
+# A step's chunk is cut into segments, and the ring forwards each segment as soon as it is
+# reduced, so the α of the next hop overlaps the transfer of the rest of the chunk: the
+# measurement can come in below the formula. Each segment is a frame with its own 48-byte
+# header, send call and wake-up, so very small segments pay per-frame overhead many times
+# over (try 4 KB).
+#
+# </details>
+
+# %% [markdown]
+# **4.** Gather-and-broadcast is not the only alternative to the ring. **Recursive doubling**,
+# which MPI libraries use for small messages, takes log2(p) steps: at step k every rank
+# exchanges its whole current M bytes with the rank whose number differs in bit k, and adds.
+# Write its alpha-beta cost as a function `(p, M, alpha, bandwidth) -> seconds` (p a power of
+# two), like `ring_allreduce_time`, and check it.
+#
+# <details><summary>Hint</summary>
+#
+# Each of the log2(p) steps sends one message of M bytes over a full-duplex link while
+# receiving one: α + M/B per step. Leave out the additions (γ), as the ring formula of this
+# tutorial does.
+#
+# </details>
+
+# %%
+answer = None  # your answer: a function (p, M, alpha, bandwidth) -> seconds
+check("02.4", answer)
+
+# %% [markdown]
+# **5.** With your function and `ring_allreduce_time`: below which size M does recursive
+# doubling beat the ring, for p = 64, α = 50 µs and 10 Gbit/s links? What does that say about
+# when a collective library should switch algorithms?
+#
+# <details><summary>Hint</summary>
+#
+# Recursive doubling pays 6 latencies against the ring's 126, but sends M per step instead of
+# M/p: log2(p)·M/B against 2(p−1)/p·M/B. Set the two costs equal and solve for M, or bisect on
+# their difference between 0 and 1 GB.
+#
+# </details>
+
+# %%
+answer = None  # your answer: the crossing size M, in bytes
+check("02.5", answer)
+
+# %% [markdown]
+# **6.** In `timing_job`, remove the barrier and let rank 0 `time.sleep(0.01)` before each
+# timed allreduce. What happens to each rank's time, and to their average? Why do benchmarks
+# synchronise the ranks before they start the clock?
+#
+# <details><summary>Hint</summary>
+#
+# Every rank's ring waits for rank 0's first chunk, so the other ranks' clocks include rank
+# 0's 10 ms nap, while rank 0's does not. The average over ranks then measures the skew
+# between the ranks, not the AllReduce.
+#
+# </details>
+
+# %% [markdown]
+# **7.** In section 3b, run the transports at 1 MB and at 64 MB. Where does shm's lead over
+# unix grow, and where does the per-frame header on the socket matter more than the copies?
+#
+# <details><summary>Hint</summary>
+#
+# Change `n_tr` to 250_000 and 16_000_000 floats. The copies grow with the bytes, the
+# per-frame costs (header, system call, slot hand-off) with the number of frames: at 1 MB
+# each chunk is a single segment, so the fixed costs weigh most there; at 64 MB the copy count,
+# two against one, decides.
+#
+# </details>

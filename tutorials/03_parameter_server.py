@@ -5,15 +5,17 @@
 # machine. A parameter server (PS) keeps the weights; every round, each worker pushes its
 # gradient to it and pulls the new weights back. All of that crosses the *server's* link:
 # p·M = 200 MB in and p·M = 200 MB out per round. Written as two phases, all pushes in, then
-# all pulls out (PAPER.md section 3), a round costs 2pM/B = **0.32 s** of wire time; this
-# package's server overlaps a little better, (p+1)·M/B = **0.18 s** (section 5 says why). A ring
-# AllReduce of the same gradient moves 2(p−1)/p · M through *every* link at once: **0.035 s**
-# of wire time. Add workers and the PS gets slower, linearly, while the ring tends to 2M/B.
-# That is the bottleneck the decentralized methods, and Pipe-SGD, are built to avoid (PAPER.md
-# section 1).
+# all pulls out (the usual textbook model; docs/paper.md, section 3), a round costs
+# 2pM/B = **0.32 s** of wire time; this package's server overlaps a little better,
+# (p+1)·M/B = **0.18 s** (section 5 says why). A ring AllReduce of the same gradient moves
+# 2(p−1)/p · M through *every* link at once: **0.035 s** of wire time. Add workers and the PS
+# gets slower, linearly, while the ring tends to 2M/B. That is the bottleneck the
+# decentralized methods, and Pipe-SGD, are built to avoid (Li et al., NeurIPS 2018;
+# docs/paper.md, section 1).
 #
 # You will:
-# 1. compute those numbers, and how they grow with p;
+# 1. compute those numbers, and how they grow with p, by hand and with the package's timing
+#    models (`pipesgd_ref.timing`);
 # 2. train with synchronous and asynchronous PS on digits (`run_training`);
 # 3. check ps-sync against the oracle `reference.sync_sgd`, bitwise;
 # 4. check ps-async against `reference.async_ps_sgd` replayed in the recorded arrival order,
@@ -21,12 +23,13 @@
 # 5. emulate a network and watch the server's link become the bottleneck as p grows, against
 #    the ring, with the cost formulas beside the measurements.
 #
-# Run it with `python tutorials/03_parameter_server.py` (set `PIPESGD_TUTORIAL_SMALL=1` for the
-# quick version CI runs).
+# Run it with `python tutorials/03_parameter_server.py`. Takes about 10 s here on two cores
+# (about 9 s with `PIPESGD_TUTORIAL_SMALL=1`, the quick version CI runs).
 
 # %%
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -35,12 +38,13 @@ from pipesgd_ref.comm.netem import link_of
 from pipesgd_ref.comm.wire import HEADER_BYTES
 from pipesgd_ref.commands.train import run_training
 from pipesgd_ref.config import TrainConfig
+from pipesgd_ref.exercises import check
 from pipesgd_ref.methods import reference
 from pipesgd_ref.methods.ps import ps_sync_worker
 from pipesgd_ref.plots import pyplot, save_figure
 from pipesgd_ref.runtime.launch import launch_local
 from pipesgd_ref.runtime.worker import Worker
-from pipesgd_ref.timing import ring_allreduce_time
+from pipesgd_ref.timing import Calibration, ps_async, ps_sync, ring_allreduce_time, sync
 from pipesgd_ref.trace import median_duration
 from pipesgd_ref.units import format_bandwidth, format_bytes, format_seconds
 
@@ -65,12 +69,14 @@ def quiet(*_) -> None:
 # ## 0. The back-of-envelope, in code
 #
 # The alpha-beta model (α: per-message latency, B: bandwidth per direction of a full-duplex
-# link, M: gradient bytes), with the formulas of the docstring of `pipesgd_ref/methods/ps.py`:
+# link, M: gradient bytes), with the formulas of the docstring of
+# `pipesgd_ref/methods/ps_server.py`:
 #
-#     ps-sync, two phases (PAPER.md):   2α + 2p·M/B          the server's link, per round
-#     ps-sync, this package:            2α + (p+1)·M/B       pulls sent one after another
-#     ring AllReduce:                   2(p−1)·α + 2(p−1)/p · M/B
-#     ps-async, whole job:              at most B/M updates per second, whatever p
+#     ps-sync, two phases:       2α + 2p·M/B          the server's link, per round
+#     ps-sync, this package:     2α + (p+1)·M/B       pulls sent one after another
+#     ring AllReduce:            2(p−1)·α + 2(p−1)/p · M/B
+#     ps-async, whole job:       min(p / (2α + 2M/B), B/M) updates per second: the workers'
+#                                own cycles, or at most B/M, whatever p
 #
 # The compute time t_c and the reduction cost γ are left out here; they are the same for every
 # scheme. α = 50 µs is an assumed LAN latency, as in tutorials 01 and 02.
@@ -78,14 +84,21 @@ def quiet(*_) -> None:
 # %%
 
 
-def ps_sync_paper(n_bytes: float, p: int, alpha: float, bandwidth: float) -> float:
-    """2 alpha + 2 p M / B: all p pushes in, then all p pulls out (PAPER.md section 3)."""
+def ps_sync_two_phase(n_bytes: float, p: int, alpha: float, bandwidth: float) -> float:
+    """2 alpha + 2 p M / B: all p pushes in, then all p pulls out (the conventional model of
+    docs/paper.md, section 3; the package's server with shared pulls pays it: Eq. 6)."""
     return 2 * alpha + 2 * p * n_bytes / bandwidth
 
 
 def ps_sync_sequential(n_bytes: float, p: int, alpha: float, bandwidth: float) -> float:
-    """2 alpha + (p + 1) M / B: the pulls leave one after another (methods/ps.py docstring)."""
+    """2 alpha + (p + 1) M / B: the pulls leave one after another (docs/paper.md, Eq. 5)."""
     return 2 * alpha + (p + 1) * n_bytes / bandwidth
+
+
+def ps_async_rate(n_bytes: float, p: int, alpha: float, bandwidth: float) -> float:
+    """Updates per second of the whole job: p workers each pushing and pulling once per cycle
+    of 2 alpha + 2 M / B, or the server's link, B / M pulls a second, whichever is less."""
+    return min(p / (2 * alpha + 2 * n_bytes / bandwidth), bandwidth / n_bytes)
 
 
 # The ring, for comparison: 2(p-1) alpha + 2(p-1)/p M/B (tutorial 02), from the timing models.
@@ -93,17 +106,88 @@ M_big, p_big, B_10g, alpha_lan = 25e6, 8, 10e9 / 8, 50e-6
 print(f"{format_bytes(M_big)} model, p = {p_big}, {format_bandwidth(B_10g)}, alpha 50 us:")
 print(f"  server link per round: {format_bytes(p_big * M_big)} in, "
       f"{format_bytes(p_big * M_big)} out")  # fmt: skip
-print(f"  ps-sync, two phases:   {ps_sync_paper(M_big, p_big, alpha_lan, B_10g):.4f} s")
+print(f"  ps-sync, two phases:   {ps_sync_two_phase(M_big, p_big, alpha_lan, B_10g):.4f} s")
 print(f"  ps-sync, this package: {ps_sync_sequential(M_big, p_big, alpha_lan, B_10g):.4f} s")
 print(f"  ring AllReduce:        {ring_allreduce_time(p_big, M_big, alpha_lan, B_10g):.4f} s")
-print(f"  ps-async: at most {B_10g / M_big:.0f} updates/s for the whole job, whatever p")
-print("   p | ps-sync 2pM/B | ps-sync (p+1)M/B |    ring | ps (2 phases) / ring")
+print(f"  ps-async: {ps_async_rate(M_big, p_big, alpha_lan, B_10g):.0f} updates/s for the whole "
+      f"job, at most B/M = {B_10g / M_big:.0f} whatever p")  # fmt: skip
+print("   p | ps-sync 2pM/B | ps-sync (p+1)M/B |    ring | ps (2 phases) / ring | async upd/s")
 for p_ in (1, 2, 4, 8, 16, 64):
-    two_phase = ps_sync_paper(M_big, p_, alpha_lan, B_10g)
+    two_phase = ps_sync_two_phase(M_big, p_, alpha_lan, B_10g)
     ring_s = ring_allreduce_time(p_, M_big, alpha_lan, B_10g)
     sequential = ps_sync_sequential(M_big, p_, alpha_lan, B_10g)
     ratio = f"{two_phase / ring_s:20.1f}" if p_ > 1 else f"{'(no ring)':>20}"
-    print(f"{p_:4d} | {two_phase:11.3f} s | {sequential:14.3f} s | {ring_s:5.3f} s | {ratio}")
+    print(f"{p_:4d} | {two_phase:11.3f} s | {sequential:14.3f} s | {ring_s:5.3f} s | {ratio} | "
+          f"{ps_async_rate(M_big, p_, alpha_lan, B_10g):11.0f}")  # fmt: skip
+
+# %% [markdown]
+# ### The same formulas in the package's timing models
+#
+# `pipesgd_ref.timing` holds these formulas, derived and numbered in the docstring of
+# `pipesgd_ref/timing/iteration.py` and in docs/paper.md, section 3: Eq. (1) is the ring's
+# T_ar, (3) synchronous SGD around it, (5) ps-sync with this package's pulls one after another,
+# (6) ps-sync with all pulls sent at once (the two-phase round: p pulls out together, then p
+# pushes queue on the way in), (7) ps-async. Tutorial 04 builds on them. They read the
+# machine from a `Calibration`. Describe the cluster of the opening with it: n = M/4 float32
+# parameters, α and B as above, t_c = t_u = γ = 0 as in the formulas above, and a machine
+# per process (`cores` far above p: no two processes share a core). Then the package must
+# give the hand-built numbers, to rounding. ps-async's prediction is an iteration of one
+# worker, T; the whole job makes p updates per T.
+
+# %%
+cluster = Calibration(n_params=int(M_big) // 4, t_comp=0.0, t_update=0.0, alpha=alpha_lan,
+                      bandwidth=B_10g, gamma=0.0, cores=10**9)  # fmt: skip
+package_gaps = {}  # (formula, p) -> relative gap between the package and the hand-built one
+for p_ in (1, 2, 4, 8, 16, 64):
+    pairs = {  # formula -> (package, by hand)
+        "Eq. (5), ps-sync": (ps_sync(p_, cluster).iter_time_s,
+                             ps_sync_sequential(M_big, p_, alpha_lan, B_10g)),
+        "Eq. (6), ps-sync shared": (ps_sync(p_, cluster, ps_pulls="shared").iter_time_s,
+                                    ps_sync_two_phase(M_big, p_, alpha_lan, B_10g)),
+        "Eq. (3), sync (ring)": (sync(p_, cluster).iter_time_s,
+                                 ring_allreduce_time(p_, M_big, alpha_lan, B_10g)),
+        "Eq. (7), ps-async": (p_ / ps_async(p_, cluster).iter_time_s,
+                              ps_async_rate(M_big, p_, alpha_lan, B_10g)),
+    }  # fmt: skip
+    for name, (package, hand) in pairs.items():
+        package_gaps[name, p_] = abs(package - hand) / max(hand, 1e-300)
+worst = max(package_gaps, key=package_gaps.get)
+print(f"package vs hand-built, {len(package_gaps)} comparisons (4 formulas x 6 values of p): "
+      f"largest relative gap {package_gaps[worst]:.1e} ({worst[0]}, p = {worst[1]})")  # fmt: skip
+for name, (package, hand) in pairs.items():
+    print(f"  p = {p_}: {name:24s} package {package:.6g}, by hand {hand:.6g}")
+assert package_gaps[worst] < 1e-12, (
+    f"{worst[0]} at p = {worst[1]}: the package and the formula by hand differ by "
+    f"{package_gaps[worst]:.1e} (relative); with t_c = t_u = gamma = 0 they must agree"
+)
+
+# %% [markdown]
+# What the package adds. Give the calibration a compute time, an update and a reduction cost
+# (γ: seconds per byte added), and it charges terms the opening left out: the server adds the
+# p gradients (p·M·γ) and updates the weights (t_u) once a round; the ring adds (p−1)/p·M·γ
+# per rank and every worker updates (t_u); in ps-async a worker's cycle holds its update on
+# the server. On one machine with fewer cores than processes it also charges the sharing
+# of cores (Eqs. 8 to 11), which no alpha-beta formula sees; tutorial 04 calibrates that.
+
+# %%
+# plausible figures for a 25 MB model: t_c and t_u in s, gamma in s per byte added
+t_c_demo, t_u_demo, gamma_demo = 0.05, 0.005, 0.2e-9
+busy = replace(cluster, t_comp=t_c_demo, t_update=t_u_demo, gamma=gamma_demo)
+added = {  # formula -> (the package's prediction minus t_c and the hand-built wire time, the
+    #                     terms the text names)
+    "ps-sync": (ps_sync(p_big, busy).iter_time_s - t_c_demo
+                - ps_sync_sequential(M_big, p_big, alpha_lan, B_10g),
+                p_big * M_big * gamma_demo + t_u_demo),
+    "sync (ring)": (sync(p_big, busy).iter_time_s - t_c_demo
+                    - ring_allreduce_time(p_big, M_big, alpha_lan, B_10g),
+                    (p_big - 1) / p_big * M_big * gamma_demo + t_u_demo),
+}  # fmt: skip
+print(f"t_c = {format_seconds(t_c_demo)}, t_u = {format_seconds(t_u_demo)}, gamma = "
+      f"{gamma_demo * 1e9} ns/B, "
+      f"p = {p_big}: what the package adds to t_c + the wire time")  # fmt: skip
+for name, (extra, named) in added.items():
+    print(f"  {name:12s} {format_seconds(extra):>9} = {format_seconds(named)} (the named terms)")
+    assert abs(extra - named) < 1e-12, f"{name}: the package adds {extra} s, not {named} s"
 
 # %% [markdown]
 # The ratio grows like p: the PS's cost is linear in the number of workers, the ring's is
@@ -294,10 +378,10 @@ else:
 # The model is made larger (one hidden layer of 1024) so that M/B is a few milliseconds and
 # dominates the software overheads. For p = 1, 2, 4 we measure the ps-sync iteration, the
 # synchronous ring (`algo="sync"`) and the ps-async update rate, and print the formulas of
-# methods/ps.py's docstring next to them, with t_c the median compute span measured in the same
-# run and the exact frame sizes (header included):
+# methods/ps_server.py's docstring next to them, with t_c the median compute span measured in
+# the same run and the exact frame sizes (header included):
 #
-#     ps-sync:   T_it = t_c + 2α + (p+1)·M/B     (PAPER.md's two phases: t_c + 2α + 2p·M/B)
+#     ps-sync:   T_it = t_c + 2α + (p+1)·M/B     (two phases, Eq. (6): t_c + 2α + 2p·M/B)
 #     ring:      T_it = t_c + 2(p−1)·α + 2(p−1)/p · M/B
 #     ps-async:  rate = min(p / (t_c + 2α + 2M/B), B/M) updates/s
 #
@@ -330,7 +414,8 @@ print(f"MLP 64-1024-10: {emu_params} params, M = {format_bytes(M_emu)}, "
 
 
 def ps_sync_model(p: int, t_c: float) -> float:
-    """t_c + 2 alpha + (p + 1) M / B (methods/ps.py), with the exact frames (p pulls, a push)."""
+    """t_c + 2 alpha + (p + 1) M / B (methods/ps_server.py), with the exact frames (p pulls and
+    a push)."""
     return t_c + 2 * alpha + (p * pull_emu + push_emu) / bandwidth
 
 
@@ -347,8 +432,8 @@ for p_ in (1, 2, 4):
               f"{format_seconds(again[0]['iter_time_s'])} per iteration")  # fmt: skip
 
 
-def ps_sync_two_phase(p: int, t_c: float) -> float:
-    """PAPER.md: t_c + 2 alpha + 2 p M / B (all pushes, then all pulls)."""
+def ps_sync_two_phase_model(p: int, t_c: float) -> float:
+    """t_c + 2 alpha + 2 p M / B (all pulls, then all pushes: Eq. 6 of docs/paper.md)."""
     return t_c + 2 * alpha + p * (pull_emu + push_emu) / bandwidth
 
 
@@ -380,7 +465,7 @@ for p_ in (1, 2, 4):
         measured_rate(r_async[0].step_end, skip=p_),
         async_rate_model(p_, s_async["t_comp_s"]),
     )
-    two_phase = ps_sync_two_phase(p_, s_ps["t_comp_s"])
+    two_phase = ps_sync_two_phase_model(p_, s_ps["t_comp_s"])
     (ps_got, ps_model), (ring_got, ring_want) = table["ps-sync", p_], table["ring", p_]
     print(f"{p_:4d} | {format_seconds(ps_got):>16} | {format_seconds(ps_model):>14} | "
           f"{format_seconds(two_phase):>11} | {format_seconds(ring_got):>13} | "
@@ -394,8 +479,45 @@ print(f"t_c (median compute span) across the runs: {format_seconds(min(t_c_all))
       f"updates/s")  # fmt: skip
 
 # %% [markdown]
+# The hand-built models of this section against the package's, as in section 0: a
+# `Calibration` of this model on the emulated link, with each run's measured t_c and t_u = γ =
+# 0, one machine per process. One term differs, and on purpose: the package counts M bytes a
+# message, the hand-built models the exact frames, M plus a 48-byte header (`HEADER_BYTES`),
+# and a push 4 bytes more for the worker's loss. So ps-sync's model exceeds the package's by
+# ((p+1)·48 + 4)/B (p pull headers, one push header and loss), the ring's by 2(p−1)·48/B (a
+# header a step), and ps-async's rate differs by less than a push's extra bytes in M,
+# (48 + 4)/M.
+
+# %%
+emu_cal = Calibration(n_params=emu_params, t_comp=0.0, t_update=0.0, alpha=alpha,
+                      bandwidth=bandwidth, gamma=0.0, cores=10**9)  # fmt: skip
+emu_gaps = {}  # (model, p) -> what is left after the headers: ~0 (seconds; relative for async)
+for p_ in (1, 2, 4):
+    t_ps, t_ring, t_async = (sweep[a, p_][0]["t_comp_s"] for a in ("ps-sync", "sync", "ps-async"))
+    package_ps = ps_sync(p_, replace(emu_cal, t_comp=t_ps)).iter_time_s  # Eq. (5)
+    package_ring = sync(p_, replace(emu_cal, t_comp=t_ring)).iter_time_s  # Eq. (3) with (1)
+    package_rate = p_ / ps_async(p_, replace(emu_cal, t_comp=t_async)).iter_time_s  # Eq. (7)
+    headers_ps = ((p_ + 1) * HEADER_BYTES + 4) / bandwidth
+    headers_ring = 2 * (p_ - 1) * HEADER_BYTES / bandwidth
+    emu_gaps["ps-sync", p_] = ps_sync_model(p_, t_ps) - package_ps - headers_ps
+    emu_gaps["ring", p_] = ring_model(p_, t_ring) - package_ring - headers_ring
+    emu_gaps["ps-async", p_] = abs(async_rate_model(p_, t_async) / package_rate - 1)
+    print(f"p = {p_}: ps-sync model {format_seconds(ps_sync_model(p_, t_ps))} = package "
+          f"{format_seconds(package_ps)} + headers {format_seconds(headers_ps)}; ring "
+          f"{format_seconds(ring_model(p_, t_ring))} = {format_seconds(package_ring)} + "
+          f"{format_seconds(headers_ring)}; ps-async {async_rate_model(p_, t_async):.1f} vs "
+          f"{package_rate:.1f} updates/s")  # fmt: skip
+for (model, p_), gap in emu_gaps.items():
+    # ps-async: relative, a push's header and loss in M bytes; the others: seconds, rounding
+    limit = (HEADER_BYTES + 4) / M_emu if model == "ps-async" else 1e-9
+    assert abs(gap) < limit, (
+        f"{model}, p = {p_}: the hand-built model and the package's differ by more than the "
+        f"frame headers ({gap:.2e})"
+    )
+
+# %% [markdown]
 # Read the table by columns. ps-sync grows by about M/B per added worker and follows the
-# (p+1)·M/B model; PAPER.md's two-phase 2p·M/B overestimates this server (the two agree at
+# (p+1)·M/B model; the two-phase 2p·M/B overestimates this server (the two agree at
 # p = 1). The ring pays nothing at p = 1 (there is no one to talk to), then M/B at p = 2 and
 # 1.5·M/B at p = 4, on its way to a ceiling of 2M/B; its measurement sits above the formula by
 # the software overhead of its 2(p−1) steps, which the formula does not count (tutorial 02),
@@ -412,8 +534,8 @@ if plt is not None:
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot(ps_grid, [ps_sync_model(q, t_c_mid) * 1e3 for q in ps_grid],
             label="ps-sync, t_c + 2α + (p+1)M/B")  # fmt: skip
-    ax.plot(ps_grid, [ps_sync_two_phase(q, t_c_mid) * 1e3 for q in ps_grid], ls=":",
-            label="ps-sync, PAPER.md: t_c + 2α + 2pM/B")  # fmt: skip
+    ax.plot(ps_grid, [ps_sync_two_phase_model(q, t_c_mid) * 1e3 for q in ps_grid], ls=":",
+            label="ps-sync, two phases: t_c + 2α + 2pM/B")  # fmt: skip
     ax.plot(ps_grid, [ring_model(q, t_c_mid) * 1e3 for q in ps_grid], ls="--",
             label="ring, t_c + 2(p−1)α + 2(p−1)/p M/B")  # fmt: skip
     sweep_ps = [1, 2, 4]
@@ -501,6 +623,11 @@ print("all checks passed")
 #   Its one link carries p·M in and p·M out per round, so a synchronous round costs about
 #   t_c + 2α + (p+1)·M/B with this package's sequential pulls (2p·M/B when all pulls finish
 #   together): linear in p, where the ring's communication is bounded by 2M/B.
+# - The package's timing models (`pipesgd_ref.timing`: `ps_sync`, `ps_async`, `sync`,
+#   `ring_allreduce_time`; Eqs. (1) to (7) of docs/paper.md) give the same numbers as the
+#   formulas by hand, plus the terms those leave out: the reductions (γ), the update (t_u) and,
+#   on shared cores, the sharing of the cores. They count M bytes a message, not the frames'
+#   headers.
 # - ps-sync sums the p gradients in worker order: it is `reference.sync_sgd`, bitwise.
 # - ps-async applies each push on arrival. Its result depends on the arrival order, which the
 #   server records; replayed by `reference.async_ps_sgd`, that order reproduces the weights
@@ -511,17 +638,96 @@ print("all checks passed")
 #
 # ## Exercises
 #
-# 1. Rerun section 5 with `bandwidth="20MB"`. Which column changes most, and does the
-#    (p+1)·M/B model still hold? At what p would ps-async hit B/M on that link?
-# 2. Change `ParameterServer.run_sync` (in a copy) to send the p pulls from p threads at once,
-#    sharing the wire. Which formula should the iteration follow then, and why is that slower
-#    for the *last* worker even though it is fairer?
-# 3. Shard the weights over S servers, each holding n/S of them. What crosses each server's
-#    link per round? Write the ps-sync cost for S = p and compare it with the ring's.
-# 4. Make worker 0 slower (sleep 2 ms in `Worker.loss_and_grad` when `self.worker == 0`,
-#    as tests/test_ps.py does) and rerun ps-async on digits. What happens to the staleness
-#    histogram, and to worker 0's share of the arrival order? What would ps-sync's iteration
-#    time be?
-# 5. ps-async with p workers makes p updates of batch B where ps-sync makes one of batch p·B.
-#    Compare their test accuracy after the same number of gradients at lr = 0.1 and lr = 0.4.
-#    Which one tolerates the larger learning rate, and how does tutorial 06 explain it?
+# Each exercise with a single answer has a cell that checks it: put your answer in place of
+# `None` and run the cell.
+
+# %% [markdown]
+# **1.** Rerun section 5 with `bandwidth="20MB"`. Before you do, predict ps-sync's iteration
+# at p = 4 on that link with the (p+1)·M/B model, taking t_c = 1 ms, α = 100 µs and section
+# 5's M = 307,240 bytes (no headers). Then compare with the measurement: which column of the
+# table changes most, and does the model still hold? At what p would ps-async reach B/M on
+# that link?
+#
+# <details><summary>Hint</summary>
+#
+# T_it = t_c + 2α + (p+1)·M/B, with B = 20e6 bytes/s: M/B is now about 15 ms, so the wire
+# dwarfs t_c. The same figure comes from `ps_sync(4, Calibration(n_params=M // 4, t_comp=...,
+# t_update=0.0, alpha=..., bandwidth=..., gamma=0.0, cores=10**9))`. For ps-async, find the
+# smallest p with p·M/B above a worker's cycle t_c + 2α + 2M/B.
+#
+# </details>
+
+# %%
+answer = None  # your answer: ps-sync's predicted iteration at p = 4 on 20 MB/s, in seconds
+check("03.1", answer)
+
+# %% [markdown]
+# **2.** Rerun section 5's ps-sync with `ps_pulls="shared"`: the server then sends the p pulls
+# at once, sharing its wire (`ParameterServer.run_sync` in methods/ps_server.py), so every
+# worker has its weights only when all p pulls are done. Which formula should the iteration
+# follow then? For p = 4, α = 0 and t_c = M/B, how many times longer is a round with shared
+# pulls than with sequential ones? Why is that slower even though it is fairer to the
+# workers?
+#
+# <details><summary>Hint</summary>
+#
+# Draw the round on a time line in units of M/B. Sequential: worker i has its weights at
+# i + 1 and pushes at i + 2; only the last push, at p + 2, ends the round. Shared: all
+# have their weights at p, all compute at once and finish at p + 1, and then their p pushes
+# queue on the server's one incoming wire. That is Eq. (6) of docs/paper.md, and
+# `ps_sync(..., ps_pulls="shared")`.
+#
+# </details>
+
+# %%
+answer = None  # your answer: the shared round's time over the sequential one's (a ratio)
+check("03.2", answer)
+
+# %% [markdown]
+# **3.** Shard the weights over S servers, each holding n/S of them: every worker pushes each
+# server its slice of the gradient and pulls its slice of the weights. With p = 8 workers,
+# S = 4 servers and the 25 MB model of section 0, how many bytes reach one server's link per
+# round? Then write the ps-sync cost for S = p and compare it with the ring's.
+#
+# <details><summary>Hint</summary>
+#
+# A server receives one slice of M/S bytes from each of the p workers (and sends as many
+# back). With S = p servers, one on each worker's machine, a machine's link carries in each
+# direction the p−1 remote slices of its worker's push or pull and the p−1 remote slices its
+# server receives or sends: 2(p−1)/p·M, exactly the ring's load, in 2 messages' latency
+# instead of 2(p−1).
+#
+# </details>
+
+# %%
+answer = None  # your answer: bytes into one server's link per round, p = 8, S = 4, M = 25 MB
+check("03.3", answer)
+
+# %% [markdown]
+# **4.** Make worker 0 slower (sleep 2 ms in `Worker.loss_and_grad` when `self.worker == 0`,
+# as tests/test_ps.py does) and rerun ps-async on digits. What happens to the staleness
+# histogram, and to worker 0's share of the arrival order? What would ps-sync's iteration
+# time be?
+#
+# <details><summary>Hint</summary>
+#
+# `np.bincount(order)` counts each worker's updates. The slow worker pushes less often, and
+# each of its gradients waits while the others push several times: its staleness grows, the
+# others' shrinks. ps-sync waits for the slowest worker every round, so every round pays the
+# 2 ms.
+#
+# </details>
+
+# %% [markdown]
+# **5.** ps-async with p workers makes p updates of batch B where ps-sync makes one of batch
+# p·B. Compare their test accuracy after the same number of gradients at lr = 0.1 and lr = 0.4.
+# Which one tolerates the larger learning rate, and how does tutorial 06 explain it?
+#
+# <details><summary>Hint</summary>
+#
+# `TrainConfig.preset("laptop").replace(algo=..., lr=...)` with `run_training`, as in section
+# 2. ps-async applies p small steps per round, each computed on weights up to p−1 updates old:
+# a gradient delayed by τ steps is stable only for a smaller lr·λ (tutorial 06), and
+# ps-async's τ is about p−1, more now and then.
+#
+# </details>

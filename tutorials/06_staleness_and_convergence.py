@@ -3,9 +3,10 @@
 #
 # **A number to start with: staleness one halves the largest stable step size.** On a quadratic
 # with curvature λ, plain gradient descent is stable for lr·λ < 2; apply each gradient one step
-# late, as Pipe-SGD of width two does, and it is stable only for lr·λ < 1 (PAPER.md section 4).
-# Pipe-SGD buys its overlap of compute and communication with exactly this delay, so this
-# tutorial measures the price: first exactly, on a quadratic, then on a real network.
+# late, as Pipe-SGD of width two does, and it is stable only for lr·λ < 1 (docs/paper.md,
+# section 4). Pipe-SGD (Li et al., NeurIPS 2018) buys its overlap of compute and communication
+# with exactly this delay, so this tutorial measures the price: first exactly, on a quadratic,
+# then on a real network, and last how fast a stale run converges when it does.
 #
 # You will:
 # 1. write the delayed iteration on f(w) = ½λw² as a linear recurrence;
@@ -14,10 +15,12 @@
 # 3. run the oracle `reference.delayed_sgd` just below and just above the bound;
 # 4. see that on a many-dimensional quadratic the largest curvature λmax decides;
 # 5. compare synchronous and staleness-one SGD on digits, at a comfortable learning rate and at
-#    the edge.
+#    the edge;
+# 6. measure the convergence rate of staleness-one SGD at a small learning rate: the same
+#    O(1/√(pT)) as synchronous SGD.
 #
-# Run it with `python tutorials/06_staleness_and_convergence.py` (set
-# `PIPESGD_TUTORIAL_SMALL=1` for the quick version CI runs).
+# Run it with `python tutorials/06_staleness_and_convergence.py`. Takes about 7 s here on two
+# cores (about 4 s with `PIPESGD_TUTORIAL_SMALL=1`, the quick version CI runs).
 
 # %%
 import os
@@ -27,6 +30,7 @@ import numpy as np
 
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.data import MinibatchSampler, load_dataset
+from pipesgd_ref.exercises import check
 from pipesgd_ref.methods import reference
 from pipesgd_ref.models import build_model
 from pipesgd_ref.plots import pyplot, save_figure
@@ -45,7 +49,8 @@ def save(fig, name: str) -> None:
 
 
 def stability_bound(tau: int) -> float:
-    """The largest stable lr*lambda of w_{t+1} = w_t - lr*lambda*w_{t-tau} (PAPER.md sec. 4)."""
+    """The largest stable lr*lambda of w_{t+1} = w_t - lr*lambda*w_{t-tau} (docs/paper.md,
+    section 4)."""
     return 2 * np.sin(np.pi / (2 * (2 * tau + 1)))
 
 
@@ -328,7 +333,114 @@ if plt is not None and edge:
 # blows up. In practice: when moving a synchronous recipe to Pipe-SGD, a learning rate tuned
 # near sync's limit must come down; one tuned well inside it can stay.
 #
-# ## 6. Check against the oracle
+# ## 6. How fast, when it converges: the rate
+#
+# Sections 1 to 5 asked *whether* a stale run converges. The other half of the theory asks
+# *how fast*, at a learning rate well inside the bound. The answer comes from the analyses of
+# delayed-gradient SGD that the paper's convergence argument follows (docs/paper.md,
+# section 4). Assume f is L-smooth (its gradient changes by at most L·‖Δw‖; f need not be
+# convex), each worker's stochastic gradient is unbiased with variance at most σ², and the
+# learning rate is small relative to 1/L and to the delay. Then p workers running T steps of
+# SGD with staleness τ, at a learning rate that shrinks like √(p/T), reach
+#
+#     (1/T) Σ_t E‖∇f(w_t)‖²  =  O(1/√(pT))  +  (a term that falls like 1/T and grows with τ)
+#
+# The first term is the rate of synchronous minibatch SGD with p workers: p workers average
+# away the noise as a batch p times larger would. The delay appears only in the second term,
+# which shrinks faster as T grows: for long runs, staleness one converges at synchronous SGD's
+# rate. Four times the steps or four times the workers, half the average squared gradient.
+#
+# We measure it on a noisy quadratic (convex, though the rate does not need it; a quadratic
+# lets us compute the true gradient ∇f(w_t) = A(w_t − w*) exactly): n = 10 curvatures from 0.1
+# to L = 1, every worker's gradient the true one plus N(0, I) noise of its own, the same noise
+# for the sync and the stale run, lr = 0.5·√(p/T) (lr·L at most 0.07 here: far inside the
+# stability bound of 1), from w_0 = 0. For p = 1 and 4 workers and T from 250 steps up, we
+# average ‖∇f(w_t)‖² over the run (and over two noise draws), and multiply by √(pT): if the
+# rate is 1/√(pT), that product stays flat.
+
+# %%
+rate_dim = 10
+rate_rng = np.random.default_rng(1)
+Q_rate, _ = np.linalg.qr(rate_rng.standard_normal((rate_dim, rate_dim)))
+A_rate = Q_rate @ np.diag(np.linspace(0.1, 1.0, rate_dim)) @ Q_rate.T  # L = 1
+w_star_rate = rate_rng.standard_normal(rate_dim)
+
+
+def mean_squared_gradient(p: int, T: int, tau: int, seed: int) -> float:
+    """(1/T) sum_t |grad f(w_t)|^2 of `delayed_sgd` with staleness tau, p noisy workers, T
+    steps at lr = 0.5 sqrt(p / T), from w_0 = 0."""
+    noise = np.random.default_rng([seed, p, T]).standard_normal((T, p, rate_dim))
+
+    def noisy_grad_fn(params: np.ndarray, rank: int, step: int) -> tuple[float, np.ndarray]:
+        d = params - w_star_rate
+        return 0.5 * float(d @ A_rate @ d), A_rate @ d + noise[step, rank]  # unbiased, var 1
+
+    squares = []
+
+    def record(step: int, params: np.ndarray, loss: float) -> None:
+        g = A_rate @ (params - w_star_rate)  # the true gradient at w_t
+        squares.append(float(g @ g))
+
+    reference.delayed_sgd(noisy_grad_fn, np.zeros(rate_dim), p, T, 0.5 * np.sqrt(p / T),
+                          staleness=tau, drain=False, callback=record)  # fmt: skip
+    return float(np.mean(squares))
+
+
+horizons = (250, 1000, 4000) if SMALL else (250, 1000, 4000, 16000)
+rate = {}  # (p, T, tau) -> mean squared gradient, averaged over two noise draws
+print("   p |     T |     lr |  sync: avg |g|^2 | stale: avg |g|^2 | stale/sync | "
+      "sqrt(pT) x sync | sqrt(pT) x stale")  # fmt: skip
+for p_rate in (1, 4):
+    for T in horizons:
+        for tau in (0, 1):
+            draws = [mean_squared_gradient(p_rate, T, tau, seed) for seed in (0, 1)]
+            rate[p_rate, T, tau] = float(np.mean(draws))
+        sync_g, stale_g = rate[p_rate, T, 0], rate[p_rate, T, 1]
+        scale = np.sqrt(p_rate * T)
+        print(f"{p_rate:4d} | {T:5d} | {0.5 * np.sqrt(p_rate / T):.4f} | {sync_g:16.4f} | "
+              f"{stale_g:16.4f} | {stale_g / sync_g:10.3f} | {scale * sync_g:15.2f} | "
+              f"{scale * stale_g:16.2f}")  # fmt: skip
+
+slopes = {}  # (p, tau) -> d log(avg |g|^2) / d log T, from the shortest to the longest run
+for p_rate in (1, 4):
+    for tau in (0, 1):
+        first, last = rate[p_rate, horizons[0], tau], rate[p_rate, horizons[-1], tau]
+        slopes[p_rate, tau] = float(np.log(last / first) / np.log(horizons[-1] / horizons[0]))
+normalised = [np.sqrt(p_ * T) * v for (p_, T, tau), v in rate.items()]
+print("log-log slope against T: " + ", ".join(
+    f"p = {p_}, {'sync' if tau == 0 else 'stale'} {v:.2f}" for (p_, tau), v in slopes.items()
+) + f"; sqrt(pT) x avg |g|^2 between {min(normalised):.2f} and {max(normalised):.2f}")  # fmt: skip
+
+if plt is not None:
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for p_rate, color in ((1, "C0"), (4, "C1")):
+        for tau, style in ((0, "-o"), (1, "--s")):
+            ax.plot(horizons, [rate[p_rate, T, tau] for T in horizons], style, color=color,
+                    label=f"p = {p_rate}, staleness {tau}")  # fmt: skip
+    c0 = np.sqrt(horizons[0]) * rate[1, horizons[0], 0]  # 1/sqrt(pT) through p = 1's first point
+    for p_rate in (1, 4):
+        ax.plot(horizons, [c0 / np.sqrt(p_rate * T) for T in horizons], ":", color="gray", lw=1)
+    ax.set(xscale="log", yscale="log", xlabel="steps T",
+           ylabel="(1/T) sum_t |grad f(w_t)|^2")  # fmt: skip
+    ax.set_title("noisy quadratic, lr = 0.5 sqrt(p/T); dotted: c / sqrt(pT)")
+    ax.legend(fontsize=8)
+    save(fig, "06_rate.png")
+
+# %% [markdown]
+# Read the last two columns: √(pT) times the average squared gradient stays within a narrow
+# band over a 16-fold (64-fold at full size) range of T and both p, and the log-log slopes
+# sit near −½. That is the rate O(1/√(pT)): four times the steps, or four times the workers,
+# halve it. The stale/sync column is above 1, the delay's price, but it heads to 1 as T grows:
+# the delay's extra is the higher-order term, and a long run at a small learning rate pays
+# almost nothing for staleness one.
+#
+# The two results answer different questions. The stability bound says how large a learning
+# rate staleness tolerates (half of sync's, on a quadratic); the rate says that inside it, at
+# the learning rates the convergence analysis prescribes, staleness one loses nothing to first
+# order. Between the two lies the practical advice of section 5: a learning rate tuned near
+# sync's edge must come down for Pipe-SGD; one tuned well inside can stay.
+#
+# ## 7. Check against the oracle
 
 # %%
 for tau in range(4):
@@ -379,6 +491,22 @@ assert 0 < lr_stale <= 0.75 * lr_sync, (
     f"largest lr that trains: sync {lr_sync}, staleness one {lr_stale}"
 )
 assert edge, "digits: expected a learning rate where sync trains and staleness one does not"
+for (p_rate, tau), slope in slopes.items():
+    assert -0.6 < slope < -0.4, (
+        f"rate: with p = {p_rate}, staleness {tau}, the average squared gradient should fall like "
+        f"T^(-1/2) at lr = 0.5 sqrt(p/T); measured slope {slope:.2f}"
+    )
+assert max(normalised) / min(normalised) < 1.35, (
+    f"rate: sqrt(pT) x avg |g|^2 should stay nearly flat over p and T (the rate 1/sqrt(pT)); "
+    f"it ranges from {min(normalised):.2f} to {max(normalised):.2f}"
+)
+for p_rate in (1, 4):
+    first, last = (rate[p_rate, T, 1] / rate[p_rate, T, 0] for T in (horizons[0], horizons[-1]))
+    assert last < first and last < 1.05, (
+        f"rate, p = {p_rate}: staleness one's extra over sync should shrink as T grows (the "
+        f"delay is a higher-order term): stale/sync {first:.3f} at T = {horizons[0]}, "
+        f"{last:.3f} at T = {horizons[-1]}"
+    )
 print("all checks passed")
 
 # %% [markdown]
@@ -394,19 +522,113 @@ print("all checks passed")
 #   blows up.
 # - On digits, at a moderate learning rate sync and staleness-one SGD reach similar accuracy;
 #   the largest learning rate that trains is about halved by the delay.
+# - Inside the bound, at a learning rate small relative to 1/L and the delay, staleness-one
+#   SGD converges at synchronous SGD's rate, O(1/√(pT)) for the average squared gradient on
+#   smooth problems, convex or not; the delay only adds a higher-order term. On a noisy
+#   quadratic √(pT) times the average squared gradient stays nearly flat for p = 1 and 4 and
+#   T from 250 to 16 000 (4000 in the small run), and the stale run's extra over sync shrinks
+#   toward zero as T grows.
 #
 # ## Exercises
 #
-# 1. Add `warmup_steps=20` to the stale runs of section 3 above the bound. Does a synchronous
-#    warm-up change whether the run diverges? Why not, on a quadratic?
-# 2. Derive the τ = 1 bound without complex numbers: for which a are both roots of
-#    z² − z + a real, and where is the larger one below 1?
-# 3. Repeat the digits sweep with `staleness=2` and compare the ratio of largest learning rates
-#    with 0.618. Then try `warmup_steps`.
-# 4. Estimate λmax of the full-batch training loss on digits by power iteration on
-#    finite-difference Hessian-vector products, (∇f(w + εv) − ∇f(w − εv)) / 2ε, at the initial
-#    weights and at the end of a run. Is lr·λmax < 2 at w_0 for the largest synchronous lr
-#    that trains? What does that say about reading the quadratic bound literally on a network?
-# 5. The paper's later reimplementation lost 2–4 accuracy points on CIFAR-10 with staleness
-#    one. Using this tutorial's picture, which learning-rate schedules would you expect to
-#    suffer most?
+# Each exercise with a single answer has a cell that checks it: put your answer in place of
+# `None` and run the cell.
+
+# %% [markdown]
+# **1.** Add `warmup_steps=20` to the stale runs of section 3 above the bound (staleness one,
+# lr·λ = 1.1). Does a synchronous warm-up change whether the run diverges? After the warm-up,
+# by what factor does |w| grow per step in the long run?
+#
+# <details><summary>Hint</summary>
+#
+# During the warm-up w shrinks by |1 − 1.1| = 0.1 a step, so the stale phase starts from a
+# tiny w; but from then on the iteration is the same recurrence w_{t+1} = w_t − a·w_{t−1},
+# whose solutions grow like the largest |root| of z² − z + a to the power t. A smaller start
+# only delays the blow-up. `spectral_radius(1.1, 1)` gives the factor.
+#
+# </details>
+
+# %%
+answer = None  # your answer: the long-run growth factor of |w| per step after the warm-up
+check("06.1", answer)
+
+# %% [markdown]
+# **2.** Derive the τ = 1 bound without complex numbers. For which a are both roots of
+# z² − z + a real? Give the largest such a. For those a, where is the larger root, and is it
+# below 1? What happens to |z| beyond that a?
+#
+# <details><summary>Hint</summary>
+#
+# The roots are (1 ± √(1 − 4a))/2: real while the discriminant 1 − 4a ≥ 0. Then the larger
+# root is below 1 for every a > 0. Beyond, the two roots are complex conjugates whose product
+# is a, so |z|² = a: stable until a = 1.
+#
+# </details>
+
+# %%
+answer = None  # your answer: the largest a for which both roots of z^2 - z + a are real
+check("06.2", answer)
+
+# %% [markdown]
+# **3.** What share of the synchronous step size does staleness two allow on a quadratic (its
+# largest stable lr·λ over sync's)? Then repeat the digits sweep with `staleness=2` and
+# compare the ratio of the largest learning rates that train with that share. Then try
+# `warmup_steps`.
+#
+# <details><summary>Hint</summary>
+#
+# `stability_bound(2) / stability_bound(0)`, from 2 sin(π/(2(2τ + 1))). On digits, run
+# `reference.delayed_sgd(..., staleness=2)` over `lr_grid` as section 5 does; expect the ratio
+# to be near the quadratic's, not equal to it (section 5's caveat).
+#
+# </details>
+
+# %%
+answer = None  # your answer: the staleness-two bound as a share of the synchronous bound
+check("06.3", answer)
+
+# %% [markdown]
+# **4.** Estimate λmax of the full-batch training loss on digits by power iteration on
+# finite-difference Hessian-vector products, (∇f(w + εv) − ∇f(w − εv)) / 2ε, at the initial
+# weights and at the end of a run. Is lr·λmax < 2 at w_0 for the largest synchronous lr that
+# trains? What does that say about reading the quadratic bound literally on a network?
+#
+# <details><summary>Hint</summary>
+#
+# `pipesgd_ref.commands.study.hessian_lam_max(cfg)` does this on the workers' first
+# minibatches; copy it and use `model.loss_and_grad` on all of `data.X_train`. Expect λmax at
+# w_0 to be well above 2 / (the largest lr that trains): the curvature falls quickly once
+# training starts, so the early steps at a large lr are not the quadratic's steady state.
+# Compare λmax at the end of a run.
+#
+# </details>
+
+# %% [markdown]
+# **5.** A later reimplementation of Pipe-SGD lost 2 to 4 accuracy points on CIFAR-10 with
+# staleness one (docs/paper.md, section 5). Using this tutorial's picture, which
+# learning-rate schedules would you expect to suffer most?
+#
+# <details><summary>Hint</summary>
+#
+# Staleness costs most near the stability edge (section 5), and little at small learning rates
+# (section 6). A schedule that spends a long time at a large learning rate, close to what sync
+# tolerates (a high constant rate, an aggressive warm-up to a large peak), sits where the stale
+# edge lies; one that decays early spends most steps where the delay is a higher-order term.
+#
+# </details>
+
+# %% [markdown]
+# **6.** The rate of section 6 is O(1/√(pT)). At the same T, by what factor should the average
+# squared gradient fall when p goes from 4 to 16 workers? Check it by adding p = 16 to the
+# loop of section 6.
+#
+# <details><summary>Hint</summary>
+#
+# The bound depends on p and T only through pT: multiplying p by 4 is like running 4 times as
+# long. With lr = 0.5·√(p/T), p = 16 at T = 250 has lr·L ≈ 0.13, still inside the bound.
+#
+# </details>
+
+# %%
+answer = None  # your answer: avg |grad|^2 with p = 4 over avg |grad|^2 with p = 16, same T
+check("06.6", answer)

@@ -28,10 +28,11 @@
 #    a kernel, and the result is bitwise the CPU ring's;
 # 5. on a GPU, time naive against tiled.
 #
-# Run it with `python tutorials/08_gpu_kernels.py` (set `PIPESGD_TUTORIAL_SMALL=1` for the quick
-# version CI runs). Without a GPU it runs everything in the simulator, at tiny sizes: the
-# simulator executes every thread as Python (milliseconds each), checking indexing and
-# barriers, not speed.
+# Run it with `python tutorials/08_gpu_kernels.py`. Without a GPU it runs everything in
+# Numba's simulator, at tiny sizes: the simulator executes every thread as Python
+# (milliseconds each), checking indexing and barriers, not speed. Takes about 2 s here on two
+# cores without a GPU, the same with `PIPESGD_TUTORIAL_SMALL=1` (the sizes depend only on
+# whether a GPU is present).
 
 # %%
 import os
@@ -66,6 +67,7 @@ from numba import cuda, float32  # noqa: E402  (after choosing GPU or simulator)
 from pipesgd_ref.comm.device_ring import device_allreduce  # noqa: E402
 from pipesgd_ref.comm.rendezvous import JobSpec, init_process_group, new_token  # noqa: E402
 from pipesgd_ref.comm.schedule import simulate_allreduce  # noqa: E402
+from pipesgd_ref.exercises import check  # noqa: E402
 from pipesgd_ref.ops import cuda_ops, numpy_ops  # noqa: E402
 from pipesgd_ref.ops.cuda_support import TILE, launch_2d  # noqa: E402
 from pipesgd_ref.runtime.launch import free_port  # noqa: E402
@@ -292,16 +294,91 @@ print("all checks passed")
 #
 # ## Exercises
 #
-# 1. Redo the opening number for a batch of 64 and for 4096. At which batch does the tiled
-#    kernel's traffic (naive / TILE) take as long as the arithmetic on an H200?
-# 2. In `naive_matmul`, swap the roles of the grid's axes (`i, j = cuda.grid(2)`). The result
-#    stays right; on a GPU, time it: which accesses stop being coalesced, and why does it matter?
-# 3. Count the global reads of the tiled kernel at B = 20, n_in = 18, n_out = 13 by hand (section
-#    3 prints the figure) and explain why the ratio is far below TILE at this size.
-# 4. comm/device_ring.py puts the PCIe traffic of one call at M bytes device to host and
-#    2(p−1)/p · M host to device. Which copies of section 4's table make up each figure, and
-#    which could two ranks on the same GPU skip?
-# 5. Pass `codec=get_codec("trunc16")` (from `pipesgd_ref.codecs`) to `device_allreduce` in
-#    section 4. The result is no longer the oracle's: compare it with
-#    `comm.schedule.simulate_compressed_allreduce`. Where does the codec run, host or device,
-#    and why (comm/device_ring.py's docstring)?
+# Each exercise with a single answer has a cell that checks it: put your answer in place of
+# `None` and run the cell.
+
+# %% [markdown]
+# **1.** Redo the opening number for a batch of 64 and of 4096. On an H200, how many times
+# longer than the arithmetic does the tiled kernel's global traffic (the naive reads divided
+# by TILE) take, at batch 512? Why is it the same at every batch, and what TILE would make the
+# two equal?
+#
+# <details><summary>Hint</summary>
+#
+# Every term of the step's FLOP count is proportional to the batch, and so are the naive
+# reads (8 bytes per multiply-add, one multiply-add per 2 FLOP: 4 bytes per FLOP), so the
+# batch cancels. Traffic time over arithmetic time is 4·(67 TFLOP/s) / (TILE·4.8 TB/s).
+#
+# </details>
+
+# %%
+answer = None  # your answer: the tiled kernel's traffic time over its arithmetic time, H200
+check("08.1", answer)
+
+# %% [markdown]
+# **2.** In `naive_matmul`, swap the roles of the grid's axes (`i, j = cuda.grid(2)`). The
+# result stays right; on a GPU, time it: which accesses stop being coalesced, and why does it
+# matter?
+#
+# <details><summary>Hint</summary>
+#
+# A warp is 32 threads with consecutive x indices. With x along the columns j, the warp's
+# threads read W[k, j], W[k, j+1], ...: neighbouring addresses, one wide memory transaction.
+# With x along the rows i, they read X[i, k], X[i+1, k], ... a row length apart, and W[k, j]
+# is the same address for all: many transactions where one would do. Use `best_of` of
+# section 5.
+#
+# </details>
+
+# %% [markdown]
+# **3.** Count the global reads of the tiled kernel at B = 20, n_in = 18, n_out = 13 by hand
+# (in elements read from global memory; section 3 prints the figure when it runs in the
+# simulator), and explain why the ratio to the naive kernel's reads is far below TILE at this
+# size.
+#
+# <details><summary>Hint</summary>
+#
+# The output has ⌈20/16⌉·⌈13/16⌉ tiles; each walks ⌈18/16⌉ steps along n_in, and each step
+# loads one TILE x TILE tile of X and one of W, padding included. The padded edges are read
+# (as zeros) though they hold no data, and at these sizes most of each tile is padding.
+#
+# </details>
+
+# %%
+answer = None  # your answer: the tiled kernel's global reads (elements) at B=20, 18 -> 13
+check("08.3", answer)
+
+# %% [markdown]
+# **4.** Count the PCIe copies of one `device_allreduce` call in section 4's table, per rank,
+# for p = 4: how many chunks go device to host, and how many host to device? They make up
+# M bytes device to host and 2(p−1)/p · M host to device (comm/device_ring.py). Which of
+# them could two ranks on the same GPU skip?
+#
+# <details><summary>Hint</summary>
+#
+# Step 0 sends this rank's own chunk: one D2H. Each reduce-scatter step receives a chunk
+# (H2D into the scratch) and, after the addition, the sum leaves for the next rank (D2H),
+# up to and including the complete chunk that starts the all-gather; each all-gather step
+# receives a chunk (H2D into the array) and forwards the same pinned slot. Two ranks on one
+# GPU could copy device to device instead (CUDA IPC), skipping the host on both sides.
+#
+# </details>
+
+# %%
+answer = None  # your answer: (chunks device to host, chunks host to device) per rank, p = 4
+check("08.4", answer)
+
+# %% [markdown]
+# **5.** Pass `codec=get_codec("trunc16")` (from `pipesgd_ref.codecs`) to `device_allreduce` in
+# section 4. The result is no longer the oracle's: compare it with
+# `comm.schedule.simulate_compressed_allreduce`. Where does the codec run, host or device, and
+# why (comm/device_ring.py's docstring)?
+#
+# <details><summary>Hint</summary>
+#
+# With a codec the compressed ring runs on a host copy of the whole array: one D2H and one
+# H2D of M bytes per call. Compressed codes cannot be added, so every reduce-scatter hop
+# decodes, adds and re-encodes a partial sum, and the project's codecs do that on the host.
+# The result should equal the compressed simulation bitwise, not the uncompressed oracle.
+#
+# </details>
