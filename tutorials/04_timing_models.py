@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 04 · Timing models: an iteration's time, before you run it
 #
-# Takes about 25 s here, on 2 cores (about 15 s with `PIPESGD_TUTORIAL_SMALL=1`, the quick
+# Takes about 15 s here, on 2 cores (about 10 s with `PIPESGD_TUTORIAL_SMALL=1`, the quick
 # version CI runs): `python tutorials/04_timing_models.py`, or open it as a notebook.
 #
 # **A number to start with.** A 25 MB gradient (6.25 million float32 parameters) over a

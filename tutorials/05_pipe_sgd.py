@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 05 · Pipe-SGD: two threads, one step of staleness, no idle network
 #
-# Takes about 25 s here, on 2 cores (about 20 s with `PIPESGD_TUTORIAL_SMALL=1`, the quick
+# Takes about 10-20 s here, on 2 cores (about 10 s with `PIPESGD_TUTORIAL_SMALL=1`, the quick
 # version CI runs): `python tutorials/05_pipe_sgd.py`, or open it as a notebook.
 #
 # **A number to start with.** The benchmark model of this package, an MLP 256-2048-1024-10,

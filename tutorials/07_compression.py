@@ -28,7 +28,7 @@
 # 6. train digits with Pipe-SGD under each codec, with and without error feedback, and
 #    measure what error feedback changes.
 #
-# Run it with `python tutorials/07_compression.py`. Takes 20 to 30 s here on two cores, the
+# Run it with `python tutorials/07_compression.py`. Takes 10 to 30 s here on two cores, the
 # more the busier the machine (10 to 20 s with `PIPESGD_TUTORIAL_SMALL=1`, the quick version
 # CI runs).
 

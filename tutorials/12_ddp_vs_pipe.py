@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 12 · DDP-style overlap against Pipe-SGD: hide the AllReduce in the backward, or behind a step
 #
-# Takes about 20 s here on 2 cores (about 12 s with `PIPESGD_TUTORIAL_SMALL=1`, the quick
+# Takes about 10-20 s here on 2 cores (about 10 s with `PIPESGD_TUTORIAL_SMALL=1`, the quick
 # version CI runs).
 #
 # **A number to start with.** The benchmark MLP of this package, 256-2048-1024-10, has a
