@@ -114,6 +114,7 @@ def test_rows_run_in_turns_and_keep_their_best_round(monkeypatch):
     assert got["ring-tcp"]["wire_bytes"] == 4000 and got["mpi"]["wire_bytes"] is None
 
 
+@pytest.mark.slow  # 2-5 s: kept out of the fast subset
 def test_a_missing_peer_is_skipped_saying_why(monkeypatch, tmp_path, capsys):
     """torch and mpi4py made unimportable: both peers are skipped, one line each, the run
     goes on with the ring alone, and t/peer is "-"."""
@@ -161,6 +162,7 @@ def test_bench_open_mpi_peer_for_real(tmp_path):
     assert rows["ring-tcp"]["time_vs_best_peer"] == pytest.approx(rows["ring-tcp"]["time_s"] / best)
 
 
+@pytest.mark.slow  # 2-5 s: kept out of the fast subset
 def test_bench_emulated_link_prints_the_model(tmp_path, capsys):
     """On an emulated link the table's model column is the alpha-beta prediction with the
     link's alpha and B; every printed figure is a positive, finite number, one row per size

@@ -18,6 +18,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parent.parent / "pipesgd_ref"
 # Every module whose source defines a CUDA kernel or device function.
 KERNEL_MODULES = sorted(
@@ -52,6 +54,7 @@ _SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # 2-5 s: kept out of the fast subset
 def test_every_kernel_compiles_for_sm_90():
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     proc = subprocess.run(

@@ -126,6 +126,7 @@ def ranks_of(out: Path, algo: str) -> list[dict]:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow  # 2-5 s: kept out of the fast subset
 def test_collectives_over_mpi_are_the_ring_schedule_bitwise(tmp_path):
     """allreduce (sum, mean, float32/64, q8), broadcast, allgather, barrier over MPI on
     p = 1..4 ranks, lengths 0, 1, < p, not divisible by p, several segments: bitwise the

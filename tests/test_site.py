@@ -20,6 +20,8 @@ import pytest
 ROOT = Path(__file__).parent.parent
 TUTORIALS = sorted((ROOT / "tutorials").glob("[0-9][0-9]_*.py"))
 
+pytestmark = pytest.mark.slow  # builds the whole site: about 90 s
+
 pytest.importorskip("mkdocs_jupyter", reason="the docs extra: pip install -e '.[docs]'")
 pytest.importorskip("matplotlib", reason="the tutorials' figures need the plot extra")
 

@@ -371,6 +371,7 @@ def byte_streams(draw) -> tuple[bytes, bool]:
 
 @settings(max_examples=60)
 @given(byte_streams())
+@pytest.mark.slow  # 2-5 s: kept out of the fast subset
 def test_random_streams_end_in_a_frame_or_a_comm_error_never_a_hang(case):
     stream, keep_open = case
     a, b = tcp_pair()

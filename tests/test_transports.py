@@ -134,6 +134,7 @@ def test_link_emulation_paces_shared_memory_too():
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("transport", ["unix", "shm"])
+@pytest.mark.slow  # 2-5 s: kept out of the fast subset
 def test_rank_killed_mid_allreduce_is_named_by_every_rank(transport, tmp_path):
     """As fast as on tcp: a closed control socket is a death, noticed at once, whether the
     survivor was receiving or waiting for a free slot."""

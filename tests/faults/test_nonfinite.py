@@ -102,6 +102,7 @@ def test_a_nonfinite_gradient_stops_the_job_naming_rank_and_step(algo, action, t
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("algo, staleness", [("sync", 0), ("pipe", 1)])
+@pytest.mark.slow  # 2-5 s: kept out of the fast subset
 def test_ring_methods_leave_out_bad_gradients_as_the_oracle_does(algo, staleness, monkeypatch):
     cfg = cfg_for(algo, skip_nonfinite=True)
     results = run(algo, cfg, fault_spec(BAD), monkeypatch)
@@ -151,6 +152,7 @@ def test_all_ranks_bad_makes_no_update(monkeypatch):
 
 
 @pytest.mark.timeout(200)
+@pytest.mark.slow  # 2-5 s: kept out of the fast subset
 def test_summary_counts_the_left_out_gradients(tmp_path):
     env = {**os.environ, faults.ENV: fault_spec(BAD)}
     out = subprocess.run(
