@@ -108,21 +108,21 @@ def execute(src: Path, workdir: Path, timeout: float) -> dict:
     except CellExecutionError as err:
         failure = str(err).strip().splitlines()[-1] if str(err).strip() else repr(err)
     seconds = time.perf_counter() - start
-    dst = workdir / src.with_suffix(".ipynb").name
-    nbformat.write(nb, dst)
+    nbformat.write(nb, workdir / src.with_suffix(".ipynb").name)
     images, errors = count_outputs(nb)
     if failure and not errors:
         errors = [failure]
-    return {"name": src.stem, "seconds": seconds, "images": images, "errors": errors, "path": dst}
+    return {
+        "name": src.stem,
+        "title": title_of(nb),
+        "seconds": seconds,
+        "images": images,
+        "errors": errors,
+    }
 
 
-def nav_of(results: list[dict], notebooks: Path) -> list:
-    import nbformat
-
-    tutorials = []
-    for r in results:
-        nb = nbformat.read(notebooks / f"{r['name']}.ipynb", as_version=4)
-        tutorials.append({title_of(nb): f"tutorials/{r['name']}.ipynb"})
+def nav_of(results: list[dict]) -> list:
+    tutorials = [{r["title"]: f"tutorials/{r['name']}.ipynb"} for r in results]
     reference = [
         {page.stem.replace("-", " ").capitalize(): f"reference/{page.name}"}
         for page in sorted(REFERENCE.glob("*.md"))
@@ -143,7 +143,7 @@ def stage_pages(stage: Path) -> None:
 
 def render(out: Path, stage: Path, nav: list) -> float:
     """mkdocs renders the staged pages and notebooks into out/site; returns seconds taken."""
-    config = json.loads(json.dumps(base_config()))
+    config = base_config()
     config.update({"docs_dir": str(stage), "site_dir": str(out / "site"), "nav": nav})
     cfg = out / "mkdocs.yml"
     cfg.write_text(json.dumps(config, indent=1), encoding="utf-8")  # JSON is YAML
@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         state = "ok" if not r["errors"] else "FAILED: " + "; ".join(r["errors"])
         print(f"    {r['seconds']:.1f} s, {r['images']} figures, {state}", flush=True)
         results.append(r)
-    render_s = render(out, stage, nav_of(results, notebooks))
+    render_s = render(out, stage, nav_of(results))
     total = time.perf_counter() - start
     (out / "build.json").write_text(
         json.dumps(
@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
                 "small": args.small,
                 "seconds": total,
                 "render_seconds": render_s,
-                "tutorials": [{k: v for k, v in r.items() if k != "path"} for r in results],
+                "tutorials": results,
             },
             indent=1,
         ),

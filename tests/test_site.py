@@ -44,10 +44,9 @@ def site(tmp_path_factory):
     return out
 
 
-def figures_announced(notebook: Path) -> int:
+def figures_announced(cells: list[dict]) -> int:
     """How many figures the tutorial wrote: save_figure prints `figure: PATH` for each (a
     tutorial may list paths again later, so distinct paths are counted)."""
-    cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
     text = "".join(
         "".join(o.get("text", ""))
         for c in cells
@@ -74,7 +73,7 @@ def test_every_tutorial_page_shows_its_figures_and_no_error(site, path):
     errors = [f"{o['ename']}: {o['evalue']}" for o in outputs if o.get("output_type") == "error"]
     assert not errors, f"{path.stem} raised as a notebook: {errors}"
     shown = sum("image/png" in o.get("data", {}) for o in outputs)
-    written = figures_announced(notebook)
+    written = figures_announced(cells)
     assert shown == written, f"{path.stem} wrote {written} figures but showed {shown} inline"
     page = (site / "site" / "tutorials" / path.stem / "index.html").read_text(encoding="utf-8")
     assert page.count('src="data:image/png') >= shown

@@ -62,10 +62,22 @@ def test_each_tutorial_has_its_paired_notebook_in_step():
         paired = path.with_suffix(".ipynb")
         assert paired.exists(), f"{paired.name} is missing: run python docs/build.py --sync"
         want = [(c.cell_type, c.source) for c in jupytext.read(path).cells]
-        have = [(c.cell_type, c.source) for c in nbformat.read(paired, as_version=4).cells]
+        cells = nbformat.read(paired, as_version=4).cells
+        have = [(c.cell_type, c.source) for c in cells]
         assert have == want, (
             f"{paired.name} differs from {path.name}: run python docs/build.py --sync"
         )
-        assert all(not c.get("outputs") for c in nbformat.read(paired, as_version=4).cells), (
+        assert all(not c.get("outputs") for c in cells), (
             f"{paired.name} holds outputs: the paired notebooks are kept without them"
         )
+
+
+def test_the_site_builder_names_a_tutorial_it_does_not_have():
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "docs" / "build.py"), "--only", "99"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "no tutorial numbered 99" in done.stderr
