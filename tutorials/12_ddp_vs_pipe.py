@@ -359,6 +359,11 @@ for i in range(0, n_points, 4 if SMALL else 5):
           + f" | {gain_ddp[i]:7.2f}x | {gain_sync[i]:8.2f}x")  # fmt: skip
 
 
+assert starts and stops, (
+    f"pipe never beats ddp by {PAYS}x over {bw_text(bandwidths[0])}..{bw_text(bandwidths[-1])}: "
+    f"t_comp was measured at {format_seconds(cal.t_comp)}, far from a quiet machine's tens of "
+    f"ms; is another program using the cores?"
+)
 print(f"pipe beats ddp by {PAYS}x or more from {bw_text(starts[0])} to {bw_text(stops[-1])}; "
       f"most {gain_ddp[peak]:.2f}x at {bw_text(bandwidths[peak])}")  # fmt: skip
 for bw in (starts[0], stops[-1]):
