@@ -42,10 +42,13 @@ def tutorial_sources() -> list[Path]:
 
 
 def read_notebook(path: Path):
-    """The tutorial as a notebook (jupytext reads the percent format), with the kernel named."""
+    """The tutorial as a notebook (jupytext reads the percent format): the kernel named, the
+    cells given ids by their position."""
     import jupytext
 
     nb = jupytext.read(path)
+    for i, cell in enumerate(nb.cells):  # ids by position, not random: a re-sync rewrites
+        cell.id = f"cell-{i:03d}"  # a notebook only where its cells changed
     nb.metadata["kernelspec"] = {
         "name": "python3",
         "display_name": "Python 3",
