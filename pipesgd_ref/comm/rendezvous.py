@@ -62,6 +62,11 @@ from pipesgd_ref.errors import CommError, RendezvousError
 
 log = logging.getLogger("pipesgd.rendezvous")
 TRANSPORTS = ("auto", "tcp", "unix", "shm")
+# The AllReduce algorithms a job may ask for (`--allreduce`; comm/choose.py): the ring, recursive
+# doubling and Rabenseifner over links (comm/algorithms.py, comm/mesh.py), the shared-memory
+# group's one-shot and two-shot (comm/shm_group.py), or `auto`: per message, the one whose
+# calibrated model is fastest.
+ALLREDUCE = ("auto", "ring", "rd", "rab", "oneshot", "twoshot")
 # What `auto` picks between two ranks on one host: the fastest path (measured by
 # `pipesgd bench allreduce --transport tcp,unix,shm`; benchmarks/RESULTS.md).
 SAME_HOST = "shm"
@@ -85,6 +90,7 @@ class JobSpec:
     timeout: float = 30.0  # seconds any single wait may take before it is an error
     link: LinkSpec = field(default_factory=LinkSpec)  # link emulation on every data link
     transport: str = "tcp"  # tcp | unix | shm | auto: how data links are made (module doc)
+    allreduce: str = "ring"  # the AllReduce algorithm (ALLREDUCE), or auto: chosen per message
 
     def __post_init__(self):
         if self.world_size < 1:
@@ -96,6 +102,9 @@ class JobSpec:
         if self.transport not in TRANSPORTS:
             choices = ", ".join(TRANSPORTS)
             raise ValueError(f"transport must be one of {choices}, got {self.transport!r}")
+        if self.allreduce not in ALLREDUCE:
+            choices = ", ".join(ALLREDUCE)
+            raise ValueError(f"allreduce must be one of {choices}, got {self.allreduce!r}")
 
 
 def link_transport(wanted: str, rank: int, peer: int, addrs: list[dict]) -> str:
