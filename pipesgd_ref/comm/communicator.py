@@ -7,6 +7,8 @@ server's ends (comm/ps.py). It holds:
     rank, world_size, timeout       who this rank is, and how long any one wait may take
     left, right                     the ring's links: receive from rank - 1, send to rank + 1
     server, clients                 the star's links (parameter server): worker -> rank 0
+    mesh                            links to the peers of recursive doubling and Rabenseifner
+                                    (comm/mesh.py), by peer rank: each used both ways
     seq                             collectives issued so far: every rank issues the same
                                     sequence, and every frame carries its number
     scratch                         one receive buffer, reused by every collective
@@ -58,6 +60,8 @@ class Communicator:
         self.bind_host = bind_host
         self.server: Link | None = None  # star links (parameter server): worker -> rank 0
         self.clients: dict[int, Link] = {}  # on rank 0: one link per worker rank
+        self.mesh: dict[int, Link] = {}  # peer rank -> link (comm/mesh.py), when asked for
+        self.group = None  # one host's shared-memory group (comm/shm_group.py), when formed
         self._scratch: np.ndarray | None = None  # see scratch()
 
     def next_seq(self) -> int:
@@ -69,6 +73,7 @@ class Communicator:
         """The transport of each link: {"left": "shm", "right": "shm", "server": ...}."""
         links = {"left": self.left, "right": self.right, "server": self.server}
         links.update({f"client {r}": link for r, link in self.clients.items()})
+        links.update({f"mesh {r}": link for r, link in self.mesh.items()})
         return {name: link.transport for name, link in links.items() if link is not None}
 
     def scratch(self, n: int, dtype) -> np.ndarray:
@@ -90,16 +95,16 @@ class Communicator:
         return self.left.bytes_received if self.left else 0
 
     def abort(self, error: BaseException) -> bool:
-        """Tell both neighbours that this collective failed, and why (an ABORT naming the rank
-        at fault), before anything is closed, so the news goes round the ring both ways and
-        every rank's error names the rank at fault: a neighbour that sees this rank close
-        finds the news before the close (Link.take_news), never only the close. Best effort:
-        the job is failing anyway. True when the news was sent on some link."""
+        """Tell both neighbours (and every mesh peer) that this collective failed, and why (an
+        ABORT naming the rank at fault), before anything is closed, so the news goes round the
+        ring both ways and every rank's error names the rank at fault: a neighbour that sees
+        this rank close finds the news before the close (Link.take_news), never only the
+        close. Best effort: the job is failing anyway. True when the news was sent on some link."""
         told = False
         broken = getattr(error, "link", None)  # the link the error happened on
         # Left first: this rank never sends data on it, so the news goes out at once; the right
         # link may first have to finish the frame on the wire.
-        for link in (self.left, self.right):
+        for link in (self.left, self.right, *self.mesh.values()):
             if link is not broken and _between_frames(link):
                 told = link.send_abort(error, default_origin=self.rank) or told
         return told
@@ -113,7 +118,7 @@ class Communicator:
         if step is not None:
             reason += f" before step {step}"
         news = News(self.rank, reason, signum, step)
-        links = (self.left, self.right, self.server, *self.clients.values())
+        links = (self.left, self.right, self.server, *self.clients.values(), *self.mesh.values())
         return any([link.send_news(news) for link in links if _between_frames(link)])
 
     def check_news(self) -> None:
@@ -163,11 +168,15 @@ class Communicator:
         stopped = lifetime.stop_to_tell()
         if stopped is not None and self.tell_stopped(*stopped):
             time.sleep(ABORT_LINGER_SECONDS)
-        for link in (self.left, self.right, self.server, *self.clients.values()):
+        if self.group is not None:  # no one waits on a rank that has gone
+            self.group.close()
+            self.group = None
+        links = (self.left, self.right, self.server, *self.clients.values(), *self.mesh.values())
+        for link in links:
             if link is not None:
                 link.close()
         self.left = self.right = self.server = None
-        self.clients = {}
+        self.clients, self.mesh = {}, {}
 
     def __enter__(self) -> Communicator:
         return self

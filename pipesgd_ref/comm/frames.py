@@ -1,6 +1,6 @@
 """The frames of the ring's collectives: one header per (step, segment), checked on arrival, and
 a failure told to both neighbours. Used by every ring (comm/ring.py's loop and broadcast, the
-compressed and device rings).
+compressed and device rings), and, on other links than the ring's, by comm/mesh.py.
 
 Agreement: every frame carries (sequence number, op, dtype, total length, step, segment); the
 receiver checks them against its own call before reading the payload, so two ranks in different
@@ -29,19 +29,25 @@ def frame_at(header: Frame, step: int, part: int) -> Frame:
     return dataclasses.replace(header, step=step, part=part)
 
 
-def recv_checked(comm, want: Frame, step: int, part: int, out: np.ndarray, sender) -> None:
-    """Receive the next frame from the left neighbour into `out` (a contiguous array of the
-    payload's size), after checking it is frame (step, part) of the collective `want` describes.
+def recv_checked(
+    comm, want: Frame, step: int, part: int, out: np.ndarray, sender, link=None, stop=None
+) -> None:
+    """Receive the next frame from the left neighbour (or `link`) into `out` (a contiguous
+    array of the payload's size), after checking it is frame (step, part) of the collective
+    `want` describes.
 
     While waiting it keeps the ring honest: heartbeats from the left are skipped (the neighbour
     is alive), `sender` (this rank's sending thread, or None) re-raises its own error and tells
     the right neighbour we are alive, and news of a failure from either side stops the wait.
     Raises PeerAborted when ABORT news arrives instead, CollectiveMismatch when the frame
     belongs to another collective, step or segment; both name what this rank is doing
-    (comm/activity.py).
+    (comm/activity.py). `link` and `stop` (what to do in each idle slice of the wait): for a
+    collective that receives on other links than the ring's (comm/mesh.py).
     """
-    got = checked_header(comm, want, step, part, sender)
-    comm.left.recv_payload_into(got, as_bytes(out), stop=waiting_check(comm, sender))
+    link = comm.left if link is None else link
+    stop = waiting_check(comm, sender) if stop is None else stop
+    got = checked_header(comm, want, step, part, sender, link, stop)
+    link.recv_payload_into(got, as_bytes(out), stop=stop)
 
 
 def waiting_check(comm, sender) -> Callable[[], None]:
@@ -55,25 +61,26 @@ def waiting_check(comm, sender) -> Callable[[], None]:
     return stop
 
 
-def checked_header(comm, want: Frame, step: int, part: int, sender) -> Frame:
-    """The header half of `recv_checked`: the next frame from the left, checked to be frame
-    (step, part) of `want`'s collective; its payload is still to be read."""
-    stop = waiting_check(comm, sender)
-    got = comm.left.recv_header(stop=stop)
-    while got.kind == Kind.HEARTBEAT:  # the left neighbour is alive and waiting: keep waiting
-        got = comm.left.recv_header(stop=stop)
+def checked_header(comm, want: Frame, step: int, part: int, sender, link=None, stop=None) -> Frame:
+    """The header half of `recv_checked`: the next frame from the left (or `link`), checked to
+    be frame (step, part) of `want`'s collective; its payload is still to be read."""
+    link = comm.left if link is None else link
+    stop = waiting_check(comm, sender) if stop is None else stop
+    got = link.recv_header(stop=stop)
+    while got.kind == Kind.HEARTBEAT:  # the peer is alive and waiting: keep waiting
+        got = link.recv_header(stop=stop)
     if got.kind == Kind.ABORT:  # a rank upstream failed (or stopped): pass its story on
-        news = comm.left.read_abort(got)
-        source = f"news from rank {comm.left.peer}"
+        news = link.read_abort(got)
+        source = f"news from rank {link.peer}"
         raise PeerAborted(news.cannot_finish(comm.rank, current(), source), origin=news.origin)
     ours = (want.kind, want.seq, want.op, want.dtype, want.total_len, step, part)
     if (got.kind, got.seq, got.op, got.dtype, got.total_len, got.step, got.part) != ours:
         raise CollectiveMismatch(
-            f"rank {comm.rank}: rank {comm.left.peer} sent a frame of {got.describe()} "
+            f"rank {comm.rank}: rank {link.peer} sent a frame of {got.describe()} "
             f"(step {got.step}, segment {got.part}) while this rank is in {want.describe()} "
             f"(step {step}, segment {part}): every rank must call the same collectives in the "
             f"same order, with the same dtype and length",
-            origin=comm.left.peer,
+            origin=link.peer,
         )
     return got
 
@@ -81,11 +88,16 @@ def checked_header(comm, want: Frame, step: int, part: int, sender) -> Frame:
 def aborting_on_error(comm, fn: Callable, *args) -> None:
     """Run the collective `fn(*args)`; on a communication failure tell both neighbours before
     raising (the cause, once a neighbour's close is told apart from the failure it passed on),
-    so the whole ring stops with one story instead of timing out rank by rank."""
+    so the whole ring stops with one story instead of timing out rank by rank. An error an
+    inner call already told (a collective that does this itself, comm/mesh.py) is raised as is.
+    """
     try:
         fn(*args)
     except CommError as e:
+        if getattr(e, "told", False):
+            raise
         cause = comm.explain(e)
+        cause.told = True
         if comm.abort(cause):
             # Keep our sockets open a moment: the news goes round the ring in milliseconds,
             # while closing now would make a neighbour see a reset instead of the reason.

@@ -12,8 +12,8 @@ Transports (`JobSpec.transport`, `--transport`). Each link is one of
     tcp     a TCP connection: between hosts, and the path the tutorials teach
     unix    an AF_UNIX stream socket: peers on one host, no TCP/IP stack
     shm     an AF_UNIX socket for the headers, the payloads through shared slots (comm/shm.py)
-    auto    per link, from what the rendezvous learns: `SAME_HOST` for two ranks on one host,
-            tcp across hosts
+    auto    the default, as NCCL and Open MPI choose their own: per link, from what the
+            rendezvous learns, `SAME_HOST` for two ranks on one host, tcp across hosts
 Every rank registers its host (`node_id`: the boot id and the network namespace, since a unix
 socket reaches only its own namespace) and, unless the job is tcp-only, a unix listener (an
 abstract address: no file to clean up); both ends of a link derive its transport from the table,
@@ -50,11 +50,12 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from pipesgd_ref.comm import shm
+from pipesgd_ref.comm import shm, shm_group
 from pipesgd_ref.comm.activity import doing
 from pipesgd_ref.comm.communicator import Communicator
 from pipesgd_ref.comm.hellos import HELLO_TIMEOUT, HelloReader, drop_stranger, read_hello, where
 from pipesgd_ref.comm.links import Link
+from pipesgd_ref.comm.mesh import JOBS_WITH_MESH, mesh_peers
 from pipesgd_ref.comm.netem import LinkSpec
 from pipesgd_ref.comm.sockets import connect, connect_unix, listen, listen_unix, node_id
 from pipesgd_ref.comm.wire import Kind
@@ -89,7 +90,7 @@ class JobSpec:
     bind: str = "127.0.0.1"  # interface for this rank's listeners; 0.0.0.0 = all
     timeout: float = 30.0  # seconds any single wait may take before it is an error
     link: LinkSpec = field(default_factory=LinkSpec)  # link emulation on every data link
-    transport: str = "tcp"  # tcp | unix | shm | auto: how data links are made (module doc)
+    transport: str = "auto"  # auto | tcp | unix | shm: how data links are made (module doc)
     allreduce: str = "ring"  # the AllReduce algorithm (ALLREDUCE), or auto: chosen per message
 
     def __post_init__(self):
@@ -414,7 +415,11 @@ def init_process_group(
         addrs = _register(spec, listeners[0].getsockname()[1], host, unix)
         if spec.world_size == 1:
             return Communicator(spec, None, None, host)
-        comm = _link_up(spec, star, listeners, addrs, host, opened)
+        grouped = shm_group.wanted(spec, addrs)  # one host's group serves auto: no mesh then
+        mesh = spec.allreduce in JOBS_WITH_MESH and not (grouped and spec.allreduce == "auto")
+        comm = _link_up(spec, star, listeners, addrs, host, opened, mesh)
+        if grouped:
+            comm.group = shm_group.form(comm)
         opened.clear()
         return comm
     finally:
@@ -426,9 +431,11 @@ def init_process_group(
             store.thread.join(timeout=spec.timeout)
 
 
-def _link_up(spec: JobSpec, star: bool, listeners, addrs, host: str, opened: list) -> Communicator:
+def _link_up(spec: JobSpec, star: bool, listeners, addrs, host: str, opened: list, mesh: bool):
     """Make this rank's links: to its right neighbour (and, `star`, a worker's to rank 0), and
-    from its left neighbour (and rank 0's from every worker). Connect first, then accept:
+    from its left neighbour (and rank 0's from every worker); in a job whose AllReduce may be
+    rd or rab, one link to each of their peers (`comm.mesh`, comm/mesh.py: one connection per
+    pair, used both ways, made by the lower rank). Connect first, then accept:
     connect() completes against the peer's listen backlog, so no rank waits for another to
     reach accept(); then both sides exchange hellos. `opened` collects every link made."""
     p, rank = spec.world_size, spec.rank
@@ -438,23 +445,28 @@ def _link_up(spec: JobSpec, star: bool, listeners, addrs, host: str, opened: lis
         targets.append(("star", 0))
     if star and rank == 0:
         expected |= {("star", r) for r in range(1, p)}
+    if mesh:  # rd / rab peers (comm/mesh.py): the lower connects
+        targets += [("mesh", q) for q in sorted(mesh_peers(rank, p)) if q > rank]
+        expected |= {("mesh", q) for q in mesh_peers(rank, p) if q < rank}
     outgoing, regions = {}, {}
-    for purpose, peer in targets:
-        with doing(f"{purpose} hello"):
-            link, regions[purpose] = _say_hello(spec, purpose, peer, addrs)
+    for key in targets:  # (purpose, peer)
+        with doing(f"{key[0]} hello"):
+            link, regions[key] = _say_hello(spec, *key, addrs)
         opened.append(link)
-        outgoing[purpose] = link
+        outgoing[key] = link
     incoming = _accept_peers(listeners, spec, expected, addrs)
     opened.extend(incoming.values())
-    for purpose, link in list(outgoing.items()):
-        if regions[purpose] is not None:
-            outgoing[purpose] = _shm_link(link, ours=regions[purpose])
+    for key, link in list(outgoing.items()):
+        if regions[key] is not None:
+            outgoing[key] = _shm_link(link, ours=regions[key])
         else:
-            with doing(f"{purpose} hello"):
+            with doing(f"{key[0]} hello"):
                 link.recv_json(Kind.WELCOME)
-    comm = Communicator(spec, incoming[("ring", (rank - 1) % p)], outgoing["ring"], host)
-    comm.server = outgoing.get("star")
+    comm = Communicator(spec, incoming[("ring", (rank - 1) % p)], outgoing[targets[0]], host)
+    comm.server = outgoing.get(("star", 0))
     comm.clients = {r: link for (what, r), link in incoming.items() if what == "star"}
+    both = {**incoming, **outgoing}
+    comm.mesh = {r: link for (what, r), link in sorted(both.items()) if what == "mesh"}
     return comm
 
 

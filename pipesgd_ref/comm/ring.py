@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from pipesgd_ref.comm import choose, shm_group
 from pipesgd_ref.comm.activity import doing
 from pipesgd_ref.comm.communicator import Communicator
 from pipesgd_ref.comm.compressed_ring import CompressedHops
@@ -55,6 +56,7 @@ from pipesgd_ref.comm.schedule import (
 )
 from pipesgd_ref.comm.shm_hop import hop_in_slots
 from pipesgd_ref.comm.wire import CODE_OF_DTYPE, DTYPE_CODES, Frame, Kind, Op, as_bytes
+from pipesgd_ref.errors import CommError
 from pipesgd_ref.logs import trace, trace_enabled
 
 # --- one rank's loop over its links ---------------------------------------------------------
@@ -243,6 +245,7 @@ def allreduce(
     out: np.ndarray | None = None,
     segment_bytes: int = SEGMENT_BYTES,
     codec=None,
+    algorithm: str | None = None,
 ) -> np.ndarray:
     """Sum (or mean) `array` across all ranks: in place, or into `out` when given (then
     `array` is left as it was). Returns the reduced array.
@@ -250,6 +253,10 @@ def allreduce(
     `array` must be a contiguous 1-D float32 or float64 array of the same length and dtype on
     every rank (checked). Any length works, 0 and fewer than p included. With a `codec`
     (pipesgd_ref.codecs) other than "none", every hop is compressed: see comm/compressed_ring.py.
+
+    `algorithm`: "ring", "rd", "rab" (comm/mesh.py), "oneshot" or "twoshot" (comm/shm_group.py);
+    None: what the job asked for (`JobSpec.allreduce`), where "auto" picks per message the
+    algorithm whose calibrated model is fastest (comm/choose.py). Every rank must pick the same.
     """
     if op not in ("sum", "mean"):
         raise ValueError(f"allreduce op must be 'sum' or 'mean', got {op!r}")
@@ -261,12 +268,35 @@ def allreduce(
         np.copyto(out, array)
         array = out
     code = Op.ALLREDUCE_SUM if op == "sum" else Op.ALLREDUCE_MEAN
-    if codec is not None and codec.name != "none":
+    compressed = codec is not None and codec.name != "none"
+    algo = "ring" if compressed else choose.algorithm_for(comm, array.nbytes, algorithm)
+    if algo in shm_group.ALGORITHMS:
+        aborting_on_error(comm, _in_group, comm, array, code, algo)
+        return array
+    if algo != "ring":
+        from pipesgd_ref.comm import mesh
+
+        aborting_on_error(comm, mesh.reduce_by_schedule, comm, array, code, algo)
+        return array
+    if compressed:
         ring = CompressedRingReduce(comm, array, code, segment_bytes, codec)
     else:
         ring = RingReduce(comm, array, code, segment_bytes)
     aborting_on_error(comm, ring.run)
     return array
+
+
+def _in_group(comm: Communicator, array: np.ndarray, code: Op, algo: str) -> None:
+    """The AllReduce through one host's shared-memory group (comm/shm_group.py); a failure is
+    told to the whole group before the ring neighbours hear of it."""
+    seq = comm.next_seq()
+    if comm.world_size == 1:
+        return  # the sum of one array is itself; the mean divides by 1
+    try:
+        comm.group.allreduce(array, code, seq, algo)
+    except CommError as e:
+        comm.group.abort(e)
+        raise
 
 
 def barrier(comm: Communicator) -> None:

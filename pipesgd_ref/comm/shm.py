@@ -86,8 +86,8 @@ def send_region(sock: socket.socket, fd: int) -> None:
     socket.send_fds(sock, [FD_MESSAGE], [fd])
 
 
-def recv_region(sock: socket.socket, rank: int, peer: int, timeout: float) -> mmap.mmap:
-    """Receive the peer's region (its file descriptor) and map it."""
+def recv_fd(sock: socket.socket, rank: int, peer: int, timeout: float) -> int:
+    """Receive a file descriptor the peer sent with `send_region` (the caller closes it)."""
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -104,17 +104,23 @@ def recv_region(sock: socket.socket, rank: int, peer: int, timeout: float) -> mm
             os.close(fd)
         raise RendezvousError(
             f"rank {rank}: rank {peer} did not send a shared-memory region (got {msg!r}); does "
-            f"it run the same --transport?"
+            f"it run the same --transport and --allreduce?"
         )
+    return fds[0]
+
+
+def recv_region(sock: socket.socket, rank: int, peer: int, timeout: float) -> mmap.mmap:
+    """Receive the peer's region (its file descriptor) and map it."""
+    fd = recv_fd(sock, rank, peer, timeout)
     try:
-        if os.fstat(fds[0]).st_size != REGION_BYTES:
+        if os.fstat(fd).st_size != REGION_BYTES:
             raise RendezvousError(
                 f"rank {rank}: rank {peer}'s shared-memory region has the wrong size (another "
                 f"version of pipesgd?)"
             )
-        return mmap.mmap(fds[0], REGION_BYTES)
+        return mmap.mmap(fd, REGION_BYTES)
     finally:
-        os.close(fds[0])  # the mapping keeps the memory alive
+        os.close(fd)  # the mapping keeps the memory alive
 
 
 class ShmLink(Link):

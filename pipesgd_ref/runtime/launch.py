@@ -191,6 +191,7 @@ def launch_local(
     star: bool = False,
     stop_grace: float = STOP_GRACE_S,
     transport: str = "tcp",
+    allreduce: str = "ring",
 ) -> list[Any]:
     """Run `target(comm, *args)` in `world_size` local worker processes; return the p results
     in rank order. `target` must be a module-level function (spawn pickles it by name).
@@ -199,9 +200,8 @@ def launch_local(
     (default: none). grace: how long survivors of a failure get to exit on their own (default
     2 x timeout) before they are stopped. pin_cores: bind rank r to core r mod the number of
     cores (as `mpirun --bind-to core` does), so ring neighbours land on different cores and
-    no rank migrates between them (benchmarks/RESULTS.md has the measured gain). star: also
-    link every rank to rank 0 (the parameter server's links: `comm.server`, `comm.clients`).
-    transport: tcp, unix, shm or auto, the data links' transport (comm/rendezvous.py).
+    no rank migrates between them (benchmarks/RESULTS.md has the measured gain). star: the
+    parameter server's links too. transport, allreduce: as JobSpec's (comm/rendezvous.py).
 
     Signals (lifetime.py): a SIGINT, SIGTERM or SIGHUP to this process, or to any worker,
     stops every worker after one common step; JobStopped is raised, with the results when
@@ -221,6 +221,7 @@ def launch_local(
         timeout=timeout,
         link=link or LinkSpec(),
         transport=transport,
+        allreduce=allreduce,
     )
     if log_level is None:  # the workers log at the level the parent's "pipesgd" logger has
         log_level = logging.getLogger("pipesgd").getEffectiveLevel()

@@ -1,0 +1,135 @@
+"""Which AllReduce algorithm a message takes: the one the job asked for, or under `auto` the one
+whose calibrated model says it is fastest for this many bytes on this job.
+
+Every algorithm has an alpha-beta model of the same shape,
+
+    T(algo, p, M) = steps(algo, p, M) * alpha_algo + volume(algo, p) * M * beta_algo
+
+where `steps` counts the latencies on the critical path (hops for the link algorithms,
+synchronisations for the shared-memory group) and `volume` the bytes each rank moves or adds
+per byte of message (comm/algorithms.py derives both for the link algorithms; the ring's are
+2(p-1) and 2(p-1)/p). alpha_algo and beta_algo are fitted to measured times on this machine
+(`pipesgd bench allreduce --fit`, which writes them beside the package's defaults); no size
+threshold is written anywhere: the crossover sizes are where the fitted lines cross.
+
+`auto` takes the fastest model among the algorithms this job can run: the ring always; rd and
+rab when the job made their links (comm.mesh); oneshot and twoshot when it formed one host's
+shared-memory group (comm.group). The choice depends only on (p, M, the transport, the fitted
+figures), the same on every rank, so every rank picks the same algorithm for a message.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from functools import lru_cache
+from pathlib import Path
+
+from pipesgd_ref.comm import algorithms
+
+NAMES = ("ring", "rd", "rab", "oneshot", "twoshot")
+DEFAULT_MODELS = Path(__file__).with_name("allreduce_models.json")
+GROUP_SLOT_BYTES = 4 << 20  # comm/shm_group.SLOT_BYTES: a message longer goes in pieces
+
+
+def user_models_path() -> Path:
+    """Where `pipesgd bench allreduce --fit` writes this machine's figures (they win over the
+    package's): $PIPESGD_ALLREDUCE_MODELS, else ~/.cache/pipesgd/allreduce_models.json."""
+    env = os.environ.get("PIPESGD_ALLREDUCE_MODELS")
+    if env:
+        return Path(env)
+    return Path.home() / ".cache" / "pipesgd" / "allreduce_models.json"
+
+
+def steps(algo: str, p: int, nbytes: int) -> float:
+    """Latencies on the critical path of one AllReduce of nbytes."""
+    if p <= 1:
+        return 0.0
+    if algo == "ring":
+        return 2.0 * (p - 1)
+    if algo in ("oneshot", "twoshot"):
+        pieces = max(1, math.ceil(nbytes / GROUP_SLOT_BYTES))
+        return pieces * (1.0 if algo == "oneshot" else 2.0)
+    p2, e = algorithms.split(p)
+    q, f = p2.bit_length() - 1, 1 if e else 0
+    return float(q + 2 * f) if algo == "rd" else float(2 * q + 2 * f)
+
+
+def volume(algo: str, p: int) -> float:
+    """Bytes moved (or added) per rank on the critical path, per byte of message."""
+    if p <= 1:
+        return 0.0
+    if algo == "ring":
+        return 2.0 * (p - 1) / p
+    if algo == "oneshot":
+        return 1.0 + p  # copy in, then read every rank's slot
+    if algo == "twoshot":
+        return 3.0  # copy in, sum one p-th from p slots, copy every sum out
+    p2, e = algorithms.split(p)
+    q, f = p2.bit_length() - 1, 1 if e else 0
+    return float(q + 2 * f) if algo == "rd" else 2.0 * (p2 - 1) / p2 + 2 * f
+
+
+def model_time(algo: str, p: int, nbytes: int, alpha: float, beta: float) -> float:
+    return steps(algo, p, nbytes) * alpha + volume(algo, p) * nbytes * beta
+
+
+@lru_cache(maxsize=8)
+def _load(path: str, mtime: float) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+def fitted(transport: str) -> dict[str, tuple[float, float]]:
+    """{algorithm: (alpha, beta)} fitted on this machine for `transport` (the user's file when
+    there is one, else the package's)."""
+    models: dict = {}
+    for path in (DEFAULT_MODELS, user_models_path()):
+        if path.is_file():
+            data = _load(str(path), path.stat().st_mtime)
+            models.update(data.get("models", {}).get(transport, {}))
+    return {name: (m["alpha"], m["beta"]) for name, m in models.items() if name in NAMES}
+
+
+def available(comm) -> list[str]:
+    """The algorithms this job can run (see the module docstring)."""
+    names = ["ring"]
+    if getattr(comm, "mesh", None):
+        names += ["rd", "rab"]
+    if getattr(comm, "group", None) is not None:
+        names += ["oneshot", "twoshot"]
+    return names
+
+
+def transport_of(comm) -> str:
+    """The transport whose figures apply: the ring's right link's (all links of a job that
+    `auto` serves are alike: one host's shm, or tcp)."""
+    right = getattr(comm, "right", None)
+    return right.transport if right is not None else "tcp"
+
+
+def pick(names: list[str], p: int, nbytes: int, figures: dict[str, tuple[float, float]]) -> str:
+    """The fastest of `names` by the fitted models (the ring when none has figures)."""
+    timed = [(model_time(n, p, nbytes, *figures[n]), n) for n in names if n in figures]
+    return min(timed)[1] if timed else "ring"
+
+
+def algorithm_for(comm, nbytes: int, asked: str | None = None) -> str:
+    """The algorithm this rank runs for a message of nbytes: `asked`, else the job's
+    (`JobSpec.allreduce`); "auto" picks by the fitted models. Asking for one the job cannot run
+    is a ValueError saying what it needs."""
+    spec = getattr(comm, "spec", None)
+    asked = asked or getattr(spec, "allreduce", "ring")
+    p = comm.world_size
+    if asked == "auto":
+        return "ring" if p == 1 else pick(available(comm), p, nbytes, fitted(transport_of(comm)))
+    if asked not in NAMES:
+        raise ValueError(f"allreduce algorithm must be one of {', '.join(NAMES)}, got {asked!r}")
+    if p > 1 and asked not in available(comm):
+        if asked in ("rd", "rab"):
+            need = "links (--allreduce rd, rab or auto)"
+        else:
+            need = "shared-memory group (--allreduce oneshot, twoshot or auto; one host; shm)"
+        raise ValueError(f"allreduce {asked!r} needs the job to be started with its {need}")
+    return asked

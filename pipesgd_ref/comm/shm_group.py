@@ -1,0 +1,353 @@
+"""One host's shared-memory group: every rank writes its array once, then reads what it needs.
+
+The ring moves a message in 2(p-1) hops, each a frame, a wake-up and a copy; on one host every
+rank can instead map one region and see every other rank's array where it lies. Two algorithms
+use it (MPICH, NCCL and DeepSpeed's CPU AllReduce name them the same way):
+
+    oneshot   each rank copies its piece into its slot, and once all p slots are full
+              (one synchronisation) sums the whole piece itself, reading all p slots.
+              1 synchronisation, reads p M per rank: best for small messages.
+    twoshot   the same copy in; then each rank sums one p-th of the piece into the shared
+              sums (the reduce-scatter); once all p shares are there (the second
+              synchronisation) each rank copies the whole sum out (the all-gather).
+              2 synchronisations, reads about 2 M + M/p per rank: best for larger ones.
+
+Region layout (one anonymous memfd, mapped by all p ranks):
+
+    offset   size               what
+    0        64                 abort line: origin + 1 of a failed collective, its reason
+    64       8 p (to 64)        every rank's pid (to tell a dead rank from a slow one)
+    ...      2 x p x 64         control lines: [parity][rank] = gen, reduced, seq, op, dtype,
+                                total length, piece, closed (u64 each; written by its rank only)
+    ...      2 x (p+1) x SLOT   slots: [parity][rank], SLOT_BYTES each, and [parity][p]
+                                the twoshot's sums (each rank writes its share)
+
+A message longer than one slot goes in pieces; piece number g (counted over the job) uses
+parity g mod 2 and each rank raises its `gen` to g once its slot is written. Why two parities
+are enough, with no third synchronisation: a rank rewrites parity g mod 2 only at piece g + 2,
+after it saw every rank arrive at piece g + 1, and a rank arrives at g + 1 only after it has
+finished reading piece g.
+
+Bitwise the ring's result: element i of chunk c (the ring's chunk_bounds) is summed in the
+ring's order, x_c + x_{c+1} + ... + x_{c-1} (ranks mod p), and "mean" divides the sum once,
+as the ring's owner does. So the ring's one-process simulation (comm/schedule.py) is the oracle
+of both algorithms, every rank ends with the same bits, and a method's results do not depend on
+which algorithm `auto` picked for a message.
+
+Agreement and failure, as on the ring: each rank writes its collective's (seq, op, dtype,
+length) beside `gen`, and a waiter compares them (CollectiveMismatch naming both ranks). A
+rank that fails in a collective writes the abort line (every waiter raises PeerAborted naming
+it), one that closes its communicator marks its lines closed, one that dies is found by its
+pid, and a wait with no progress for `timeout` seconds is a PeerTimeout naming the ranks still
+awaited.
+
+Waiting: spin briefly, yielding the core (os.sched_yield: other ranks may share it), then
+sleep with a growing pause (20 us to 1 ms), so a long wait does not take the cores the
+computation needs. Stores are ordered by x86-64's memory model (TSO): the slot's bytes are
+written before `gen`, and read after it, without fences; the group is used only there.
+
+How the ranks share the region: rank 0 makes it and passes its file descriptor along the ring's
+unix sockets (SCM_RIGHTS) once the ring is up, each rank mapping it and passing it on; nothing
+is named, and the kernel frees it when the last rank exits (comm/shm.py does the same per link).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import platform
+import time
+
+import numpy as np
+
+from pipesgd_ref.comm import shm
+from pipesgd_ref.comm.activity import current, doing
+from pipesgd_ref.comm.schedule import chunk_bounds
+from pipesgd_ref.comm.wire import CODE_OF_DTYPE, News, Op
+from pipesgd_ref.errors import (
+    CollectiveMismatch,
+    CommError,
+    PeerAborted,
+    PeerClosed,
+    PeerTimeout,
+    RendezvousError,
+)
+
+SLOT_BYTES = 4 << 20  # one rank's piece per parity: a 64 MB message goes in 16 pieces
+LINE = 8  # u64 fields per control line (64 bytes: one cache line)
+GEN, REDUCED, SEQ, OP, DTYPE, LENGTH, PIECE, CLOSED = range(LINE)
+ABORT_BYTES = 64
+REASON_BYTES = ABORT_BYTES - 16
+SPIN_SECONDS = 200e-6  # yield-and-look this long before sleeping
+LIVENESS_SECONDS = 0.05  # while sleeping, look this often for dead or closed ranks
+ALGORITHMS = ("oneshot", "twoshot")
+
+
+def supported() -> bool:
+    """Whether this machine orders plain stores as the group needs (x86-64: TSO)."""
+    return platform.machine().lower() in ("x86_64", "amd64")
+
+
+def _pid_bytes(p: int) -> int:
+    return -(-8 * p // 64) * 64
+
+
+def region_bytes(p: int) -> int:
+    return ABORT_BYTES + _pid_bytes(p) + 2 * p * LINE * 8 + 2 * (p + 1) * SLOT_BYTES
+
+
+class ShmGroup:
+    """This rank's view of the group's region (module docstring): its control lines, slots and
+    the collectives on them."""
+
+    def __init__(self, region: mmap.mmap, rank: int, p: int, timeout: float):
+        self.region, self.rank, self.p, self.timeout = region, rank, p, timeout
+        raw = np.frombuffer(region, np.uint8)
+        self.abort_line = raw[:ABORT_BYTES]
+        ctrl = ABORT_BYTES + _pid_bytes(p)
+        self.pids = raw[ABORT_BYTES : ABORT_BYTES + 8 * p].view(np.uint64)
+        ctrl_end = ctrl + 2 * p * LINE * 8
+        self.lines = raw[ctrl:ctrl_end].view(np.uint64).reshape(2, p, LINE)
+        # [parity][rank]: each rank's piece; [parity][p]: twoshot's sums, each rank its share
+        self.slots = raw[ctrl_end:].reshape(2, p + 1, SLOT_BYTES)
+        self.gen = int(self.lines[0, rank, GEN])  # pieces this rank has done (0 when new)
+
+    def introduce(self) -> None:
+        """Write this rank's pid; wait until every rank has written its own."""
+        self.pids[self.rank] = os.getpid()
+        deadline = time.monotonic() + self.timeout
+        while (missing := [q for q in range(self.p) if not self.pids[q]]) and (
+            time.monotonic() < deadline
+        ):
+            time.sleep(1e-3)
+        if missing:
+            raise PeerTimeout(
+                f"rank {self.rank}: rank(s) {', '.join(map(str, missing))} did not map the "
+                f"shared-memory group within {self.timeout:.1f} s",
+                origin=missing[0],
+                doing=current(),
+            )
+
+    # --- the collectives ------------------------------------------------------------------
+
+    def allreduce(self, flat: np.ndarray, op: Op, seq: int, algo: str) -> None:
+        """Sum (or mean) `flat` in place across the group with `algo`, piece by piece."""
+        per = SLOT_BYTES // flat.itemsize
+        bounds = chunk_bounds(flat.size, self.p)  # the ring's chunks: its order of additions
+        for a in range(0, max(flat.size, 1), per):
+            b = min(a + per, flat.size)
+            with doing(f"allreduce #{seq} ({algo}, shared memory, elements {a}..{b})"):
+                if algo == "oneshot":
+                    self._oneshot(flat, a, b, op, seq, bounds)
+                else:
+                    self._twoshot(flat, a, b, op, seq, bounds)
+
+    def _arrive(self, flat: np.ndarray, a: int, b: int, op: Op, seq: int) -> tuple[int, np.ndarray]:
+        """Write this rank's piece into its slot and say so; returns (piece, the p rows)."""
+        g = self.gen + 1
+        par = g % 2
+        rows = self.slots[par, :, : (b - a) * flat.itemsize].view(flat.dtype)  # p + 1 rows
+        rows[self.rank] = flat[a:b]
+        line = self.lines[par, self.rank]
+        line[SEQ], line[OP], line[DTYPE] = seq, int(op), CODE_OF_DTYPE[flat.dtype]
+        line[LENGTH], line[PIECE] = flat.size, a
+        line[GEN] = g  # last: the slot and the description are there before anyone looks
+        self.gen = g
+        self._wait(GEN, g)
+        return g, rows
+
+    def _oneshot(self, flat, a, b, op, seq, bounds) -> None:
+        _, rows = self._arrive(flat, a, b, op, seq)
+        for c, (s, e) in enumerate(bounds):
+            s, e = max(s, a), min(e, b)
+            if s < e:
+                self._ordered_sum(rows, s - a, e - a, c, flat[s:e], op)
+
+    def _twoshot(self, flat, a, b, op, seq, bounds) -> None:
+        g, rows = self._arrive(flat, a, b, op, seq)
+        work = chunk_bounds(b - a, self.p)  # who sums what of this piece
+        s0, e0 = work[self.rank]
+        sums = rows[self.p]
+        for c, (s, e) in enumerate(bounds):  # my share, cut where the ring's order changes
+            s, e = max(s - a, s0), min(e - a, e0)
+            if s < e:
+                self._ordered_sum(rows, s, e, c, sums[s:e], op)
+        self.lines[g % 2, self.rank, REDUCED] = g
+        self._wait(REDUCED, g)
+        flat[a:b] = sums
+
+    def _ordered_sum(self, rows, s: int, e: int, first: int, out: np.ndarray, op: Op) -> None:
+        """out = rows[first][s:e] + rows[first + 1][s:e] + ... (mod p): the ring's order for
+        chunk `first`; "mean" divides the sum once, as the ring's owner does."""
+        p = self.p
+        np.add(rows[first, s:e], rows[(first + 1) % p, s:e], out=out)
+        for k in range(2, p):
+            np.add(out, rows[(first + k) % p, s:e], out=out)
+        if op == Op.ALLREDUCE_MEAN:
+            out /= out.dtype.type(p)
+
+    # --- waiting ----------------------------------------------------------------------------
+
+    def _wait(self, field: int, g: int) -> None:
+        """Until every rank's `field` of piece g's lines reaches g; then check they describe
+        the same collective as ours."""
+        lines = self.lines[g % 2]
+        column = lines[:, field]
+        if column.min() < g:
+            self._wait_slowly(column, g, field)
+        if field == GEN:
+            self._check_agree(lines)
+
+    def _wait_slowly(self, column: np.ndarray, g: int, field: int) -> None:
+        start = now = time.monotonic()
+        seen, progress, pause, look = int(column.sum()), now, 20e-6, now + LIVENESS_SECONDS
+        while column.min() < g:
+            self._check_abort()
+            now = time.monotonic()
+            if now - start < SPIN_SECONDS:
+                os.sched_yield()
+                continue
+            if (total := int(column.sum())) != seen:
+                seen, progress = total, now
+            if now > look:
+                look = now + LIVENESS_SECONDS
+                self._check_alive(column, g)
+                if now - progress > self.timeout:
+                    raise self._timed_out(column, g, field)
+            time.sleep(pause)
+            pause = min(2 * pause, 1e-3)
+
+    def _awaited(self, column: np.ndarray, g: int) -> list[int]:
+        return [q for q in range(self.p) if int(column[q]) < g]
+
+    def _check_alive(self, column: np.ndarray, g: int) -> None:
+        for q in self._awaited(column, g):
+            closed = bool(self.lines[0, q, CLOSED] or self.lines[1, q, CLOSED])
+            pid = int(self.pids[q])
+            if closed or not _alive(pid):
+                how = "closed its communicator" if closed else f"failed: its process {pid} exited"
+                raise PeerClosed(
+                    f"rank {self.rank}: rank {q} {how} during {current()}; it failed or "
+                    f"stopped (its own error says why)",
+                    origin=q,
+                    doing=current(),
+                )
+
+    def _timed_out(self, column: np.ndarray, g: int, field: int) -> PeerTimeout:
+        late = self._awaited(column, g)
+        names = ", ".join(map(str, late))
+        what = "wrote its piece" if field == GEN else "summed its share"
+        return PeerTimeout(
+            f"rank {self.rank}: rank(s) {names} never {what} in the shared-memory group within "
+            f"{self.timeout:.1f} s during {current()}; hung, or in another collective? raise "
+            f"--timeout to wait longer",
+            origin=late[0],
+            doing=current(),
+        )
+
+    def _check_agree(self, lines: np.ndarray) -> None:
+        mine = lines[self.rank, SEQ : PIECE + 1]
+        for q in range(self.p):
+            if q != self.rank and not np.array_equal(lines[q, SEQ : PIECE + 1], mine):
+                theirs = lines[q]
+                raise CollectiveMismatch(
+                    f"rank {self.rank}: rank {q} is in collective #{int(theirs[SEQ])} (op "
+                    f"{int(theirs[OP])}, dtype code {int(theirs[DTYPE])}, {int(theirs[LENGTH])} "
+                    f"elements) while this rank is in #{int(mine[0])} (op {int(mine[1])}, dtype "
+                    f"code {int(mine[2])}, {int(mine[3])} elements), {current()}: every rank "
+                    f"must call the same collectives in the same order, with the same dtype "
+                    f"and length",
+                    origin=q,
+                    doing=current(),
+                )
+
+    # --- failure ------------------------------------------------------------------------------
+
+    def _check_abort(self) -> None:
+        origin = int(self.abort_line[:8].view(np.uint64)[0])
+        if origin:
+            reason = bytes(self.abort_line[16:]).rstrip(b"\0").decode(errors="replace")
+            news = News(origin - 1, reason)
+            text = news.cannot_finish(self.rank, current(), "news from the shared-memory group")
+            raise PeerAborted(text, origin=origin - 1, doing=current())
+
+    def abort(self, error: BaseException) -> None:
+        """Tell every rank of the group that a collective failed (the first story stays)."""
+        words = self.abort_line[:16].view(np.uint64)
+        if words[0]:
+            return
+        origin = getattr(error, "origin", None)
+        origin = self.rank if origin is None else origin
+        text = str(error).encode()[:REASON_BYTES]
+        self.abort_line[16:] = 0
+        self.abort_line[16 : 16 + len(text)] = np.frombuffer(text, np.uint8)
+        words[0] = origin + 1
+
+    def close(self) -> None:
+        """Mark this rank gone, so no one waits on it for the whole timeout."""
+        if self.lines is not None:
+            self.lines[:, self.rank, CLOSED] = 1
+        self.lines = self.slots = self.abort_line = self.pids = None
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in (b"Z", b"X")
+
+
+# --- forming the group along the ring ---------------------------------------------------------
+
+
+def wanted(spec, addrs: list[dict]) -> bool:
+    """Whether this job (a rendezvous JobSpec) forms a shared-memory group: its AllReduce
+    may use it (auto, oneshot, twoshot), every rank is on this host, the links are shared
+    memory and not emulated (the group bypasses links). Every rank computes the same answer from
+    the table; an explicit oneshot or twoshot that cannot have it is an error saying why."""
+    if spec.allreduce not in ("auto", *ALGORITHMS):
+        return False
+    why = None
+    if len({a["node"] for a in addrs}) > 1:
+        why = "every rank on one host"
+    elif spec.transport not in ("shm", "auto"):
+        why = "--transport shm or auto (this job's links are " + spec.transport + ")"
+    elif spec.link.enabled:
+        why = "links that are not emulated (the group bypasses the links)"
+    elif not supported():
+        why = "an x86-64 machine (its stores are ordered as the group needs)"
+    if why is not None and spec.allreduce != "auto":
+        raise RendezvousError(f"rank {spec.rank}: --allreduce {spec.allreduce} needs {why}")
+    return why is None
+
+
+def form(comm) -> ShmGroup:
+    """Share one region among all ranks of `comm`, whose ring links are all shared memory
+    (unix sockets under them): rank 0 makes it and passes its descriptor to the right; every
+    other rank receives it from the left, maps it and passes it on. Each rank then writes its
+    pid, and waits for everyone's (the group is formed when all p have mapped it)."""
+    p, rank, timeout = comm.world_size, comm.rank, comm.timeout
+    size = region_bytes(p)
+    with doing("forming the shared-memory group"):
+        if rank == 0:
+            fd = os.memfd_create("pipesgd-group", os.MFD_CLOEXEC)
+            os.ftruncate(fd, size)  # sparse: pages are backed when first written
+        else:
+            fd = shm.recv_fd(comm.left.sock, rank, comm.left.peer, timeout)
+        try:
+            if os.fstat(fd).st_size != size:
+                raise CommError(
+                    f"rank {rank}: rank {comm.left.peer}'s shared-memory group region has the "
+                    f"wrong size (another version of pipesgd, or another world size?)"
+                )
+            region = mmap.mmap(fd, size)
+            if rank < p - 1:
+                shm.send_region(comm.right.sock, fd)
+        finally:
+            os.close(fd)  # the mapping keeps the memory alive
+        group = ShmGroup(region, rank, p, comm.timeout)
+        group.introduce()
+    return group
