@@ -18,7 +18,7 @@ from pipesgd_ref.timing import ring_allreduce_time
 def test_bench_allreduce_writes_verified_rows(tmp_path, capsys):
     out = tmp_path / "bench.json"
     rc = main(["bench", "allreduce", "--world-size=2", "--sizes=4KB,64KB", "--reps=2",
-               "--no-gloo", f"--json={out}"])  # fmt: skip
+               "--no-gloo", "--allreduce=ring", f"--json={out}"])  # fmt: skip
     assert rc == 0
     result = json.loads(out.read_text())
     assert [r["size_bytes"] for r in result["rows"]] == [4000, 64000]
@@ -54,7 +54,8 @@ def test_bench_rows_per_transport_and_peer(tmp_path, capsys):
     pytest.importorskip("torch.distributed", reason="gloo is optional: torch is not installed")
     out = tmp_path / "bench.json"
     rc = main(["bench", "allreduce", "--world-size=2", "--sizes=64KB", "--reps=2",
-               "--transport=tcp,unix", "--peers=gloo", f"--json={out}"])  # fmt: skip
+               "--transport=tcp,unix", "--allreduce=ring", "--peers=gloo",
+               f"--json={out}"])  # fmt: skip
     assert rc == 0
     result = json.loads(out.read_text())
     rows = result["rows"]
@@ -122,7 +123,8 @@ def test_a_missing_peer_is_skipped_saying_why(monkeypatch, tmp_path, capsys):
         monkeypatch.setitem(sys.modules, module, None)  # `import` raises ImportError
     out = tmp_path / "bench.json"
     rc = main(["bench", "allreduce", "--world-size=2", "--sizes=4KB", "--reps=1",
-               "--peers=gloo,mpi", f"--json={out}"])  # fmt: skip
+               "--peers=gloo,mpi", "--transport=tcp", "--allreduce=ring",
+               f"--json={out}"])  # fmt: skip
     assert rc == 0
     printed = capsys.readouterr().out
     assert "peer gloo skipped: torch is not installed" in printed
@@ -148,7 +150,8 @@ def test_bench_open_mpi_peer_for_real(tmp_path):
     out = tmp_path / "bench.json"
     proc = subprocess.run(
         [sys.executable, "-m", "pipesgd_ref", "bench", "allreduce", "--world-size=2",
-         "--sizes=4KB", "--reps=2", "--peers=mpi,mpi-tcp", f"--json={out}"],
+         "--sizes=4KB", "--reps=2", "--peers=mpi,mpi-tcp", "--transport=tcp",
+         "--allreduce=ring", f"--json={out}"],
         capture_output=True, text=True, timeout=240,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -169,7 +172,8 @@ def test_bench_emulated_link_prints_the_model(tmp_path, capsys):
     asked for, and the printed table and the JSON say the same."""
     out = tmp_path / "bench.json"
     rc = main(["bench", "allreduce", "--world-size=3", "--sizes=12KB,24KB", "--reps=2",
-               "--latency=1ms", "--bandwidth=1Gbit", f"--json={out}"])  # fmt: skip
+               "--latency=1ms", "--bandwidth=1Gbit", "--transport=tcp", "--allreduce=ring",
+               f"--json={out}"])  # fmt: skip
     assert rc == 0
     printed = capsys.readouterr().out
     assert "latency 1.00 ms" in printed
@@ -263,3 +267,49 @@ def test_a_killed_mpi_peers_folder_is_removed_at_the_next_start(tmp_path):
         (d / "figures.json").write_text("{}")
     assert remove_stale_folders(str(tmp_path)) == [str(dead)]
     assert not dead.exists() and live.is_dir() and old_style.is_dir()
+
+
+@pytest.mark.slow  # about 20 s: two runs of six rows
+def test_bench_rows_per_algorithm_fit_and_auto_picks_by_the_fit(tmp_path, monkeypatch, capsys):
+    """One row per algorithm at each size, all verified; --fit writes each algorithm's (alpha,
+    beta); a second run reads that file: auto's row ran the algorithm whose fitted model is
+    fastest at that size, its * marks that row, and each row's model column is its model."""
+    from pipesgd_ref.comm import choose
+
+    models = tmp_path / "models.json"
+    monkeypatch.setenv("PIPESGD_ALLREDUCE_MODELS", str(models))
+    argv = ["bench", "allreduce", "--world-size=2", "--sizes=4KB,64KB,256KB", "--reps=2",
+            "--peers=none", "--transport=auto"]  # fmt: skip
+    assert main([*argv, "--fit", f"--json={tmp_path / 'a.json'}"]) == 0
+    fitted = json.loads(models.read_text())["models"]["shm"]
+    assert sorted(fitted) == ["oneshot", "rab", "rd", "ring", "twoshot"], fitted
+    assert all(m["alpha"] >= 0 and m["beta"] >= 0 for m in fitted.values()), fitted
+    assert f"wrote {models}" in capsys.readouterr().out
+    out = tmp_path / "b.json"
+    assert main([*argv, f"--json={out}"]) == 0
+    printed = capsys.readouterr().out
+    rows = json.loads(out.read_text())["rows"]
+    names = ["ring-auto", "rd-auto", "rab-auto", "oneshot-auto", "twoshot-auto", "auto-auto"]
+    assert [r["name"] for r in rows] == names * 3
+    figures = choose.fitted("shm")
+    for r in rows:
+        assert r["verified"], r
+        want = choose.pick(choose.candidates(True), 2, r["size_bytes"], figures)
+        if r["name"] == "auto-auto":
+            assert r["algorithm"] == want, f"{r['size_bytes']} B: auto ran {r['algorithm']}"
+            assert f"auto-auto ({want})" in printed
+        else:
+            assert r["algorithm"] == r["name"].split("-")[0]
+        model = choose.model_time(r["algorithm"], 2, r["size_bytes"], *figures[r["algorithm"]])
+        assert r["model_s"] == pytest.approx(model), r
+    marked = [line.split()[0] for line in printed.splitlines() if line.split()[1:2] == ["*"]]
+    assert len(marked) == 3, f"one row marked per size: {marked}"
+
+
+def test_a_joined_rank_runs_one_algorithm(monkeypatch, capsys):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "1")
+    assert main(["bench", "allreduce", "--allreduce=ring,rd"]) == 2
+    assert "runs one algorithm; give one" in capsys.readouterr().err

@@ -109,9 +109,33 @@ def transport_of(comm) -> str:
     return right.transport if right is not None else "tcp"
 
 
-def pick(names: list[str], p: int, nbytes: int, figures: dict[str, tuple[float, float]]) -> str:
-    """The fastest of `names` by the fitted models (the ring when none has figures)."""
-    timed = [(model_time(n, p, nbytes, *figures[n]), n) for n in names if n in figures]
+LINK_ALGORITHMS = ("ring", "rd", "rab")  # over links: an emulated link's alpha and B apply
+
+
+def candidates(grouped: bool) -> list[str]:
+    """What `auto` chooses among: one host's group (with the ring), or the link algorithms."""
+    return ["ring", "oneshot", "twoshot"] if grouped else list(LINK_ALGORITHMS)
+
+
+def pick(
+    names: list[str],
+    p: int,
+    nbytes: int,
+    figures: dict[str, tuple[float, float]],
+    latency: float = 0.0,
+    bandwidth: float = math.inf,
+) -> str:
+    """The fastest of `names` by the fitted models (the ring when none has figures). On an
+    emulated link (latency, bandwidth) each link algorithm also pays the link: `steps` latencies
+    and `volume` bytes at the link's bandwidth, as the emulation paces them."""
+    timed = []
+    for n in names:
+        if n not in figures:
+            continue
+        t = model_time(n, p, nbytes, *figures[n])
+        if n in LINK_ALGORITHMS:
+            t += steps(n, p, nbytes) * latency + volume(n, p) * nbytes / bandwidth
+        timed.append((t, n))
     return min(timed)[1] if timed else "ring"
 
 
@@ -123,7 +147,13 @@ def algorithm_for(comm, nbytes: int, asked: str | None = None) -> str:
     asked = asked or getattr(spec, "allreduce", "ring")
     p = comm.world_size
     if asked == "auto":
-        return "ring" if p == 1 else pick(available(comm), p, nbytes, fitted(transport_of(comm)))
+        if p == 1:
+            return "ring"
+        link = getattr(spec, "link", None)
+        emulated = link is not None and link.enabled
+        latency, bandwidth = (link.latency, link.bandwidth) if emulated else (0.0, math.inf)
+        figures = fitted(transport_of(comm))
+        return pick(available(comm), p, nbytes, figures, latency, bandwidth)
     if asked not in NAMES:
         raise ValueError(f"allreduce algorithm must be one of {', '.join(NAMES)}, got {asked!r}")
     if p > 1 and asked not in available(comm):

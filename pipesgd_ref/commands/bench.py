@@ -36,8 +36,10 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from pipesgd_ref.comm import choose
 from pipesgd_ref.comm.netem import LinkSpec
 from pipesgd_ref.comm.ring import allreduce, barrier
+from pipesgd_ref.commands import bench_algorithms
 from pipesgd_ref.commands.bench_peers import peer_problem, run_peer
 from pipesgd_ref.outputs import write_text_atomic
 from pipesgd_ref.runtime.jobenv import join_from_env
@@ -65,6 +67,8 @@ class Row:
     round_times_s: list[float]  # each round's time, in round order
     predicted_s: float | None = None  # alpha-beta prediction (ring over TCP or emulated link)
     wire_bytes: int | None = None  # ring rows: what rank 0 sent for one AllReduce, headers in
+    algorithm: str | None = None  # our rows: the algorithm that ran (auto's pick, for auto)
+    model_s: float | None = None  # our rows: that algorithm's fitted model (bench_algorithms)
 
 
 def _print(*args) -> None:
@@ -119,7 +123,8 @@ def _ring_job(comm, sizes: list[int], reps: int, warmup: int, codec_name: str = 
             allreduce(comm, x, codec=codec)
             if i >= warmup:
                 times.append(time.perf_counter() - start)
-        out[nbytes] = {"times": times, "verified": verified, "wire": wire}
+        picked = "ring" if codec.name != "none" else choose.algorithm_for(comm, nbytes)
+        out[nbytes] = {"times": times, "verified": verified, "wire": wire, "algorithm": picked}
     return out
 
 
@@ -132,9 +137,10 @@ def run_ring(
     codec: str,
     link: LinkSpec,
     timeout: float,
+    algorithm: str = "ring",
 ) -> dict:
-    """One ring row at one size, in fresh worker processes: {"times": the slowest rank's time
-    of each call, "verified", "wire"}."""
+    """One row of ours at one size, in fresh worker processes: {"times": the slowest rank's
+    time of each call, "verified", "wire", "algorithm" (the one that ran)}."""
     per_rank = launch_local(
         world_size,
         _ring_job,
@@ -143,12 +149,14 @@ def run_ring(
         link=link,
         timeout=timeout,
         transport=transport,
+        allreduce=algorithm,
     )
     mine = [rank[nbytes] for rank in per_rank]
     # A call's time is its slowest rank's: the collective is done when the last rank has it.
     slowest = [max(rank["times"][i] for rank in mine) for i in range(reps)]
     verified = all(rank["verified"] for rank in mine)
-    return {"times": slowest, "verified": verified, "wire": mine[0]["wire"]}
+    picked = mine[0]["algorithm"]
+    return {"times": slowest, "verified": verified, "wire": mine[0]["wire"], "algorithm": picked}
 
 
 # --- the benchmark ----------------------------------------------------------------------------
@@ -209,30 +217,44 @@ def bench_allreduce(
     print_fn=_print,
     codec: str = "none",
     rounds: int = ROUNDS,
+    algorithms: list[str] | tuple[str, ...] = ("ring",),
+    fit_path=None,
+    argv: str = "",
 ) -> dict:
-    """Every row (each transport's ring, each peer that can run) at every size, `rounds`
-    times in turns; one table of each row's best round (module docstring); the result as a
-    dict, also written to `json_path`."""
+    """Every row (each algorithm on each transport, each peer that can run) at every size,
+    `rounds` times in turns; one table of each row's best round (module docstring); the result
+    as a dict, also written to `json_path`. `fit_path`: fit each algorithm's model to the rows
+    and write the figures there (bench_algorithms.py)."""
     link = link or LinkSpec()
     print_fn(
-        f"ring AllReduce, {world_size} ranks on this machine, transports "
-        f"{','.join(transports)}, codec {codec}, "
+        f"AllReduce, {world_size} ranks on this machine, algorithms {','.join(algorithms)}, "
+        f"transports {','.join(transports)}, codec {codec}, "
         f"link: {link if link.enabled else 'not emulated'}"
     )
     machine = measure_machine(sizes, print_fn)
     skipped = skipped_peers(peers, link, print_fn)
     ran_peers = [peer for peer in peers if peer not in skipped]
-    names = [f"ring-{t}" for t in transports] + ran_peers
+    ours, not_run = bench_algorithms.row_names(list(algorithms), list(transports), link)
+    for name, why in not_run.items():
+        print_fn(f"row {name} skipped: {why}")
+    names = ours + ran_peers
 
     def run(name: str, nbytes: int) -> dict:
-        if name.startswith("ring-"):
-            transport = name[len("ring-") :]
-            return run_ring(world_size, nbytes, reps, warmup, transport, codec, link, timeout)
+        if name in ours:
+            algo, transport = bench_algorithms.split_name(name)
+            return run_ring(world_size, nbytes, reps, warmup, transport, codec, link, timeout, algo)
         return run_peer(name, world_size, nbytes, reps, warmup, timeout)
 
     got = in_turns(names, sizes, rounds, run, print_fn)
     rows = best_rows(got, names, sizes, ran_peers, world_size, link, machine)
+    models = None
+    if fit_path is not None and codec == "none" and not link.enabled:
+        models = bench_algorithms.fit(rows, world_size)
+        bench_algorithms.write_fit(models, world_size, fit_path, argv)
+    add_models(rows, ours, world_size, codec, link)
     print_table(rows, rounds, link.bandwidth if link.enabled else None, print_fn)
+    if models is not None:
+        bench_algorithms.print_fit(models, world_size, fit_path, print_fn)
     result = {
         "world_size": world_size,
         "link": {"latency_s": link.latency, "bandwidth_Bps": link.bandwidth},
@@ -241,6 +263,8 @@ def bench_allreduce(
         "gamma_s_per_byte": machine.gamma,
         "codec": codec,
         "transports": list(transports),
+        "algorithms": list(algorithms),
+        "fitted": models,
         "peers": ran_peers,
         "skipped_peers": skipped,
         "rounds": rounds,
@@ -310,9 +334,11 @@ def best_rows(
             algbw = nbytes / t
             busbw = algbw * bus_factor(world_size)
             runs = got[name, nbytes]
-            ring = name.startswith("ring-")
+            ours = "wire" in runs[0]  # our rows count the bytes they sent
             predicted = None
-            if ring and (link.enabled or name == "ring-tcp"):  # the unemulated figures are TCP's
+            if name.startswith("ring-") and (
+                link.enabled or name == "ring-tcp"
+            ):  # the unemulated figures are TCP's
                 predicted = ring_allreduce_time(world_size, nbytes, alpha, bandwidth, m.gamma)
             copy = m.copy_bps[nbytes]
             rows.append(
@@ -329,16 +355,49 @@ def best_rows(
                     verified=all(r["verified"] for r in runs),
                     round_times_s=[r["time_s"] for r in runs],
                     predicted_s=predicted,
-                    wire_bytes=runs[0]["wire"] if ring else None,
+                    wire_bytes=runs[0]["wire"] if ours else None,
+                    algorithm=runs[0].get("algorithm"),
                 )
             )
     return rows
 
 
+def add_models(rows: list[Row], ours: list[str], p: int, codec: str, link: LinkSpec) -> None:
+    """Each row of ours gets the fitted model of the algorithm that ran (comm/choose.py), where
+    there are figures for it: plain AllReduces on unemulated links."""
+    if codec != "none" or link.enabled:
+        return
+    for r in rows:
+        if r.name in ours and r.algorithm is not None:
+            transport = bench_algorithms.split_name(r.name)[1]
+            r.model_s = bench_algorithms.model_time(r.algorithm, transport, p, r.size_bytes)
+
+
+def _label(r: Row, picks: dict) -> str:
+    """A row's name; auto's rows say what auto ran, and the row of the algorithm auto picked
+    at that size (on those links) is marked *."""
+    if r.algorithm is None:
+        return r.name
+    algo, transport = bench_algorithms.split_name(r.name)
+    if algo == "auto":
+        return f"{r.name} ({r.algorithm})"
+    picked = picks.get((r.size_bytes, bench_algorithms.resolved(transport)))
+    return r.name + (" *" if picked == algo else "")
+
+
 def print_table(rows: list[Row], rounds: int, link_bandwidth: float | None, print_fn=print):
     """The table: one line per row and size, "-" where a figure does not apply. With an
     emulated link, an "of link" column: busbw / the link's bandwidth."""
-    width = max(len("row"), *(len(r.name) for r in rows))
+    picks = {
+        (
+            r.size_bytes,
+            bench_algorithms.resolved(bench_algorithms.split_name(r.name)[1]),
+        ): r.algorithm
+        for r in rows
+        if r.algorithm is not None and r.name.startswith("auto-")
+    }
+    labels = [_label(r, picks) for r in rows]
+    width = max(len("row"), *(len(label) for label in labels))
     header = (
         f"{'row':<{width}} {'size':>10} {'time ms':>9} {'algbw GB/s':>11} "
         f"{'busbw GB/s':>11} {'of mem':>7} {'of TCP':>7}"
@@ -348,20 +407,25 @@ def print_table(rows: list[Row], rounds: int, link_bandwidth: float | None, prin
     header += f" {'model ms':>9} {'verified':>9} {'sent MB':>8} {'t/peer':>7}"
     print_fn(f"best of {rounds} rounds:")
     print_fn(header)
-    for r in rows:
+    for r, label in zip(rows, labels, strict=True):
+        model = r.model_s if r.model_s is not None else r.predicted_s
         line = (
-            f"{r.name:<{width}} {format_bytes(r.size_bytes):>10} {r.time_s * 1e3:9.2f} "
+            f"{label:<{width}} {format_bytes(r.size_bytes):>10} {r.time_s * 1e3:9.2f} "
             f"{r.algbw / 1e9:11.3f} {r.busbw / 1e9:11.3f} {r.of_memory:7.0%} {r.of_tcp:7.0%}"
         )
         if link_bandwidth is not None:
             line += f" {r.busbw / link_bandwidth:7.0%}"
         line += (
-            f" {_or_dash(r.predicted_s, 1e3, 9)} {'yes' if r.verified else 'NO':>9} "
+            f" {_or_dash(model, 1e3, 9)} {'yes' if r.verified else 'NO':>9} "
             f"{_or_dash(r.wire_bytes, 1e-6, 8)} {_or_dash(r.time_vs_best_peer, 1, 7)}"
         )
         print_fn(line)
     if any(r.time_vs_best_peer is not None for r in rows):
         print_fn("t/peer: a row's time over the fastest peer's at that size (below 1: faster)")
+    if picks:
+        print_fn("auto-*: what auto ran in brackets; * marks the row of the algorithm it picked")
+    if any(r.model_s is not None for r in rows):
+        print_fn("model: the fitted alpha-beta model of the algorithm that ran (comm/choose.py)")
 
 
 def _or_dash(value: float | None, scale: float, width: int) -> str:
@@ -377,8 +441,9 @@ def bench_allreduce_joined(
     json_path: str | None = None,
     print_fn=print,
     bind: str | None = None,
-    transport: str = "tcp",
+    transport: str = "auto",
     comm_kind: str = "sockets",
+    allreduce: str = "auto",
 ) -> dict | None:
     """The benchmark as one rank of a job from the environment (torchrun, mpirun, srun
     variables): every rank runs the same sizes; rank 0 prints the table (its own times).
@@ -389,15 +454,17 @@ def bench_allreduce_joined(
 
         comm, how = join_mpi(timeout=timeout), "over MPI point-to-point"
     else:
-        comm = join_from_env(timeout=timeout, bind=bind, link=link, transport=transport)
+        comm = join_from_env(
+            timeout=timeout, bind=bind, link=link, transport=transport, allreduce=allreduce
+        )
         how = "joined from the environment"
     try:
         mine = _ring_job(comm, sizes, reps, warmup)
         if comm.rank != 0:
             return None
         p = comm.world_size
-        wire = "" if comm_kind == "mpi" else f", transport {transport}"
-        print_fn(f"ring AllReduce, {p} ranks ({how}){wire}, rank 0's times")
+        wire = "" if comm_kind == "mpi" else f", transport {transport}, allreduce {allreduce}"
+        print_fn(f"AllReduce, {p} ranks ({how}){wire}, rank 0's times")
         print_fn(
             f"{'size':>10} {'time ms':>9} {'algbw GB/s':>11} {'busbw GB/s':>11} {'verified':>9}"
         )

@@ -9,12 +9,14 @@ import argparse
 import os
 
 from pipesgd_ref.comm.netem import LinkSpec
+from pipesgd_ref.commands import bench_algorithms
 from pipesgd_ref.errors import ConfigError
 from pipesgd_ref.runtime.jobenv import detect_env
 from pipesgd_ref.runtime.launch import check_local_workers
 from pipesgd_ref.runtime.preflight import check_bind
 
 CODECS = ("none", "trunc16", "bf16", "q8")
+ALL = bench_algorithms.ALGORITHMS  # --allreduce's default on local ranks: a row each
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -51,15 +53,47 @@ def cmd_bench(args: argparse.Namespace) -> int:
         timeout=args.timeout,
         json_path=args.json_path,
     )
+    algorithms = names("--allreduce", args.allreduce or ",".join(ALL), bench_algorithms.ALGORITHMS)
     if job is not None:
+        if args.allreduce is None:
+            algorithms = ["auto"]
+        if len(algorithms) > 1:
+            raise ConfigError(
+                f"--allreduce {args.allreduce}: a rank of a job from the environment runs one "
+                f"algorithm; give one"
+            )
         bench_allreduce_joined(
-            sizes, bind=args.bind, transport=transports[0], comm_kind=args.comm, **kwargs
+            sizes,
+            bind=args.bind,
+            transport=transports[0],
+            comm_kind=args.comm,
+            allreduce=algorithms[0],
+            **kwargs,
         )
     else:
         bench_allreduce(
-            args.world_size, sizes, transports=transports, peers=peers, codec=args.codec, **kwargs
+            args.world_size,
+            sizes,
+            transports=transports,
+            peers=peers,
+            codec=args.codec,
+            algorithms=algorithms,
+            fit_path=_fit_path(args),
+            argv=" ".join(["pipesgd", *args.argv]) if getattr(args, "argv", None) else "",
+            **kwargs,
         )
     return 0
+
+
+def _fit_path(args: argparse.Namespace):
+    """Where --fit writes (None: no fit)."""
+    from pathlib import Path
+
+    from pipesgd_ref.comm.choose import user_models_path
+
+    if args.fit is None:
+        return None
+    return Path(args.fit) if args.fit else user_models_path()
 
 
 def bench_flags(args: argparse.Namespace) -> tuple[list[int], LinkSpec, list[str], list[str]]:

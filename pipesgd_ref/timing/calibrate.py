@@ -103,6 +103,9 @@ def calibrate(
         base,
         alpha=link.latency + hop,
         bandwidth=link.bandwidth,
+        latency=link.latency,
+        allreduce=getattr(cfg, "allreduce", "ring"),
+        transport="tcp" if getattr(cfg, "transport", "auto") == "tcp" else "shm",
         t_comp_busy=busy,
         alpha_busy=hop_busy,  # measured on the emulated link: its latency is in it
         source={

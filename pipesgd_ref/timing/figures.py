@@ -63,6 +63,12 @@ class Calibration:
     # timing/buckets.py `DEFAULT_UNITS` then says what is assumed.
     backward_units: tuple = ()
     codecs: dict = field(default_factory=dict)  # name -> (ratio r, encode s/B, decode s/B)
+    # The job's AllReduce algorithm (ring, rd, rab, oneshot, twoshot, or auto: chosen per
+    # message as the workers choose, comm/choose.py), the links' transport as the workers see
+    # it (shm on one host), and the emulated link's latency: auto's choice reads them.
+    allreduce: str = "ring"
+    transport: str = "shm"
+    latency: float = 0.0
     source: dict = field(default_factory=dict)  # figure -> how it was obtained
 
     @property

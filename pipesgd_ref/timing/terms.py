@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+from pipesgd_ref.comm import algorithms, choose
 from pipesgd_ref.timing.figures import Calibration
 
 
@@ -203,11 +204,34 @@ def ring_bandwidth(world_size: int, cal: Calibration) -> float:
     return min(cal.bandwidth, cal.loop_bandwidth * min(1.0, cal.cores / world_size))
 
 
+def allreduce_algorithm(world_size: int, cal: Calibration, codec: str, nbytes: float) -> str:
+    """The algorithm the workers run for a message of nbytes: the job's (`cal.allreduce`), and
+    under auto the one comm/choose.py picks from the same inputs the workers have (the fitted
+    figures, the transport, the emulated link), so the model costs what runs. A codec rides
+    the compressed ring."""
+    if codec != "none" or world_size <= 1 or cal.allreduce != "auto":
+        return "ring" if codec != "none" or world_size <= 1 else cal.allreduce
+    emulated = cal.latency > 0 or cal.bandwidth != math.inf
+    names = choose.candidates(cal.transport == "shm" and not emulated)
+    figures = choose.fitted(cal.transport)
+    return choose.pick(names, world_size, int(nbytes), figures, cal.latency, cal.bandwidth)
+
+
 def ring_time(world_size: int, cal: Calibration, codec: str, nbytes: float, alpha: float) -> float:
     """T_ar, Eq. (1) and (2), of `nbytes` on a ring method's links (`ring_bandwidth`) with
-    `alpha` per hop: the whole gradient's for sync and pipe, one bucket's for ddp (Eq. 12)."""
+    `alpha` per hop: the whole gradient's for sync and pipe, one bucket's for ddp (Eq. 12).
+    Another algorithm (`allreduce_algorithm`) is costed by its own model: rd and rab by their
+    alpha-beta formulas on the same alpha, B and gamma (comm/algorithms.py), the shared-memory
+    group by its fitted model (comm/choose.py)."""
     r, e, d = cal.codec(codec)
     B = ring_bandwidth(world_size, cal)
+    algo = allreduce_algorithm(world_size, cal, codec, nbytes)
+    if algo in ("rd", "rab"):
+        return algorithms.cost(algo, world_size, nbytes, alpha, B, cal.gamma)
+    if algo in ("oneshot", "twoshot"):
+        figures = choose.fitted(cal.transport)
+        if algo in figures:
+            return choose.model_time(algo, world_size, int(nbytes), *figures[algo])
     return ring_allreduce_time(world_size, nbytes, alpha, B, cal.gamma, r, e, d)
 
 
