@@ -78,8 +78,13 @@ class TrainConfig:
     latency: str = "0"  # emulated per-message latency per link, e.g. 50us, 1ms (0 = none)
     bandwidth: str = "inf"  # emulated bandwidth per link and direction, e.g. 1Gbit, 125MB
     timeout: float = 60.0  # seconds any wait on a peer may take before it is an error
-    # unix: AF_UNIX sockets; shm: shared-memory slots, the headers on a unix socket
-    transport: str = "tcp"  # data links: tcp | unix | shm | auto (shm on one host, tcp across)
+    # unix: AF_UNIX sockets; shm: shared-memory slots, the headers on a unix socket; tcp: the
+    # sockets the tutorials teach. auto, as NCCL and Open MPI choose theirs: the fastest path
+    transport: str = "auto"  # data links: auto (shm on one host, tcp across) | tcp | unix | shm
+    # The AllReduce algorithm. ring: the paper's; rd, rab: recursive doubling, Rabenseifner over
+    # links; oneshot, twoshot: one host's shared-memory group; auto: per message, the fastest by
+    # the calibrated models. A codec, --comm mpi and --device cuda run the ring (auto: ring).
+    allreduce: str = "auto"  # auto | ring | rd | rab | oneshot | twoshot (comm/rendezvous.py)
     master_port: int = 0  # local runs: the rendezvous store's port (0 = pick a free one)
     # How the ranks talk. sockets: the project's own framed TCP links (comm/links.py), for
     # local workers and for ranks that torchrun, mpirun or srun start (rendezvous on

@@ -394,9 +394,12 @@ else:
 
 # %%
 sweep_steps = 20 if SMALL else 30  # start-up dominates a run: steps are cheap
+# allreduce="ring": sync's AllReduce is the ring of the models below (the default, auto, may
+# choose another algorithm for each message)
 emu = TrainConfig.preset("laptop").replace(
-    hidden=(1024,), steps=sweep_steps, eval_every=0, latency="100us", bandwidth="100MB"
-)
+    hidden=(1024,), steps=sweep_steps, eval_every=0, latency="100us", bandwidth="100MB",
+    allreduce="ring",
+)  # fmt: skip
 link = link_of(emu)
 alpha, bandwidth = link.latency, link.bandwidth
 sweep = {}  # (algo, p) -> (summary, results)

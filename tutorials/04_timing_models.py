@@ -208,9 +208,13 @@ else:
 # calibrate twice and keep the calibration that predicts the faster iteration.
 
 # %%
+# By name: tcp, the links `calibrate` measures its hop and stream on (the default, auto, would
+# link the workers through shared memory), and the ring, the AllReduce the models describe
+# (auto may choose another algorithm for each message).
 check_cfg = TrainConfig(dataset="digits", model="mlp", hidden=(256, 256), world_size=2,
                         batch_size=128, lr=0.05, steps=16 if SMALL else 40, eval_every=0,
-                        latency="50us", bandwidth="1Gbit")  # fmt: skip
+                        latency="50us", bandwidth="1Gbit", transport="tcp",
+                        allreduce="ring")  # fmt: skip
 p_c = check_cfg.world_size
 check_algos = ("sync", "ps-sync", "ps-async")
 t0 = time.perf_counter()

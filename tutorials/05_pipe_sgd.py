@@ -73,13 +73,15 @@ def quiet(*_) -> None:
 # classes, the MLP 256-2048-1024-10, p = 4 workers, links at α = 100 µs), with half its batch
 # (256 per worker instead of 512, so that a run here takes half the time), 8 steps instead of
 # its 16, and one of its bandwidths, B = 1 Gbit/s. The ring's cost is equation (1) of
-# docs/paper.md (γ left out), `timing.ring_allreduce_time`, derived in tutorials 02 and 04.
+# docs/paper.md (γ left out), `timing.ring_allreduce_time`, derived in tutorials 02 and 04;
+# `allreduce="ring"` asks for the paper's ring by name (the default, auto, may choose another
+# algorithm for each message).
 
 # %%
 bench = TrainConfig(
     dataset="synthetic:samples=8192,features=256,classes=10", model="mlp", hidden=(2048, 1024),
     world_size=4, batch_size=256, lr=0.05, steps=8, latency="100us", bandwidth="1Gbit",
-    eval_every=0,
+    eval_every=0, allreduce="ring",
 )  # fmt: skip
 bench_model = build_model(bench.model, 256, 10, bench.hidden)
 M_bench = 4 * bench_model.n_params

@@ -410,12 +410,13 @@ if plt is not None:
 # ## 4. The same over sockets: 4 processes
 #
 # `allreduce(comm, x, op, codec=codec)` (op "sum" or "mean") with any codec but "none" runs
-# the compressed ring. As in tutorial 02, `launch_local(p, job, args)` starts p processes
-# linked in a ring and returns each rank's result; each rank makes its data from (seed, rank)
-# so the parent can regenerate the inputs for the oracle. **Why `start_method="fork"`:** the
-# package's default, spawn, would re-import this script in every worker and re-run each cell
-# above; fork copies the running process and re-runs nothing. Nothing here touches a GPU, so
-# fork is safe (tutorial 02 says more).
+# the compressed ring. As in tutorial 02, `launch_local(p, job, args, transport="tcp")` starts
+# p processes linked in a ring of TCP sockets (by name: the default of `pipesgd train`, auto,
+# would take shared memory on one host) and returns each rank's result; each rank makes its
+# data from (seed, rank) so the parent can regenerate the inputs for the oracle. **Why
+# `start_method="fork"`:** the package's default, spawn, would re-import this script in every
+# worker and re-run each cell above; fork copies the running process and re-runs nothing.
+# Nothing here touches a GPU, so fork is safe (tutorial 02 says more).
 #
 # The oracle is `simulate_compressed_allreduce`: every rank must hold bitwise its result.
 # n is chosen so that a chunk spans more than one segment of `SEGMENT_BYTES` (each segment
@@ -454,8 +455,9 @@ n_sock = 2_400_007 if SMALL else 4_800_007  # 9.6 / 19.2 MB: chunks of 1.1 / 2.3
 seed = 7
 socket_codecs = ("none", "trunc16", "bf16", "q8")
 t0 = time.perf_counter()
-# fork, not the package's default spawn: see the paragraph above
-sock = launch_local(P, compressed_job, (n_sock, seed, socket_codecs), start_method="fork")
+# fork, not the package's default spawn: see the paragraph above; tcp: the sockets taught here
+sock = launch_local(P, compressed_job, (n_sock, seed, socket_codecs), start_method="fork",
+                    transport="tcp")  # fmt: skip
 print(f"launch_local({P}, compressed_job, ...): {time.perf_counter() - t0:.2f} s for "
       f"{len(socket_codecs)} allreduces of {format_bytes(4 * n_sock)}")  # fmt: skip
 sock_inputs = [rank_gradient(seed, r, n_sock) for r in range(P)]
@@ -527,7 +529,7 @@ timings = {}  # "loopback" / "emulated" -> codec -> median seconds
 t0 = time.perf_counter()
 for where, wire in (("loopback", None), ("emulated", link)):
     per_rank = launch_local(P, timing_job, (n_time, timed_codecs, 3 if SMALL else 7),
-                            start_method="fork", link=wire)  # fmt: skip
+                            start_method="fork", link=wire, transport="tcp")  # fmt: skip
     timings[where] = {name: float(np.median(np.mean([t[name] for t in per_rank], axis=0)))
                       for name in timed_codecs}  # fmt: skip
 measured = timings["emulated"]

@@ -200,11 +200,14 @@ print(f"global reads: naive {naive_reads:,}, tiled {tiled_reads:,} ({ratio:.1f}x
 # the 2(p−1)/p · M bytes on the wire, and (p−1)/p · M additions on the GPU.
 #
 # Here the p ranks are threads of this process, each with its own `Communicator` over real
-# loopback sockets (tutorials 02 and 07 use processes; a forked process cannot use the CUDA
-# context this process already holds, and threads share it). One precaution belongs to the
-# simulator alone: it runs a kernel by swapping the module's `cuda` for a stand-in, so two
-# threads must not launch at once; `ops` is the cuda backend with its `add_into` behind a lock
-# (on a GPU the lock costs a few microseconds a launch, and the kernels still queue in order).
+# loopback TCP sockets (tutorials 02 and 07 use processes; a forked process cannot use the CUDA
+# context this process already holds, and threads share it). TCP is asked for by name
+# (`transport="tcp"`): it is the socket path drawn above, and JobSpec's default, auto, would
+# link ranks on one host through shared memory (tutorial 02, section 3b). One precaution
+# belongs to the simulator alone: it runs a kernel by swapping the module's `cuda` for a
+# stand-in, so two threads must not launch at once; `ops` is the cuda backend with its
+# `add_into` behind a lock (on a GPU the lock costs a few microseconds a launch, and the
+# kernels still queue in order).
 
 # %%
 p, n = 3, (50 if not ON_GPU else 1_000_003)
@@ -225,7 +228,8 @@ failures: list = []
 
 def rank_main(rank: int) -> None:
     try:
-        with init_process_group(JobSpec(rank, p, master_port=port, token=token)) as comm:
+        spec = JobSpec(rank, p, master_port=port, token=token, transport="tcp")  # the sockets
+        with init_process_group(spec) as comm:
             on_device = cuda.to_device(grads[rank])  # this rank's gradient, on the GPU
             device_allreduce(comm, on_device, "sum", ops=ops)
             summed[rank] = on_device.copy_to_host()

@@ -114,7 +114,7 @@ def ms(seconds: float) -> str:
 bench = TrainConfig(
     dataset="synthetic:samples=8192,features=256,classes=10", model="mlp", hidden=(2048, 1024),
     world_size=4, batch_size=256, lr=0.05, steps=8, latency="100us", bandwidth="1Gbit",
-    eval_every=0,
+    eval_every=0, allreduce="ring",  # the ring the ddp model describes (auto may choose others)
 )  # fmt: skip
 p = bench.world_size
 model = build_model(bench.model, 256, 10, bench.hidden)

@@ -1,7 +1,7 @@
 """The `pipesgd` command (also `python -m pipesgd_ref`).
 
     pipesgd compare [--quick] [--out DIR] [config options]   the main job (see below)
-    pipesgd train [config options] [--bind IFACE]             --algo in worker processes over TCP
+    pipesgd train [config options] [--bind IFACE]             --algo in worker processes
     pipesgd reference [config options]                        one run of a one-process oracle
     pipesgd config [config options]                           print the resolved configuration
     pipesgd predict [--world-size P] [--hidden ...] [--bandwidth B] [--sweep KEY=LO..HI]
@@ -13,7 +13,9 @@
 Config options, applied in order: --preset NAME (laptop, compare, compare-cnn,
 compare-cnn-compute, tiny), --config FILE (.toml/.json), then any --key=value (or --key value)
 naming a TrainConfig field, e.g. --lr=0.05 --hidden=128,64. `compare --model cnn` starts from
-the compare-cnn preset.
+the compare-cnn preset. Among them --transport (auto, the default: shared memory between ranks
+on one host, tcp across; or tcp, unix, shm) and --allreduce (auto, the default: per message,
+the fastest by the calibrated models; or ring, rd, rab, oneshot, twoshot).
 
 `compare` (pipesgd_ref/commands/compare.py) trains ps-sync, ps-async, sync, pipe, pipe+trunc16 and
 pipe+q8 on the same problem (the `compare` preset) through one emulated network, each twice

@@ -121,6 +121,7 @@ def run_config(
         # cfg's compensation and staleness bound for the methods that take them, else none
         compensation=cfg.compensation if cfg.compensation in row.compensations else "none",
         max_staleness=cfg.max_staleness if row.bounded_staleness else -1,
+        allreduce=cfg.allreduce if codec == "none" else "ring",  # a codec's is the ring's
         codec_pull="none",
         out=folder,
     )

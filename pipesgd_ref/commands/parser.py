@@ -135,8 +135,8 @@ def _add_compare(sub) -> None:
 def _add_train(sub) -> None:
     t = sub.add_parser(
         "train",
-        help="train with --algo in worker processes over TCP (local, or one rank of a job "
-        "that torchrun, mpirun or srun started)",
+        help="train with --algo in worker processes (local, or one rank of a job that "
+        "torchrun, mpirun or srun started)",
     )
     _add_config_flags(t)
     t.add_argument(
@@ -168,9 +168,25 @@ def _add_bench_allreduce(bsub) -> None:
     ar.add_argument("--codec", default="none", help="none, trunc16, bf16, q8: compress each hop")
     ar.add_argument(
         "--transport",
-        default="tcp",
-        help="tcp, unix, shm, auto, or a comma list run in turns (e.g. tcp,unix,shm): one "
-        "row of the table each",
+        default="auto",
+        help="auto (the default: shm on one host), tcp, unix, shm, or a comma list run in "
+        "turns (e.g. tcp,shm)",
+    )
+    ar.add_argument(
+        "--allreduce",
+        default=None,
+        help="the algorithms to time, a comma list of ring, rd, rab, oneshot, twoshot, auto "
+        "(default: all; a rank of a joined job: auto): one row per algorithm and transport; "
+        "auto's row says what it picked",
+    )
+    ar.add_argument(
+        "--fit",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="PATH",
+        help="fit each algorithm's alpha-beta model to the times and write the figures auto "
+        "chooses by (default path: ~/.cache/pipesgd/allreduce_models.json)",
     )
     ar.add_argument(
         "--log-level", default="WARNING", type=log_level, help="DEBUG, INFO, WARNING, ERROR"

@@ -22,7 +22,7 @@ from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.methods.table import method
 from pipesgd_ref.outputs import write_json
 from pipesgd_ref.runtime.inputs import JobInputs
-from pipesgd_ref.runtime.job import load_before_fork, n_ranks, train_job
+from pipesgd_ref.runtime.job import job_allreduce, load_before_fork, n_ranks, train_job
 from pipesgd_ref.runtime.summary import summarise
 
 
@@ -57,11 +57,13 @@ def check_device(cfg: TrainConfig) -> None:
 
 
 def describe(cfg: TrainConfig, link) -> str:
-    """The start-of-run line: method, workers, data, model, link."""
+    """The start-of-run line: method, workers, data, model, link, transport, AllReduce."""
     width = f", width {cfg.width}" if method(cfg.algo).pipelined else ""
+    wire = "" if cfg.comm == "mpi" else f", transport {cfg.transport}"  # MPI picks its own
+    ring = "" if method(cfg.algo).server else f", allreduce {job_allreduce(cfg)}"
     return (
         f"{cfg.algo}: {cfg.world_size} workers, {cfg.dataset}, {cfg.model}{width}, "
-        f"link: {link if link.enabled else 'not emulated'}"
+        f"link: {link if link.enabled else 'not emulated'}{wire}{ring}"
     )
 
 
@@ -117,6 +119,7 @@ def run_training(
                 star=method(cfg.algo).server,
                 timeout=cfg.timeout,
                 transport=cfg.transport,
+                allreduce=job_allreduce(cfg),
                 start_method=start_method,
                 master_port=cfg.master_port or None,
             ),

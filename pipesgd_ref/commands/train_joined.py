@@ -24,7 +24,7 @@ from pipesgd_ref.logs import tag_log_lines
 from pipesgd_ref.methods.table import method
 from pipesgd_ref.outputs import write_json
 from pipesgd_ref.runtime.agreement import check_same_options
-from pipesgd_ref.runtime.job import build_worker, n_ranks, train_job
+from pipesgd_ref.runtime.job import build_worker, job_allreduce, n_ranks, train_job
 from pipesgd_ref.runtime.jobenv import ENV_CONVENTIONS, detect_env, join_from_env
 from pipesgd_ref.runtime.lifetime import LocalStop, worker_signals
 from pipesgd_ref.runtime.summary import gather_for_summary, summary_of_gathered
@@ -183,7 +183,12 @@ def join(cfg: TrainConfig, link, bind: str | None, mpi_comm=None):
         share_cores(local_ranks())  # as join_from_env does: each rank its share of the cores
         return join_mpi(timeout=cfg.timeout, star=star, mpi_comm=mpi_comm)
     return join_from_env(
-        timeout=cfg.timeout, bind=bind, link=link, star=star, transport=cfg.transport
+        timeout=cfg.timeout,
+        bind=bind,
+        link=link,
+        star=star,
+        transport=cfg.transport,
+        allreduce=job_allreduce(cfg),
     )
 
 

@@ -18,6 +18,18 @@ def n_ranks(cfg: TrainConfig) -> int:
     return method(cfg.algo).ranks(cfg.world_size)
 
 
+def job_allreduce(cfg: TrainConfig) -> str:
+    """The AllReduce algorithm a job of cfg joins with (JobSpec.allreduce): cfg.allreduce, but
+    the ring where only the ring runs, which is what auto means there: a codec (the compressed
+    ring), --device cuda (the device ring), --comm mpi (the ring over MPI), a parameter
+    server's job (no AllReduce of gradients); runtime/preflight.py refuses any other name
+    asked for with a codec, cuda or MPI."""
+    if method(cfg.algo).server:  # its links are the star's: no AllReduce to choose
+        return "ring"
+    ring_only = cfg.codec != "none" or cfg.device == "cuda" or cfg.comm == "mpi"
+    return "ring" if ring_only and cfg.allreduce == "auto" else cfg.allreduce
+
+
 def build_worker(cfg: TrainConfig, rank: int, inputs: JobInputs | None = None) -> Worker:
     """The Worker of `rank` in a job of cfg, as its method's row lays out the ranks; `inputs`:
     the job's data, model and checkpoint, when the launcher built them once."""

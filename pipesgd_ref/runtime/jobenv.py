@@ -170,13 +170,15 @@ def join_from_env(
     bind: str | None = None,
     link: LinkSpec | None = None,
     star: bool = False,
-    transport: str = "tcp",
+    transport: str = "auto",
+    allreduce: str = "ring",
 ):
     """Join the job the environment describes (see detect_env); returns the Communicator.
 
     bind: the interface for this rank's listeners (default: `default_bind`). star: also link
     every rank to rank 0, as the parameter server methods need (`comm.server`,
-    `comm.clients`); every rank of the job must agree.
+    `comm.clients`); every rank of the job must agree. transport, allreduce: JobSpec's (auto:
+    shared memory between ranks on one host, tcp across; the AllReduce algorithm).
     """
     job = detect_env()
     if job is None:
@@ -195,6 +197,7 @@ def join_from_env(
         timeout=timeout,
         link=link or LinkSpec(),
         transport=transport,
+        allreduce=allreduce,
     )
     share_cores(local_ranks())
     return init_process_group(spec, star=star)

@@ -6,8 +6,9 @@ depends on the rest of the package is checked here, where the package is at hand
 
     check_config(cfg)          the config alone: the method exists and takes the options given
                                (asked from its row in methods/table.py), the transport, the
-                               server's pull order and the codecs are among their modules'
-                               own lists, the link parses, --comm mpi leaves the wire to MPI
+                               AllReduce, the server's pull order and the codecs are among
+                               their modules' own lists, the link parses, --comm mpi leaves
+                               the wire to MPI, the AllReduce asked for can run this job
     check_idle_options(cfg)    options that would do nothing in this one training run
     check_bind(...)            --bind where no listener of a joined rank is placed
     check_run(cfg, n_params)   once the model's size is known: the weights fit in memory and
@@ -25,7 +26,7 @@ from pipesgd_ref import data as datasets
 from pipesgd_ref.codecs import CODECS, get_codec
 from pipesgd_ref.comm.netem import link_of, too_slow_advice
 from pipesgd_ref.comm.ps import PULL_ORDERS
-from pipesgd_ref.comm.rendezvous import TRANSPORTS
+from pipesgd_ref.comm.rendezvous import ALLREDUCE, TRANSPORTS
 from pipesgd_ref.comm.wire import HEADER_BYTES
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.errors import ConfigError
@@ -49,7 +50,7 @@ __all__ = [
 def check_config(cfg: TrainConfig) -> None:
     """Refuse a config whose fields are each valid but do not make a run together, or name
     what another module does not have; every problem in one ConfigError."""
-    problems = _choice_problems(cfg) + _wire_problems(cfg)
+    problems = _choice_problems(cfg) + _wire_problems(cfg) + _allreduce_problems(cfg)
     try:
         row = method(cfg.algo)
     except ConfigError as e:  # an unknown method: none of its options can be checked
@@ -65,7 +66,8 @@ def _one_of(names: tuple[str, ...]) -> str:
 
 
 def _choice_problems(cfg: TrainConfig) -> list[str]:
-    """Names that another module lists: the codecs, the server's pull orders, the transports."""
+    """Names that another module lists: the codecs, the server's pull orders, the transports,
+    the AllReduce algorithms."""
     problems = []
     if cfg.codec not in CODECS:
         problems.append(f"codec must be {_one_of(CODECS)}, got {cfg.codec!r}")
@@ -75,6 +77,8 @@ def _choice_problems(cfg: TrainConfig) -> list[str]:
         problems.append(f"ps_pulls must be {' or '.join(PULL_ORDERS)}, got {cfg.ps_pulls!r}")
     if cfg.transport not in TRANSPORTS:
         problems.append(f"transport must be one of {', '.join(TRANSPORTS)}, got {cfg.transport!r}")
+    if cfg.allreduce not in ALLREDUCE:
+        problems.append(f"allreduce must be one of {', '.join(ALLREDUCE)}, got {cfg.allreduce!r}")
     return problems
 
 
@@ -89,7 +93,7 @@ def _wire_problems(cfg: TrainConfig) -> list[str]:
         return [str(e)]
     if cfg.comm != "mpi":
         return []
-    if cfg.transport != "tcp":
+    if cfg.transport not in ("auto", "tcp"):  # auto: MPI's choice; tcp: the default until now
         return [
             f"--comm mpi with --transport {cfg.transport}: the transports are the project's own "
             f"sockets' paths, and under MPI the MPI library picks its own (shared memory on one "
@@ -102,6 +106,56 @@ def _wire_problems(cfg: TrainConfig) -> list[str]:
             f"wire; drop --latency and --bandwidth, or use --comm sockets"
         ]
     return []
+
+
+# The AllReduce algorithms of one host's shared-memory group (comm/shm_group.py): they reduce
+# in shared memory, bypassing the links and so their emulation.
+GROUP_ALLREDUCE = ("oneshot", "twoshot")
+
+
+def _allreduce_problems(cfg: TrainConfig) -> list[str]:
+    """--allreduce other than ring (or auto, which then means ring) where only the ring runs:
+    under --comm mpi, with a codec (the compressed ring), on --device cuda (the device ring);
+    and a shared-memory group's algorithm over tcp or unix links, or on an emulated link,
+    which it would bypass."""
+    name = cfg.allreduce
+    if name in ("auto", "ring") or name not in ALLREDUCE:
+        return []
+    fix = "use --allreduce ring (or auto, which is the ring there)"
+    if cfg.comm == "mpi":
+        return [
+            f"--allreduce {name} with --comm mpi: the MPI path runs the project's ring over "
+            f"MPI point-to-point, and no other algorithm; {fix}, or --comm sockets"
+        ]
+    problems = []
+    if cfg.codec != "none":
+        problems.append(
+            f"--allreduce {name} with --codec {cfg.codec}: a codec compresses every hop of the "
+            f"ring (the compressed ring), and {name} has no compressed form; {fix}, or drop "
+            f"--codec"
+        )
+    if cfg.device == "cuda":
+        problems.append(
+            f"--allreduce {name} with --device cuda: GPU arrays travel the device ring "
+            f"(comm/device_ring.py), and no other algorithm; {fix}, or --device cpu"
+        )
+    try:
+        emulated = link_of(cfg).enabled
+    except ValueError:  # a link that does not parse: _wire_problems says so
+        emulated = False
+    if name in GROUP_ALLREDUCE and cfg.transport in ("tcp", "unix"):
+        problems.append(
+            f"--allreduce {name} with --transport {cfg.transport}: {name} reduces through the "
+            f"shared memory of the ranks' shm links; use --transport shm or auto"
+        )
+    if name in GROUP_ALLREDUCE and emulated:
+        problems.append(
+            f"--allreduce {name} with --latency {cfg.latency} --bandwidth {cfg.bandwidth}: "
+            f"{name} reduces through one host's shared memory, bypassing the links, so the "
+            f"emulated link would pace nothing; drop --latency and --bandwidth, or use "
+            f"--allreduce ring, rd or rab"
+        )
+    return problems
 
 
 def _method_problems(cfg: TrainConfig, row: Method) -> list[str]:
@@ -195,6 +249,11 @@ def check_idle_options(cfg: TrainConfig, preset: TrainConfig | None = None) -> N
         problems.append(
             f"--codec-pull {cfg.codec_pull} compresses a parameter server's pulls, and --algo "
             f"{cfg.algo} has no server: use --codec for the ring, or --algo ps-sync / ps-async"
+        )
+    if cfg.allreduce not in ("auto", "ring") and row.server:
+        problems.append(
+            f"--allreduce {cfg.allreduce} picks the AllReduce of the ring methods, and --algo "
+            f"{cfg.algo} has none (its workers push to a server): drop --allreduce"
         )
     problems += _pipeline_idle(cfg, row)
     if cfg.dc_lambda != TrainConfig.dc_lambda and not cfg.compensation.startswith("dc"):

@@ -93,9 +93,11 @@ def describe(pids: set[int]) -> str:
 
 
 def config(algo: str, folder: Path, **more) -> TrainConfig:
+    """The job of a case: over TCP unless `more` names another transport (the faults on TCP
+    links are these tests' subject; the default, auto, would take shared memory on one host)."""
     return TrainConfig.preset("laptop").replace(
         algo=algo, steps=STEPS, timeout=TIMEOUT, out=str(folder),
-        checkpoint_every=checkpoint_every(algo), eval_every=0, **more,
+        checkpoint_every=checkpoint_every(algo), eval_every=0, **{"transport": "tcp", **more},
     )  # fmt: skip
 
 

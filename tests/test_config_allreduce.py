@@ -1,0 +1,155 @@
+"""--allreduce (TrainConfig.allreduce) and --transport auto, the defaults: the names checked,
+the combinations no job can run refused with their reasons (runtime/preflight.py), the field
+carried by presets, files and round trips, and handed to the job's JobSpec (runtime/job.py's
+`job_allreduce`: auto means the ring wherever only the ring runs)."""
+
+from __future__ import annotations
+
+import inspect
+import json
+
+import pytest
+
+from pipesgd_ref.comm.rendezvous import ALLREDUCE, JobSpec
+from pipesgd_ref.commands.cli import main
+from pipesgd_ref.commands.parser import build_parser, resolve_config
+from pipesgd_ref.config import PRESETS, TrainConfig, apply_overrides, load_config_file
+from pipesgd_ref.errors import ConfigError
+from pipesgd_ref.runtime import preflight
+from pipesgd_ref.runtime.job import job_allreduce
+from pipesgd_ref.runtime.jobenv import join_from_env
+
+
+def test_auto_is_the_default_transport_and_allreduce_of_a_run_and_of_a_joined_rank():
+    cfg = TrainConfig()
+    assert (cfg.transport, cfg.allreduce) == ("auto", "auto")
+    assert JobSpec(0, 1).transport == "auto"
+    assert JobSpec(0, 1).allreduce == "ring", "the library's default stays the paper's ring"
+    params = inspect.signature(join_from_env).parameters
+    assert params["transport"].default == "auto" and params["allreduce"].default == "ring"
+    for name in PRESETS:  # no preset pins the old default
+        assert TrainConfig.preset(name).transport == "auto", name
+        assert TrainConfig.preset(name).allreduce == "auto", name
+
+
+@pytest.mark.parametrize("name", ALLREDUCE)
+def test_every_algorithm_of_the_jobspec_is_a_valid_config(name):
+    cfg = apply_overrides(TrainConfig(), [f"--allreduce={name}"])
+    preflight.check_config(cfg)
+    assert cfg.allreduce == name and JobSpec(0, 1, allreduce=job_allreduce(cfg))
+
+
+def test_an_unknown_algorithm_is_refused_listing_the_choices():
+    cfg = apply_overrides(TrainConfig(), ["--allreduce=butterfly"])
+    with pytest.raises(ConfigError) as info:
+        preflight.check_config(cfg)
+    assert f"allreduce must be one of {', '.join(ALLREDUCE)}, got 'butterfly'" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "overrides, words",
+    [
+        (["--comm=mpi", "--allreduce=rd"], ("--allreduce rd with --comm mpi", "ring over MPI")),
+        (["--comm=mpi", "--allreduce=oneshot"], ("--allreduce oneshot with --comm mpi",)),
+        (["--codec=q8", "--allreduce=rab"], ("--allreduce rab with --codec q8", "compressed ring")),
+        (["--codec=bf16", "--allreduce=twoshot"], ("--codec bf16", "no compressed form")),
+        (["--device=cuda", "--allreduce=rd"], ("--allreduce rd with --device cuda", "device ring")),
+        (["--latency=1ms", "--allreduce=oneshot"], ("--latency 1ms", "bypassing the links")),
+        (["--bandwidth=1Gbit", "--allreduce=twoshot"], ("--bandwidth 1Gbit", "pace nothing")),
+        (["--transport=tcp", "--allreduce=oneshot"], ("--transport tcp", "shm or auto")),
+        (["--transport=unix", "--allreduce=twoshot"], ("--transport unix", "shm or auto")),
+    ],
+)
+def test_an_algorithm_the_job_cannot_run_is_refused_saying_why(overrides, words):
+    cfg = apply_overrides(TrainConfig(), overrides)
+    with pytest.raises(ConfigError) as info:
+        preflight.check_config(cfg)
+    assert all(w in str(info.value) for w in words), info.value
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["--comm=mpi"],  # auto under MPI: the ring over MPI
+        ["--comm=mpi", "--allreduce=ring"],
+        ["--comm=mpi", "--transport=tcp"],  # the default until now: a saved config still runs
+        ["--codec=q8"],  # auto with a codec: the compressed ring
+        ["--codec=q8", "--allreduce=ring"],
+        ["--latency=1ms", "--allreduce=rd"],  # rd and rab run over (emulated) links
+        ["--latency=1ms", "--allreduce=rab"],
+        ["--latency=1ms"],  # auto on an emulated link: never the group that bypasses it
+        ["--transport=shm", "--allreduce=oneshot"],
+    ],
+)
+def test_what_the_job_can_run_is_accepted(overrides):
+    preflight.check_config(apply_overrides(TrainConfig(), overrides))
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        ([], "auto"),
+        (["--allreduce=rd"], "rd"),
+        (["--codec=q8"], "ring"),
+        (["--comm=mpi"], "ring"),
+        (["--device=cuda"], "ring"),
+        (["--algo=ps-sync"], "ring"),  # a server's job has no AllReduce to choose
+        (["--algo=ps-async", "--allreduce=rd"], "ring"),
+    ],
+)
+def test_auto_means_the_ring_wherever_only_the_ring_runs(overrides, expected):
+    assert job_allreduce(apply_overrides(TrainConfig(), overrides)) == expected
+
+
+def test_a_server_method_refuses_an_algorithm_it_would_not_use():
+    cfg = apply_overrides(TrainConfig(), ["--algo=ps-sync", "--allreduce=rab"])
+    preflight.check_config(cfg)
+    with pytest.raises(ConfigError, match="--allreduce rab picks the AllReduce of the ring"):
+        preflight.check_idle_options(cfg)
+    preflight.check_idle_options(cfg.replace(allreduce="ring"))
+
+
+def test_the_field_travels_through_files_round_trips_and_compare_runs(tmp_path):
+    from pipesgd_ref.commands.compare import run_config
+
+    cfg = TrainConfig().replace(allreduce="rab", transport="tcp")
+    again = TrainConfig(**json.loads(json.dumps(cfg.to_dict())))
+    assert again == cfg and again.to_dict()["allreduce"] == "rab"
+    toml = tmp_path / "run.toml"
+    toml.write_text('[train]\nallreduce = "twoshot"\ntransport = "shm"\n')
+    assert load_config_file(toml).allreduce == "twoshot"
+    (tmp_path / "run.json").write_text(json.dumps({"allreduce": "rd"}))
+    assert load_config_file(tmp_path / "run.json").allreduce == "rd"
+    with pytest.raises(ConfigError, match="'allreduce' expects a string"):
+        load_config_file(_written(tmp_path / "bad.toml", "allreduce = 2\n"))
+    # compare: the codec runs are the compressed ring whatever the others use
+    assert run_config(cfg, "pipe", "none", None).allreduce == "rab"
+    assert run_config(cfg, "pipe", "q8", None).allreduce == "ring"
+
+
+def _written(path, text: str):
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("command", ["train", "compare"])
+def test_the_command_line_passes_allreduce_and_transport_to_the_config(command):
+    args, rest = build_parser().parse_known_args(
+        [command, "--allreduce", "ring", "--transport=unix"]
+    )
+    cfg = resolve_config(args, rest)
+    assert (cfg.allreduce, cfg.transport) == ("ring", "unix")
+    args, rest = build_parser().parse_known_args([command])
+    assert resolve_config(args, rest).allreduce == "auto"
+
+
+def test_train_with_allreduce_ring_runs_and_reports_it(tmp_path, capsys):
+    """A `pipesgd train` smoke run (test_cli.py's tiny sync run): the settings it ran with are
+    in its first line and in summary.json."""
+    argv = ["train", "--preset=tiny", "--algo=sync", "--no-progress", "--steps=4"]
+    assert main([*argv, "--allreduce", "ring", f"--out={tmp_path}"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert "transport auto, allreduce ring" in first, first
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["steps"] == 4
+    assert (summary["config"]["allreduce"], summary["config"]["transport"]) == ("ring", "auto")
