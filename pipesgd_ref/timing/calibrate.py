@@ -98,7 +98,8 @@ def calibrate(
         busy, hop_busy = time_busy_compute(cfg, busy_codecs, reps, hop_bytes, tries)
     hop = (network or {}).get("hop")
     if hop is None:
-        hop = measure_hop(cfg.world_size, link if link.enabled else None, hop_bytes)
+        emulated = link if link.enabled else None
+        hop = measure_hop(cfg.world_size, emulated, hop_bytes, transport=cfg.transport)
     cal = replace(
         base,
         alpha=link.latency + hop,

@@ -42,12 +42,19 @@ def hop_job(comm, n: int, reps: int) -> float:
     return statistics.median(times)
 
 
-def measure_hop(world_size: int, link=None, hop_bytes: int = 4, reps: int | None = None) -> float:
+def measure_hop(
+    world_size: int,
+    link=None,
+    hop_bytes: int = 4,
+    reps: int | None = None,
+    transport: str = "tcp",
+) -> float:
     """Software cost of one ring hop among `world_size` local processes: a ring AllReduce of
     `hop_bytes` per hop (a ping-pong round the ring, 2(p-1) hops) on the emulated `link` (None:
     not emulated), less the link's own latency + bytes/B, divided by its hop count. What is
     left is what the alpha-beta model calls software: waking the receiver (from the socket, or
-    from the sleep until an emulated arrival), frames, the sending thread, Python."""
+    from the sleep until an emulated arrival), frames, the sending thread, Python. `transport`:
+    the links' (the runs' own: a shared-memory hop costs less than a TCP one)."""
     if world_size < 2:
         return 0.0
     hops = 2 * (world_size - 1)
@@ -56,7 +63,9 @@ def measure_hop(world_size: int, link=None, hop_bytes: int = 4, reps: int | None
     if reps is None:  # about a second of emulated wire time, 5..50 reps
         reps = int(min(50, max(5, 1.0 / max(hops * wire, 1e-9))))
     n = world_size * hop_bytes // 4
-    per_rank = launch_local(world_size, hop_job, (n, reps), start_method="fork", link=link)
+    per_rank = launch_local(
+        world_size, hop_job, (n, reps), start_method="fork", link=link, transport=transport
+    )
     return max(0.0, max(per_rank) / hops - wire)
 
 

@@ -22,7 +22,7 @@ import numpy as np
 from pipesgd_ref.comm.netem import link_of
 from pipesgd_ref.comm.ring import allreduce, barrier
 from pipesgd_ref.methods.pipe import CommThread
-from pipesgd_ref.runtime.job import load_before_fork
+from pipesgd_ref.runtime.job import job_allreduce, load_before_fork
 from pipesgd_ref.runtime.launch import launch_local
 from pipesgd_ref.runtime.worker import Worker
 from pipesgd_ref.trace import Timeline
@@ -183,8 +183,14 @@ def time_busy_compute(
 
         def launch(run=run) -> tuple[float, float]:
             job = (run, reps, hop_bytes)
-            per_rank = launch_local(
-                run.world_size, _busy_compute_job, job, link=link_of(run), start_method="fork"
+            per_rank = launch_local(  # on the transport and algorithm the runs use
+                run.world_size,
+                _busy_compute_job,
+                job,
+                link=link_of(run),
+                start_method="fork",
+                transport=run.transport,
+                allreduce=job_allreduce(run),
             )
             typical, _ = step_statistics([t for t, _ in per_rank])
             return typical, statistics.median(h for _, h in per_rank)
