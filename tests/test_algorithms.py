@@ -5,6 +5,8 @@ what the cost formulas charge."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -109,3 +111,34 @@ def test_the_split_and_the_virtual_ranks():
     p = 6  # p2 = 4, e = 2: ranks 0 and 2 fold into 1 and 3
     assert [algorithms.virtual_rank(r, p) for r in range(p)] == [None, 0, None, 1, 2, 3]
     assert [algorithms.real_rank(v, p) for v in range(4)] == [1, 3, 4, 5]
+
+
+# --- the models auto chooses by (comm/choose.py) ----------------------------------------------
+
+
+@given(p=st.integers(1, 64), nbytes=st.integers(0, 1 << 30))
+def test_chooses_steps_and_volume_are_the_cost_formulas_terms(p, nbytes):
+    """choose.steps and choose.volume are the latency and bandwidth terms of each link
+    algorithm's alpha-beta cost: the fitted model has the schedules' own shape."""
+    from pipesgd_ref.comm import choose
+    from pipesgd_ref.timing import ring_allreduce_time
+
+    for algo in ("rd", "rab"):
+        assert cost(algo, p, nbytes, 1.0, math.inf) == choose.steps(algo, p, nbytes)
+        assert cost(algo, p, nbytes, 0.0, 1.0) == pytest.approx(choose.volume(algo, p) * nbytes)
+    assert ring_allreduce_time(p, nbytes, 1.0, math.inf) == choose.steps("ring", p, nbytes)
+    assert ring_allreduce_time(p, nbytes, 0.0, 1.0) == pytest.approx(
+        choose.volume("ring", p) * nbytes
+    )
+
+
+def test_pick_takes_the_fastest_model_and_the_ring_without_figures():
+    from pipesgd_ref.comm import choose
+
+    figures = {"ring": (100e-6, 1e-10), "oneshot": (10e-6, 1e-9)}
+    assert choose.pick(["ring", "oneshot"], 4, 1000, figures) == "oneshot"
+    assert choose.pick(["ring", "oneshot"], 4, 1 << 26, figures) == "ring"
+    assert choose.pick(["ring", "rd"], 4, 1000, {}) == "ring"
+    # an emulated link's latency weighs on the link algorithms' steps, not on the group's
+    slow = choose.pick(["ring", "oneshot"], 4, 1 << 20, figures, latency=1.0)
+    assert slow == "oneshot"
