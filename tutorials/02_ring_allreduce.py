@@ -20,10 +20,13 @@
 # 3. run the real `allreduce` over sockets in 4 processes and check exact, bitwise-identical
 #    results on every rank;
 # 4. time it on loopback and on an emulated 1 ms, 100 MB/s link, compare with the formula, and
-#    read the results as nccl-tests does (algbw and busbw).
+#    read the results as nccl-tests does (algbw and busbw);
+# 5. set the ring beside recursive doubling and Rabenseifner (and, on one host, the
+#    shared-memory group's oneshot and twoshot), find where their costs cross, time them all,
+#    and see why the ring still carries Pipe-SGD's gradients.
 #
-# Run it with `python tutorials/02_ring_allreduce.py`. Takes about 7 s here on two cores
-# (about 4 s with `PIPESGD_TUTORIAL_SMALL=1`, the quick version CI runs).
+# Run it with `python tutorials/02_ring_allreduce.py`. Takes about 10 s here on two cores
+# (about 6 s with `PIPESGD_TUTORIAL_SMALL=1`, the quick version CI runs).
 
 # %%
 import os
@@ -419,8 +422,8 @@ print(f"latency term 2(p-1)*alpha = {format_seconds(2 * (P - 1) * link.latency)}
 # Gather-and-broadcast takes p = 4 times as long once bandwidth dominates, but look at 64 KB:
 # there its formula *beats* the ring, 2 latencies against 6. For small messages the step count
 # matters more than the bytes, which is why collective libraries switch to trees or recursive
-# doubling below some size (exercise 4), and why PyTorch DDP and Horovod fuse small gradients
-# into large buckets before they AllReduce.
+# doubling below some size (section 5, exercise 4), and why PyTorch DDP and Horovod fuse small
+# gradients into large buckets before they AllReduce.
 
 # %%
 if plt is not None:
@@ -624,7 +627,9 @@ for a in ("rd", "rab"):  # integer-valued: exact in any order; every rank gets t
 #     rd = ring  at  M = (2(p−1) − q)·α·B / (q − r)
 #
 # and rab never crosses the ring: the same bytes, 2q ≤ 2(p−1) latencies. For p = 6 the fold
-# adds 2M/B to rab, and the ring overtakes it at M = (2(p−1) − 2q − 2)·α·B / (2(p2−1)/p2 + 2 − r).
+# adds two steps and 2M/B to both: the ring overtakes rab at
+# M = (2(p−1) − 2q − 2)·α·B / (2(p2−1)/p2 + 2 − r), and rd at
+# M = (2(p−1) − q − 2)·α·B / (q + 2 − r).
 
 # %%
 
@@ -751,9 +756,11 @@ if plt is not None:
 #
 # Below, 4 processes (3 with `PIPESGD_TUTORIAL_SMALL=1`: a folded p for rd and rab) time each
 # algorithm on a few sizes over shared memory: every rank reports, per algorithm, the best of
-# a few rounds of the median of a few calls, and a call's time is its slowest rank's. One
-# job asks for `auto` and gets the group (ring, oneshot, twoshot), one asks for `rd` and gets
-# the mesh links of rd and rab. Every result is also checked against its oracle, bitwise.
+# a few rounds of the median of a few calls, and the table shows the slowest rank's figure.
+# One job asks for `auto` and gets the group (we time the ring, oneshot and twoshot by name),
+# one asks for `rd` and gets the mesh links of rd and rab; from their rows each algorithm's
+# (α, β) is fitted where the machine has no fitted figures, and a third job runs `auto`
+# itself, which picks per message. Every result is checked against its oracle, bitwise.
 
 # %%
 
@@ -860,20 +867,21 @@ for s in one_sizes:
         gap = np.abs(oracle[0] - want[0]).max()
         assert gap < 1e-5, f"{a} vs the ring, {format_bytes(s)}: {gap:.1e} apart"
 differ = {a: int((mesh_ranks[0][one_sizes[-1]][0][a] != want[0]).sum()) for a in ("rd", "rab")}
-print(f"bitwise: ring, oneshot, twoshot and auto == simulate_allreduce; rd, rab == "
-      f"algorithms.simulate, on every rank; at {format_bytes(one_sizes[-1])} rd and rab differ "
-      f"from the ring's bits in {differ} of {one_sizes[-1] // 4} elements (rounding)")  # fmt: skip
+print("bitwise, on every rank: ring, oneshot, twoshot and auto == simulate_allreduce; "
+      "rd, rab == algorithms.simulate")  # fmt: skip
+print(f"  at {format_bytes(one_sizes[-1])}, elements where rd and rab differ from the ring's "
+      f"bits (rounding): {differ} of {one_sizes[-1] // 4}")  # fmt: skip
 
 # %% [markdown]
 # Read the table as a shape, not as a ranking: 4 processes on 2 shared cores time their
 # synchronisations by who gets a core when, and another run can order the close ones
-# differently, so the tutorial asserts no ordering of measured times. What held on the
-# development machine: the group's algorithms took tens of microseconds for small messages,
-# against hundreds for the ring's 2(p−1) hand-offs between processes (each a wake-up of a
-# waiting rank), with rd and rab in between; at 1 MB the ranks' memory traffic starts to
-# count, and twoshot's 3M beats oneshot's (1 + p)M. The model columns are the fitted lines;
-# where no fitted file exists they are fitted on these very rows, so they match them only as
-# well as two figures can follow three sizes.
+# differently (auto's column, a job of its own, included), so the tutorial asserts no
+# ordering of measured times. What held on the development machine: up to 64 KB the group's
+# algorithms took about 0.1 ms, the ring 0.3 to 0.8 ms for its 2(p−1) hand-offs between
+# processes (each a wake-up of a waiting rank), rd and rab in between; at 1 MB memory traffic
+# starts to count, and twoshot's 3M came out ahead of oneshot's (1 + p)M. The model columns
+# are the fitted lines; where no fitted file exists they are fitted on these very rows, and
+# follow them as closely as two figures can follow two or three sizes.
 #
 # What *is* asserted is the part a training run depends on: every rank of every algorithm
 # holds the bits of its oracle, the ring's `simulate_allreduce` for the ring, oneshot, twoshot
@@ -943,6 +951,17 @@ print(f"one host, p = {p8}: bytes per rank per byte of M: twoshot {vol_two:.0f},
 #   with the link bandwidth and across p.
 # - On one host the copies per byte decide: a socket (tcp or unix) costs two kernel copies of
 #   every payload byte, shared memory one; the results are the same bytes on every transport.
+# - Small messages are latency-bound, and other algorithms take fewer steps: recursive
+#   doubling log2 p steps of M bytes, Rabenseifner 2 log2 p steps and the ring's bytes (a p
+#   that is not a power of two folds: two more steps, 2M more bytes). Their alpha-beta curves
+#   cross at sizes the formulas give (p = 8, 50 µs, 10 Gbit/s: rd below 150 KB), and `auto`
+#   (`choose.pick`) runs the fastest fitted model per message, with no threshold written down.
+# - On one host the shared-memory group replaces hops by synchronisations: oneshot (1, reads
+#   (1 + p)·M) and twoshot (2, about 3M); both add in the ring's order, so they, the ring and
+#   `auto` among them give the same bits. Measured times on a loaded machine are a shape, not
+#   a ranking; the bits are asserted.
+# - Gradients are megabytes: bandwidth-bound, where the ring's 2(p−1)/p · M bytes are the
+#   optimum on any p with neighbour links only; recursive doubling sends log2 p · M.
 #
 # ## Exercises
 #
@@ -1004,7 +1023,8 @@ check("02.2", answer)
 # which MPI libraries use for small messages, takes log2(p) steps: at step k every rank
 # exchanges its whole current M bytes with the rank whose number differs in bit k, and adds.
 # Write its alpha-beta cost as a function `(p, M, alpha, bandwidth) -> seconds` (p a power of
-# two), like `ring_allreduce_time`, and check it.
+# two), like `ring_allreduce_time`, and check it. (Section 5 used the package's,
+# `algorithms.cost("rd", ...)`: write yours from the description before you look.)
 #
 # <details><summary>Hint</summary>
 #
@@ -1060,3 +1080,55 @@ check("02.5", answer)
 # two against one, decides.
 #
 # </details>
+
+# %% [markdown]
+# **8.** On the LAN of section 0 (α = 50 µs, 10 Gbit/s), from which size M does Rabenseifner
+# beat recursive doubling for p = 16? Predict first: does the crossover move up or down from
+# p = 8's 150 KB, and why?
+#
+# <details><summary>Hint</summary>
+#
+# For p a power of two, q = log2 p: rd costs q·(α + M/B), rab 2q·α + 2(p−1)/p · M/B. They
+# are equal at M = q·α·B / (q − 2(p−1)/p); or bisect on the difference of
+# `algorithms.cost("rd", 16, M, ...)` and `algorithms.cost("rab", 16, M, ...)`, as `crossing`
+# does in section 5. rd's bytes grow with log2 p, rab's hardly at all.
+#
+# </details>
+
+# %%
+answer = None  # your answer: M in bytes
+check("02.8", answer)
+
+# %% [markdown]
+# **9.** How many steps do recursive doubling and Rabenseifner take for p = 12, the fold
+# included? Answer with the pair (rd, rab), then check it against the schedules.
+#
+# <details><summary>Hint</summary>
+#
+# p2 = 8 and e = 4: ranks 0..7 pair up, the 4 odd ones and ranks 8..11 run the algorithm on
+# p2 = 8 virtual ranks (log2 8 steps for rd, twice that for rab), and the fold adds one step
+# before and one after. `len(algorithms.schedule("rd", 0, 12, n))` counts them, idle steps
+# included.
+#
+# </details>
+
+# %%
+answer = None  # your answer: (steps of rd, steps of rab)
+check("02.9", answer)
+
+# %% [markdown]
+# **10.** Still on the LAN: for p = 12, above which size M does the ring beat Rabenseifner?
+# What does that say about running Rabenseifner on a number of workers that is not a power
+# of two?
+#
+# <details><summary>Hint</summary>
+#
+# With p2 = 8 and the fold, rab costs (2·3 + 2)·α + (2·7/8 + 2)·M/B; the ring 22·α +
+# 22/12 · M/B. Set them equal and solve for M, or bisect as in section 5. Above it the fold's
+# extra 2M/B outweighs the 14 latencies rab saves, and it does so at every larger size.
+#
+# </details>
+
+# %%
+answer = None  # your answer: M in bytes
+check("02.10", answer)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from pipesgd_ref.comm import algorithms
 from pipesgd_ref.exercises import close, exercise, same_function
 from pipesgd_ref.timing import ring_allreduce_time
 
@@ -79,3 +80,59 @@ def doubling_beats_ring_below() -> float:
         mid = 0.5 * (lo + hi)
         lo, hi = (mid, hi) if gap(mid) < 0 else (lo, mid)
     return 0.5 * (lo + hi)
+
+
+def _crossing(f, g, lo: float = 100.0, hi: float = 1e10) -> float:
+    """The M in [lo, hi] where f(M) = g(M), by bisection on log M (f - g changes sign once)."""
+    below = f(lo) < g(lo)
+    for _ in range(100):
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if (f(mid) < g(mid)) == below else (lo, mid)
+    return math.sqrt(lo * hi)
+
+
+def _lan_cost(algo: str, p: int):
+    """M -> the alpha-beta time of `algo` on p ranks on the tutorial's LAN (section 5)."""
+    if algo == "ring":
+        return lambda m: ring_allreduce_time(p, m, LAN_ALPHA, LAN_BANDWIDTH)
+    return lambda m: algorithms.cost(algo, p, m, LAN_ALPHA, LAN_BANDWIDTH)
+
+
+def _rab_overtakes_rd(p: int) -> float:
+    return _crossing(_lan_cost("rd", p), _lan_cost("rab", p))
+
+
+@exercise(
+    "02.8",
+    "the size M (bytes) from which Rabenseifner beats recursive doubling, p = 16, alpha = "
+    "50 us, 10 Gbit/s",
+    "q = log2 p: q (alpha + M/B) = 2 q alpha + 2(p-1)/p M/B, so M = q alpha B / (q - 2(p-1)/p); "
+    "or bisect on algorithms.cost('rd', 16, M, ...) - algorithms.cost('rab', 16, M, ...)",
+    wrong=lambda: _rab_overtakes_rd(8),  # section 5's p = 8 crossover, not p = 16's
+)
+def rab_overtakes_rd_at_sixteen() -> float:
+    return _rab_overtakes_rd(16)
+
+
+@exercise(
+    "02.9",
+    "the steps of (recursive doubling, Rabenseifner) for p = 12, as a pair",
+    "p2 = 8 ranks run the algorithm (log2 8 steps for rd, twice that for rab); the e = 4 "
+    "pairs of ranks 0..7 fold: one step before, one after. Count them with "
+    "len(algorithms.schedule(algo, 0, 12, n))",
+    judge=close(rel=0.0),
+    wrong=lambda: (math.ceil(math.log2(12)), 2 * math.ceil(math.log2(12))),  # no fold: (4, 8)
+)
+def steps_at_twelve() -> tuple[int, int]:
+    rd, rab = (len(algorithms.schedule(a, 0, 12, 12)) for a in ("rd", "rab"))
+    return rd, rab
+
+
+@exercise(
+    "02.10",
+    "the size M (bytes) above which the ring beats Rabenseifner, p = 12, alpha = 50 us, 10 Gbit/s",
+    "p2 = 8, and the fold adds two steps and 2M/B to rab: (2 log2 8 + 2) alpha + (2 x 7/8 + 2) "
+    "M/B; the ring: 22 alpha + 22/12 M/B. Set them equal, or bisect",
+)
+def ring_beats_rab_at_twelve() -> float:
+    return _crossing(_lan_cost("rab", 12), _lan_cost("ring", 12))
