@@ -982,26 +982,60 @@ def test_a_killed_runs_temporary_files_are_removed_at_the_next_start(tmp_path):
 # --- two local jobs started at once on one --master-port -------------------------------------
 
 
+def _port_taken(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+def _start_holding_the_port(argv: list[str], port: int, cwd: Path):
+    """Start `pipesgd argv` and freeze its whole session (SIGSTOP) at a moment its launcher
+    holds the store's port (it holds it from start until every rank has joined): the other
+    job is then certain to meet the port taken, however the machine schedules the two. None
+    when the job got past that moment before it was seen (the caller tries again)."""
+    proc = subprocess.Popen([sys.executable, "-m", "pipesgd_ref", *argv], cwd=cwd,
+                            env=_case_env({}), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not _port_taken(port) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.002)
+    os.killpg(proc.pid, signal.SIGSTOP)
+    if _port_taken(port):
+        return proc
+    os.killpg(proc.pid, signal.SIGCONT)
+    _wait(proc, argv, proc.pid)
+    return None
+
+
 @pytest.mark.slow
 def test_two_jobs_started_at_once_on_one_master_port(tmp_path):
     """The launcher binds the store's port itself and hands it to rank 0, so the loser of the
     race learns at once, in one line, that the port is taken: none of its ranks starts, and
-    none reaches the winner's store to be refused for a "wrong job token" (issue 29, item 20)."""
-    from concurrent.futures import ThreadPoolExecutor
-
+    none reaches the winner's store to be refused for a "wrong job token" (issue 29, item 20).
+    The race is made certain: job a is frozen while it holds the port, job b runs meanwhile."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    runs = [["train", *TINY.split(), "--steps=20", f"--master-port={port}",
-             f"--out={tmp_path / name}"] for name in ("a", "b")]  # fmt: skip
-    with ThreadPoolExecutor(2) as pool:
-        done = list(pool.map(lambda argv: run_pipesgd(argv, {}, tmp_path), runs))
-    codes = sorted(rc for rc, *_ in done)
-    assert codes == [0, 2], [(rc, err[-2000:]) for rc, _, err, _ in done]
-    rc, _, err, group = next(run for run in done if run[0] == 2)
+    argv = {name: ["train", *TINY.split(), "--steps=20", f"--master-port={port}",
+                   f"--out={tmp_path / name}"] for name in ("a", "b")}  # fmt: skip
+    for _ in range(3):
+        a = _start_holding_the_port(argv["a"], port, tmp_path)
+        if a is not None:
+            break
+    assert a is not None, "job a never held the port long enough to be seen holding it"
+    try:
+        rc, _, err, group = run_pipesgd(argv["b"], {}, tmp_path)
+    finally:
+        os.killpg(a.pid, signal.SIGCONT)
+    out_a, err_a = _wait(a, argv["a"], a.pid)
+    assert a.returncode == 0, _text(err_a)[-2000:]
+    assert rc == 2, err[-2000:]
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("pipesgd: error: "), err
     assert f"port {port} on 127.0.0.1 is in use" in lines[0] and "--master-port" in lines[0]
     assert "token" not in err, err
-    for _, _, _, group in done:
-        assert not left_behind(group, tmp_path)
+    for pgid in (group, a.pid):
+        assert not left_behind(pgid, tmp_path)
