@@ -6,7 +6,9 @@ through shared slots; MPI links (comm/mpi.py) send them as MPI messages.
 Every blocking call has a timeout. Receives wait in slices of POLL_SECONDS (the socket's
 SO_RCVTIMEO), so that a failure seen by another thread of this rank (the sending thread,
 comm/sender.py) stops the wait at once instead of after the full timeout. Errors name this
-rank, the peer, what was under way, and what to do.
+rank, the peer, what was under way, and what to do. On a link to a rank of this host, a wait
+for the next frame first polls for SPIN_SECONDS (`_spin_into`): a small ring hop costs less
+when its receiver is not asleep (benchmarks/hop_cost.py).
 
 Failure news. A rank that cannot finish sends ABORT (JSON {origin, reason}) on its links before
 it closes them (comm/communicator.py's abort); a link this rank only sends on carries nothing
@@ -16,8 +18,8 @@ a neighbour that only passed a failure on is never blamed for it.
 
 from __future__ import annotations
 
-import dataclasses
 import json
+import os
 import select
 import socket
 import struct
@@ -49,6 +51,9 @@ from pipesgd_ref.runtime import faults, lifetime
 
 UNIX_SEND_BUFFER = 4 << 20  # unix links: up to two ring segments in flight in the kernel
 INLINE_SEND_BYTES = 64 << 10  # frames up to this size skip the sending thread when it is idle
+# A link to a rank on this host polls this long for the next frame before it sleeps in the
+# kernel (Link._spin_into); a link to another host sleeps at once.
+SPIN_SECONDS = 50e-6
 # A send that fails on a closed connection looks, this long at most, for the ABORT the peer
 # sent before it closed (already received: TCP delivers the bytes before the reset).
 NEWS_WAIT_SECONDS = 0.1
@@ -74,6 +79,7 @@ class Link:
     # Whether GPU arrays may go straight to this link's wire (comm/device_ring.py's direct
     # path): never over sockets; over MPI when the library is CUDA-aware (comm/mpi.py).
     takes_device_memory = False
+    spin_seconds = 0.0  # see _spin_into; __init__ sets it for a socket's link
 
     def __init__(
         self,
@@ -100,6 +106,7 @@ class Link:
         self._news_lock = threading.Lock()  # news is read by the main or the sending thread
         self._news_ended = False  # the peer closed this direction: no news can come any more
         self.transport = "unix" if sock.family == socket.AF_UNIX else "tcp"  # shm: ShmLink
+        self.spin_seconds = SPIN_SECONDS if self._same_host() else 0.0
         if self.transport == "tcp":
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # headers must not wait
         else:  # a larger buffer: fewer wake-ups per segment (the kernel caps it at wmem_max)
@@ -109,6 +116,16 @@ class Link:
         slice_ = struct.pack("ll", int(POLL_SECONDS), int(POLL_SECONDS % 1 * 1e6))
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, slice_)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, slice_)
+
+    def _same_host(self) -> bool:
+        """Whether the peer runs on this host: a unix socket, or TCP between two addresses
+        that are the same (loopback; a network namespace has an address of its own)."""
+        if self.sock.family == socket.AF_UNIX:
+            return True
+        try:
+            return self.sock.getpeername()[0] == self.sock.getsockname()[0]
+        except OSError:  # not connected (yet): as another host
+            return False
 
     # --- errors -------------------------------------------------------------------------
     # Each error names what this rank was doing (activity.current(): set where the operation
@@ -160,8 +177,11 @@ class Link:
         The socket is in blocking mode with SO_RCVTIMEO = POLL_SECONDS, and MSG_WAITALL asks the
         kernel to return only when the whole view is full (or the slice ends): one system call
         per segment, where a Python-level timeout would cost a poll() and a recv() per packet.
+        A wait for the start of a frame on a link to this host polls first (_spin_into).
         """
         got, total = 0, len(view)
+        if self.spin_seconds and not self.mid_frame:  # between frames: a header is due
+            got = self._spin_into(view)
         timeout = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
         while got < total:
@@ -180,6 +200,32 @@ class Link:
             self.mid_frame = True  # until the frame's last byte is read
             deadline = time.monotonic() + timeout  # progress: the peer is alive
         self.bytes_received += total
+
+    def _spin_into(self, view: memoryview) -> int:
+        """Poll for the next frame's first bytes for up to `spin_seconds`: non-blocking reads,
+        the core yielded between them (os.sched_yield: a rank sharing it runs, this one comes
+        back next). Returns the bytes read; 0 when none came in time or the peer closed (the
+        blocking read that follows reports the close, and the timeouts are its own, unchanged).
+
+        Why: a receiver asleep in recv() must be woken by the sender's system call, which on
+        a virtual machine costs an inter-processor interrupt: the largest part of a small
+        hop's sendmsg (benchmarks/hop_cost.py). A receiver that is still polling when the
+        frame lands is not asleep, so neither side pays it; a neighbour in the same ring step
+        usually sends within a few tens of microseconds."""
+        deadline = time.monotonic() + self.spin_seconds
+        while True:
+            try:
+                n = self.sock.recv_into(view, len(view), socket.MSG_DONTWAIT)
+            except BlockingIOError:  # nothing yet
+                if time.monotonic() > deadline:
+                    return 0
+                os.sched_yield()
+                continue
+            except OSError as e:  # reset, closed under us: as _recv_exact_into reports it
+                raise self._closed_error(str(e)) from None
+            if n:
+                self.mid_frame = True  # until the frame's last byte is read
+            return n
 
     def recv_header(
         self, *, stop: Callable[[], None] = lambda: None, timeout: float | None = None
@@ -248,11 +294,11 @@ class Link:
         caller already booked the wire and passes the emulated arrival time `deliver_at`)."""
         if deliver_at is None:
             deliver_at = self.emulator.schedule(len(payload) + HEADER.size)
-        header = dataclasses.replace(frame, nbytes=len(payload), deliver_at=deliver_at)
+        header = frame.pack(len(payload), deliver_at)  # the frame with its size and arrival
         body = memoryview(payload).cast("B")
-        if faults.ARMED and faults.sabotage(self, header.pack(), body):  # tests only
+        if faults.ARMED and faults.sabotage(self, header, body):  # tests only
             return
-        self._send_all(header.pack(), body)
+        self._send_all(header, body)
         self.bytes_sent += HEADER.size + len(payload)
 
     def send_without_waiting(
@@ -266,9 +312,9 @@ class Link:
         if faults.ARMED or not self.emulator.free_now():
             return None
         deliver_at = self.emulator.schedule(len(payload) + HEADER.size)
-        header = dataclasses.replace(frame, nbytes=len(payload), deliver_at=deliver_at)
+        header = memoryview(frame.pack(len(payload), deliver_at))
         body = memoryview(payload).cast("B")
-        parts = [memoryview(header.pack()), body] if len(body) else [memoryview(header.pack())]
+        parts = [header, body] if len(body) else [header]  # one system call for both
         try:
             sent = self.sock.sendmsg(parts, [], socket.MSG_DONTWAIT)
         except (BlockingIOError, TimeoutError):

@@ -143,8 +143,7 @@ class RingReduce:
 
     def send(self, step: int, chunk: int, part: int, payload) -> None:
         """Queue `payload` (segment `part` of `chunk`) as frame (step, part) to the right."""
-        where = f" ({self.where})" if self.where else ""
-        with doing(f"{self.name} #{self.seq} {self.phase(step)}{where}"):  # the sending side's
+        with doing(self.sending_as[self.phase(step)]):  # the sending side's name (run())
             self.sender.put(frame_at(self.header, step, part), as_bytes(payload))
         self.queued += 1
         self.trace(step, chunk, part)
@@ -186,6 +185,12 @@ class RingReduce:
         )
         self.sender = comm.right.start_sender()
         self.tracing = trace_enabled()
+        # What a send is named (comm/activity.py), per phase: made once here, not per frame.
+        where = f" ({self.where})" if self.where else ""
+        self.sending_as = {
+            phase: f"{self.name} #{self.seq} {phase}{where}"
+            for phase in ("reduce-scatter", "all-gather")
+        }
         self.reduce_scatter()
         self.all_gather()
         self.sender.flush(comm.timeout)

@@ -32,10 +32,11 @@ parameter server's whole-vector pushes and pulls) goes on the socket, as on `uni
 The k-th slotted frame of a direction uses slot k mod N_SLOTS. The sender waits until the
 receiver has released slot k - N_SLOTS (consumed > k - N_SLOTS), writes the payload, then
 sends the header: the header on the socket is the "slot full" signal and wakes the receiver
-(a blocking recv, no polling), and that system call orders the payload's stores before it. The
-receiver reads the header, uses the slot, then releases it (consumed = k + 1). Only a sender
-with every slot full polls (backing off from 20 us to 1 ms), and while it polls it watches the
-socket: a closed connection is a dead receiver, silence past --timeout a hung one.
+(a blocking recv, after a poll of at most links.SPIN_SECONDS: Link._spin_into), and that
+system call orders the payload's stores before it. The receiver reads the header, uses the
+slot, then releases it (consumed = k + 1). Only a sender with every slot full polls (backing
+off from 20 us to 1 ms), and while it polls it watches the socket: a closed connection is a
+dead receiver, silence past --timeout a hung one.
 
 Everything the socket protocol does stays as it is: the agreement check (the header), sequence
 numbers, ABORT news, heartbeats, link emulation (the header's deliver_at), timeouts, the job
@@ -52,7 +53,6 @@ pages actually written are backed (a ring link writes in one direction only).
 
 from __future__ import annotations
 
-import dataclasses
 import mmap
 import os
 import socket
@@ -146,7 +146,13 @@ class ShmLink(Link):
 
     @staticmethod
     def slotted(frame: Frame) -> bool:
-        return frame.kind == Kind.DATA and 0 < frame.nbytes <= SLOT_BYTES
+        return ShmLink.takes_slot(frame.kind, frame.nbytes)
+
+    @staticmethod
+    def takes_slot(kind: int, nbytes: int) -> bool:
+        """Whether a frame of `kind` with `nbytes` of payload goes through a slot: the rule
+        both ends apply (the sender before its header exists, the receiver to the header)."""
+        return kind == Kind.DATA and 0 < nbytes <= SLOT_BYTES
 
     def _slot(self, region: np.ndarray, k: int, nbytes: int) -> np.ndarray:
         start = CONTROL_BYTES + (k % N_SLOTS) * SLOT_BYTES
@@ -196,42 +202,46 @@ class ShmLink(Link):
         body = np.frombuffer(memoryview(payload).cast("B"), np.uint8)
         np.copyto(self._slot(self._out, self._sent, body.size), body)
 
-    def _header_for(self, frame: Frame, nbytes: int, deliver_at: float | None) -> Frame:
+    def _header_for(self, frame: Frame, nbytes: int, deliver_at: float | None) -> bytes:
+        """The header bytes of `frame` with `nbytes` of payload, booked on the emulated wire
+        unless the caller did (`deliver_at`)."""
         if deliver_at is None:
             deliver_at = self.emulator.schedule(nbytes + HEADER.size)
-        return dataclasses.replace(frame, nbytes=nbytes, deliver_at=deliver_at)
+        return frame.pack(nbytes, deliver_at)
 
     def send(self, frame, payload=b"", *, deliver_at=None) -> None:
-        header = self._header_for(frame, len(payload), deliver_at)
-        if not self.slotted(header):
-            super().send(frame, payload, deliver_at=header.deliver_at)
+        nbytes = len(payload)
+        if not self.takes_slot(frame.kind, nbytes):
+            super().send(frame, payload, deliver_at=deliver_at)
             return
+        header = self._header_for(frame, nbytes, deliver_at)
         # tests only: the fault acts on the socket (the payload would have gone to a slot)
-        if faults.ARMED and faults.sabotage(self, header.pack(), payload, on_socket=False):
+        if faults.ARMED and faults.sabotage(self, header, payload, on_socket=False):
             return
         self._wait_for_slot()
         self._put_in_slot(payload)
-        self._send_header(header)
+        self._send_header(header, nbytes)
 
-    def _send_header(self, header: Frame) -> None:
+    def _send_header(self, header: bytes, nbytes: int) -> None:
         self._sent += 1
-        self._send_all(header.pack(), memoryview(b""))
-        self.bytes_sent += HEADER.size + header.nbytes
+        self._send_all(header, memoryview(b""))
+        self.bytes_sent += HEADER.size + nbytes
 
     def send_without_waiting(self, frame, payload):
         """As Link's, for a slotted frame: copied into its slot and the header sent now, when
         a slot is free; None (the sending thread will wait for one) when none is."""
         if faults.ARMED or not self.emulator.free_now():
             return None
-        if not self.slotted(dataclasses.replace(frame, nbytes=len(payload))):
+        nbytes = len(payload)
+        if not self.takes_slot(frame.kind, nbytes):
             return super().send_without_waiting(frame, payload)
         if not self._slot_free():
             return None
-        header = self._header_for(frame, len(payload), None)
+        header = self._header_for(frame, nbytes, None)
         self._put_in_slot(payload)
         self._sent += 1
-        self.bytes_sent += HEADER.size + header.nbytes
-        parts = [memoryview(header.pack())]
+        self.bytes_sent += HEADER.size + nbytes
+        parts = [memoryview(header)]
         try:
             sent = self.sock.sendmsg(parts, [], socket.MSG_DONTWAIT)
         except (BlockingIOError, TimeoutError):
@@ -243,8 +253,7 @@ class ShmLink(Link):
     def may_send_inline(self, frame: Frame, nbytes: int) -> bool:
         # A slotted frame may have to wait for a slot: never on the caller's thread, or two
         # neighbours each waiting for the other's slots would never receive.
-        slotted = self.slotted(dataclasses.replace(frame, nbytes=nbytes))
-        return not slotted and nbytes <= INLINE_SEND_BYTES
+        return not self.takes_slot(frame.kind, nbytes) and nbytes <= INLINE_SEND_BYTES
 
     # --- the ring's one-pass hop: compute straight into the right neighbour's slot --------
 
@@ -264,7 +273,7 @@ class ShmLink(Link):
     def send_claimed(self, frame: Frame) -> None:
         """Send the header of the claimed slot, now filled."""
         nbytes, self._claimed = self._claimed.size, None
-        self._send_header(self._header_for(frame, nbytes, None))
+        self._send_header(self._header_for(frame, nbytes, None), nbytes)
 
     # --- receiving ------------------------------------------------------------------------
 

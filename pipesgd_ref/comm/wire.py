@@ -100,9 +100,15 @@ class Frame:
     nbytes: int = 0
     deliver_at: float = 0.0
 
-    def pack(self) -> bytes:
+    def pack(self, nbytes: int | None = None, deliver_at: float | None = None) -> bytes:
+        """The 48 header bytes; `nbytes` and `deliver_at`, when given, in place of the frame's
+        own. A link sets both on every frame it sends (the payload's size, the emulated
+        arrival): packing them straight in costs one struct call, where a second Frame made by
+        dataclasses.replace cost about 2 us a frame, a tenth of a small ring hop."""
+        nbytes = self.nbytes if nbytes is None else nbytes
+        deliver_at = self.deliver_at if deliver_at is None else deliver_at
         fields = (self.kind, self.op, self.dtype, self.seq, self.step, self.part, self.src)
-        return HEADER.pack(MAGIC, VERSION, *fields, self.total_len, self.nbytes, self.deliver_at)
+        return HEADER.pack(MAGIC, VERSION, *fields, self.total_len, nbytes, deliver_at)
 
     def describe(self) -> str:
         """Human words for the collective a DATA frame belongs to."""
