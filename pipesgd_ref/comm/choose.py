@@ -30,7 +30,7 @@ from pipesgd_ref.comm import algorithms
 
 NAMES = ("ring", "rd", "rab", "oneshot", "twoshot")
 DEFAULT_MODELS = Path(__file__).with_name("allreduce_models.json")
-GROUP_SLOT_BYTES = 4 << 20  # comm/shm_group.SLOT_BYTES: a message longer goes in pieces
+GROUP_SLOT_BYTES = 512 << 10  # comm/shm_group.SLOT_BYTES: a message longer goes in pieces
 
 
 def user_models_path() -> Path:

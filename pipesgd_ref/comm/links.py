@@ -80,6 +80,9 @@ class Link:
     # path): never over sockets; over MPI when the library is CUDA-aware (comm/mpi.py).
     takes_device_memory = False
     spin_seconds = 0.0  # see _spin_into; __init__ sets it for a socket's link
+    # A link that carries data both ways (comm/mesh.py's): a failed send does not look for news
+    # in the receive stream (`_send_failed`), where the receiving thread may be mid-frame.
+    two_way = False
 
     def __init__(
         self,
@@ -157,6 +160,8 @@ class Link:
         here it arrives on the direction this rank does not send in, before the reset, so a
         neighbour's exit is never taken for the cause when it only passed the failure on."""
         what, closed = current(), self._closed_error(str(error))
+        if self.two_way:  # data comes back on it: only the receiving thread may read it
+            return closed
         try:
             news = self.take_news(NEWS_WAIT_SECONDS)
         except CommError:

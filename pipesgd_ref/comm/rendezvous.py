@@ -467,6 +467,8 @@ def _link_up(spec: JobSpec, star: bool, listeners, addrs, host: str, opened: lis
     comm.clients = {r: link for (what, r), link in incoming.items() if what == "star"}
     both = {**incoming, **outgoing}
     comm.mesh = {r: link for (what, r), link in sorted(both.items()) if what == "mesh"}
+    for link in comm.mesh.values():
+        link.two_way = True
     return comm
 
 
