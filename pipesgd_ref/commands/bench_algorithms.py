@@ -142,7 +142,9 @@ def print_fit(models: dict, p: int, path, print_fn) -> None:
         print_fn(f"fitted ({transport}): {figures}")
     for transport, changes in crossovers(models, p).items():
         if changes:
-            steps = "; ".join(f"{a} -> {b} at {format_bytes(n)}" for n, a, b in changes)
+            steps = "; ".join(f"{a} -> {b} at {format_bytes(n)}" for n, a, b in changes[:4])
+            if len(changes) > 4:  # two models that step with the pieces, crossing back and forth
+                steps += f"; {len(changes) - 4} more changes up to {format_bytes(changes[-1][0])}"
             print_fn(f"auto on {transport}, {p} ranks: {steps}")
     print_fn(f"wrote {path} (auto reads it; PIPESGD_ALLREDUCE_MODELS names another file)")
 
