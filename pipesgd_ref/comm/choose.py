@@ -149,11 +149,12 @@ def algorithm_for(comm, nbytes: int, asked: str | None = None) -> str:
     if asked == "auto":
         if p == 1:
             return "ring"
-        link = getattr(spec, "link", None)
-        emulated = link is not None and link.enabled
-        latency, bandwidth = (link.latency, link.bandwidth) if emulated else (0.0, math.inf)
-        figures = fitted(transport_of(comm))
-        return pick(available(comm), p, nbytes, figures, latency, bandwidth)
+        # The same inputs give the same answer: each size is chosen once per communicator,
+        # not once per call (the figures are read and the models evaluated the first time).
+        chosen = comm.__dict__.setdefault("_auto_choices", {})
+        if nbytes not in chosen:
+            chosen[nbytes] = _choose(comm, spec, p, nbytes)
+        return chosen[nbytes]
     if asked not in NAMES:
         raise ValueError(f"allreduce algorithm must be one of {', '.join(NAMES)}, got {asked!r}")
     if p > 1 and asked not in available(comm):
@@ -163,3 +164,12 @@ def algorithm_for(comm, nbytes: int, asked: str | None = None) -> str:
             need = "shared-memory group (--allreduce oneshot, twoshot or auto; one host; shm)"
         raise ValueError(f"allreduce {asked!r} needs the job to be started with its {need}")
     return asked
+
+
+def _choose(comm, spec, p: int, nbytes: int) -> str:
+    """auto's pick for one message size (see `algorithm_for`)."""
+    link = getattr(spec, "link", None)
+    emulated = link is not None and link.enabled
+    latency, bandwidth = (link.latency, link.bandwidth) if emulated else (0.0, math.inf)
+    figures = fitted(transport_of(comm))
+    return pick(available(comm), p, nbytes, figures, latency, bandwidth)

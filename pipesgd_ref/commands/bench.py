@@ -76,6 +76,19 @@ def _print(*args) -> None:
     print(*args, flush=True)
 
 
+REPS = 10  # timed calls per row and size, at least
+MIN_TIMED_BYTES = 4 << 20  # ...and at least this much AllReduce, up to MAX_REPS calls
+MAX_REPS = 200
+
+
+def reps_at(nbytes: int, reps: int | None = None) -> int:
+    """Timed calls at one size: `reps` when given; else REPS, more below 4 MB (a 4 KB call
+    takes tens of microseconds: ten of them measure the machine's noise, not the call)."""
+    if reps is not None:
+        return reps
+    return max(REPS, min(MAX_REPS, MIN_TIMED_BYTES // max(nbytes, 1)))
+
+
 def bus_factor(p: int) -> float:
     return 2 * (p - 1) / p if p > 1 else 1.0
 
@@ -208,7 +221,7 @@ def bench_allreduce(
     world_size: int,
     sizes: list[int],
     link: LinkSpec | None = None,
-    reps: int = 10,
+    reps: int | None = None,
     warmup: int = 2,
     transports: list[str] | tuple[str, ...] = ("tcp",),
     peers: list[str] | tuple[str, ...] = ("gloo",),
@@ -240,10 +253,11 @@ def bench_allreduce(
     names = ours + ran_peers
 
     def run(name: str, nbytes: int) -> dict:
+        n = reps_at(nbytes, reps)
         if name in ours:
             algo, transport = bench_algorithms.split_name(name)
-            return run_ring(world_size, nbytes, reps, warmup, transport, codec, link, timeout, algo)
-        return run_peer(name, world_size, nbytes, reps, warmup, timeout)
+            return run_ring(world_size, nbytes, n, warmup, transport, codec, link, timeout, algo)
+        return run_peer(name, world_size, nbytes, n, warmup, timeout)
 
     got = in_turns(names, sizes, rounds, run, print_fn)
     rows = best_rows(got, names, sizes, ran_peers, world_size, link, machine)
@@ -268,7 +282,7 @@ def bench_allreduce(
         "peers": ran_peers,
         "skipped_peers": skipped,
         "rounds": rounds,
-        "reps": reps,
+        "reps": {n: reps_at(n, reps) for n in sizes},
         "rows": [asdict(r) for r in rows],
         "cpu_count": os.cpu_count(),
         "host": socket.gethostname(),
@@ -435,7 +449,7 @@ def _or_dash(value: float | None, scale: float, width: int) -> str:
 def bench_allreduce_joined(
     sizes: list[int],
     link: LinkSpec | None = None,
-    reps: int = 10,
+    reps: int | None = None,
     warmup: int = 2,
     timeout: float = 60.0,
     json_path: str | None = None,
@@ -459,7 +473,7 @@ def bench_allreduce_joined(
         )
         how = "joined from the environment"
     try:
-        mine = _ring_job(comm, sizes, reps, warmup)
+        mine = {n: _ring_job(comm, [n], reps_at(n, reps), warmup)[n] for n in sizes}
         if comm.rank != 0:
             return None
         p = comm.world_size

@@ -108,7 +108,12 @@ def bench_flags(args: argparse.Namespace) -> tuple[list[int], LinkSpec, list[str
         link = LinkSpec.from_strings(args.latency, args.bandwidth)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    if args.world_size < 1 or args.reps < 1 or args.warmup < 0 or not sizes:
+    if (
+        args.world_size < 1
+        or (args.reps is not None and args.reps < 1)
+        or args.warmup < 0
+        or not sizes
+    ):
         raise ConfigError("need --world-size >= 1, --reps >= 1, --warmup >= 0 and some --sizes")
     if any(s % 4 for s in sizes):
         raise ConfigError(f"sizes must be whole float32 arrays (multiples of 4 bytes): {sizes}")

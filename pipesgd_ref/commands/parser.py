@@ -153,7 +153,13 @@ def _add_bench_allreduce(bsub) -> None:
     ar.add_argument("--sizes", default="4KB,1MB,16MB,64MB", help="comma-separated sizes")
     ar.add_argument("--latency", default=None, help="emulated link latency, e.g. 50us, 1ms")
     ar.add_argument("--bandwidth", default=None, help="emulated bandwidth, e.g. 1Gbit, 125MB")
-    ar.add_argument("--reps", type=int, default=10, help="timed repeats per size")
+    ar.add_argument(
+        "--reps",
+        type=int,
+        default=None,
+        help="timed repeats per size (default 10, and up to 200 below 4 MB: each row times at "
+        "least 4 MB of AllReduce, as short calls need more repeats to be measured)",
+    )
     ar.add_argument("--warmup", type=int, default=2, help="untimed repeats per size")
     ar.add_argument("--timeout", type=seconds, default=60.0, help="communication timeout, s")
     ar.add_argument("--json", dest="json_path", default=None, help="also write results here")
