@@ -79,6 +79,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             codec=args.codec,
             algorithms=algorithms,
             fit_path=_fit_path(args),
+            rounds=args.rounds,
             argv=" ".join(["pipesgd", *args.argv]) if getattr(args, "argv", None) else "",
             **kwargs,
         )
@@ -108,6 +109,8 @@ def bench_flags(args: argparse.Namespace) -> tuple[list[int], LinkSpec, list[str
         link = LinkSpec.from_strings(args.latency, args.bandwidth)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    if args.rounds < 1:
+        raise ConfigError(f"--rounds must be >= 1, got {args.rounds}")
     if (
         args.world_size < 1
         or (args.reps is not None and args.reps < 1)

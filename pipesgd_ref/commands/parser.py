@@ -161,6 +161,12 @@ def _add_bench_allreduce(bsub) -> None:
         "least 4 MB of AllReduce, as short calls need more repeats to be measured)",
     )
     ar.add_argument("--warmup", type=int, default=2, help="untimed repeats per size")
+    ar.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        help="times every row runs at every size, in turns; each keeps its best (default 2)",
+    )
     ar.add_argument("--timeout", type=seconds, default=60.0, help="communication timeout, s")
     ar.add_argument("--json", dest="json_path", default=None, help="also write results here")
     ar.add_argument(
