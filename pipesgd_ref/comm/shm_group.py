@@ -58,6 +58,7 @@ import mmap
 import os
 import platform
 import time
+from functools import lru_cache
 
 import numpy as np
 
@@ -110,6 +111,7 @@ class ShmGroup:
         self.pids = raw[ABORT_BYTES : ABORT_BYTES + 8 * p].view(np.uint64)
         ctrl_end = ctrl + 2 * p * LINE * 8
         self.lines = raw[ctrl:ctrl_end].view(np.uint64).reshape(2, p, LINE)
+        self._base = self.lines.ctypes.data  # where the control words lie (futex addresses)
         # [parity][rank]: each rank's piece; [parity][p]: twoshot's sums, each rank its share
         self.slots = raw[ctrl_end:].reshape(2, p + 1, SLOT_BYTES)
         self.gen = int(self.lines[0, rank, GEN])  # pieces this rank has done (0 when new)
@@ -135,7 +137,7 @@ class ShmGroup:
     def allreduce(self, flat: np.ndarray, op: Op, seq: int, algo: str) -> None:
         """Sum (or mean) `flat` in place across the group with `algo`, piece by piece."""
         per = SLOT_BYTES // flat.itemsize
-        bounds = chunk_bounds(flat.size, self.p)  # the ring's chunks: its order of additions
+        bounds = _bounds(flat.size, self.p)  # the ring's chunks: its order of additions
         for a in range(0, max(flat.size, 1), per):
             b = min(a + per, flat.size)
             with doing(f"allreduce #{seq} ({algo}, shared memory, elements {a}..{b})"):
@@ -167,7 +169,7 @@ class ShmGroup:
 
     def _twoshot(self, flat, a, b, op, seq, bounds) -> None:
         g, rows = self._arrive(flat, a, b, op, seq)
-        work = chunk_bounds(b - a, self.p)  # who sums what of this piece
+        work = _bounds(b - a, self.p)  # who sums what of this piece
         s0, e0 = work[self.rank]
         sums = rows[self.p]
         for c, (s, e) in enumerate(bounds):  # my share, cut where the ring's order changes
@@ -227,7 +229,7 @@ class ShmGroup:
 
     def _address(self, par: int, rank: int, field: int) -> int:
         """The address of a control word in this process (a futex is the word itself)."""
-        return self.lines[par, rank, field:].ctypes.data
+        return self._base + ((par * self.p + rank) * LINE + field) * 8
 
     def _publish(self, par: int, field: int, g: int) -> None:
         """Set this rank's word to g (after everything it announces is written), and wake the
@@ -271,6 +273,8 @@ class ShmGroup:
 
     def _check_agree(self, lines: np.ndarray) -> None:
         mine = lines[self.rank, SEQ : PIECE + 1]
+        if (lines[:, SEQ : PIECE + 1] == mine).all():  # one comparison for all ranks
+            return
         for q in range(self.p):
             if q != self.rank and not np.array_equal(lines[q, SEQ : PIECE + 1], mine):
                 theirs = lines[q]
@@ -314,6 +318,12 @@ class ShmGroup:
             self.lines[:, self.rank, CLOSED] = 1
             self._wake_everyone()
         self.lines = self.slots = self.abort_line = self.pids = None
+
+
+@lru_cache(maxsize=64)
+def _bounds(n: int, p: int) -> tuple[tuple[int, int], ...]:
+    """chunk_bounds, kept: a training run reduces the same sizes every step."""
+    return tuple(chunk_bounds(n, p))
 
 
 def _alive(pid: int) -> bool:
