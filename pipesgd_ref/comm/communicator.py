@@ -119,7 +119,8 @@ class Communicator:
             reason += f" before step {step}"
         news = News(self.rank, reason, signum, step)
         links = (self.left, self.right, self.server, *self.clients.values(), *self.mesh.values())
-        return any([link.send_news(news) for link in links if _between_frames(link)])
+        told = self.group is not None and self.group.tell(news)  # the group waits on no link
+        return any([link.send_news(news) for link in links if _between_frames(link)]) or told
 
     def check_news(self) -> None:
         """Raise PeerAborted if the right neighbour has sent news of a failure back along the

@@ -15,8 +15,9 @@ use it (MPICH, NCCL and DeepSpeed's CPU AllReduce name them the same way):
 Region layout (one anonymous memfd, mapped by all p ranks):
 
     offset   size               what
-    0        64                 abort line: origin + 1 of a failed collective, its reason
-    64       8 p (to 64)        every rank's pid (to tell a dead rank from a slow one)
+    0        512                news line: origin + 1 of a failure or a stop, its signal and
+                                step, the reason (comm/wire.py's News)
+    512      8 p (to 64)        every rank's pid (to tell a dead rank from a slow one)
     ...      2 x p x 64         control lines: [parity][rank] = gen, reduced, seq, op, dtype,
                                 total length, piece, closed (u64 each; written by its rank only)
     ...      2 x (p+1) x SLOT   slots: [parity][rank], SLOT_BYTES each, and [parity][p]
@@ -74,13 +75,14 @@ from pipesgd_ref.errors import (
     PeerTimeout,
     RendezvousError,
 )
+from pipesgd_ref.runtime import lifetime
 
 SLOT_BYTES = 512 << 10  # one rank's piece per parity: p + 1 pieces of both parities stay
 # in the last-level cache (measured: 16 MB in 5.2 ms at 512 KiB against 8-12 ms at 2-4 MiB)
 LINE = 8  # u64 fields per control line (64 bytes: one cache line)
 GEN, REDUCED, SEQ, OP, DTYPE, LENGTH, PIECE, CLOSED = range(LINE)
-ABORT_BYTES = 64
-REASON_BYTES = ABORT_BYTES - 16
+ABORT_BYTES = 512  # the news line: origin + 1, signal, step + 1 (u64 each), then the reason
+NEWS_AT = 24
 SPIN_SECONDS = 50e-6  # yield-and-look this long before sleeping on a futex
 LIVENESS_SECONDS = 0.05  # while sleeping, look this often for dead or closed ranks
 ALGORITHMS = ("oneshot", "twoshot")
@@ -265,8 +267,8 @@ class ShmGroup:
         what = "wrote its piece" if field == GEN else "summed its share"
         return PeerTimeout(
             f"rank {self.rank}: rank(s) {names} never {what} in the shared-memory group within "
-            f"{self.timeout:.1f} s during {current()}; hung, or in another collective? raise "
-            f"--timeout to wait longer",
+            f"{self.timeout:.1f} s during {current()}; is it alive, or in another collective? "
+            f"raise --timeout to wait longer",
             origin=late[0],
             doing=current(),
         )
@@ -292,25 +294,37 @@ class ShmGroup:
     # --- failure ------------------------------------------------------------------------------
 
     def _check_abort(self) -> None:
-        origin = int(self.abort_line[:8].view(np.uint64)[0])
-        if origin:
-            reason = bytes(self.abort_line[16:]).rstrip(b"\0").decode(errors="replace")
-            news = News(origin - 1, reason)
-            text = news.cannot_finish(self.rank, current(), "news from the shared-memory group")
-            raise PeerAborted(text, origin=origin - 1, doing=current())
+        words = self.abort_line[:NEWS_AT].view(np.uint64)
+        if not words[0]:
+            return
+        reason = bytes(self.abort_line[NEWS_AT:]).rstrip(b"\0").decode(errors="replace")
+        signum, step = int(words[1]), int(words[2])
+        news = News(int(words[0]) - 1, reason, signum, step - 1 if step else None)
+        if signum:  # a rank stopped on a signal: this one stops as if it had received it
+            lifetime.heard_stop(signum)
+        text = news.cannot_finish(self.rank, current(), "news from the shared-memory group")
+        raise PeerAborted(text, origin=news.origin, doing=current())
 
     def abort(self, error: BaseException) -> None:
         """Tell every rank of the group that a collective failed (the first story stays)."""
-        words = self.abort_line[:16].view(np.uint64)
-        if words[0]:
-            return
         origin = getattr(error, "origin", None)
-        origin = self.rank if origin is None else origin
-        text = str(error).encode()[:REASON_BYTES]
-        self.abort_line[16:] = 0
-        self.abort_line[16 : 16 + len(text)] = np.frombuffer(text, np.uint8)
-        words[0] = origin + 1
+        self.tell(News(self.rank if origin is None else origin, str(error)))
+
+    def tell(self, news: News) -> bool:
+        """Write `news` (a failure, or a stop on a signal: Communicator.tell_stopped) where every
+        waiting rank looks, and wake them; the first story stays. True when written."""
+        if self.abort_line is None:
+            return False
+        words = self.abort_line[:NEWS_AT].view(np.uint64)
+        if words[0]:
+            return False
+        text = news.reason.encode()[: ABORT_BYTES - NEWS_AT]
+        self.abort_line[NEWS_AT:] = 0
+        self.abort_line[NEWS_AT : NEWS_AT + len(text)] = np.frombuffer(text, np.uint8)
+        words[1], words[2] = news.signal, 0 if news.step is None else news.step + 1
+        words[0] = news.origin + 1  # last: the story is there before anyone reads it
         self._wake_everyone()  # whoever sleeps on a word looks at the abort line now
+        return True
 
     def close(self) -> None:
         """Mark this rank gone, so no one waits on it for the whole timeout."""

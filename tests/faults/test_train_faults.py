@@ -93,11 +93,14 @@ def describe(pids: set[int]) -> str:
 
 
 def config(algo: str, folder: Path, **more) -> TrainConfig:
-    """The job of a case: over TCP unless `more` names another transport (the faults on TCP
-    links are these tests' subject; the default, auto, would take shared memory on one host)."""
+    """The job of a case: over TCP unless `more` names another transport, and the ring (the
+    faults injected on links' frames are these tests' subject; the default transport, auto,
+    would take shared memory on one host, and the default AllReduce, auto, the shared-memory
+    group there, which has no frames: tests/test_shm_group.py has its failures)."""
     return TrainConfig.preset("laptop").replace(
         algo=algo, steps=STEPS, timeout=TIMEOUT, out=str(folder),
-        checkpoint_every=checkpoint_every(algo), eval_every=0, **{"transport": "tcp", **more},
+        checkpoint_every=checkpoint_every(algo), eval_every=0,
+        **{"transport": "tcp", "allreduce": "ring", **more},
     )  # fmt: skip
 
 
