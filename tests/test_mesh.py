@@ -61,10 +61,10 @@ def _mesh_job(comm, dtype, seed):
         (2, "shm", np.float64),
         (3, "tcp", np.float64),
         (4, "shm", np.float32),
-        (5, "tcp", np.float32),
-        (6, "shm", np.float64),
-        (7, "tcp", np.float64),
-        (8, "shm", np.float32),
+        pytest.param(5, "tcp", np.float32, marks=pytest.mark.slow),
+        pytest.param(6, "shm", np.float64, marks=pytest.mark.slow),
+        pytest.param(7, "tcp", np.float64, marks=pytest.mark.slow),
+        pytest.param(8, "shm", np.float32, marks=pytest.mark.slow),
     ],
 )
 def test_equals_the_simulation_bitwise(p, transport, dtype):
