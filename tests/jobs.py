@@ -68,6 +68,15 @@ def blamed(text: str) -> int | None:
     return int(m.group(1) or m.group(2)) if m else None
 
 
+def assert_every_rank_blames_the_killed(failed, p: int, victim: int) -> None:
+    """Every rank failed; the SIGKILLed `victim` by its exit code, each other one blaming it."""
+    assert sorted(failed.errors) == list(range(p)), failed
+    assert "died with exit code -9" in failed.errors[victim], failed.errors[victim]
+    for rank in set(range(p)) - {victim}:
+        text = failed.errors[rank]
+        assert blamed(text) == victim, f"rank {rank} should blame rank {victim}: {text}"
+
+
 def killed_job(comm, victim, n, reps, pid_dir):
     """Rank `victim` is SIGKILLed during the AllReduces that follow a warm-up."""
     write_pid(pid_dir)

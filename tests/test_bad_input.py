@@ -756,6 +756,7 @@ REAL = ("no-command", "train-log-level-LOUD", "train-config-non-utf8", "train-ou
         "config-dir", "predict-json-dir", "bench-timeout-0", "bench-json-dir")  # fmt: skip
 
 
+@pytest.mark.slow  # 2-9 s: kept out of the fast subset (under 3 minutes)
 @pytest.mark.timeout(TIMEOUT + 30)
 @pytest.mark.parametrize("case", [c for c in CASES if c.id in REAL], ids=lambda c: c.id)
 def test_the_real_entry_point(case: Case, tmp_path: Path):

@@ -199,6 +199,7 @@ def test_ps_link_model_quick(tmp_path):
         assert r["predicted_s"] > floor, f"{r['pulls']}: the model is below the link\n{log}"
 
 
+@pytest.mark.slow  # 2-9 s: kept out of the fast subset (under 3 minutes)
 @pytest.mark.timeout(120)
 def test_compensation_cost_small():
     """benchmarks/compensation_cost.py on a small model: one row per compensation, each with a

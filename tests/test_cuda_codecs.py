@@ -194,6 +194,7 @@ Q8_CHUNKS = {
 }
 
 
+@pytest.mark.slow  # 2-9 s: kept out of the fast subset (under 3 minutes)
 @needs_cuda
 @pytest.mark.parametrize("stochastic", [False, True])
 @pytest.mark.parametrize("chunk", list(Q8_CHUNKS), ids=list(Q8_CHUNKS))

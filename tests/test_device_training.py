@@ -328,6 +328,7 @@ def test_config_device():
 # --- no GPU ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # 2-9 s: kept out of the fast subset (under 3 minutes)
 def test_no_gpu_is_one_line_and_exit_2():
     """Without the simulator and with every GPU hidden, `--device cuda` stops before any worker
     starts: exit status 2 and one line that says why and what to do."""

@@ -323,6 +323,7 @@ def test_a_run_over_the_snapshot_budget_evaluates_fewer_steps(monkeypatch):
 # --- the start of a run -------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # 2-9 s: kept out of the fast subset (under 3 minutes)
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("algo", ["sync", "pipe", "ps-sync", "ps-async"])
 def test_workers_start_step_zero_together(algo, monkeypatch):
