@@ -26,11 +26,10 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
-from pipesgd_ref.comm import algorithms
+from pipesgd_ref.comm import algorithms, shm_group
 
 NAMES = ("ring", "rd", "rab", "oneshot", "twoshot")
 DEFAULT_MODELS = Path(__file__).with_name("allreduce_models.json")
-GROUP_SLOT_BYTES = 512 << 10  # comm/shm_group.SLOT_BYTES: a message longer goes in pieces
 
 
 def user_models_path() -> Path:
@@ -49,11 +48,9 @@ def steps(algo: str, p: int, nbytes: int) -> float:
     if algo == "ring":
         return 2.0 * (p - 1)
     if algo in ("oneshot", "twoshot"):
-        pieces = max(1, math.ceil(nbytes / GROUP_SLOT_BYTES))
+        pieces = max(1, math.ceil(nbytes / shm_group.SLOT_BYTES))  # one sync set per piece
         return pieces * (1.0 if algo == "oneshot" else 2.0)
-    p2, e = algorithms.split(p)
-    q, f = p2.bit_length() - 1, 1 if e else 0
-    return float(q + 2 * f) if algo == "rd" else float(2 * q + 2 * f)
+    return algorithms.cost(algo, p, nbytes, 1.0, math.inf)  # its latency term alone
 
 
 def volume(algo: str, p: int) -> float:
@@ -66,9 +63,7 @@ def volume(algo: str, p: int) -> float:
         return 1.0 + p  # copy in, then read every rank's slot
     if algo == "twoshot":
         return 3.0  # copy in, sum one p-th from p slots, copy every sum out
-    p2, e = algorithms.split(p)
-    q, f = p2.bit_length() - 1, 1 if e else 0
-    return float(q + 2 * f) if algo == "rd" else 2.0 * (p2 - 1) / p2 + 2 * f
+    return algorithms.cost(algo, p, 1.0, 0.0, 1.0)  # its bandwidth term for one byte
 
 
 def model_time(algo: str, p: int, nbytes: int, alpha: float, beta: float) -> float:

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipesgd_ref.comm import choose, shm_group
+from pipesgd_ref.comm import choose, mesh, shm_group
 from pipesgd_ref.comm.activity import doing
 from pipesgd_ref.comm.communicator import Communicator
 from pipesgd_ref.comm.compressed_ring import CompressedHops
@@ -279,8 +279,6 @@ def allreduce(
         aborting_on_error(comm, _in_group, comm, array, code, algo)
         return array
     if algo != "ring":
-        from pipesgd_ref.comm import mesh
-
         aborting_on_error(comm, mesh.reduce_by_schedule, comm, array, code, algo)
         return array
     if compressed:

@@ -29,7 +29,7 @@ from pipesgd_ref.comm.netem import LinkSpec
 from pipesgd_ref.outputs import write_text_atomic
 from pipesgd_ref.units import format_bytes
 
-ALGORITHMS = ("ring", "rd", "rab", "oneshot", "twoshot", "auto")
+ALGORITHMS = (*choose.NAMES, "auto")  # the rows' order
 
 
 def row_names(algorithms: list[str], transports: list[str], link: LinkSpec) -> tuple[list, dict]:
