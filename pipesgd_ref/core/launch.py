@@ -68,7 +68,7 @@ def launch(prob: Problem, algo: str, threads: bool = False, timeout: float = 60.
     for sock in listeners:
         sock.close()
     results = []
-    for r, (pipe, proc) in enumerate(zip(pipes, procs)):
+    for r, (pipe, proc) in enumerate(zip(pipes, procs, strict=True)):
         try:
             results.append(pipe.recv())
         except EOFError:  # it died without a word: killed, or out of memory

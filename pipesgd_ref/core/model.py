@@ -13,6 +13,7 @@ reference ops (pipesgd_ref/ops/numpy_ops.py), so the two compute the same bits.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import pairwise
 
 import numpy as np
 
@@ -22,12 +23,12 @@ class MLP:
 
     def __init__(self, n_features: int, n_classes: int, hidden: tuple[int, ...] = (64,)):
         self.widths = (n_features, *hidden, n_classes)  # layer l maps widths[l] -> widths[l+1]
-        self.n_params = sum(a * b + b for a, b in zip(self.widths[:-1], self.widths[1:]))
+        self.n_params = sum(a * b + b for a, b in pairwise(self.widths))
 
     def layers(self, flat: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
         """(W_l, b_l) of each layer: views into `flat` (writing one writes `flat`)."""
         out, at = [], 0
-        for n_in, n_out in zip(self.widths[:-1], self.widths[1:]):
+        for n_in, n_out in pairwise(self.widths):
             W = flat[at : at + n_in * n_out].reshape(n_in, n_out)
             b = flat[at + n_in * n_out : at + n_in * n_out + n_out]
             out.append((W, b))
@@ -39,7 +40,7 @@ class MLP:
         broadcast: He-normal weights (variance 2 / fan_in), zero biases."""
         rng = np.random.default_rng(seed)
         params = np.zeros(self.n_params, np.float32)
-        for (W, _), fan_in in zip(self.layers(params), self.widths):
+        for (W, _), fan_in in zip(self.layers(params), self.widths[:-1], strict=True):
             W[...] = rng.normal(0.0, np.sqrt(2.0 / fan_in), W.shape)
         return params
 

@@ -23,6 +23,8 @@ with the same bits, whatever the timing. `simulate` runs the same schedule in on
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import numpy as np
 
 from pipesgd_ref.core.wire import Link, exchange
@@ -33,7 +35,7 @@ def chunk_bounds(n: int, p: int) -> list[tuple[int, int]]:
     ones first (n = 10, p = 4: 3, 3, 2, 2)."""
     base, extra = divmod(n, p)
     starts = [c * base + min(c, extra) for c in range(p + 1)]
-    return list(zip(starts[:-1], starts[1:]))
+    return list(pairwise(starts))
 
 
 def ring_allreduce(rank: int, p: int, left: Link, right: Link, x: np.ndarray, mean=True):
