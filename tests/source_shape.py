@@ -108,7 +108,11 @@ def private_imports(modules: dict[str, Path]) -> list[str]:
 MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 80
 PIPE_LOOP = "methods/pipe.py"
-MAX_PIPE_LINES = 200
+# The lesson core (pipesgd_ref/core): the whole method in one sitting. Its files and every
+# module importing it loads (the package's own __init__ included) stay within these.
+CORE = "core"
+MAX_CORE_LINES = 900
+MAX_CORE_FILES = 8
 # The product around a loop: reached through the runtime's hooks, never imported by the loop.
 NOT_IN_PIPE = ("runtime.checkpoint", "runtime.lifetime", "runtime.faults")
 MAX_ROOT_MODULES = 10
@@ -147,25 +151,67 @@ def long_functions(root: Path = PACKAGE, limit: int = MAX_FUNCTION_LINES) -> lis
 
 
 def loop_problems(
-    root: Path = PACKAGE,
-    loop: str = PIPE_LOOP,
-    limit: int = MAX_PIPE_LINES,
-    forbidden: tuple[str, ...] = NOT_IN_PIPE,
+    root: Path = PACKAGE, loop: str = PIPE_LOOP, forbidden: tuple[str, ...] = NOT_IN_PIPE
 ) -> list[str]:
-    """What keeps the loop `loop` (a path under `root`) from reading as the algorithm alone:
-    more than `limit` lines, and each import of a `forbidden` module (names under `root`)."""
+    """What keeps the loop `loop` (a path under `root`) from reading as the algorithm with
+    the product around it reached through hooks: each import of a `forbidden` module."""
     path = root / loop
     if not path.is_file():
         return [f"{where(path, root)}: missing"]
     problems = []
-    if (n := line_count(path)) > limit:
-        problems.append(f"{where(path, root)}: {n} lines (at most {limit})")
     modules = module_files(root)
     name = next(m for m, p in modules.items() if p == path)
     banned = {f"{root.name}.{m}" for m in forbidden}
     for target, _, line in imports_of(name, path, modules):
         if target in banned:
             problems.append(f"{where(path, root, line)}: imports {target}")
+    return problems
+
+
+def import_closure(start: str, modules: dict[str, Path]) -> set[str]:
+    """Every module of `modules` that importing `start` loads: its imports (inside functions
+    too), theirs, and the packages above each (Python runs a package's __init__ first)."""
+    graph, seen, todo = import_graph(modules), set(), [start]
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in modules:
+            continue
+        seen.add(name)
+        todo.extend(graph.get(name, ()))
+        parts = name.split(".")
+        todo.extend(".".join(parts[:i]) for i in range(1, len(parts)))
+    return seen
+
+
+def core_problems(
+    root: Path = PACKAGE,
+    core: str = CORE,
+    max_lines: int = MAX_CORE_LINES,
+    max_files: int = MAX_CORE_FILES,
+) -> list[str]:
+    """What keeps the core from being read in one sitting: a product module in its import
+    closure, more than `max_lines` lines or `max_files` files in its files and closure."""
+    folder = root / core
+    if not folder.is_dir():
+        return [f"{where(folder, root)}: missing"]
+    modules = module_files(root)
+    package = f"{root.name}.{core}"
+    closure = import_closure(package, modules)
+    problems = [
+        f"{package} loads {name}, a product module"
+        for name in sorted(closure)
+        if name != root.name and name != package and not name.startswith(package + ".")
+    ]
+    files = {modules[m] for m in closure} | set(folder.rglob("*.py"))
+    lines = sum(line_count(p) for p in files)
+    if lines > max_lines:
+        problems.append(
+            f"{where(folder, root)}: {lines} lines with its imports (at most {max_lines})"
+        )
+    if len(files) > max_files:
+        problems.append(
+            f"{where(folder, root)}: {len(files)} files with its imports (at most {max_files})"
+        )
     return problems
 
 
@@ -178,7 +224,8 @@ def method_name_tests(root: Path = PACKAGE, names: tuple[str, ...] = METHOD_NAME
     """`file:line: source` for each place a method's name is tested as a string: a comparison
     with one of `names` on one side (`algo == "pipe"`, `"sync" != x`), an `in` test against a
     tuple, list or set that holds one (`algo in ("sync", "pipe")`), a `case "pipe":` of a
-    match, or a `.startswith("ps-")`."""
+    match, or a `.startswith("ps-")`. The lesson core is left out: it stands alone, without
+    the product's table, and names its three methods where it runs them."""
 
     def is_name(node) -> bool:
         return isinstance(node, ast.Constant) and node.value in names
@@ -194,6 +241,8 @@ def method_name_tests(root: Path = PACKAGE, names: tuple[str, ...] = METHOD_NAME
 
     found = []
     for path in sorted(root.rglob("*.py")):
+        if (root / CORE) in path.parents:
+            continue
         source = path.read_text(encoding="utf-8")
         for node in ast.walk(ast.parse(source, filename=str(path))):
             if isinstance(node, ast.Compare):

@@ -11,9 +11,12 @@ Checked from the source (Python's `ast`, so nothing is imported and nothing runs
         module needs is public, named and documented where it lives.
     no module over 500 lines, no function over 80
         a module is read in one sitting and a function without scrolling.
-    methods/pipe.py within 200 lines, importing no checkpoint, lifetime or faults module
-        one Pipe-SGD step is read in one file: the loop, with the product around it reached
+    methods/pipe.py importing no checkpoint, lifetime or faults module
+        the product's Pipe-SGD step is read as a loop, with the product around it reached
         through the hooks the runtime hands it.
+    the lesson core (pipesgd_ref/core) within 900 lines and 8 files, its imports included,
+    loading no product module
+        the whole method is read in one sitting, and what is read is everything that runs.
     at most 10 modules loose at the package root
         the folders (methods, comm, runtime, commands, ...) are the map of the package.
     a method's name compared as a string at most 8 times
@@ -36,14 +39,16 @@ from pathlib import Path
 
 import pytest
 from source_shape import (
+    MAX_CORE_FILES,
+    MAX_CORE_LINES,
     MAX_FUNCTION_LINES,
     MAX_MODULE_LINES,
     MAX_NAME_TESTS,
-    MAX_PIPE_LINES,
     MAX_ROOT_MODULES,
     PACKAGE,
     PIPE_LOOP,
     TESTS,
+    core_problems,
     cycles,
     import_graph,
     imports_of_test_modules,
@@ -145,11 +150,21 @@ def check_pipe_loop(root: Path = PACKAGE) -> None:
     if found := loop_problems(root):
         fail_listing(
             found,
-            f"{PIPE_LOOP} is one Pipe-SGD step for a reader to follow in one "
-            "file: compute the gradient of step t while the AllReduce of step t-1 "
-            f"runs, then apply it. At most {MAX_PIPE_LINES} lines; checkpoints, "
-            "signals and fault injection reach the loop through the hooks the runtime "
-            "hands it, never imported by it",
+            f"{PIPE_LOOP} is the product's Pipe-SGD step: compute the gradient of step t "
+            "while the AllReduce of step t-1 runs, then apply it. Checkpoints, signals and "
+            "fault injection reach the loop through the hooks the runtime hands it, never "
+            "imported by it",
+        )
+
+
+def check_core(root: Path = PACKAGE) -> None:
+    if found := core_problems(root):
+        fail_listing(
+            found,
+            f"the lesson core is the whole method read in one sitting: at most "
+            f"{MAX_CORE_LINES} lines in at most {MAX_CORE_FILES} files, counting every module "
+            "importing it loads, and no product module among them (NumPy and the standard "
+            "library only). Move product concerns out of it, into the product",
         )
 
 
@@ -198,6 +213,10 @@ def test_no_function_over_80_lines():
 
 def test_the_pipe_loop_is_the_algorithm():
     check_pipe_loop()
+
+
+def test_the_lesson_core_is_small_and_alone():
+    check_core()
 
 
 def test_at_most_10_modules_at_the_package_root():
@@ -257,13 +276,30 @@ def test_the_loop_check_finds_a_long_loop_and_its_product_imports(tmp_path):
     write(pkg / "methods" / "__init__.py", "")
     write(pkg / "methods" / "pipe.py", imports + "\n" * 196)
     assert failure(check_pipe_loop, pkg) == [
-        "demo/methods/pipe.py: 201 lines (at most 200)",
         "demo/methods/pipe.py:1: imports demo.runtime.checkpoint",
         "demo/methods/pipe.py:4: imports demo.runtime.faults",
         "demo/methods/pipe.py:5: imports demo.runtime.lifetime",
     ]
     write(pkg / "methods" / "pipe.py", "from demo.runtime.hooks import x\n" + "\n" * 199)
     check_pipe_loop(pkg)
+
+
+def test_the_core_check_counts_lines_files_and_imports(tmp_path):
+    pkg = tmp_path / "demo"
+    write(pkg / "__init__.py", "\n" * 10)
+    write(pkg / "product.py", "\n" * 50)
+    write(pkg / "core" / "__init__.py", "from demo.core.ring import x\n")
+    write(pkg / "core" / "ring.py", "def f():\n    from demo import product\n" + "\n" * 897)
+    assert failure(check_core, pkg) == [
+        "demo.core loads demo.product, a product module",
+        "demo/core: 960 lines with its imports (at most 900)",
+    ]
+    write(pkg / "core" / "ring.py", "x = 1\n" + "\n" * 880)
+    for i in range(6):
+        write(pkg / "core" / f"m{i}.py", "")
+    assert failure(check_core, pkg) == ["demo/core: 9 files with its imports (at most 8)"]
+    (pkg / "core" / "m5.py").unlink()
+    check_core(pkg)  # 892 lines in 8 files: the package's __init__, core's 7
 
 
 def test_the_root_check_counts_the_loose_modules(tmp_path):

@@ -218,6 +218,8 @@ def cmd_train(args: argparse.Namespace, cfg: TrainConfig) -> int:
 
     # an option that would do nothing in this run: refused, saying why
     check_idle_options(cfg, TrainConfig.preset(args.preset))
+    if args.lesson or args.lesson_threads:
+        return _train_lesson(args, cfg)
     if cfg.comm == "mpi":
         check_bind(args.bind, True, cfg.comm)
         return _train_mpi(args, cfg)
@@ -234,6 +236,25 @@ def cmd_train(args: argparse.Namespace, cfg: TrainConfig) -> int:
             run_training_joined(cfg, progress=not args.no_progress, bind=args.bind)
         else:
             run_training(cfg, progress=not args.no_progress)
+    return 0
+
+
+def _train_lesson(args: argparse.Namespace, cfg: TrainConfig) -> int:
+    """`pipesgd train --lesson` / `--lesson-threads`: the lesson core (commands/lesson.py)."""
+    from pipesgd_ref.commands.lesson import check_lesson, run_lesson
+    from pipesgd_ref.logs import configure_parent_logging
+    from pipesgd_ref.runtime.job import n_ranks
+
+    check_lesson(cfg)
+    if detect_env() is not None:
+        raise ConfigError(
+            "--lesson starts its own ranks on this host; run it alone, not under torchrun, "
+            "mpirun or srun"
+        )
+    check_local_workers(n_ranks(cfg), args.allow_many_workers, "train")
+    configure_parent_logging(args.log_level)
+    with _claimed(cfg.out, args.overwrite, cfg.resume):
+        run_lesson(cfg, threads=args.lesson_threads)
     return 0
 
 
@@ -283,6 +304,14 @@ def _end_mpi_job(rc: int) -> int:
 
 def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, rest: list[str]) -> int:
     """The command of `args`; raises the errors main() prints as one line."""
+    if args.command == "lesson-file":
+        from pipesgd_ref.commands.lesson import write_lesson_file
+
+        if rest:
+            parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        path = write_lesson_file(args.path, args.overwrite)
+        print(f"wrote {path}: the lesson core in one file; run it with `python {path}`")
+        return 0
     if args.command in ("bench", "predict"):
         if rest:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")

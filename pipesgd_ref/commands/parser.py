@@ -84,6 +84,11 @@ def build_parser() -> argparse.ArgumentParser:
     from pipesgd_ref.commands.predict import add_parser as add_predict_parser
 
     add_predict_parser(sub)  # beside its command: predict.py
+    lf = sub.add_parser(
+        "lesson-file", help="write the lesson core as one runnable file (NumPy only)"
+    )
+    lf.add_argument("path", help="the file to write, e.g. pipe_sgd.py")
+    lf.add_argument("--overwrite", action="store_true", help="replace the file if it exists")
     b = sub.add_parser("bench", help="benchmarks of the communication layer")
     _add_bench_allreduce(b.add_subparsers(dest="bench", required=True, metavar="BENCHMARK"))
     return p
@@ -144,6 +149,18 @@ def _add_train(sub) -> None:
     )
     t.add_argument("--bind", default=None, help=BIND_HELP)
     t.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
+    t.add_argument(
+        "--lesson",
+        action="store_true",
+        help="run the lesson core (pipesgd_ref/core: sync, pipe, ps-sync in processes over "
+        "tcp), bitwise the product's --allreduce ring --transport tcp run",
+    )
+    t.add_argument(
+        "--lesson-threads",
+        action="store_true",
+        help="the lesson core with every rank a thread of this process, over socketpairs and "
+        "without timeouts: pdb and IDEs step through all ranks",
+    )
     add_many_workers_flag(t)
 
 

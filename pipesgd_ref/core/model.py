@@ -129,10 +129,10 @@ class Problem:
 
 
 def blobs(n: int = 2000, features: int = 32, classes: int = 10, seed: int = 0):
-    """A data set from NumPy alone, for the core run by itself: `classes` Gaussian clouds
-    whose centres lie about 3 standard deviations apart (32 features). Returns (X, y)."""
+    """A data set from NumPy alone, for the core run by itself: `classes` Gaussian clouds of
+    unit variance whose centres lie about 4 standard deviations apart. Returns (X, y)."""
     rng = np.random.default_rng(seed)
-    centres = rng.normal(0.0, 0.4, (classes, features))
+    centres = rng.normal(0.0, 4.0 / np.sqrt(2 * features), (classes, features))
     y = rng.integers(0, classes, n)
     X = (centres[y] + rng.normal(0.0, 1.0, (n, features))).astype(np.float32)
     return X, y.astype(np.int64)

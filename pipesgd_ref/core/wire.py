@@ -1,6 +1,6 @@
 """Arrays over plain sockets: one frame is a fixed header, then the array's raw bytes.
 
-    header (16 bytes): magic b"PSG1" | step (uint32) | tag (uint32) | payload bytes (uint64)
+    header (20 bytes): magic b"PSG1" | step (uint32) | tag (uint32) | payload bytes (uint64)
     payload:           the array's memory, as it is (no pickle: a peer can send garbage, never
                        code, and a receiver checks the header before it reads a byte more)
 
