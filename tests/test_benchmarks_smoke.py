@@ -238,3 +238,18 @@ def test_gpu_check_script_parses():
     assert imported, "gpu_check.sh's Python step imports nothing from the package?"
     for module, name in imported:
         assert hasattr(importlib.import_module(module), name), f"gpu_check.sh: {module}.{name}"
+
+
+def test_trace_lines_counts_one_iteration_of_the_core_and_the_product(tmp_path):
+    """One steady-state pipe iteration traced on rank 0: the core's lines all lie in core/
+    and number fewer than the product's on the same ring and tcp; every row traced some."""
+    out = tmp_path / "lines.json"
+    cmd = [sys.executable, str(BENCHMARKS / "trace_lines.py"), "--json", out]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads(out.read_text())
+    core, ring = rows["core (--lesson)"], rows["product, --allreduce ring --transport tcp"]
+    assert all(f.startswith("core/") for f in core["per_file"]), core["per_file"]
+    assert {"core/ring.py", "core/wire.py", "core/methods.py"} <= set(core["per_file"])
+    assert "comm/ring.py" in ring["per_file"] and 0 < core["lines"] < ring["lines"]
+    assert all(row["lines"] > 0 for row in rows.values())
