@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -127,7 +128,8 @@ def test_the_ring_sends_two_p_minus_one_over_p_of_the_gradient():
 
 
 class Failing(Problem):
-    """A problem whose gradient fails on one worker at one step, by `how`."""
+    """A problem whose gradient fails on one worker at one step, by `how` (or, "pause",
+    stops there a while, as a rank held in a debugger does)."""
 
     how, at = "raise", (1, 3)
 
@@ -135,7 +137,10 @@ class Failing(Problem):
         if (worker, step) == self.at:
             if self.how == "raise":
                 raise ValueError(f"worker {worker} broke at step {step}")
-            os.kill(os.getpid(), signal.SIGKILL)
+            if self.how == "pause":
+                time.sleep(3.0)
+            else:
+                os.kill(os.getpid(), signal.SIGKILL)
         return super().gradient(model, params, worker, step, grads)
 
 
@@ -153,6 +158,16 @@ def test_a_rank_that_raises_is_named_and_the_others_stop(threads):
     text = str(info.value)
     assert "rank 1 failed" in text and "worker 1 broke at step 3" in text
     assert "rank 2" in text and "rank 1" in text.split("rank 2 failed", 1)[1], text
+
+
+def test_a_rank_paused_as_in_a_debugger_trips_no_timeout_as_threads_only():
+    prob = failing("pause")
+    assert np.array_equal(
+        launch(prob, "pipe", threads=True, timeout=1.5)[0]["params"], oracle(prob, "pipe")
+    )
+    with pytest.raises(RuntimeError) as info:
+        launch(prob, "pipe", timeout=1.5)  # processes: a silent peer is an error naming it
+    assert "nothing from rank 1 for 1.5 s" in str(info.value)
 
 
 def test_a_killed_rank_is_named_by_its_neighbours():
