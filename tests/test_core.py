@@ -301,3 +301,30 @@ def test_importing_the_core_loads_no_product_module():
     loaded = [m for m in eval(run.stdout) if "editable" not in m]  # pip's editable finder
     assert loaded and all(m in ("pipesgd_ref", "pipesgd_ref.core") or m.startswith(
         "pipesgd_ref.core.") for m in loaded), loaded  # fmt: skip
+
+
+@given(st.data())
+def test_the_cores_ring_simulation_is_the_products(data):
+    """The product's fast paths are checked against comm/schedule.py's simulation; this ties
+    that simulation to the core's, so they are checked against the core too."""
+    from pipesgd_ref.comm.schedule import simulate_allreduce
+
+    p, n = data.draw(world_sizes), data.draw(lengths)
+    rng = np.random.default_rng(data.draw(st.integers(0, 99)))
+    arrays = [rng.normal(size=n).astype(np.float32) for _ in range(p)]
+    for mine, product in zip(simulate(arrays), simulate_allreduce(arrays, "mean"), strict=True):
+        assert np.array_equal(mine, product)
+
+
+@pytest.mark.parametrize("algo", ["sync", "pipe"])
+def test_the_products_default_path_ends_at_the_cores_weights(algo):
+    """The default (--allreduce auto --transport auto: on one host the shared-memory group,
+    which sums in the ring's order) ends where the core does, bit for bit."""
+    from pipesgd_ref.commands.lesson import problem_of
+    from pipesgd_ref.commands.train import run_training
+    from pipesgd_ref.runtime.inputs import JobInputs
+
+    cfg = TrainConfig(algo=algo, **SMALL).replace(eval_every=0)
+    _, results = run_training(cfg, progress=False, log=lambda line: None)
+    want = launch(problem_of(cfg, JobInputs.load(cfg)), algo)[0]["params"]
+    assert all(np.array_equal(r.params, want) for r in results)
