@@ -39,7 +39,7 @@ import time
 
 import numpy as np
 
-from pipesgd_ref.comm.ring import allreduce, barrier
+from pipesgd_ref.comm.collectives import allreduce, barrier
 from pipesgd_ref.runtime.launch import launch_local
 
 # component -> substrings of a profiled function's "file:line(name)" that belong to it (first

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipesgd_ref.comm.ring import allreduce
+from pipesgd_ref.comm.collectives import allreduce
 from pipesgd_ref.errors import WorkerFailed
 from pipesgd_ref.runtime.launch import launch_local
 

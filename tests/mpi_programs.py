@@ -67,7 +67,7 @@ def quiet_barrier(comm) -> None:
 
 def collectives(out: Path) -> None:
     from pipesgd_ref.codecs import get_codec
-    from pipesgd_ref.comm.ring import allgather, allreduce, barrier, broadcast
+    from pipesgd_ref.comm.collectives import allgather, allreduce, barrier, broadcast
     from pipesgd_ref.comm.schedule import simulate_allreduce, simulate_compressed_allreduce
 
     MPI = init_mpi()

@@ -35,10 +35,10 @@ from jobs import (
 )
 
 from pipesgd_ref.comm.activity import doing
+from pipesgd_ref.comm.collectives import allreduce, barrier, broadcast
 from pipesgd_ref.comm.communicator import CAUSE_WAIT_SECONDS, Communicator
 from pipesgd_ref.comm.links import Link
 from pipesgd_ref.comm.rendezvous import JobSpec, RendezvousError, init_process_group
-from pipesgd_ref.comm.ring import allreduce, barrier, broadcast
 from pipesgd_ref.comm.wire import Frame, Kind
 from pipesgd_ref.errors import CommError, LaunchError, PeerAborted
 from pipesgd_ref.runtime import lifetime

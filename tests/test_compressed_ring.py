@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipesgd_ref.codecs import get_codec
-from pipesgd_ref.comm.ring import allreduce
+from pipesgd_ref.comm.collectives import allreduce
 from pipesgd_ref.comm.schedule import simulate_compressed_allreduce
 from pipesgd_ref.comm.wire import HEADER_BYTES
 from pipesgd_ref.commands.cli import main

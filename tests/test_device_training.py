@@ -176,8 +176,8 @@ def _values(rank: int, n: int) -> np.ndarray:
 
 def _ring_job(comm):
     from pipesgd_ref.codecs import get_codec
+    from pipesgd_ref.comm.collectives import allreduce
     from pipesgd_ref.comm.device_ring import device_allreduce
-    from pipesgd_ref.comm.ring import allreduce
     from pipesgd_ref.ops import cuda_ops
 
     out = {}
@@ -230,8 +230,8 @@ def test_device_ring_is_bitwise_the_host_ring():
 def _many_segments_job(comm, n, segment_bytes):
     from types import SimpleNamespace
 
+    from pipesgd_ref.comm.collectives import allreduce
     from pipesgd_ref.comm.device_ring import device_allreduce
-    from pipesgd_ref.comm.ring import allreduce
     from pipesgd_ref.ops import cuda_ops
 
     # The simulator's device arrays wrap NumPy arrays (`_ary`): adding those directly keeps
@@ -364,8 +364,8 @@ def test_real_gpu_training_matches_the_cpu(algo):
 
 
 def _big_ring_job(comm, n):
+    from pipesgd_ref.comm.collectives import allreduce
     from pipesgd_ref.comm.device_ring import device_allreduce
-    from pipesgd_ref.comm.ring import allreduce
     from pipesgd_ref.ops import cuda_ops
 
     x = _values(comm.rank, n)

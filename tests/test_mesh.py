@@ -20,10 +20,10 @@ from jobs import (
 )
 
 from pipesgd_ref.comm.algorithms import ALGORITHMS, schedule, simulate
+from pipesgd_ref.comm.collectives import allreduce
 from pipesgd_ref.comm.communicator import Communicator
 from pipesgd_ref.comm.mesh import mesh_peers, reduce_by_schedule
 from pipesgd_ref.comm.rendezvous import JobSpec
-from pipesgd_ref.comm.ring import allreduce
 from pipesgd_ref.comm.wire import Op
 from pipesgd_ref.runtime.launch import launch_local
 
@@ -55,7 +55,7 @@ def _mesh_job(comm, dtype, seed):
         reduce_by_schedule(comm, x, OPS[op], algo, segment_bytes)
         got.append(x)
     y = inputs(p, 9, dtype, seed)[comm.rank]
-    allreduce(comm, y, "mean", algorithm="rab")  # the dispatch in comm/ring.py
+    allreduce(comm, y, "mean", algorithm="rab")  # the dispatch in comm/collectives.py
     got.append(y)
     return got, comm.seq, sorted(comm.mesh), comm.transports
 

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pipesgd_ref.comm.collectives import allgather, allreduce, barrier, broadcast
 from pipesgd_ref.comm.netem import LinkSpec
-from pipesgd_ref.comm.ring import allgather, allreduce, barrier, broadcast
 from pipesgd_ref.comm.schedule import simulate_allreduce
 from pipesgd_ref.runtime.launch import launch_local
 from strategies import integer_valued, ring_sizes

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from jobs import TIMEOUT, blamed, run_failing
 
 from pipesgd_ref.comm import choose, shm_group
-from pipesgd_ref.comm.ring import allreduce
+from pipesgd_ref.comm.collectives import allreduce
 from pipesgd_ref.comm.schedule import simulate_allreduce
 from pipesgd_ref.errors import WorkerFailed
 from pipesgd_ref.runtime.launch import launch_local

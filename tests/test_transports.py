@@ -21,9 +21,9 @@ from jobs import (
 from oracles import assert_matches_oracle, oracle, oracle_inputs
 
 from pipesgd_ref.comm import shm
+from pipesgd_ref.comm.collectives import allgather, allreduce, barrier, broadcast
 from pipesgd_ref.comm.netem import LinkSpec
 from pipesgd_ref.comm.rendezvous import JobSpec, link_transport
-from pipesgd_ref.comm.ring import allgather, allreduce, barrier, broadcast
 from pipesgd_ref.comm.schedule import simulate_allreduce
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.errors import RendezvousError

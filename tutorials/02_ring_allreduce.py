@@ -36,8 +36,8 @@ from pathlib import Path
 import numpy as np
 
 from pipesgd_ref.comm import algorithms, choose
+from pipesgd_ref.comm.collectives import allreduce, barrier
 from pipesgd_ref.comm.netem import LinkSpec
-from pipesgd_ref.comm.ring import allreduce, barrier
 from pipesgd_ref.comm.schedule import (
     SEGMENT_BYTES,
     all_gather_chunks,

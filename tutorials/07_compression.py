@@ -40,8 +40,8 @@ from pathlib import Path
 import numpy as np
 
 from pipesgd_ref.codecs import get_codec
+from pipesgd_ref.comm.collectives import allreduce, barrier
 from pipesgd_ref.comm.netem import LinkSpec
-from pipesgd_ref.comm.ring import allreduce, barrier
 from pipesgd_ref.comm.schedule import (
     SEGMENT_BYTES,
     all_gather_chunks,

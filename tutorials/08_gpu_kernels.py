@@ -187,7 +187,7 @@ print(f"global reads: naive {naive_reads:,}, tiled {tiled_reads:,} ({ratio:.1f}x
 # In a ring AllReduce (tutorial 02) each rank, at every reduce-scatter step, receives a chunk
 # from its left neighbour and adds it into its own copy. With `--device cuda` the gradient lives
 # on the GPU and `comm.device_ring.device_allreduce` runs the same ring (the same chunks, frames
-# and order of additions as `comm.ring.allreduce`), with only the chunks in flight crossing the
+# and order of additions as `ring.ring_allreduce`), with only the chunks in flight crossing the
 # PCIe bus:
 #
 #     reduce-scatter, per segment:  socket -> pinned host slot -> device scratch (H2D)

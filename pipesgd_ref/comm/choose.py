@@ -8,7 +8,8 @@ Every algorithm has an alpha-beta model of the same shape,
 where `steps` counts the latencies on the critical path (hops for the link algorithms,
 synchronisations for the shared-memory group) and `volume` the bytes each rank moves or adds
 per byte of message (comm/algorithms.py derives both for the link algorithms; the ring's are
-2(p-1) and 2(p-1)/p). alpha_algo and beta_algo are fitted to measured times on this machine
+2(p-1) and 2(p-1)/p; `sent_volume` is the part of the volume a rank hands to the others, what
+its counters count). alpha_algo and beta_algo are fitted to measured times on this machine
 (`pipesgd bench allreduce --fit`, which writes them beside the package's defaults); no size
 threshold is written anywhere: the crossover sizes are where the fitted lines cross.
 
@@ -64,6 +65,25 @@ def volume(algo: str, p: int) -> float:
     if algo == "twoshot":
         return 3.0  # copy in, sum one p-th from p slots, copy every sum out
     return algorithms.cost(algo, p, 1.0, 0.0, 1.0)  # its bandwidth term for one byte
+
+
+def sent_volume(algo: str, p: int) -> float:
+    """Payload bytes a rank hands to the others per byte of message: what its counters count
+    (Communicator.bytes_sent, less the frames' headers; the AllReduce tally, `allreduce_ran`).
+
+    Over links it is `volume` itself: the ring's 2(p-1)/p, and rd's log2 p and rab's
+    2(p-1)/p when p is a power of two. (Otherwise rd's and rab's volume is the critical path's,
+    the fold and the copy back included, which no single rank sends all of: each sends its own
+    schedule's ranges, comm/algorithms.py.) In the shared-memory group `volume` also counts what
+    a rank reads and adds; what it hands over is what it writes for the others to read: oneshot
+    its piece (1, the "copy in"), twoshot its piece and its share of the sums (1 + 1/p)."""
+    if p <= 1:
+        return 0.0
+    if algo == "oneshot":
+        return 1.0
+    if algo == "twoshot":
+        return 1.0 + 1.0 / p
+    return volume(algo, p)
 
 
 def model_time(algo: str, p: int, nbytes: int, alpha: float, beta: float) -> float:

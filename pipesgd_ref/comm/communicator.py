@@ -1,7 +1,7 @@
 """The Communicator: what a method holds for its rank in the job.
 
 Every method's loop (methods/) gets one, from init_process_group (comm/rendezvous.py) or
-join_mpi (comm/mpi.py), and hands it to the collectives (comm/ring.py) or the parameter
+join_mpi (comm/mpi.py), and hands it to the collectives (comm/collectives.py) or the parameter
 server's ends (comm/ps.py). It holds:
 
     rank, world_size, timeout       who this rank is, and how long any one wait may take
@@ -12,6 +12,12 @@ server's ends (comm/ps.py). It holds:
     seq                             collectives issued so far: every rank issues the same
                                     sequence, and every frame carries its number
     scratch                         one receive buffer, reused by every collective
+    bytes_sent                      what this rank has handed to its peers: every frame on the
+                                    right link and the mesh links (headers included), and the
+                                    bytes it wrote into the shared-memory group for the others
+    allreduces                      the tally of the AllReduces it ran (comm/collectives.py):
+                                    calls and payload bytes sent per (algorithm, transport,
+                                    dtype, message bytes); `allreduce_ran` lists it
 
 and what the ring does when a collective fails: `abort` tells both neighbours why (an ABORT
 naming the rank at fault) before anything is closed, `check_news` raises the news a neighbour
@@ -63,6 +69,8 @@ class Communicator:
         self.mesh: dict[int, Link] = {}  # peer rank -> link (comm/mesh.py), when asked for
         self.group = None  # one host's shared-memory group (comm/shm_group.py), when formed
         self._scratch: np.ndarray | None = None  # see scratch()
+        # (algorithm, transport, dtype, message bytes) -> [calls, payload bytes sent]
+        self.allreduces: dict[tuple[str, str, np.dtype, int], list[int]] = {}
 
     def next_seq(self) -> int:
         self.seq += 1
@@ -88,7 +96,39 @@ class Communicator:
 
     @property
     def bytes_sent(self) -> int:
-        return self.right.bytes_sent if self.right else 0
+        """Bytes this rank has sent to its peers, by every algorithm: the frames on the ring's
+        right link and on every mesh link (headers, heartbeats and the rendezvous hello
+        included), and the bytes it wrote into one host's shared-memory group for the others
+        to read (comm/shm_group.py: no headers there). The left link carries no data, only
+        news of a failure; the star's links are the parameter server's (methods/ps.py)."""
+        links = (self.right, *self.mesh.values())
+        sent = sum(link.bytes_sent for link in links if link is not None)
+        return sent + (self.group.bytes_written if self.group is not None else 0)
+
+    def count_allreduce(self, algorithm: str, transport: str, dtype, nbytes: int, sent: int):
+        """Tally one AllReduce of `nbytes` of `dtype` (a numpy dtype) that `algorithm` ran over
+        `transport`, this rank handing `sent` payload bytes to its peers (comm/collectives.py).
+        Once per call: the key is the dtype itself (its name is computed, in Python)."""
+        key = (algorithm, transport, dtype, nbytes)
+        tally = self.allreduces.get(key)
+        if tally is None:
+            tally = self.allreduces[key] = [0, 0]
+        tally[0] += 1
+        tally[1] += sent
+
+    def allreduce_ran(self, dtype: str = "float32") -> list[dict]:
+        """The AllReduces of `dtype` this rank ran, one entry per (message bytes, algorithm,
+        transport), by size: {"bytes", "algorithm", "transport", "calls", "bytes_sent" (payload
+        bytes, headers not counted)}. float32, the default, is the gradients' (the models'
+        weights are float32; the runtime's own small AllReduces, the --skip-nonfinite flags,
+        the options' agreement and a joined job's summary gather, are float64, and a barrier
+        reduces no data)."""
+        dtype = np.dtype(dtype)
+        return [
+            {"bytes": n, "algorithm": a, "transport": t, "calls": calls, "bytes_sent": sent}
+            for (a, t, d, n), (calls, sent) in sorted(self.allreduces.items(), key=_by_size)
+            if d == dtype
+        ]
 
     @property
     def bytes_received(self) -> int:
@@ -187,6 +227,11 @@ class Communicator:
 
     def __repr__(self) -> str:
         return f"Communicator(rank {self.rank} of {self.world_size})"
+
+
+def _by_size(item) -> tuple:
+    (algorithm, transport, _, nbytes), _ = item
+    return nbytes, algorithm, transport
 
 
 def _between_frames(link: Link | None) -> bool:

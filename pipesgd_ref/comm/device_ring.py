@@ -54,9 +54,10 @@ import threading
 
 import numpy as np
 
+from pipesgd_ref.comm.collectives import allreduce, tally
 from pipesgd_ref.comm.communicator import Communicator
 from pipesgd_ref.comm.frames import aborting_on_error
-from pipesgd_ref.comm.ring import RingReduce, allreduce
+from pipesgd_ref.comm.ring import RingReduce
 from pipesgd_ref.comm.schedule import SEGMENT_BYTES
 from pipesgd_ref.comm.wire import Op
 
@@ -97,8 +98,9 @@ def device_allreduce(
 
     `array`: a contiguous 1-D float32 or float64 Numba device array, the same length and dtype
     on every rank. `ops`: the backend whose `add_into` reduces on the device (default: the
-    "cuda" backend). `codec`: as in ring.allreduce (compressed: on a host copy, see above).
-    Every rank ends with bitwise the bytes the host ring (`ring.allreduce`) would give.
+    "cuda" backend). `codec`: as in collectives.allreduce (compressed: on a host copy, see
+    above). Every rank ends with bitwise the bytes the host ring would give. Counted
+    in comm's tally of AllReduces as the ring (comm/collectives.py).
     """
     if op not in ("sum", "mean"):
         raise ValueError(f"allreduce op must be 'sum' or 'mean', got {op!r}")
@@ -107,7 +109,7 @@ def device_allreduce(
         # O(M): the compressed ring's host copy (pinning 0 bytes is an error on some drivers)
         host = _pinned((array.size,), array.dtype) if array.size else np.empty(0, array.dtype)
         array.copy_to_host(host)
-        allreduce(comm, host, op, codec=codec, segment_bytes=segment_bytes)
+        allreduce(comm, host, op, codec=codec, segment_bytes=segment_bytes)  # the ring
         array.copy_to_device(host)
         return array
     if ops is None:
@@ -115,8 +117,10 @@ def device_allreduce(
 
         ops = get_backend("cuda")
     code = Op.ALLREDUCE_SUM if op == "sum" else Op.ALLREDUCE_MEAN
-    ring = DirectDeviceRingReduce if takes_device_memory(comm) else DeviceRingReduce
-    aborting_on_error(comm, ring(comm, array, code, segment_bytes, ops).run)
+    kind = DirectDeviceRingReduce if takes_device_memory(comm) else DeviceRingReduce
+    ring = kind(comm, array, code, segment_bytes, ops)
+    aborting_on_error(comm, ring.run)
+    tally(comm, "ring", array, ring.sent)
     return array
 
 
@@ -129,7 +133,7 @@ def takes_device_memory(comm: Communicator) -> bool:
 def _check_device_array(array) -> None:
     if isinstance(array, np.ndarray) or not hasattr(array, "copy_to_host"):
         raise ValueError(
-            "device_allreduce takes a Numba CUDA device array (host arrays: ring.allreduce)"
+            "device_allreduce takes a Numba CUDA device array (host arrays: collectives.allreduce)"
         )
     if len(array.shape) != 1 or not array.is_c_contiguous():
         raise ValueError("collectives take a contiguous 1-D array (the flat buffer)")

@@ -89,14 +89,14 @@ def checked_header(comm, want: Frame, step: int, part: int, sender, link=None, s
     return got
 
 
-def aborting_on_error(comm, fn: Callable, *args) -> None:
-    """Run the collective `fn(*args)`; on a communication failure tell both neighbours before
-    raising (the cause, once a neighbour's close is told apart from the failure it passed on),
-    so the whole ring stops with one story instead of timing out rank by rank. An error an
-    inner call already told (a collective that does this itself, comm/mesh.py) is raised as is.
-    """
+def aborting_on_error(comm, fn: Callable, *args):
+    """Run the collective `fn(*args)` and return what it returns; on a communication failure
+    tell both neighbours before raising (the cause, once a neighbour's close is told apart from
+    the failure it passed on), so the whole ring stops with one story instead of timing out
+    rank by rank. An error an inner call already told (a collective that does this itself,
+    comm/mesh.py) is raised as is."""
     try:
-        fn(*args)
+        return fn(*args)
     except CommError as e:
         if getattr(e, "told", False):
             raise

@@ -62,10 +62,11 @@ def mesh_peers(rank: int, p: int) -> set[int]:
 
 def reduce_by_schedule(
     comm, flat: np.ndarray, code: Op, algo: str, segment_bytes: int = SEGMENT_BYTES
-) -> None:
+) -> int:
     """Reduce `flat` (contiguous 1-D float32/float64, the same length and dtype on every rank)
     in place across all ranks by `algo` ("rd" or "rab"), over comm.mesh; `code` is
-    Op.ALLREDUCE_SUM or Op.ALLREDUCE_MEAN. Takes one sequence number, as every collective
+    Op.ALLREDUCE_SUM or Op.ALLREDUCE_MEAN. Returns the payload bytes this rank sent (its
+    schedule's send ranges, to every peer). Takes one sequence number, as every collective
     does (p == 1: only that). ValueError when the job has no mesh links for `algo`; on a
     communication failure every peer is told before the CommError is raised."""
     if algo not in ALGORITHMS:
@@ -80,8 +81,10 @@ def reduce_by_schedule(
         )
     seq = comm.next_seq()  # every rank numbers every collective, even alone
     if not plan:
-        return  # p == 1: the sum of one array is itself; the mean divides by 1
-    aborting_on_error(comm, _Hops(comm, flat, code, algo, seq, segment_bytes, plan).run)
+        return 0  # p == 1: the sum of one array is itself; the mean divides by 1
+    hops = _Hops(comm, flat, code, algo, seq, segment_bytes, plan)
+    aborting_on_error(comm, hops.run)
+    return hops.sent
 
 
 class _Hops:
@@ -103,6 +106,7 @@ class _Hops:
         peers = sorted({hop.peer for hop in plan if hop is not None})
         self.senders = {q: comm.mesh[q].start_sender() for q in peers}
         self.scratch = comm.scratch(min(self.per, flat.size), flat.dtype)
+        self.sent = 0  # payload bytes handed to the peers' links so far
 
     def run(self) -> None:
         for step, hop in enumerate(self.plan):
@@ -133,6 +137,7 @@ class _Hops:
         outs = segments(*hop.send, self.per) if hop.send is not None else []
         for part, (s, e) in enumerate(outs):
             sender.put(frame_at(self.header, step, part), as_bytes(self.flat[s:e]))
+            self.sent += (e - s) * self.flat.itemsize
         if hop.recv is not None:
             for part, (s, e) in enumerate(segments(*hop.recv, self.per)):
                 busy = _last_overlap(hop.send, outs, self.per, s, e)

@@ -35,14 +35,17 @@ collectives get an error naming both, never a hang or wrong numbers (comm/frames
 Variants beside this file: the compressed ring (compressed_ring.py: codes on the wire), the
 device ring (device_ring.py: a GPU array, staged through pinned host buffers), and the
 shared-memory hop (shm_hop.py: a reduce-scatter hop added straight into the right neighbour's
-slot).
+slot, when both links are shared memory). `ring_reducer` picks the one a call runs.
+
+This file is the ring alone. The job's AllReduce, which may run another algorithm (recursive
+doubling, Rabenseifner, one host's shared-memory group) chosen per message, is
+comm/collectives.py's `allreduce`; `ring_allreduce` here always runs the ring.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from pipesgd_ref.comm import choose, mesh, shm_group
 from pipesgd_ref.comm.activity import doing
 from pipesgd_ref.comm.communicator import Communicator
 from pipesgd_ref.comm.compressed_ring import CompressedHops
@@ -54,9 +57,8 @@ from pipesgd_ref.comm.schedule import (
     reduce_scatter_chunks,
     segments,
 )
-from pipesgd_ref.comm.shm_hop import hop_in_slots
+from pipesgd_ref.comm.shm_hop import SlotHops
 from pipesgd_ref.comm.wire import CODE_OF_DTYPE, DTYPE_CODES, Frame, Kind, Op, as_bytes
-from pipesgd_ref.errors import CommError
 from pipesgd_ref.logs import trace, trace_enabled
 
 # --- one rank's loop over its links ---------------------------------------------------------
@@ -79,6 +81,8 @@ class RingReduce:
         inbox(s, e, gathering)       where the frame of segment [s, e) is received
         reduce(got, s, e, last)      fold the partial sum `got` into [s, e) (and, `last`, the
                                      owner's final touch: the mean); return what to forward
+        hop(step, chunk, part, s, e, last)   one whole reduce-scatter hop: receive, reduce,
+                                     forward (the shared-memory hop replaces it: shm_hop.py)
         place(got, s, e)             all-gather: put the complete `got` into [s, e); return
                                      what to forward
         wire_dtype                   the dtype of the frames' payload
@@ -98,6 +102,7 @@ class RingReduce:
             name = "barrier" if op == Op.BARRIER else "allreduce"
         self.name = name
         self.queued = 0  # frames handed to the sending thread so far in this call
+        self.sent = 0  # payload bytes handed to the right neighbour so far in this call
 
     # --- the per-variant parts (defaults: the host ring) ---
 
@@ -146,6 +151,7 @@ class RingReduce:
         with doing(self.sending_as[self.phase(step)]):  # the sending side's name (run())
             self.sender.put(frame_at(self.header, step, part), as_bytes(payload))
         self.queued += 1
+        self.sent += payload.nbytes
         self.trace(step, chunk, part)
 
     def trace(self, step: int, chunk: int, part: int) -> None:
@@ -159,13 +165,6 @@ class RingReduce:
                 chunk,
                 self.chunk_bytes(b - a),
             )
-
-    def in_slots(self) -> bool:
-        """Whether reduce-scatter hops go through shared-memory slots (comm/shm_hop.py) both
-        ways, with the host ring's own reduction (a variant's hooks take the usual path)."""
-        comm, cls = self.comm, type(self)
-        both_shm = comm.left.transport == "shm" and comm.right.transport == "shm"
-        return both_shm and cls.reduce is RingReduce.reduce and cls.inbox is RingReduce.inbox
 
     def run(self) -> None:
         """This rank's part of the collective: the reduce-scatter, then the all-gather."""
@@ -207,18 +206,19 @@ class RingReduce:
         first = reduce_scatter_chunks(rank, 0, p)[0]
         for part, (s, e) in enumerate(self.segments_of(first)):
             self.send(0, first, part, self.outgoing(s, e))
-        slots = self.in_slots()
         for step in range(p - 1):
             _, chunk = reduce_scatter_chunks(rank, step, p)
             last = step == p - 2  # after this step, `chunk` is complete on this rank
             with doing(self.describe(step)):
                 for part, (s, e) in enumerate(self.segments_of(chunk)):
-                    if slots:
-                        hop_in_slots(self, step, chunk, part, s, e, last)
-                        continue
-                    got = self.inbox(s, e, gathering=False)
-                    recv_checked(self.comm, self.header, step, part, got, self.sender)
-                    self.send(step + 1, chunk, part, self.reduce(got, s, e, last))  # at once
+                    self.hop(step, chunk, part, s, e, last)
+
+    def hop(self, step: int, chunk: int, part: int, s: int, e: int, last: bool) -> None:
+        """One reduce-scatter hop of segment `part` ([s, e) of `chunk`): receive the running
+        sum from the left, fold our term in, and forward it to the right at once."""
+        got = self.inbox(s, e, gathering=False)
+        recv_checked(self.comm, self.header, step, part, got, self.sender)
+        self.send(step + 1, chunk, part, self.reduce(got, s, e, last))
 
     def all_gather(self) -> None:
         """Steps p-1 .. 2p-3: each complete chunk goes into place and on, unless the right
@@ -240,66 +240,61 @@ class CompressedRingReduce(CompressedHops, RingReduce):
     is on the wire (codes) and how a hop reduces it."""
 
 
-# --- the collectives -------------------------------------------------------------------------
+class SlotRingReduce(SlotHops, RingReduce):
+    """The ring's loop whose reduce-scatter hops add straight into the right neighbour's
+    shared-memory slot (comm/shm_hop.py): both links are shared memory. The same operands in
+    the same order as RingReduce's: the same bits."""
 
 
-def allreduce(
+def ring_reducer(comm: Communicator, flat: np.ndarray, code: Op, segment_bytes: int, codec=None):
+    """The RingReduce a call of the ring runs (`run()` once; its `sent`: the payload bytes it
+    handed to the right neighbour): the compressed ring with a codec other than none, the
+    shared-memory hop when both ring links are shared memory, else the host ring."""
+    if codec is not None and codec.name != "none":
+        return CompressedRingReduce(comm, flat, code, segment_bytes, codec)
+    left, right = comm.left, comm.right
+    if left is not None and right is not None and left.transport == right.transport == "shm":
+        return SlotRingReduce(comm, flat, code, segment_bytes)
+    return RingReduce(comm, flat, code, segment_bytes)
+
+
+# --- the collectives on the ring -------------------------------------------------------------
+
+
+def checked(array: np.ndarray, op: str, out: np.ndarray | None) -> tuple[np.ndarray, Op]:
+    """An AllReduce's arguments, checked (`ring_allreduce` says what they may be): the array to
+    reduce in place (`out`, now holding a copy of `array`, when given) and the op's code."""
+    if op not in ("sum", "mean"):
+        raise ValueError(f"allreduce op must be 'sum' or 'mean', got {op!r}")
+    check_array(array, (np.float32, np.float64))
+    if out is not None:
+        check_array(out, (array.dtype,))
+        if out.shape != array.shape:
+            raise ValueError(f"out has shape {out.shape}, array {array.shape}")
+        np.copyto(out, array)
+        array = out
+    return array, Op.ALLREDUCE_SUM if op == "sum" else Op.ALLREDUCE_MEAN
+
+
+def ring_allreduce(
     comm: Communicator,
     array: np.ndarray,
     op: str = "sum",
     out: np.ndarray | None = None,
     segment_bytes: int = SEGMENT_BYTES,
     codec=None,
-    algorithm: str | None = None,
 ) -> np.ndarray:
-    """Sum (or mean) `array` across all ranks: in place, or into `out` when given (then
-    `array` is left as it was). Returns the reduced array.
+    """Sum (or mean) `array` across all ranks by the ring, whatever the job's AllReduce
+    (comm/collectives.py's `allreduce` runs the one the job asked for): in place, or into
+    `out` when given (then `array` is left as it was). Returns the reduced array.
 
     `array` must be a contiguous 1-D float32 or float64 array of the same length and dtype on
     every rank (checked). Any length works, 0 and fewer than p included. With a `codec`
     (pipesgd_ref.codecs) other than "none", every hop is compressed: see comm/compressed_ring.py.
-
-    `algorithm`: "ring", "rd", "rab" (comm/mesh.py), "oneshot" or "twoshot" (comm/shm_group.py);
-    None: what the job asked for (`JobSpec.allreduce`), where "auto" picks per message the
-    algorithm whose calibrated model is fastest (comm/choose.py). Every rank must pick the same.
     """
-    if op not in ("sum", "mean"):
-        raise ValueError(f"allreduce op must be 'sum' or 'mean', got {op!r}")
-    _check_array(array, (np.float32, np.float64))
-    if out is not None:
-        _check_array(out, (array.dtype,))
-        if out.shape != array.shape:
-            raise ValueError(f"out has shape {out.shape}, array {array.shape}")
-        np.copyto(out, array)
-        array = out
-    code = Op.ALLREDUCE_SUM if op == "sum" else Op.ALLREDUCE_MEAN
-    compressed = codec is not None and codec.name != "none"
-    algo = "ring" if compressed else choose.algorithm_for(comm, array.nbytes, algorithm)
-    if algo in shm_group.ALGORITHMS:
-        aborting_on_error(comm, _in_group, comm, array, code, algo)
-        return array
-    if algo != "ring":
-        aborting_on_error(comm, mesh.reduce_by_schedule, comm, array, code, algo)
-        return array
-    if compressed:
-        ring = CompressedRingReduce(comm, array, code, segment_bytes, codec)
-    else:
-        ring = RingReduce(comm, array, code, segment_bytes)
-    aborting_on_error(comm, ring.run)
+    array, code = checked(array, op, out)
+    aborting_on_error(comm, ring_reducer(comm, array, code, segment_bytes, codec).run)
     return array
-
-
-def _in_group(comm: Communicator, array: np.ndarray, code: Op, algo: str) -> None:
-    """The AllReduce through one host's shared-memory group (comm/shm_group.py); a failure is
-    told to the whole group before the ring neighbours hear of it."""
-    seq = comm.next_seq()
-    if comm.world_size == 1:
-        return  # the sum of one array is itself; the mean divides by 1
-    try:
-        comm.group.allreduce(array, code, seq, algo)
-    except CommError as e:
-        comm.group.abort(e)
-        raise
 
 
 def barrier(comm: Communicator) -> None:
@@ -317,26 +312,9 @@ def broadcast(
     p = comm.world_size
     if not 0 <= root < p:
         raise ValueError(f"broadcast root {root} is outside 0..{p - 1}")
-    _check_array(array, tuple(DTYPE_CODES.values()))
+    check_array(array, tuple(DTYPE_CODES.values()))
     aborting_on_error(comm, _ring_broadcast, comm, array, root, segment_bytes)
     return array
-
-
-def allgather(comm: Communicator, mine: np.ndarray) -> list[np.ndarray]:
-    """Every rank's 1-D float64 array (any length, possibly 0), on every rank, without
-    pickle: two ring AllReduces of zero-padded arrays. First the lengths (rank r writes its
-    length at index r, the others zeros), then the arrays laid end to end, each rank writing
-    only its own slice. x + 0 = x exactly in floating point (infinities too), so each sum is
-    the concatenation, bit for bit, whatever order the ring adds in."""
-    p, r = comm.world_size, comm.rank
-    lengths = np.zeros(p)
-    lengths[r] = mine.size
-    allreduce(comm, lengths)
-    bounds = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-    flat = np.zeros(int(bounds[-1]))
-    flat[bounds[r] : bounds[r + 1]] = mine
-    allreduce(comm, flat)
-    return [flat[bounds[i] : bounds[i + 1]] for i in range(p)]
 
 
 def _ring_broadcast(comm: Communicator, array: np.ndarray, root: int, segment_bytes: int):
@@ -361,7 +339,8 @@ def _ring_broadcast(comm: Communicator, array: np.ndarray, root: int, segment_by
         sender.flush(comm.timeout)
 
 
-def _check_array(array: np.ndarray, dtypes: tuple) -> None:
+def check_array(array: np.ndarray, dtypes: tuple) -> None:
+    """A collective's array: contiguous, 1-D, of one of `dtypes` (a ValueError otherwise)."""
     if not isinstance(array, np.ndarray) or array.ndim != 1 or not array.flags.c_contiguous:
         raise ValueError("collectives take a contiguous 1-D numpy array (the flat buffer)")
     if array.dtype not in [np.dtype(d) for d in dtypes]:

@@ -70,7 +70,7 @@ def segments(start: int, stop: int, per_segment: int) -> list[tuple[int, int]]:
 
 def simulate_allreduce(arrays: list[np.ndarray], op: str = "sum") -> list[np.ndarray]:
     """The ring schedule by hand, in one process: p copies, the same chunks, steps and order of
-    additions as `ring.allreduce`, so its results are bitwise what the real ring produces."""
+    additions as `ring.ring_allreduce`, so its results are bitwise what the real ring produces."""
     p = len(arrays)
     bufs = [np.array(a, copy=True) for a in arrays]
     bounds = chunk_bounds(bufs[0].size, p)

@@ -117,6 +117,9 @@ class ShmGroup:
         # [parity][rank]: each rank's piece; [parity][p]: twoshot's sums, each rank its share
         self.slots = raw[ctrl_end:].reshape(2, p + 1, SLOT_BYTES)
         self.gen = int(self.lines[0, rank, GEN])  # pieces this rank has done (0 when new)
+        # Bytes this rank wrote into the region for the others to read (its pieces, and
+        # twoshot's shares of the sums): what it "sent" through shared memory.
+        self.bytes_written = 0
 
     def introduce(self) -> None:
         """Write this rank's pid; wait until every rank has written its own."""
@@ -136,17 +139,21 @@ class ShmGroup:
 
     # --- the collectives ------------------------------------------------------------------
 
-    def allreduce(self, flat: np.ndarray, op: Op, seq: int, algo: str) -> None:
-        """Sum (or mean) `flat` in place across the group with `algo`, piece by piece."""
+    def allreduce(self, flat: np.ndarray, op: Op, seq: int, algo: str) -> int:
+        """Sum (or mean) `flat` in place across the group with `algo`, piece by piece. Returns
+        the bytes this rank wrote into the region for the others to read (`bytes_written`)."""
         per = SLOT_BYTES // flat.itemsize
         bounds = _bounds(flat.size, self.p)  # the ring's chunks: its order of additions
+        written = 0  # elements
         for a in range(0, max(flat.size, 1), per):
             b = min(a + per, flat.size)
             with doing(f"allreduce #{seq} ({algo}, shared memory, elements {a}..{b})"):
                 if algo == "oneshot":
-                    self._oneshot(flat, a, b, op, seq, bounds)
+                    written += self._oneshot(flat, a, b, op, seq, bounds)
                 else:
-                    self._twoshot(flat, a, b, op, seq, bounds)
+                    written += self._twoshot(flat, a, b, op, seq, bounds)
+        self.bytes_written += written * flat.itemsize
+        return written * flat.itemsize
 
     def _arrive(self, flat: np.ndarray, a: int, b: int, op: Op, seq: int) -> tuple[int, np.ndarray]:
         """Write this rank's piece into its slot and say so; returns (piece, the p rows)."""
@@ -162,14 +169,19 @@ class ShmGroup:
         self._wait(GEN, g)
         return g, rows
 
-    def _oneshot(self, flat, a, b, op, seq, bounds) -> None:
+    def _oneshot(self, flat, a, b, op, seq, bounds) -> int:
+        """One piece [a, b) by oneshot; returns the elements written for the others: the
+        piece, into this rank's slot."""
         _, rows = self._arrive(flat, a, b, op, seq)
         for c, (s, e) in enumerate(bounds):
             s, e = max(s, a), min(e, b)
             if s < e:
                 self._ordered_sum(rows, s - a, e - a, c, flat[s:e], op)
+        return b - a
 
-    def _twoshot(self, flat, a, b, op, seq, bounds) -> None:
+    def _twoshot(self, flat, a, b, op, seq, bounds) -> int:
+        """One piece [a, b) by twoshot; returns the elements written for the others: the
+        piece, into this rank's slot, and this rank's share of the sums."""
         g, rows = self._arrive(flat, a, b, op, seq)
         work = _bounds(b - a, self.p)  # who sums what of this piece
         s0, e0 = work[self.rank]
@@ -181,6 +193,7 @@ class ShmGroup:
         self._publish(g % 2, REDUCED, g)
         self._wait(REDUCED, g)
         flat[a:b] = sums
+        return (b - a) + (e0 - s0)
 
     def _ordered_sum(self, rows, s: int, e: int, first: int, out: np.ndarray, op: Op) -> None:
         """out = rows[first][s:e] + rows[first + 1][s:e] + ... (mod p): the ring's order for

@@ -23,28 +23,35 @@ from pipesgd_ref.comm.frames import checked_header, frame_at, waiting_check
 from pipesgd_ref.comm.wire import Op, as_bytes
 
 
-def hop_in_slots(ring, step: int, chunk: int, part: int, s: int, e: int, last: bool) -> None:
-    """One reduce-scatter hop of `ring` (a RingReduce, comm/ring.py) for segment `part`
-    ([s, e) of `chunk`) at `step`, through the shared-memory slots (module docstring)."""
-    comm = ring.comm  # what this rank is doing: named by the ring's step (comm/activity.py)
-    frame = checked_header(comm, ring.header, step, part, ring.sender)
-    mine = ring.flat[s:e]
-    if not comm.left.slotted(frame):  # empty, or a segment larger than a slot
-        got = ring.inbox(s, e, gathering=False)
-        stop = waiting_check(comm, ring.sender)
-        comm.left.recv_payload_into(frame, as_bytes(got), stop=stop)
-        ring.send(step + 1, chunk, part, ring.reduce(got, s, e, last))
-        return
-    got = comm.left.payload_view(frame, mine.nbytes).view(ring.dtype)
-    slot = None if last else comm.right.claim(mine.nbytes)
-    if slot is not None:
-        np.add(got, mine, out=slot.view(ring.dtype))  # as reduce: the running sum, ours
+class SlotHops:
+    """The ring's reduce-scatter hop through the shared-memory slots (module docstring), as
+    RingReduce's `hop` (comm/ring.py): mixed in before RingReduce as ring.py's
+    `SlotRingReduce`, which the ring runs when both of its links are shared memory and the
+    reduction is the host ring's own (a variant with its own `reduce` or `inbox`, the
+    compressed or the device ring, keeps the usual hop)."""
+
+    def hop(self, step: int, chunk: int, part: int, s: int, e: int, last: bool) -> None:
+        """One reduce-scatter hop for segment `part` ([s, e) of `chunk`) at `step`."""
+        comm = self.comm  # what this rank is doing: named by the ring's step (comm/activity.py)
+        frame = checked_header(comm, self.header, step, part, self.sender)
+        mine = self.flat[s:e]
+        if not comm.left.slotted(frame):  # empty, or a segment larger than a slot
+            got = self.inbox(s, e, gathering=False)
+            stop = waiting_check(comm, self.sender)
+            comm.left.recv_payload_into(frame, as_bytes(got), stop=stop)
+            self.send(step + 1, chunk, part, self.reduce(got, s, e, last))
+            return
+        got = comm.left.payload_view(frame, mine.nbytes).view(self.dtype)
+        slot = None if last else comm.right.claim(mine.nbytes)
+        if slot is not None:
+            np.add(got, mine, out=slot.view(self.dtype))  # as reduce: the running sum, ours
+            comm.left.release()
+            comm.right.send_claimed(frame_at(self.header, step + 1, part))
+            self.sent += mine.nbytes
+            self.trace(step + 1, chunk, part)
+            return
+        np.add(got, mine, out=mine)
         comm.left.release()
-        comm.right.send_claimed(frame_at(ring.header, step + 1, part))
-        ring.trace(step + 1, chunk, part)
-        return
-    np.add(got, mine, out=mine)
-    comm.left.release()
-    if last and ring.op == Op.ALLREDUCE_MEAN:
-        mine /= mine.dtype.type(comm.world_size)  # the owner scales once
-    ring.send(step + 1, chunk, part, mine)
+        if last and self.op == Op.ALLREDUCE_MEAN:
+            mine /= mine.dtype.type(comm.world_size)  # the owner scales once
+        self.send(step + 1, chunk, part, mine)

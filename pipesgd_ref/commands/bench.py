@@ -37,8 +37,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from pipesgd_ref.comm import choose
+from pipesgd_ref.comm.collectives import allreduce, barrier
 from pipesgd_ref.comm.netem import LinkSpec
-from pipesgd_ref.comm.ring import allreduce, barrier
 from pipesgd_ref.commands import bench_algorithms
 from pipesgd_ref.commands.bench_peers import peer_problem, run_peer
 from pipesgd_ref.outputs import write_text_atomic

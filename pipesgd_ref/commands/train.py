@@ -24,6 +24,7 @@ from pipesgd_ref.outputs import write_json
 from pipesgd_ref.runtime.inputs import JobInputs
 from pipesgd_ref.runtime.job import job_allreduce, load_before_fork, n_ranks, train_job
 from pipesgd_ref.runtime.summary import summarise
+from pipesgd_ref.units import format_bytes
 
 
 def check_inputs(cfg: TrainConfig) -> JobInputs:
@@ -57,23 +58,45 @@ def check_device(cfg: TrainConfig) -> None:
 
 
 def describe(cfg: TrainConfig, link) -> str:
-    """The start-of-run line: method, workers, data, model, link, transport, AllReduce."""
+    """The start-of-run line: method, workers, data, model, link, transport, AllReduce (what
+    was asked for: under auto the choice is made per message size, and the end-of-run line
+    names what ran)."""
     width = f", width {cfg.width}" if method(cfg.algo).pipelined else ""
     wire = "" if cfg.comm == "mpi" else f", transport {cfg.transport}"  # MPI picks its own
-    ring = "" if method(cfg.algo).server else f", allreduce {job_allreduce(cfg)}"
+    asked = job_allreduce(cfg)
+    if asked == "auto":
+        asked = "auto (chosen per message size; named at the end)"
+    ring = "" if method(cfg.algo).server else f", allreduce {asked}"
     return (
         f"{cfg.algo}: {cfg.world_size} workers, {cfg.dataset}, {cfg.model}{width}, "
         f"link: {link if link.enabled else 'not emulated'}{wire}{ring}"
     )
 
 
+def ran_line(cfg: TrainConfig, summary: dict) -> str | None:
+    """What carried the gradients (summary["allreduce_ran"]), in one line; None when nothing
+    was recorded (no AllReduce, or no step)."""
+    ran = summary.get("allreduce_ran")
+    if not ran:
+        return None
+    parts = [
+        f"{r['algorithm']} over {r['transport']} ({r['calls']} x {format_bytes(r['bytes'])}, "
+        f"{format_bytes(r['bytes_sent'])} sent)"
+        for r in ran
+    ]
+    return f"{cfg.algo}: gradients reduced by {', '.join(parts)} on rank 0"
+
+
 def log_outcome(cfg: TrainConfig, summary: dict, wall: float, log) -> None:
-    """The end-of-run lines: steps, time, iteration, loss, accuracy, and time to target."""
+    """The end-of-run lines: steps, time, iteration, loss, accuracy, the AllReduce that ran,
+    and time to target."""
     log(
         f"{cfg.algo}: {summary['steps']} steps in {wall:.2f} s, iteration "
         f"{summary['iter_time_s'] * 1e3:.2f} ms, final train loss "
         f"{summary['final_train_loss']:.4f}, test accuracy {summary['test_accuracy']:.4f}"
     )
+    if (line := ran_line(cfg, summary)) is not None:
+        log(line)
     if summary["time_to_target_s"] is not None:
         log(
             f"{cfg.algo}: test accuracy {cfg.target_accuracy:.2%} reached at step "

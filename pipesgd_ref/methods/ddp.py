@@ -105,4 +105,7 @@ def ddp_worker(comm, cfg: TrainConfig, hooks: Hooks | None = None) -> WorkerResu
         comm_thread.stop()
     end = worker.steps if hooks.stopped_at is None else hooks.stopped_at
     hooks.save(end)
-    return hooks.result(worker.params, comm.bytes_sent, stopped_at=hooks.stopped_at)
+    ran = comm.allreduce_ran()  # what carried the buckets, per bucket size (summary.json)
+    return hooks.result(
+        worker.params, comm.bytes_sent, stopped_at=hooks.stopped_at, allreduce_ran=ran
+    )

@@ -197,4 +197,5 @@ def pipe_worker(comm, cfg: TrainConfig, hooks: Hooks | None = None) -> WorkerRes
     finally:
         comm_thread.stop()
     extra = dict(nonfinite_skipped=comm_thread.skipped, stopped_at=hooks.stopped_at)
+    extra["allreduce_ran"] = comm.allreduce_ran()  # what carried the gradients (summary.json)
     return hooks.result(worker.params, comm.bytes_sent, **extra)

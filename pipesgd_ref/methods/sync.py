@@ -52,5 +52,9 @@ def sync_worker(comm, cfg: TrainConfig, hooks: Hooks | None = None) -> WorkerRes
     end = worker.steps if hooks.stopped_at is None else hooks.stopped_at
     hooks.save(end)
     return hooks.result(
-        worker.params, comm.bytes_sent, nonfinite_skipped=skipped, stopped_at=hooks.stopped_at
+        worker.params,
+        comm.bytes_sent,
+        nonfinite_skipped=skipped,
+        stopped_at=hooks.stopped_at,
+        allreduce_ran=comm.allreduce_ran(),  # what carried the gradients (summary.json)
     )

@@ -5,9 +5,9 @@ given another --lr would train on (its weights quietly different from the others
 given other --steps would fail hundreds of steps later inside an AllReduce that never names
 --steps. So, once the ranks have joined and before the first step, each rank's options that
 must agree (all of TrainConfig but PER_RANK) are compared: one AllReduce of a 48-bit digest
-per rank, and only when the digests differ, the options themselves (`ring.allgather`, float64
-arrays: no pickle), so that every rank can name the option and each rank's value. Every rank
-sees the same gathered figures, so every rank decides alike and refuses in the same line.
+per rank, and only when the digests differ, the options themselves (`collectives.allgather`,
+float64 arrays: no pickle), so that every rank can name the option and each rank's value. Every
+rank sees the same gathered figures, so every rank decides alike and refuses in the same line.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import json
 
 import numpy as np
 
-from pipesgd_ref.comm.ring import allgather
+from pipesgd_ref.comm.collectives import allgather
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.errors import ConfigError
 

@@ -10,11 +10,26 @@ The summary (a dict, written as DIR/summary.json by train.py when `cfg.out` is s
 algo, world_size, width, steps, wall_time_s, iter_time_s (the median steady-state step),
 t_comp_s and t_comm_s (median span lengths), comm_hidden_fraction, final_train_loss,
 test_accuracy, steps_to_target and time_to_target_s (first evaluation at or above
-cfg.target_accuracy), bytes sent per rank, whether the ranks' final weights are identical,
-loss_curve (a list of {step, wall_time_s, loss}), eval_curve (a list of {step, wall_time_s,
-test_accuracy}), config. The test accuracies are computed by rank 0 after training (the
-Recorder's snapshots and the final weights, in WorkerResult.extra), so a summary needs
-neither the model nor the data.
+cfg.target_accuracy), bytes sent per rank, allreduce_ran (what carried the gradients, below),
+whether the ranks' final weights are identical, loss_curve (a list of {step, wall_time_s,
+loss}), eval_curve (a list of {step, wall_time_s, test_accuracy}), config.
+
+bytes_sent_per_rank counts everything each rank handed to its peers (Communicator.bytes_sent:
+every frame with its 48-byte header on the ring's and the mesh's links, the start barrier and
+the small control AllReduces included, and what it wrote into one host's shared-memory group).
+allreduce_ran says which AllReduce carried the gradients, as rank 0 ran them: one entry per
+message size (a whole gradient, or a ddp bucket) and algorithm, e.g.
+
+    {"bytes": 2600, "algorithm": "twoshot", "transport": "shm", "calls": 60,
+     "bytes_sent": 234000}
+
+with the payload bytes rank 0 sent for them (no headers; per call, comm/choose.py's
+`sent_volume` times the message bytes). Only the float32 AllReduces, the gradients', are
+listed (Communicator.allreduce_ran); null where the method has no AllReduce (a parameter
+server) or the run did not record it (the lesson core).
+
+The test accuracies are computed by rank 0 after training (the Recorder's snapshots and the
+final weights, in WorkerResult.extra), so a summary needs neither the model nor the data.
 """
 
 from __future__ import annotations
@@ -29,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from pipesgd_ref.comm.ring import allgather
+from pipesgd_ref.comm.collectives import allgather
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.logs import progress_bar
 from pipesgd_ref.runtime.worker import WorkerResult
@@ -212,6 +227,7 @@ def _summary(
         "test_accuracy": answer.extra["test_accuracy"],  # rank 0's, after training
         **reaching_target(eval_curve, cfg.target_accuracy),
         "bytes_sent_per_rank": bytes_sent,
+        "allreduce_ran": answer.extra.get("allreduce_ran"),  # rank 0's gradient AllReduces
         "params_identical_on_all_ranks": identical,
         "staleness_histogram": _histogram(answer.extra.get("staleness")),
         # --skip-nonfinite: each step (ps-async: update) where gradients were left out, and

@@ -200,7 +200,7 @@ class Worker:
 
             device_allreduce(comm, buf, "mean", codec=codec, ops=self.model.backend)
         else:
-            from pipesgd_ref.comm.ring import allreduce
+            from pipesgd_ref.comm.collectives import allreduce
 
             allreduce(comm, buf, "mean", codec=codec)
         if bad:
@@ -409,7 +409,7 @@ def bad_ranks(comm, ok: bool) -> list[int]:
     """--skip-nonfinite in the ring methods: the ranks whose gradient of this step is left out,
     the same list on every rank (a small AllReduce of one flag per rank, in the communication
     order of the gradients themselves)."""
-    from pipesgd_ref.comm.ring import allreduce
+    from pipesgd_ref.comm.collectives import allreduce
 
     flags = np.zeros(comm.world_size, np.float64)
     flags[comm.rank] = 0.0 if ok else 1.0

@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from pipesgd_ref.comm.ring import allreduce, barrier
+from pipesgd_ref.comm.collectives import allreduce, barrier
 from pipesgd_ref.comm.wire import Frame, Kind
 from pipesgd_ref.runtime.launch import launch_local
 

@@ -19,8 +19,8 @@ import time
 
 import numpy as np
 
+from pipesgd_ref.comm.collectives import allreduce, barrier
 from pipesgd_ref.comm.netem import link_of
-from pipesgd_ref.comm.ring import allreduce, barrier
 from pipesgd_ref.methods.pipe import CommThread
 from pipesgd_ref.runtime.job import job_allreduce, load_before_fork
 from pipesgd_ref.runtime.launch import launch_local

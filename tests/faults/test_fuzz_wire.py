@@ -23,8 +23,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pipesgd_ref.comm.collectives import allreduce
 from pipesgd_ref.comm.rendezvous import HELLO_TIMEOUT, JobSpec, init_process_group, new_token
-from pipesgd_ref.comm.ring import allreduce
 from pipesgd_ref.comm.wire import HEADER, MAGIC, VERSION, Frame, Kind, decode_header
 from pipesgd_ref.runtime.launch import free_port
 

@@ -106,6 +106,11 @@ def check_job(outputs, out: Path, algo: str, ranks: int, source: str, tmp_path_f
     assert summary["params_identical_on_all_ranks"] is True
     assert len(summary["bytes_sent_per_rank"]) == ranks
     assert all(b > 0 for b in summary["bytes_sent_per_rank"]), summary["bytes_sent_per_rank"]
+    if algo == "ps-sync":  # no AllReduce: the server's links carried the gradients
+        assert summary["allreduce_ran"] is None
+    else:  # rank 0's own tally: the AllReduce that carried its gradients
+        (ran,) = summary["allreduce_ran"]
+        assert ran["algorithm"] != "auto" and (ran["calls"], ran["bytes_sent"] > 0) == (30, True)
     joined_losses = [e["loss"] for e in summary["loss_curve"]]
     local_losses = [e["loss"] for e in local["loss_curve"]]
     assert joined_losses == local_losses, "mean loss per step: joined vs local run"
