@@ -242,6 +242,11 @@ def test_train_lesson_writes_the_products_outputs(tmp_path, capsys, algo):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 20 and summary["params_identical_on_all_ranks"]
     assert summary["lesson"]["ranks"] == "processes" and summary["lesson"]["transport"] == "tcp"
+    if algo != "ps-sync":  # the ring: 2(p-1)/p of the gradient a step, on every rank
+        (ran,) = summary["allreduce_ran"]
+        assert (ran["algorithm"], ran["transport"], ran["calls"]) == ("ring", "tcp", 20)
+        assert ran["bytes_sent"] == pytest.approx(20 * 1.5 * ran["bytes"], rel=0.01)
+        assert f"{algo}: gradients reduced by ring over tcp (20 x" in line
     assert [e["step"] for e in summary["eval_curve"]] == [5, 10, 15, 20]
     assert 0 < summary["test_accuracy"] <= 1 and min(summary["bytes_sent_per_rank"]) > 0
     with np.load(out / "checkpoint.npz") as z:

@@ -117,7 +117,7 @@ def run_lesson(cfg: TrainConfig, threads: bool = False, log=print) -> dict:
     start = time.perf_counter()
     results = launch(prob, cfg.algo, threads=threads, timeout=cfg.timeout)
     wall = time.perf_counter() - start
-    worker_results = [_as_product(r, cfg, inputs) for r in results]
+    worker_results = [_as_product(r, cfg, inputs, threads) for r in results]
     summary = summarise(cfg, worker_results, wall)
     summary["lesson"] = {
         "core": "pipesgd_ref.core",
@@ -135,7 +135,21 @@ def run_lesson(cfg: TrainConfig, threads: bool = False, log=print) -> dict:
     return summary
 
 
-def _as_product(result: dict, cfg: TrainConfig, inputs):
+def _ring_ran(result: dict, p: int, threads: bool) -> list[dict]:
+    """summary.json's allreduce_ran for a core ring rank: one AllReduce of the whole gradient
+    per step, its payload bytes (what it sent less the 2(p - 1) frame headers of each)."""
+    from pipesgd_ref.core.wire import HEADER
+
+    calls, nbytes = len(result["losses"]), result["params"].nbytes
+    payload = result["bytes_sent"] - calls * 2 * (p - 1) * HEADER.size
+    transport = "socketpair" if threads else "tcp"
+    if p == 1:
+        transport = "none"
+    ran = {"bytes": nbytes, "algorithm": "ring", "transport": transport, "calls": calls}
+    return [{**ran, "bytes_sent": payload}]
+
+
+def _as_product(result: dict, cfg: TrainConfig, inputs, threads: bool):
     """A core rank's result as the product's WorkerResult, which runtime/summary.py reads:
     rank 0 evaluates its kept weights and its final ones on the test set."""
     from pipesgd_ref.runtime.worker import WorkerResult
@@ -156,6 +170,8 @@ def _as_product(result: dict, cfg: TrainConfig, inputs):
         ]
         if method(cfg.algo).server:
             extra["role"] = "server"
+        else:
+            extra["allreduce_ran"] = _ring_ran(result, cfg.world_size, threads)
     losses, ends = result["losses"], result["step_end"]
     return WorkerResult(rank, params, losses, ends, events, result["bytes_sent"], extra)
 
