@@ -1,8 +1,9 @@
 """Paying back staleness: delay compensation (DC-ASGD) and weight prediction (SAPipe).
 
 Pipe-SGD of width K applies at step t the averaged gradient of step t - s (s = K - 1), computed
-at w_{t-s}, to the weights w_t. Two remedies came after the paper; both run on every replica in
-the same order of operations, so the replicas stay bitwise identical and the one-process oracles
+at w_{t-s}, to the weights w_t. Two remedies from the work around the paper (DC-ASGD, 2017, a
+year before Pipe-SGD; SAPipe, 2022, after it); both run on every replica in the same order of
+operations, so the replicas stay bitwise identical and the one-process oracles
 (reference.py) use these very functions.
 
     dc           apply  g~ = g + lam * g (.) g (.) (w_t - w_{t-s})       instead of g
