@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 TUTORIALS = ROOT / "tutorials"
-PAGES = ["index.md", "paper.md"]  # docs/ pages in the order of the site's navigation
+PAGES = ["index.md", "paper.md", "glossary.md", "solutions.md"]  # docs/ pages of the site
 REFERENCE = DOCS / "reference"  # the reference pages (commands, methods, figures, layout)
 
 
@@ -72,13 +72,21 @@ def sync_notebooks() -> list[Path]:
 
 
 def title_of(nb) -> str:
-    """The first Markdown heading of a notebook: its page title."""
+    """The first Markdown heading of a notebook: its page title, as the navigation shows it."""
     for cell in nb.cells:
         if cell.cell_type == "markdown":
             for line in cell.source.splitlines():
                 if line.startswith("# "):
-                    return line[2:].strip()
+                    return nav_title(line[2:])
     return "untitled"
+
+
+def nav_title(heading: str) -> str:
+    """A heading as the site's navigation and page title show it: plain text, inline code
+    keeping its words without the backticks. mkdocs-jupyter's own title (the H1 as its table
+    of contents reads it) drops an inline-code span's words ("Reproduce the paper: , step by
+    step"), so base_config tells it to use the nav's title instead."""
+    return heading.replace("`", "").strip()
 
 
 def count_outputs(nb) -> tuple[int, list[str]]:
@@ -130,7 +138,13 @@ def nav_of(results: list[dict]) -> list:
         {page.stem.replace("-", " ").capitalize(): f"reference/{page.name}"}
         for page in sorted(REFERENCE.glob("*.md"))
     ]
-    nav = [{"Home": "index.md"}, {"The paper": "paper.md"}, {"Tutorials": tutorials}]
+    nav = [
+        {"Home": "index.md"},
+        {"The paper": "paper.md"},
+        {"Glossary": "glossary.md"},
+        {"Tutorials": tutorials},
+        {"Solutions to the exercises": "solutions.md"},
+    ]
     if reference:
         nav.append({"Reference": reference})
     return nav
@@ -165,7 +179,16 @@ def base_config() -> dict:
         "markdown_extensions": ["admonition", "tables", "toc", "pymdownx.details"],
         "plugins": [
             "search",
-            {"mkdocs-jupyter": {"execute": False, "include": ["*.ipynb"], "allow_errors": True}},
+            {
+                "mkdocs-jupyter": {
+                    "execute": False,
+                    "include": ["*.ipynb"],
+                    "allow_errors": True,
+                    # the title is the nav's (nav_title), not the H1 as mkdocs-jupyter reads it
+                    # from its table of contents, which drops inline code's words
+                    "ignore_h1_titles": True,
+                }
+            },
         ],
     }
 
