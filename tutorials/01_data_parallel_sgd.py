@@ -417,3 +417,7 @@ check("01.3", answer)
 # not use `large_batch_grad_fn`) not to move at all.
 #
 # </details>
+
+# %% [markdown]
+# Written solutions to every exercise above, with the reasoning: docs/solutions.md, section 01
+# (on the site, the page "Solutions to the exercises").

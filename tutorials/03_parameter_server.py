@@ -734,3 +734,7 @@ check("03.3", answer)
 # ps-async's τ is about p−1, more now and then.
 #
 # </details>
+
+# %% [markdown]
+# Written solutions to every exercise above, with the reasoning: docs/solutions.md, section 03
+# (on the site, the page "Solutions to the exercises").

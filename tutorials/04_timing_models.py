@@ -419,3 +419,7 @@ check("04.3", answer)
 # alone, on data already in cache.
 #
 # </details>
+
+# %% [markdown]
+# Written solutions to every exercise above, with the reasoning: docs/solutions.md, section 04
+# (on the site, the page "Solutions to the exercises").

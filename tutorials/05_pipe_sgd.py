@@ -766,6 +766,13 @@ check("05.4", answer)
 #
 # One communication thread takes the `todo` queue in order and runs one AllReduce at a time;
 # every rank does the same, so the ring's frames of step t all come before those of step
-# t + 1. With two at once, a rank could add a chunk of g_{t+1} into g_t's.
+# t + 1. With two at once, a frame of g_{t+1}'s AllReduce could reach a rank that waits for
+# one of g_t's. Nothing would be mixed silently: every frame carries its collective's sequence
+# number (and step and segment), which pipesgd_ref/comm/frames.py checks on arrival, so that rank
+# would raise CollectiveMismatch and the run would stop.
 #
 # </details>
+
+# %% [markdown]
+# Written solutions to every exercise above, with the reasoning: docs/solutions.md, section 05
+# (on the site, the page "Solutions to the exercises").

@@ -605,8 +605,9 @@ check("06.3", answer)
 
 # %% [markdown]
 # **5.** A later reimplementation of Pipe-SGD lost 2 to 4 accuracy points on CIFAR-10 with
-# staleness one (docs/paper.md, section 5). Using this tutorial's picture, which
-# learning-rate schedules would you expect to suffer most?
+# staleness one (figures from the README of SAPipe's released code; docs/paper.md, section
+# 5). Using this tutorial's picture, which learning-rate schedules would you expect to suffer
+# most?
 #
 # <details><summary>Hint</summary>
 #
@@ -632,3 +633,7 @@ check("06.3", answer)
 # %%
 answer = None  # your answer: avg |grad|^2 with p = 4 over avg |grad|^2 with p = 16, same T
 check("06.6", answer)
+
+# %% [markdown]
+# Written solutions to every exercise above, with the reasoning: docs/solutions.md, section 06
+# (on the site, the page "Solutions to the exercises").

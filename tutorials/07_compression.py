@@ -844,3 +844,7 @@ check("07.4", answer)
 # seeds) before you read a difference into it.
 #
 # </details>
+
+# %% [markdown]
+# Written solutions to every exercise above, with the reasoning: docs/solutions.md, section 07
+# (on the site, the page "Solutions to the exercises").

@@ -386,3 +386,7 @@ check("08.4", answer)
 # The result should equal the compressed simulation bitwise, not the uncompressed oracle.
 #
 # </details>
+
+# %% [markdown]
+# Written solutions to every exercise above, with the reasoning: docs/solutions.md, section 08
+# (on the site, the page "Solutions to the exercises").

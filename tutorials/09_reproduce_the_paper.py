@@ -590,3 +590,7 @@ check("09.4", answer)
 # %%
 answer = None  # your answer: the steps_to_target reported with eval_every = 10 (a step number)
 check("09.6", answer)
+
+# %% [markdown]
+# Written solutions to every exercise above, with the reasoning: docs/solutions.md, section 09
+# (on the site, the page "Solutions to the exercises").

@@ -337,3 +337,7 @@ check("11.5", answer)
 # faster. Few parameters do not make a model easy to pipeline; much compute per parameter does.
 #
 # </details>
+
+# %% [markdown]
+# Written solutions to every exercise above, with the reasoning: docs/solutions.md, section 11
+# (on the site, the page "Solutions to the exercises").
