@@ -9,7 +9,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipesgd_ref.exercises import EXERCISES, check, close, equal, load_all, same_function
+from pipesgd_ref.exercises import (
+    EXERCISES,
+    MOVED,
+    check,
+    close,
+    equal,
+    load_all,
+    same_function,
+)
 
 ROOT = Path(__file__).parent.parent
 load_all()
@@ -43,6 +51,16 @@ def test_every_check_a_tutorial_calls_is_registered_and_every_exercise_is_asked(
             called.add(key)
     assert called <= set(KEYS), f"tutorials check unregistered exercises {called - set(KEYS)}"
     assert set(KEYS) <= called, f"exercises no tutorial asks: {set(KEYS) - called}"
+
+
+def test_a_moved_exercise_still_checks_under_its_old_key(capsys):
+    """Tutorial 02's algorithms-by-size exercises moved to tutorial 13: a notebook that still
+    asks check("02.4", ...) gets tutorial 13's check, and is told the new key."""
+    for old, new in MOVED.items():
+        assert old not in EXERCISES and new in EXERCISES, (old, new)
+        assert check(old, EXERCISES[new].expected()) is True
+        assert f"exercise {old} is exercise {new} now" in capsys.readouterr().out
+        assert check(old, EXERCISES[new].wrong()) is False
 
 
 def test_an_unknown_key_is_an_error_that_lists_the_known_ones():

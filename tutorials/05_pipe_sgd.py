@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 05 · Pipe-SGD: two threads, one step of staleness, no idle network
 #
-# Takes about 10-20 s here, on 2 cores (about 10 s with `PIPESGD_TUTORIAL_SMALL=1`, the quick
+# Takes about 15 s here, on 2 cores (about 11 s with `PIPESGD_TUTORIAL_SMALL=1`, the quick
 # version CI runs): `python tutorials/05_pipe_sgd.py`, or open it as a notebook.
 #
 # **A number to start with.** The benchmark model of this package, an MLP 256-2048-1024-10,
@@ -15,40 +15,57 @@
 # **2× faster**, for the price of applying every gradient one step late.
 #
 # You will:
-# 1. build a Pipe-SGD worker by hand: a compute thread and a communication thread joined by
-#    two FIFO queues and K buffers, and check it bitwise against the oracle
-#    `reference.delayed_sgd(staleness=1)`;
-# 2. print its schedule, phase by phase (warm-up, fill, steady state, drain), for K = 2 and
-#    K = 3: which gradient is computed, which is in flight, which is applied;
-# 3. meet the package's worker (`pipe_worker`, `CommThread`), map it onto yours, and run it in
-#    p processes over sockets: it ends bitwise where yours does;
-# 4. derive why width K = 2 already reaches the best iteration time:
+# 1. write a Pipe-SGD worker yourself, on the lesson core (pipesgd_ref/core/): a compute
+#    thread and a communication thread joined by two FIFO queues and K buffers, run it on 4
+#    ranks over sockets and check it bitwise against the oracle (the check says what is wrong,
+#    and until yours is written the tutorial goes on with the core's own worker);
+# 2. print the schedule phase by phase (warm-up, fill, steady state, drain) for K = 2 and
+#    K = 3, and draw one iteration of 4 ranks: the compute of g_t beside the ring AllReduce of
+#    g_{t−1}, ring step by ring step;
+# 3. run the core's `pipe_worker` in 4 processes over TCP, bitwise its oracle, and map it onto
+#    the product's (pipesgd_ref/methods/pipe.py): what the product adds, and that it ends at
+#    the same bits;
+# 4. step through every rank in a debugger: ranks as threads;
+# 5. derive why width K = 2 already reaches the best iteration time:
 #    T(K) = max(t_c, t_comm, (t_c + t_comm)/K), on the timing models of tutorial 04;
-# 5. run sync and pipe over an emulated link where T_ar ≈ t_comp, compare iteration times,
+# 6. run sync and pipe over an emulated link where T_ar ≈ t_comp, compare iteration times,
 #    overlap and timelines, and see why the measured gain can pass the model's 2×.
 
 # %%
 import inspect
 import os
-import queue
+import queue  # noqa: F401 - for your worker (section 1)
+import socket
 import threading
 import time
+import traceback
+from collections import deque
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from pipesgd_ref import timing
 from pipesgd_ref.comm.netem import link_of
-from pipesgd_ref.comm.schedule import simulate_allreduce
+from pipesgd_ref.commands.lesson import problem_of
 from pipesgd_ref.commands.train import run_training
 from pipesgd_ref.config import TrainConfig
+from pipesgd_ref.core import (
+    Problem,
+    blobs,
+    launch,
+    oracle,
+    ring_allreduce,  # noqa: F401 - for your worker (section 1)
+    simulate,
+)
+from pipesgd_ref.core import ring as core_ring
+from pipesgd_ref.core.methods import Rank, pipe_worker, sync_worker
+from pipesgd_ref.core.wire import Link
 from pipesgd_ref.exercises import check
 from pipesgd_ref.methods import reference
-from pipesgd_ref.methods.pipe import CommThread, pipe_worker
 from pipesgd_ref.models import build_model
 from pipesgd_ref.plots import pyplot, save_figure
-from pipesgd_ref.runtime.launch import launch_local
-from pipesgd_ref.runtime.worker import Worker
+from pipesgd_ref.runtime.inputs import JobInputs
 from pipesgd_ref.timing import load, ring_allreduce_time
 from pipesgd_ref.trace import median_duration
 from pipesgd_ref.units import format_bandwidth, format_bytes, format_seconds, parse_bandwidth
@@ -75,7 +92,7 @@ def quiet(*_) -> None:
 # its 16, and one of its bandwidths, B = 1 Gbit/s. The ring's cost is equation (1) of
 # docs/paper.md (γ left out), `timing.ring_allreduce_time`, derived in tutorials 02 and 04;
 # `allreduce="ring"` asks for the paper's ring by name (the default, auto, may choose another
-# algorithm for each message).
+# algorithm for each message: tutorial 13).
 
 # %%
 bench = TrainConfig(
@@ -93,7 +110,7 @@ print(f"if t_c = T_ar: sync {format_seconds(2 * T_ar_bench)} per iteration, "
       f"pipe {format_seconds(T_ar_bench)}")  # fmt: skip
 
 # %% [markdown]
-# ## 1. Build the worker: two threads, two queues, K buffers
+# ## 1. Write the worker: two threads, two queues, K buffers
 #
 # A Pipe-SGD worker does two jobs at once. Its **compute thread** computes g_t, the gradient
 # at the current weights w_t, and hands it over; its **communication thread** averages g_t
@@ -102,122 +119,198 @@ print(f"if t_c = T_ar: sync {format_seconds(2 * T_ar_bench)} per iteration, "
 # them back averaged, in the same order. With **width K** the update of step t applies the
 # average of g_{t−s}, **staleness s = K − 1**: K = 2 applies the gradient of the step before.
 #
-# Below is the whole worker, for p workers simulated in one process so that it fits in a
-# cell. The compute thread (the caller's own) computes all p workers' gradients of step t,
-# one row per worker; the communication thread runs the ring on the p rows in lock step with
-# `simulate_allreduce` (comm/schedule.py): the same chunks, steps and order of additions as
-# the real ring, in one process. Try writing it yourself before reading ours: the pieces are
-# `queue.Queue()`, `threading.Thread(target=...)`, and a loop that puts step t's gradient on
-# `todo` and, from step s on, takes the average of g_{t−s} off `done`.
-#
 # **Why K buffers.** The AllReduce averages *in place*, so the gradient of step t lives in one
 # buffer from its computation to its update. Buffer t mod K is written again at step t + K;
 # its gradient was applied at step t + s = t + K − 1, before that. So K buffers suffice,
-# allocated once before the loop (the package's loop, where a gradient can be 10 MB,
-# allocates none).
+# allocated once before the loop (a gradient can be 10 MB: the loop allocates none).
+#
+# You write it on the lesson core, pipesgd_ref/core/ (NumPy and the standard library, about
+# 760 lines, read in one sitting; core/__init__.py says in which order). A rank of a job is a
+# `Rank`: its number `me.rank`, the `me.problem` (data, model, p, K, steps, learning rate),
+# and its two ring links `me.left` and `me.right`. The problem below: 1 600 points in 10
+# Gaussian clouds (`blobs`), an MLP 32-32-10, 4 workers of batch 32, 30 steps. Here is the
+# core's **synchronous** worker, whole: one thread that computes, then averages, then
+# updates. Yours does the same work, with the AllReduce moved to a second thread.
+
+# %%
+X, y = blobs()
+prob = Problem(X[:1600], y[:1600], 10, hidden=(32,), world_size=4, width=2, steps=30)
+print(f"{prob.model().n_params} parameters, p = {prob.world_size}, K = {prob.width}, "
+      f"{prob.steps} steps of batch {prob.batch_size} per worker, lr {prob.lr}")  # fmt: skip
+print(inspect.getsource(sync_worker))
+
+# %% [markdown]
+# **Your turn.** Fill in `my_pipe_worker` below; its docstring is the specification. Leave
+# out the warm-up (`prob.warmup` is 0 here; exercise 1 adds it). The check cell after it runs
+# your worker on 4 ranks, each a thread of this process with real socket links, and compares
+# every rank's final weights with the oracle `oracle(prob, "pipe")`, the same training
+# computed in one process without threads or sockets; if they differ it says how. Until you
+# have written it, the check says so and the rest of the tutorial uses the core's answer,
+# `pipesgd_ref.core.methods.pipe_worker` (a worked answer is in docs/solutions.md, tutorial
+# 05: try first).
 
 
 # %%
-def pipe_sgd(grad_fn, w0: np.ndarray, p: int, steps: int, lr: float, K: int = 2) -> np.ndarray:
-    """Pipe-SGD of width K on p simulated workers: this thread computes, a communication
-    thread all-reduces, two FIFO queues join them. Returns the final weights (after the
-    drain). grad_fn(w, rank, step) -> (loss, gradient of worker `rank` on its minibatch)."""
-    s = K - 1  # staleness: the update of step t applies the gradient of step t - s
-    buffers = [np.empty((p, w0.size), w0.dtype) for _ in range(K)]  # row r: worker r's
-    todo, done = queue.Queue(), queue.Queue()  # compute -> comm, comm -> compute
+def my_pipe_worker(me: Rank) -> dict:
+    """Pipe-SGD of width K = me.problem.width on ring rank me.rank (no warm-up).
 
-    def communicate() -> None:  # the communication thread: AllReduce each buffer, in order
-        while (item := todo.get()) is not None:
-            t, buf = item
-            buf[:] = simulate_allreduce(list(buf), "mean")  # every row: the ring's mean
-            done.put((t, buf))
+    Set up as sync_worker does (prob, p, model, w = model.init_params(prob.seed)), plus:
+    - s = K - 1, and K gradient buffers made once: [np.empty_like(w) for _ in range(K)];
+    - two queue.SimpleQueue()s, `todo` and `done`, and a communication thread
+      (threading.Thread(target=..., daemon=True)) that takes (t, g) off `todo` in order, runs
+      ring_allreduce(me.rank, p, me.left, me.right, g) (g becomes the average, in place), and
+      puts (t, g) on `done`; it ends when it takes None. (Better still: if the AllReduce
+      raises, it puts the exception on `done`, for the compute thread to raise.)
+    The compute thread, this one, for t = 0 .. prob.steps - 1:
+    - g = buffers[t % K]; loss = prob.gradient(model, w, me.rank, t, g);
+    - todo.put((t, g)): its AllReduce starts, and this thread goes on at once;
+    - if t >= s: take (t - s, avg) off `done` and apply it, prob.sgd_step(w, avg, t)
+      (for t < s, the fill: nothing has come back yet, no update);
+    - me.step_done(t, loss, w).
+    Then the drain: take the s gradients still in flight off `done`, oldest first, and apply
+    the j-th with prob.sgd_step(w, avg, prob.steps + j); put None on `todo`; and
+    return me.result(w).
+    """
+    raise NotImplementedError  # your code here: about 25 lines
 
-    comm = threading.Thread(target=communicate, daemon=True)
-    comm.start()
-    w = w0.copy()  # every worker holds these weights: they apply the same bits (section 3)
-    for t in range(steps + s):  # the last s rounds compute nothing: the drain
-        if t < steps:  # compute g_t at w_t into buffer t mod K, then hand it over
-            buf = buffers[t % K]
-            for r in range(p):
-                buf[r] = grad_fn(w, r, t)[1]
-            todo.put((t, buf))  # its AllReduce starts; this thread goes on at once
-        if t >= s:  # steady state (and drain): wait for avg(g_{t-s}) and apply it
-            t_grad, avg = done.get()
-            assert t_grad == t - s, f"out of order: got g{t_grad}, want g{t - s}"
-            w -= w.dtype.type(lr) * avg[0]
-        # else (t < s): the fill, nothing has come back yet: w_{t+1} = w_t
-    todo.put(None)  # tells the communication thread to finish
-    comm.join()
+
+# %% [markdown]
+# The check needs two things: a way to run a worker on every rank, and the oracle's weights
+# with the mistakes one can make, to say which one was made. `run_in_threads` wires p ranks as
+# the core's `launch(prob, algo, threads=True)` does (rank r's right link is rank r+1's left
+# one, a socketpair), with one difference: a worker that hangs is reported after `timeout`
+# seconds rather than waited for. `weights_after` is the oracle written out (the core's
+# `oracle` is the same loop): every worker's gradient at w_t, averaged in the ring's order
+# (`simulate`), applied `staleness` steps later, then the drain.
+
+
+# %%
+def run_in_threads(prob: Problem, worker, timeout: float = 10.0) -> list[dict]:
+    """worker(me) on every ring rank of prob, each a thread of this process, linked by
+    socketpairs; each rank's result. A rank that fails or hangs: one RuntimeError naming it."""
+    p = prob.world_size
+    pairs = [socket.socketpair() for _ in range(p)]  # pair r: rank r -> rank r + 1
+    results: list = [None] * p
+
+    def body(r: int) -> None:
+        left = Link(pairs[(r - 1) % p][1], r, (r - 1) % p, timeout)
+        right = Link(pairs[r][0], r, (r + 1) % p, timeout)
+        try:
+            results[r] = worker(Rank(r, prob, left=left, right=right))
+        except BaseException:
+            results[r] = f"rank {r} failed:\n{traceback.format_exc()}"
+        finally:  # as launch does: a peer waiting on these links fails now, naming this rank
+            left.shut()
+            right.shut()
+
+    ranks = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(p)]
+    for thread in ranks:
+        thread.start()
+    deadline = time.monotonic() + 2 * timeout
+    for r, thread in enumerate(ranks):
+        thread.join(max(0.0, deadline - time.monotonic()))
+        if thread.is_alive():
+            results[r] = f"rank {r} did not finish in {2 * timeout:.0f} s (a queue never fed?)"
+    for pair in pairs:
+        for sock in pair:
+            sock.close()
+    failed = [res for res in results if isinstance(res, str)]
+    if failed:
+        raise RuntimeError("\n".join(failed))
+    return results
+
+
+def weights_after(prob: Problem, staleness: int, drain: bool = True) -> np.ndarray:
+    """w after prob.steps steps whose step t applies avg(g_{t - staleness}) (none while the
+    pipe fills), then, with `drain`, the gradients still in flight, oldest first."""
+    p, model = prob.world_size, prob.model()
+    w = model.init_params(prob.seed)
+    grads = [np.empty_like(w) for _ in range(p)]
+    in_flight: deque = deque()
+    for t in range(prob.steps):
+        for r in range(p):
+            prob.gradient(model, w, r, t, grads[r])
+        in_flight.append(simulate(grads)[0])  # the mean, summed in the ring's order
+        if len(in_flight) > staleness:
+            prob.sgd_step(w, in_flight.popleft(), t)
+    for j in range(len(in_flight) if drain else 0):
+        prob.sgd_step(w, in_flight.popleft(), prob.steps + j)
     return w
 
 
+def diagnose(prob: Problem, worker) -> str | None:
+    """None when every rank of `worker` ends bitwise at the oracle; else what is wrong."""
+    try:
+        results = run_in_threads(prob, worker)
+    except RuntimeError as err:
+        return f"it failed:\n{err}"
+    if not all(isinstance(res, dict) and "params" in res for res in results):
+        return "every rank must return me.result(w)"
+    w, s = results[0]["params"], prob.width - 1
+    if any(not np.array_equal(res["params"], w) for res in results):
+        return "the ranks ended with different weights: each must apply the same averages"
+    if any(len(res["losses"]) != prob.steps for res in results):
+        return "call me.step_done(t, loss, w) once per step"
+    if np.array_equal(w, oracle(prob, "pipe")):
+        return None
+    mistakes = {
+        "each step applied its own, fresh gradient: that is sync (staleness 0)": (0, True),
+        f"no drain: the {s} gradient(s) still in flight at the end were never applied": (s, False),
+        f"one step too stale: step t applied g_(t-{s + 1}), not g_(t-{s})": (s + 1, True),
+    }
+    for what, (staleness, drain) in mistakes.items():
+        if np.array_equal(w, weights_after(prob, staleness, drain)):
+            return what
+    gap = float(np.abs(w - oracle(prob, "pipe")).max())
+    return (f"not the oracle's weights (largest difference {gap:.1e}): is each average "
+            f"applied once, in order, with prob.sgd_step(w, avg, t)?")  # fmt: skip
+
+
 # %% [markdown]
-# Now hold it against the oracle. `reference.delayed_sgd(grad_fn, w0, p, steps, lr,
-# staleness=1)` is the definition of Pipe-SGD of width 2 in plain NumPy: at step t it computes
-# every worker's gradient at w_t, averages them **in rank order**, ((g_0 + g_1) + g_2) + g_3,
-# and applies the average of step t − 1 (then drains). The problem is the package's `tiny`
-# preset: digits, softmax regression, lr 0.1.
-#
-# The ring adds in another order: each chunk's sum starts at a different rank. With p = 2 a
-# chunk's sum is one addition, and a + b = b + a in floating point: bitwise the oracle's. From
-# p = 3 on the order differs, and floating-point addition is not associative: the two end
-# about 1e−7 apart, relative (printed below). So for p ≥ 3 the oracle to compare with
-# bitwise is the one the package's own tests use: `delayed_sgd` with the mean summed in the
-# ring's order. Below, `ring_order` wraps the p workers' gradients into one "worker" whose
-# gradient is that ring-ordered mean, and `delayed_sgd` runs it with p = 1.
+# The check: your worker at K = 2 and K = 3, each on 4 ranks.
 
 # %%
-tiny = TrainConfig.preset("tiny")
-oracle_steps = 30
-
-
-def problem(p: int):
-    """(grad_fn, w_0) of the tiny preset with p workers: each worker's own minibatches."""
-    setup = Worker.build(tiny.replace(world_size=p), 0, p)
-    return reference.model_grad_fn(setup.model, setup.data, setup.sampler), setup.params
-
-
-def ring_order(grad_fn, p: int):
-    """One "worker" whose gradient is the mean of the p workers', summed in the ring's order
-    (simulate_allreduce): delayed_sgd with p = 1 on it is the oracle the tests use."""
-
-    def mean(w: np.ndarray, _rank: int, step: int) -> tuple[float, np.ndarray]:
-        losses, grads = zip(*(grad_fn(w, r, step) for r in range(p)), strict=True)
-        return sum(losses) / p, simulate_allreduce(list(grads), "mean")[0]
-
-    return mean
-
-
-built = []  # (p, K, bitwise delayed_sgd, relative gap to it, bitwise the ring-ordered oracle)
-print("  p | K | ours == delayed_sgd | max |ours - it| / max |it| | ours == ring-ordered oracle")
-for p, K in ((2, 2), (4, 2), (4, 3)):
-    grad_fn, w0 = problem(p)
-    ours = pipe_sgd(grad_fn, w0, p, oracle_steps, tiny.lr, K)
-    plain = reference.delayed_sgd(grad_fn, w0, p, oracle_steps, tiny.lr, staleness=K - 1).params
-    ring = reference.delayed_sgd(ring_order(grad_fn, p), w0, 1, oracle_steps, tiny.lr,
-                                 staleness=K - 1).params  # fmt: skip
-    gap = float(np.abs(ours - plain).max() / np.abs(plain).max())
-    built.append((p, K, np.array_equal(ours, plain), gap, np.array_equal(ours, ring)))
-    print(f"{p:3d} | {K} | {np.array_equal(ours, plain)!s:>19} | {gap:27.1e} | "
-          f"{np.array_equal(ours, ring)!s:>27}")  # fmt: skip
+verdicts = {K: diagnose(replace(prob, width=K), my_pipe_worker) for K in (2, 3)}
+if all(v is not None and "NotImplementedError" in v for v in verdicts.values()):
+    print("my_pipe_worker: not yet written; using the reference answer, "
+          "pipesgd_ref.core.methods.pipe_worker")  # fmt: skip
+    worker = pipe_worker
+elif all(v is None for v in verdicts.values()):
+    print("my_pipe_worker: correct: every rank bitwise the oracle, at K = 2 and K = 3")
+    worker = my_pipe_worker
+else:
+    for K, verdict in verdicts.items():
+        print(f"my_pipe_worker, K = {K}: " + ("correct" if verdict is None else verdict))
+    print("using the reference answer, pipesgd_ref.core.methods.pipe_worker, meanwhile")
+    worker = pipe_worker
+reference_verdicts = {K: diagnose(replace(prob, width=K), pipe_worker) for K in (2, 3)}
+print(f"the reference answer, checked the same way: {reference_verdicts}")
+mistake_oracles = {  # the oracle written out is the core's, and sync is staleness 0
+    "pipe": np.array_equal(weights_after(prob, 1), oracle(prob, "pipe")),
+    "sync": np.array_equal(weights_after(prob, 0), oracle(prob, "sync")),
+}
+print(f"weights_after == the core's oracle, bitwise: {mistake_oracles}")
 
 # %% [markdown]
-# Thirty lines make a Pipe-SGD worker: bitwise the oracle at p = 2, and at every p bitwise
-# the oracle summed in the ring's order. Everything else in the package's version (next
-# sections) is engineering around these lines: real processes, real sockets, timing spans,
-# failures.
-#
+# Twenty-odd lines make a Pipe-SGD worker, and on 4 ranks over real sockets it ends at the
+# oracle bit for bit: every rank applies the same averaged bytes (the ring's order of
+# additions is fixed, tutorial 02) in the same order. The two threads truly run at once:
+# NumPy's matrix products and the socket calls release Python's GIL.
+
+# %% [markdown]
 # ## 2. The schedule, phase by phase
 #
 # Which gradient does step t apply? Rather than re-derive it, we ask the oracle. Give
 # `reference.delayed_sgd` a gradient oracle that returns the unit vector e_t at step t (and
 # lr = 1, w_0 = 0): then w_{t+1} − w_t = −e_j says the update of step t applied g_j, and
-# nothing else. Every row below is read off the oracle's recorded weights. The phases are
-# named after what happens (pipe.py's docstring gives them as conditions on t):
+# nothing else. (`delayed_sgd`, pipesgd_ref/methods/reference.py, is the product's oracle for
+# Pipe-SGD; it takes any gradient function, which the core's `oracle` does not.) Every row
+# below is read off the oracle's recorded weights. The phases are named after what happens
+# (the docstring of the core's `pipe_worker` gives them as conditions on t):
 #
 # - **warm-up** (t < W): synchronous, the update applies the fresh g_t. Off by default
-#   (`warmup_steps=0`; your `pipe_sgd` has none: exercise 1 adds it); one step here to show
-#   it.
+#   (`Problem.warmup = 0`, `--warmup-steps 0`; your worker has none: exercise 1 adds it); one
+#   step here to show it.
 # - **fill** (W ≤ t < W + s): the pipeline fills, nothing has come back yet: w_{t+1} = w_t.
 # - **steady state** (t ≥ W + s): the update applies g_{t−s}, whose AllReduce ran during the
 #   compute of the gradients after it.
@@ -287,62 +380,285 @@ for K, rows in tables.items():
 # In the warm-up step the comm thread's AllReduce of g_0 is waited for at once: a synchronous
 # step, exactly as `algo="sync"` would take it. The buffer column is section 1's argument,
 # row by row: g_t never goes into a buffer whose gradient is still in flight (checked in
-# section 6).
-#
-# ## 3. The package's worker, and how it maps onto yours
-#
-# `pipe_worker` (pipesgd_ref/methods/pipe.py) is your `pipe_sgd`, with each of the p workers in
-# its own process and the ring over real sockets. Line by line:
-#
-#     yours (section 1)                          the package (methods/pipe.py)
-#     p workers in one process, in lock step     one process per worker (launch_local)
-#     communicate(), a threading.Thread          CommThread._run, in the thread CommThread starts
-#     todo, done = queue.Queue(), queue.Queue()  CommThread.todo, CommThread.done (SimpleQueue)
-#     todo.put((t, buf))                         comm_thread.start_allreduce(t, buf, ok)
-#     simulate_allreduce(list(buf), "mean")      worker.average(comm, buf, codec, ok): the ring
-#                                                of comm/ring.py, each rank its own chunk
-#     done.get(); assert t_grad == t - s         CommThread.wait(t - s): the same assert, a
-#                                                timeout, and errors raised in the comm thread
-#     buffers: K arrays, np.empty, made once     buffers = [worker.new_buffer() for _ in range(K)]
-#     if t >= s: apply avg(g_{t-s})              steady state: update(t, t - s); fill; warm-up
-#     the last s rounds (the drain)              for t_grad in flight.steps(worker.steps): ...
-#     todo.put(None); comm.join()                comm_thread.stop()
-#
-# What the package adds around them: a span per compute, AllReduce and update (the timeline of
-# section 5), the synchronous warm-up, checkpoints that save the gradients in flight
-# (`InFlight`), staleness compensation (tutorial 10), codecs (tutorial 07), the GPU. Here is
-# its communication loop; compare it with your `communicate`:
-
-# %%
-print(inspect.getsource(CommThread._run))
+# section 7).
 
 # %% [markdown]
-# The two threads truly run at once: NumPy's matrix products and the socket calls release
-# Python's GIL. Now run the package's worker in p processes on the same problems as section 1
-# and compare its final weights with yours. Every rank must end with the same bits (each
-# applies the same averaged bytes, in the same order), and those bits must be your
-# `pipe_sgd`'s: the real ring adds in the order `simulate_allreduce` does, at any p.
-#
-# `launch_local(p, pipe_worker, (cfg,), start_method="fork")` runs the workers directly.
-# **Why `start_method="fork"`:** the package's default, spawn, would re-import this script in
-# every worker and re-run each cell above; fork copies the running process and re-runs
-# nothing. Nothing here touches a GPU, so fork is safe (tutorial 02 says more).
+# **One iteration, drawn.** The table says which gradient each step applies; the figure below
+# shows where the time goes, for 4 ranks in steady state at K = 2. Each rank has two rows: its
+# compute thread (compute, then update) and its communication thread, whose AllReduce of
+# g_{t−1} runs while g_t is computed. The AllReduce is the ring of tutorial 02, 2(p−1) = 6
+# ring steps; at each one every rank sends one chunk to its right neighbour (rank 3 to rank
+# 0), and the label on each step says which: "c2" is chunk 2. The labels are not typed in:
+# they are read off a real run of `worker` (yours once it passes the check, else the core's)
+# on 4 ranks, recording the chunk each `exchange` of `ring_allreduce` sends. The times are
+# schematic (t_comp ≈ T_ar, the balance where Pipe-SGD gains most); section 6 measures real
+# ones.
 
 # %%
-package_runs = []  # (p, K, ranks identical, bitwise yours)
-for p, K in ((2, 2), (3, 2), (4, 2), (4, 3)):
-    cfg = tiny.replace(world_size=p, width=K, steps=oracle_steps)
-    grad_fn, w0 = problem(p)  # also loads the data before the fork
-    ours = pipe_sgd(grad_fn, w0, p, oracle_steps, cfg.lr, K)
-    results = launch_local(p, pipe_worker, (cfg,), start_method="fork")  # see above
-    got = results[0].params
-    identical = all(r.params.tobytes() == got.tobytes() for r in results)
-    package_runs.append((p, K, identical, np.array_equal(got, ours)))
-    print(f"p = {p}, K = {K}: {p} processes, ranks bitwise identical {identical}; "
-          f"bitwise your pipe_sgd {np.array_equal(got, ours)}")  # fmt: skip
+sent_chunks = {}  # (rank, ring step) -> the chunk it sent, in the AllReduce of g_0
+exchange = core_ring.exchange
+
+
+def recording_exchange(right, left, step, sent, received):
+    """ring.py's exchange, noting which chunk (the frame's tag) each rank sends at each ring
+    step of its first AllReduce (a rank runs its AllReduces one after the other)."""
+    sent_chunks.setdefault((right.me, step), sent[0])
+    return exchange(right, left, step, sent, received)
+
+
+core_ring.exchange = recording_exchange  # ring_allreduce looks exchange up in ring.py
+try:
+    run_in_threads(replace(prob, steps=2), worker)
+finally:
+    core_ring.exchange = exchange
+P_fig, ring_steps = 4, 6
+labels = [[f"c{sent_chunks[r, k]}" for k in range(ring_steps)] for r in range(P_fig)]
+print("chunk each rank sends at each ring step (reduce-scatter 0-2, all-gather 3-5):")
+for r in range(P_fig):
+    print(f"  rank {r} -> rank {(r + 1) % P_fig}: " + " ".join(labels[r]))
+
+if plt is not None:
+    t_comp, hop, t_upd = 6.0, 1.0, 0.45  # schematic units: compute 6, each ring step 1
+    row_h = 0.8
+    colours = {"compute": "#9ecae1", "update": "#fd8d3c", "rs": "#74c476", "ag": "#c7e9c0"}
+    fig, ax = plt.subplots(figsize=(11, 6))
+
+    def row_y(r: int, thread: str) -> float:  # compute rows on top, communication rows below
+        return (P_fig - 1 - r) + (P_fig + 1.4 if thread == "compute" else 0.0)
+
+    def box(x0: float, width: float, y0: float, colour: str, text: str = "") -> None:
+        ax.broken_barh([(x0, width)], (y0, row_h), facecolors=colour, edgecolor="k", lw=0.5)
+        if text:
+            ax.text(x0 + width / 2, y0 + row_h / 2, text, ha="center", va="center", fontsize=8)
+
+    # iteration t on the compute thread: [update of t-1] compute g_t [update of t] g_{t+1}
+    handover = {"t-1": -t_upd, "t": t_comp}  # where AllReduce(g) starts: g handed over
+    for r in range(P_fig):
+        yc, ym = row_y(r, "compute"), row_y(r, "comm")
+        box(-1.3, 1.3 - t_upd, yc, colours["compute"], "$g_{t-1}$")
+        box(-t_upd, t_upd, yc, colours["update"])
+        box(0.0, t_comp, yc, colours["compute"], "compute $g_t$ at $w_t$")
+        box(t_comp, t_upd, yc, colours["update"])
+        box(t_comp + t_upd, t_comp, yc, colours["compute"], "compute $g_{t+1}$ at $w_{t+1}$")
+        for start in handover.values():  # the ring's 6 steps, each labelled with its chunk
+            for k in range(ring_steps):
+                phase = "rs" if k < P_fig - 1 else "ag"
+                box(start + k * hop, hop, ym, colours[phase], labels[r][k])
+        if r < P_fig - 1:  # each ring step, every rank's chunk goes to the next rank (3 -> 0)
+            for k in range(ring_steps):
+                x = handover["t-1"] + (k + 0.8) * hop
+                ax.annotate("", (x + 0.25, row_y(r + 1, "comm") + row_h), (x, ym),
+                            arrowprops=dict(arrowstyle="->", lw=0.6, color="0.3"))  # fmt: skip
+    y_comm_top = row_y(0, "comm") + row_h
+    for g, start in handover.items():
+        sub = "{t-1}" if g == "t-1" else "t"
+        ax.text(start + ring_steps * hop / 2, y_comm_top + 0.1,
+                f"comm threads: AllReduce($g_{sub}$), 3 reduce-scatter + 3 all-gather steps",
+                ha="center", va="bottom", fontsize=8)  # fmt: skip
+    # which gradient is applied when, and the two hand-offs between the threads
+    y_top = row_y(0, "compute") + row_h
+    ax.annotate(r"update of step t: $w_{t+1} = w_t - \mathrm{lr}\cdot\mathrm{avg}(g_{t-1})$",
+                (t_comp + t_upd / 2, y_top), (t_comp - 1.6, y_top + 0.75), fontsize=9,
+                arrowprops=dict(arrowstyle="->", lw=0.8))  # fmt: skip
+    ax.annotate(r"update of step t-1: $w_t = w_{t-1} - \mathrm{lr}\cdot\mathrm{avg}(g_{t-2})$",
+                (-t_upd / 2, y_top), (-1.2, y_top + 0.75), fontsize=9,
+                arrowprops=dict(arrowstyle="->", lw=0.8))  # fmt: skip
+    y_gap = y_comm_top + 0.8  # between the compute rows and the comm rows
+    ready = handover["t-1"] + ring_steps * hop
+    ax.annotate("", (t_comp + t_upd / 2, row_y(P_fig - 1, "compute")), (ready, y_comm_top),
+                arrowprops=dict(arrowstyle="->", color="C3", lw=1.2, ls="--"))  # fmt: skip
+    ax.text(ready - 0.1, y_gap, "avg($g_{t-1}$) done,\napplied next", color="C3", fontsize=8,
+            ha="right", va="center")  # fmt: skip
+    ax.annotate("", (t_comp + 0.15, y_comm_top), (t_comp, row_y(P_fig - 1, "compute")),
+                arrowprops=dict(arrowstyle="->", color="C0", lw=1.2))  # fmt: skip
+    ax.text(t_comp + 0.35, y_gap, "$g_t$ handed over\n(todo.put)", color="C0", fontsize=8,
+            ha="left", va="center")  # fmt: skip
+    ax.axvspan(0, t_comp + t_upd, color="0.5", alpha=0.08, lw=0)
+    ax.text((t_comp + t_upd) / 2, -0.5, "iteration t: max(t_comp + t_update, T_ar)",
+            ha="center", fontsize=8)  # fmt: skip
+    names = {"compute": "compute thread", "comm": "comm thread"}
+    ticks = [(row_y(r, th) + row_h / 2, f"rank {r} {names[th]}" + (
+        f" (sends to {(r + 1) % P_fig})" if th == "comm" else ""))
+        for th in ("compute", "comm") for r in range(P_fig)]  # fmt: skip
+    ax.set_yticks([y for y, _ in ticks], [name for _, name in ticks], fontsize=8)
+    ax.set_xlim(-1.3, 12.6)
+    ax.set_ylim(-1.5, y_top + 1.5)
+    ax.set_xticks([])
+    ax.set_xlabel("time (schematic: compute as long as the AllReduce, where pipe gains most)")
+    handles = [plt.Rectangle((0, 0), 1, 1, fc=c, ec="k", lw=0.5) for c in colours.values()]
+    ax.legend(handles, ["compute", "update", "ring step: reduce-scatter",
+                        "ring step: all-gather (complete chunks)"], fontsize=7,
+              loc="lower right", ncol=2)  # fmt: skip
+    ax.set_title(f"One Pipe-SGD iteration, K = 2, {P_fig} ranks: the compute of $g_t$ overlaps "
+                 f"the AllReduce of $g_{{t-1}}$\ncN: the chunk a rank sends to its right "
+                 f"neighbour at that ring step (read off a real run)", fontsize=9)  # fmt: skip
+    save_figure(fig, OUT / "05_pipe_iteration.png")
 
 # %% [markdown]
-# ## 4. Why width two is enough
+# ## 3. The core's worker in processes, and the product's
+#
+# `launch(prob, "pipe")` runs the core's `pipe_worker` (your worker's twin) on
+# `prob.world_size` ranks, each its own process (forked: the children get the data and code
+# already loaded here), linked in a ring of TCP connections over loopback, and returns each
+# rank's result: its final `params`, `losses`, the time of each step's end, its `spans`
+# (compute and AllReduce, by thread) and `bytes_sent`. It is what `python -m pipesgd_ref.core
+# --algo pipe` and `pipesgd train --lesson --algo pipe` run. Every rank must end with the
+# oracle's bits, at any p and K.
+
+# %%
+core_runs = []  # (p, K, ranks identical, bitwise the oracle, seconds)
+for p_, K in ((2, 2), (4, 2), (4, 3)):
+    prob_k = replace(prob, world_size=p_, width=K)
+    t0 = time.perf_counter()
+    results = launch(prob_k, "pipe")  # p_ processes over TCP
+    seconds = time.perf_counter() - t0
+    w = results[0]["params"]
+    identical = all(np.array_equal(res["params"], w) for res in results)
+    exact = np.array_equal(w, oracle(prob_k, "pipe"))
+    core_runs.append((p_, K, identical, exact, seconds))
+    print(f"p = {p_}, K = {K}: {p_} processes in {seconds:.2f} s; ranks bitwise identical "
+          f"{identical}; bitwise the oracle {exact}; loss {results[0]['losses'][0]:.3f} -> "
+          f"{results[0]['losses'][-1]:.3f}; rank 0 sent "
+          f"{format_bytes(results[0]['bytes_sent'])}")  # fmt: skip
+
+# %% [markdown]
+# **The product's worker.** `pipe_worker` in pipesgd_ref/methods/pipe.py is the same loop with
+# what a training system needs around it. Line by line:
+#
+#     the core (core/methods.py)                  the product (methods/pipe.py)
+#     launch(prob, "pipe"): forked processes,     launch_local / torchrun: spawned processes,
+#       TCP over loopback                           tcp across hosts, unix or shm on one
+#     communicate(), a daemon thread              CommThread._run, in the thread CommThread starts
+#     todo, done: queue.SimpleQueue               CommThread.todo, CommThread.done
+#     todo.put((t, g))                            comm_thread.start_allreduce(t, buf, ok)
+#     ring_allreduce(rank, p, left, right, g)     worker.average(comm, buf, codec, ok): the ring,
+#                                                   or auto's pick per message (tutorial 13),
+#                                                   through a codec (tutorial 07), on the GPU
+#     update(): done.get(), the order asserted    flight.averaged(t - s) -> CommThread.wait: the
+#                                                   same assert, and a timeout
+#     prob.sgd_step(w, avg, t)                    worker.sgd_step(stale.applied(...), t): the
+#                                                   stale gradient compensated (tutorial 10)
+#     buffers: K x np.empty_like(w)               K x worker.new_buffer() (on the GPU with cuda)
+#     drain: range(max(W, steps - s), steps)      flight.steps(worker.steps)
+#     me.step_done(t, loss, w)                    hooks.step_done(t, loss): evaluation, progress
+#     -                                           barrier(comm): every rank starts step 0 together
+#     -                                           hooks.keep_going(t): on SIGINT or SIGTERM every
+#                                                   rank stops before the same step
+#     -                                           checkpoints (hooks.save) that hold the gradients
+#                                                   still in flight (InFlight.fetch), and resume
+#     -                                           --skip-nonfinite; worker.to_device (--device cuda)
+#
+# None of that changes the arithmetic: with `--allreduce ring --transport tcp` the product
+# ends at the core's weights bit for bit (tests/test_core.py checks sync, pipe and ps-sync at
+# several p and K). Here is one such run: the product's `tiny` preset (digits, softmax
+# regression) trained by the product's pipe worker in 4 processes, and the same configuration
+# turned into the core's `Problem` (`problem_of`, what `pipesgd train --lesson` does) and run
+# by the core.
+
+# %%
+product_cfg = TrainConfig.preset("tiny").replace(algo="pipe", world_size=4, width=2, steps=30,
+                                                 allreduce="ring", transport="tcp",
+                                                 eval_every=0)  # fmt: skip
+t0 = time.perf_counter()
+_, product_results = run_training(product_cfg, progress=False, log=quiet)
+product_s = time.perf_counter() - t0
+product_prob = problem_of(product_cfg, JobInputs.load(product_cfg))
+core_w = launch(product_prob, "pipe")[0]["params"]
+product_same = all(np.array_equal(res.params, core_w) for res in product_results)
+print(f"the product's pipe ({product_cfg.dataset}, {product_cfg.model}, 4 processes, "
+      f"{product_s:.1f} s) == the core's, bitwise, on every rank: {product_same}")  # fmt: skip
+
+# %% [markdown]
+# ## 4. Step through it: ranks as threads
+#
+# A bug in a distributed loop is easiest to find by stopping a rank and looking. With each
+# rank in its own process, a debugger attached to one sees one rank, and while you look, its
+# neighbours wait for it until their timeout. So the core can also run every rank as a
+# **thread of one process**, the links socketpairs instead of TCP connections:
+#
+#     launch(prob, "pipe", threads=True)                # in Python, a notebook, a test
+#     python -m pipesgd_ref.core --algo pipe --threads  # from the command line
+#     pipesgd train --lesson-threads --algo pipe        # the product's data and outputs
+#
+# It computes the very same bits (below), and a debugger (pdb, VS Code, PyCharm) sees every
+# rank: rank r's compute thread is `rank-r`, its communication thread `comm-r`, and the
+# helper that sends each frame of its ring `send-r`. In threads mode the links have **no
+# timeout**: a rank held at a breakpoint as long as you like trips nothing, the others simply
+# wait for it. (In processes mode a rank that is silent longer than `timeout`, 60 s by
+# default, `--timeout` on the command line, fails its neighbours with "nothing from rank r for
+# 60 s"; the cell below shows both.)
+#
+# **pdb.** `python -m pdb` and a `breakpoint()` in your own code stop the thread that reaches
+# them, but pdb does not follow threads it did not start: stepping from the compute thread
+# never enters `comm-1`. To stop *in* a rank's communication, put the `breakpoint()` in code
+# that thread runs, and make it conditional so that one rank stops, not all:
+#
+#     # in Link.send (pipesgd_ref/core/wire.py), or in a wrapper as in the next cell
+#     if self.me == 1 and step == 0:
+#         breakpoint()   # stops rank 1's sender thread at the first frame of each AllReduce
+#
+# **VS Code, PyCharm.** Both follow every thread. Run `python -m pipesgd_ref.core --algo pipe
+# --threads --steps 5` under the debugger and set a breakpoint on wire.py's line
+# `self.sock.sendall(payload)` (in `Link.send`), with the condition `self.me == 1`: the
+# threads panel then lists all ranks' threads, stopped or waiting, and you can step rank 1's
+# ring one frame at a time.
+#
+# The next cell does with a recorder what a breakpoint would do: it wraps `Link.send` and
+# notes, for rank 1, which thread sent each frame. Replace the `append` by `breakpoint()` to
+# stop there. Then it pauses rank 1 for a moment in the middle of a run, as a debugger
+# would, in threads mode (nothing happens) and in processes mode with a short timeout.
+
+# %%
+threads_w = launch(prob, "pipe", threads=True)[0]["params"]
+print(f"ranks as threads == the oracle, bitwise: {np.array_equal(threads_w, oracle(prob, 'pipe'))}")
+
+senders = []  # (thread name, ring step, chunk) of each frame rank 1 sends
+plain_send = Link.send
+
+
+def noting_send(self, step, tag, array):
+    if self.me == 1:
+        senders.append((threading.current_thread().name, step, tag))  # or: breakpoint()
+    return plain_send(self, step, tag, array)
+
+
+Link.send = noting_send
+try:
+    launch(replace(prob, steps=2), "pipe", threads=True)
+finally:
+    Link.send = plain_send
+print(f"rank 1 sent {len(senders)} frames (2 steps x 2(p-1) ring steps), from the threads "
+      f"{sorted({name for name, _, _ in senders})}; the first AllReduce's (ring step, chunk): "
+      f"{[(s, c) for _, s, c in senders[:6]]}")  # fmt: skip
+
+
+class Paused(Problem):
+    """A problem whose worker 1 stops for `pause` seconds at step 2, as if at a breakpoint."""
+
+    pause = 1.5
+
+    def gradient(self, model, params, worker, step, grads):
+        if (worker, step) == (1, 2):
+            time.sleep(self.pause)
+        return super().gradient(model, params, worker, step, grads)
+
+
+paused = Paused(**vars(prob))  # the same problem, with the pause
+paused_threads = launch(paused, "pipe", threads=True, timeout=0.5)[0]["params"]
+print(f"threads, rank 1 paused {paused.pause} s, timeout 0.5 s: finished, bitwise the oracle "
+      f"{np.array_equal(paused_threads, oracle(prob, 'pipe'))}")  # fmt: skip
+try:
+    launch(paused, "pipe", timeout=0.5)
+    paused_error = "finished"
+except RuntimeError as err:
+    lines = str(err).splitlines()
+    # rank 2, which receives from rank 1, waits out its timeout (others may time out too,
+    # waiting on a rank that waits): the chain of tutorial 02, section 3
+    paused_error = next((line for line in lines if "nothing from rank 1 " in line), lines[-1])
+print(f"processes, the same pause, timeout 0.5 s: {paused_error}")
+
+# %% [markdown]
+# ## 5. Why width two is enough
 #
 # Per iteration a worker needs t_c = t_comp + t_u of compute (gradient and update) and
 # t_comm = T_ar of network (tutorial 04's terms). Three lower bounds hold for the
@@ -401,9 +717,9 @@ for text in links:
 # two are equal (near 2 Gbit/s here), and small when either dominates. K = 3 and 4 change
 # nothing. That is why the measurement below is set up with T_ar ≈ t_comp. (The `bound`
 # column can also read `cpu`, a limit of timing/iteration.py that matters only when workers
-# share a machine's cores, as they do in section 5.)
+# share a machine's cores, as they do in section 6.)
 #
-# ## 5. Measured: sync against pipe on an emulated link
+# ## 6. Measured: sync against pipe on an emulated link
 #
 # `run_training(cfg)` runs cfg.algo in 4 worker processes whose links are emulated (α, B per
 # direction, pipesgd_ref/comm/netem.py) and returns the summary dict of `summary.json` and
@@ -564,29 +880,39 @@ else:
 # every rank, is what `pipesgd train --out=DIR` writes as DIR/trace.json (open it in
 # https://ui.perfetto.dev).
 #
-# ## 6. Checks
+# ## 7. Checks
 #
-# Your worker against the oracles, the package's against yours, the tables of section 2
-# against pipe.py's own conditions, the model, then the measurements.
+# The reference worker and the oracle written out against the core's oracle, the core's runs
+# (threads, processes, the product), the diagram's chunks against the ring's formulas, the
+# tables of section 2 against pipe_worker's own conditions, the debugger cell, the model,
+# then the measurements. (Your worker's verdict is printed in section 1, not asserted: the
+# tutorial runs with the exercise open.)
 
 # %%
-for p_, K, same_plain, gap, same_ring in built:
-    where = f"your pipe_sgd, p = {p_}, K = {K}"
-    assert same_ring, f"{where}: not bitwise the ring-ordered delayed_sgd"
-    if p_ <= 2:  # one addition per chunk: the ring's order is the oracle's
-        assert same_plain, f"{where}: expected bitwise equality with delayed_sgd"
-    assert gap <= 1e-6, f"{where}: relative difference {gap:.1e} from delayed_sgd (max 1e-6)"
-assert any(p_ >= 3 and not same_plain for p_, _, same_plain, _, _ in built), (
-    "at p >= 3 the ring's order of additions should differ from delayed_sgd's rank order"
+for K, verdict in reference_verdicts.items():
+    assert verdict is None, f"the core's pipe_worker, K = {K}: {verdict}"
+assert all(mistake_oracles.values()), f"weights_after vs the core's oracle: {mistake_oracles}"
+for p_, K, identical, exact, _ in core_runs:
+    assert identical, f"launch(prob, 'pipe'), p = {p_}, K = {K}: the ranks' final weights differ"
+    assert exact, f"launch(prob, 'pipe'), p = {p_}, K = {K}: not bitwise oracle(prob, 'pipe')"
+assert product_same, "the product's pipe (ring, tcp) must end at the core's weights, bitwise"
+for r in range(P_fig):  # tutorial 02's schedule: (r - k) mod p, then (r + 1 - k) mod p
+    want = [(r - k) % P_fig for k in range(P_fig - 1)] + [(r + 1 - k) % P_fig
+                                                            for k in range(P_fig - 1)]  # fmt: skip
+    got = [sent_chunks[r, k] for k in range(ring_steps)]
+    assert got == want, f"rank {r} sent chunks {got} in its first AllReduce; the ring says {want}"
+assert np.array_equal(threads_w, oracle(prob, "pipe")), "ranks as threads: not the oracle's bits"
+assert {name for name, _, _ in senders} == {"send-1"}, f"rank 1's frames left from {senders}"
+assert len(senders) == 2 * 2 * (prob.world_size - 1), f"rank 1 sent {len(senders)} frames"
+assert np.array_equal(paused_threads, oracle(prob, "pipe")), "a paused thread rank changed bits"
+assert "nothing from rank 1" in paused_error, (
+    f"processes: a rank silent longer than the timeout should be named: {paused_error!r}"
 )
-for p_, K, identical, same_as_yours in package_runs:
-    assert identical, f"pipe_worker, p = {p_}, K = {K}: the ranks' final weights differ"
-    assert same_as_yours, f"pipe_worker, p = {p_}, K = {K}: not bitwise your pipe_sgd"
 for K, rows in tables.items():
     s = K - 1
     for row in rows:
         t, u = row["t"], row["u"]
-        if t is None:  # pipe.py drains from max(warmup, steps - s), oldest first
+        if t is None:  # pipe_worker drains from max(warmup, steps - s), oldest first
             want_phase, want_applied = "drain", max(table_warmup, table_steps - s) + u - table_steps
         elif t < table_warmup:
             want_phase, want_applied = "warm-up", t
@@ -596,7 +922,7 @@ for K, rows in tables.items():
             want_phase, want_applied = "steady state", t - s
         assert (row["phase"], row["applied"]) == (want_phase, want_applied), (
             f"K = {K}, update {u}: the oracle applied {row['applied']} ({row['phase']}); "
-            f"pipe.py's conditions say {want_applied} ({want_phase})"
+            f"pipe_worker's conditions say {want_applied} ({want_phase})"
         )
         if t is not None:
             busy = [j % K for j in row["running"]]
@@ -635,20 +961,25 @@ assert speedup > 1.15, (
     f"clearly faster than sync: iterations {format_seconds(measured['sync']['iter'])} (sync) "
     f"vs {format_seconds(measured['pipe']['iter'])} (pipe); the model says {model_gain:.2f}x"
 )
+
 print("all checks passed")
 
 # %% [markdown]
 # ## Summary
 #
 # - A Pipe-SGD worker is a compute thread (gradient, update) and a communication thread (ring
-#   AllReduce), joined by two FIFO queues and K preallocated buffers: about thirty lines,
-#   bitwise the oracle `reference.delayed_sgd(staleness=K−1)` when the oracle sums in the
-#   ring's order (at p ≤ 2 any order gives the same bits). The package's `pipe_worker` and
-#   `CommThread` are those lines in real processes over sockets, and end bitwise where yours
-#   does.
+#   AllReduce), joined by two FIFO queues and K preallocated buffers: twenty-odd lines on the
+#   lesson core, bitwise the oracle on every rank. The core's `pipe_worker` is those lines;
+#   `launch(prob, "pipe")` runs it in processes over TCP, and the product's worker
+#   (methods/pipe.py) wraps the same loop in checkpoints, signals, compensation, codecs and
+#   the GPU, and ends at the same bits with the ring over TCP.
 # - Width K means staleness s = K−1: after a warm-up (optional, synchronous) and a fill of s
 #   steps without updates, step t applies g_{t−s}; a drain applies the last s gradients.
-#   While g_t is computed, the comm thread averages the gradients of the steps before.
+#   While g_t is computed, the comm thread averages g_{t−1}, ring step by ring step.
+# - Ranks as threads (`launch(..., threads=True)`, `--threads`, `pipesgd train
+#   --lesson-threads`) compute the same bits and let one debugger see every rank, with no
+#   timeout to trip; pdb stops only the thread that reaches a `breakpoint()`, so put it in
+#   the code of the thread to stop (`Link.send` for a rank's sender).
 # - The iteration time is T(K) = max(t_c, t_comm, (t_c + t_comm)/K); K = 2 already reaches
 #   max(t_c, t_comm), a gain over sync of at most 2×, so wider pipelines only add staleness
 #   and memory.
@@ -663,26 +994,27 @@ print("all checks passed")
 # in place of `None` and run the cell.
 
 # %% [markdown]
-# **1.** Give `pipe_sgd` a synchronous warm-up: a function `pipe_sgd_warmup(grad_fn, w0, p,
-# steps, lr, K, warmup)` whose first `warmup` steps wait for the AllReduce of their own
-# gradient and apply it at once, then run the pipeline of section 1 (fill, steady state,
-# drain), as the package's `warmup_steps` does. It must end bitwise where
-# `reference.delayed_sgd(ring_order(grad_fn, p), w0, 1, steps, lr, staleness=K - 1,
-# warmup_steps=warmup)` ends.
+# **1.** Give your worker the synchronous warm-up: a worker `my_pipe_worker_warmup(me)` whose
+# first W = `me.problem.warmup` steps wait for the AllReduce of their own gradient and apply
+# it at once, then run the pipeline (fill, steady state, drain), as `--warmup-steps` does in
+# the product. The check runs it on 2 to 4 ranks (threads) at several K and W, and compares
+# every rank's weights with `oracle(prob, "pipe")`, which knows the warm-up. Section 2's table
+# shows the phases for W = 1.
 #
 # <details><summary>Hint</summary>
 #
-# Only the update changes. At step t < warmup, take g_t back off `done` right after handing
-# it over and apply it. After the warm-up the gradient applied at step t is g_{t−s}, but
-# only once t ≥ warmup + s (the fill restarts after the warm-up), and the drain applies the
-# gradients of steps max(warmup, steps − s) .. steps − 1: loop over the steps, and in each
-# decide which gradient (if any) comes off `done`.
+# Only the update changes. At step t < W, take g_t back off `done` right after handing it
+# over and apply it. After the warm-up the gradient applied at step t is g_{t−s}, but only
+# once t ≥ W + s (the fill restarts after the warm-up), and the drain applies the gradients of
+# steps max(W, steps − s) .. steps − 1. Test it with `diagnose(replace(prob, warmup=2),
+# my_pipe_worker_warmup)`.
 #
 # </details>
 
 # %%
-answer = None  # your answer: a function pipe_sgd_warmup(grad_fn, w0, p, steps, lr, K, warmup)
+answer = None  # your answer: a worker my_pipe_worker_warmup(me) -> me.result(w)
 check("05.1", answer)
+
 
 # %% [markdown]
 # **2.** For section 0's problem (M of the benchmark MLP, p = 4, α = 100 µs) and a compute
@@ -716,8 +1048,8 @@ answer = None  # your answer: the index j of the gradient g_j that step 5's upda
 check("05.3", answer)
 
 # %% [markdown]
-# **4.** Section 5's full configuration at 300 Mbit/s: with t_c = 65 ms (about this machine's
-# with batch 256), what gain over sync does T(2) predict? Then run section 5 with
+# **4.** Section 6's full configuration at 300 Mbit/s: with t_c = 65 ms (about this machine's
+# with batch 256), what gain over sync does T(2) predict? Then run section 6 with
 # `bandwidth="300Mbit"` (and `"10Gbit"`): where do sync and pipe land, and how does
 # comm_hidden_fraction change?
 #
@@ -734,7 +1066,7 @@ answer = None  # your answer: the predicted gain T(1) / T(2), a ratio
 check("05.4", answer)
 
 # %% [markdown]
-# **5.** Run section 5 with `width=3`. By section 4 it cannot be faster than K = 2: is it?
+# **5.** Run section 6 with `width=3`. By section 5 it cannot be faster than K = 2: is it?
 # What does the timeline show?
 #
 # <details><summary>Hint</summary>
@@ -745,10 +1077,11 @@ check("05.4", answer)
 #
 # </details>
 
+
 # %% [markdown]
-# **6.** In your `pipe_sgd`, replace `buffers[t % K]` by `buffers[0]`: one buffer with two
-# gradients in flight. Which check of section 6 fails, and why? Why does the result not even
-# stay the same from run to run?
+# **6.** In your worker (or a copy of the core's `pipe_worker`), replace `buffers[t % K]` by
+# `buffers[0]`: one buffer with two gradients in flight. What does section 1's check say, at
+# K = 2 and at K = 3, and why? Why does the result not even stay the same from run to run?
 #
 # <details><summary>Hint</summary>
 #
@@ -758,18 +1091,41 @@ check("05.4", answer)
 #
 # </details>
 
+
 # %% [markdown]
-# **7.** `CommThread.wait` asserts that gradients come back in order. Why does the ring
-# guarantee it, and what would break if two AllReduces could run at once on one ring?
+# **7.** The `update` of the core's `pipe_worker` (and the product's `CommThread.wait`)
+# asserts that gradients come back in order. Why does the ring guarantee it, and what would
+# break if two AllReduces could run at once on one ring?
 #
 # <details><summary>Hint</summary>
 #
 # One communication thread takes the `todo` queue in order and runs one AllReduce at a time;
 # every rank does the same, so the ring's frames of step t all come before those of step
 # t + 1. With two at once, a frame of g_{t+1}'s AllReduce could reach a rank that waits for
-# one of g_t's. Nothing would be mixed silently: every frame carries its collective's sequence
-# number (and step and segment), which pipesgd_ref/comm/frames.py checks on arrival, so that rank
-# would raise CollectiveMismatch and the run would stop.
+# one of g_t's. In the product nothing would be mixed silently: every frame carries its
+# collective's sequence number (and step and segment), which pipesgd_ref/comm/frames.py
+# checks on arrival, so that rank would raise CollectiveMismatch and the run would stop. The
+# core's frames carry only the ring step and the chunk (core/wire.py): two AllReduces of the
+# same size would have matching headers, and there the one communication thread is the only
+# guard.
+#
+# </details>
+
+# %% [markdown]
+# **8.** Step through one ring step in a debugger. Run `python -m pipesgd_ref.core --algo pipe
+# --threads --steps 3` under VS Code or PyCharm with a breakpoint on `self.sock.sendall(payload)`
+# in `Link.send` (pipesgd_ref/core/wire.py), condition `self.me == 1`. Which threads are
+# stopped, and which wait? Then run it without `--threads` (processes) under `python -m pdb`:
+# why does pdb not stop there, and what do the other ranks report if you hold rank 1 longer
+# than `launch`'s timeout?
+#
+# <details><summary>Hint</summary>
+#
+# With threads, only `send-1` stops at the breakpoint; rank 2's `comm-2` waits in
+# `recv_into` for rank 1's frame, and the other ranks wait in turn; nothing times out. With
+# processes, pdb debugs the launching process only: the ranks are forked children, and their
+# code runs there. A rank held too long makes its right neighbour fail with "nothing from rank
+# 1 for 60 s", as section 4's paused run showed with 0.5 s.
 #
 # </details>
 

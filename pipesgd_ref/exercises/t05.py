@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import socket
+import threading
+import time
+from dataclasses import replace
+
 import numpy as np
 
-from pipesgd_ref.comm.schedule import simulate_allreduce
-from pipesgd_ref.exercises import close, equal, exercise, same_function
+from pipesgd_ref.core import Problem, blobs, oracle
+from pipesgd_ref.core.methods import Rank, pipe_worker
+from pipesgd_ref.core.wire import Link
+from pipesgd_ref.exercises import close, equal, exercise
 from pipesgd_ref.methods.reference import delayed_sgd
 from pipesgd_ref.models import build_model
 from pipesgd_ref.timing import ring_allreduce_time
@@ -14,62 +21,75 @@ from pipesgd_ref.units import parse_bandwidth
 GBIT = parse_bandwidth("1Gbit")  # bytes/s in one Gbit/s
 
 
-def _ring_order(grad_fn, p: int):
-    """One "worker" whose gradient is the p workers' mean summed in the ring's order."""
+def _in_threads(prob: Problem, worker, timeout: float = 10.0) -> list | None:
+    """worker(me) on every ring rank of prob, each a thread, linked by socketpairs with a
+    timeout; each rank's result, or None if any rank failed or hung."""
+    p = prob.world_size
+    pairs = [socket.socketpair() for _ in range(p)]  # pair r: rank r -> rank r + 1
+    results: list = [None] * p
 
-    def mean(w, _rank, step):
-        losses, grads = zip(*(grad_fn(w, r, step) for r in range(p)), strict=True)
-        return sum(losses) / p, simulate_allreduce(list(grads), "mean")[0]
+    def body(r: int) -> None:
+        left = Link(pairs[(r - 1) % p][1], r, (r - 1) % p, timeout)
+        right = Link(pairs[r][0], r, (r + 1) % p, timeout)
+        try:
+            results[r] = worker(Rank(r, prob, left=left, right=right))
+        except Exception:  # noqa: BLE001 - a learner's worker that raises is a wrong answer
+            results[r] = None
+        finally:
+            left.shut()
+            right.shut()
 
-    return mean
-
-
-def _pipe_with_warmup(grad_fn, w0, p, steps, lr, K, warmup):
-    """The oracle: delayed_sgd with staleness K - 1 and `warmup` synchronous steps, the mean
-    summed in the ring's order (bitwise what a ring of p workers computes)."""
-    return delayed_sgd(_ring_order(grad_fn, p), w0, 1, steps, lr, staleness=K - 1,
-                       warmup_steps=warmup).params  # fmt: skip
-
-
-def _least_squares(p: int, n: int = 5, seed: int = 0):
-    """(grad_fn, w0): worker r's loss 1/2 |A_r w - b_r|^2 on its own data, a new minibatch
-    (a row scaling) each step, float32."""
-    rng = np.random.default_rng(seed)
-    A = rng.standard_normal((p, 8, n)).astype(np.float32) / 3
-    b = rng.standard_normal((p, 8)).astype(np.float32)
-
-    def grad_fn(w, rank, step):
-        rows = A[rank] * np.float32(1 + step % 3)  # another minibatch each step
-        residual = rows @ w - b[rank]
-        return 0.5 * float(residual @ residual), (rows.T @ residual).astype(np.float32)
-
-    return grad_fn, rng.standard_normal(n).astype(np.float32)
-
-
-def _warmup_cases() -> list[tuple]:
-    cases = []
-    for p, K, warmup, steps in ((1, 2, 1, 6), (2, 2, 2, 7), (3, 2, 1, 6), (4, 3, 2, 8),
-                                (2, 3, 0, 6), (4, 2, 3, 5), (3, 1, 2, 5)):  # fmt: skip
-        grad_fn, w0 = _least_squares(p, seed=p * 10 + K + warmup)
-        cases.append((grad_fn, w0, p, steps, 0.1, K, warmup))
-    return cases
+    ranks = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(p)]
+    for thread in ranks:
+        thread.start()
+    deadline = time.monotonic() + 2 * timeout
+    for thread in ranks:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    for pair in pairs:
+        for sock in pair:
+            sock.close()
+    if any(thread.is_alive() for thread in ranks) or not all(
+        isinstance(res, dict) and "params" in res for res in results
+    ):
+        return None
+    return results
 
 
-def _no_warmup(grad_fn, w0, p, steps, lr, K, warmup):  # the pipeline from step 0: wrong
-    return _pipe_with_warmup(grad_fn, w0, p, steps, lr, K, 0)
+def _warmup_problems() -> list[Problem]:
+    """(p, K, W, steps): warm-ups of 0 to 3 steps at widths 1 to 3, on a small MLP."""
+    X, y = blobs(240, 8, 3, seed=5)
+    return [
+        Problem(X, y, 3, hidden=(8,), world_size=p, width=K, warmup=W, batch_size=8, steps=T)
+        for p, K, W, T in ((2, 2, 2, 8), (3, 2, 1, 7), (4, 3, 2, 9), (3, 3, 3, 6), (2, 1, 2, 5))
+    ]
+
+
+def _same_weights_as_the_oracle(answer, _reference) -> bool:
+    """The answer is a worker: on every problem, every rank ends bitwise at the oracle."""
+    if not callable(answer):
+        return False
+    for prob in _warmup_problems():
+        results = _in_threads(prob, answer)
+        want = oracle(prob, "pipe")
+        if results is None or not all(np.array_equal(r["params"], want) for r in results):
+            return False
+    return True
+
+
+def _no_warmup(me: Rank) -> dict:  # the pipeline from step 0, the warm-up ignored: wrong
+    return pipe_worker(replace(me, problem=replace(me.problem, warmup=0)))
 
 
 @exercise(
     "05.1",
-    "pipe_sgd_warmup(grad_fn, w0, p, steps, lr, K, warmup): section 1's worker with a warm-up",
-    "at t < warmup apply the fresh g_t (take it off `done` at once); from warmup + s on apply "
-    "g_{t-s}; drain the steps max(warmup, steps - s) .. steps - 1; average with "
-    "simulate_allreduce and apply with w.dtype.type(lr)",
-    judge=same_function(_warmup_cases),
+    "my_pipe_worker_warmup(me): section 1's worker with the synchronous warm-up (prob.warmup)",
+    "at t < W apply the fresh g_t (take it off `done` at once); from W + s on apply g_(t-s); "
+    "drain the steps max(W, steps - s) .. steps - 1 with prob.sgd_step(w, avg, steps + j)",
+    judge=_same_weights_as_the_oracle,
     wrong=lambda: _no_warmup,
 )
-def pipe_sgd_warmup():
-    return _pipe_with_warmup
+def pipe_worker_with_warmup():
+    return pipe_worker  # the core's worker has the warm-up
 
 
 def _bench_bytes() -> float:
@@ -114,7 +134,7 @@ def applied_at_step_five() -> int:
 
 @exercise(
     "05.4",
-    "the gain T(1) / T(2) the model predicts at 300 Mbit/s with t_c = 65 ms (section 5, full)",
+    "the gain T(1) / T(2) the model predicts at 300 Mbit/s with t_c = 65 ms (section 6, full)",
     "T_ar = ring_allreduce_time(4, M, 100e-6, B at 300 Mbit/s); the gain is "
     "(t_c + T_ar) / max(t_c, T_ar)",
     judge=close(rel=0.01),
