@@ -410,13 +410,13 @@ if plt is not None:
 # ## 4. The same over sockets: 4 processes
 #
 # `allreduce(comm, x, op, codec=codec)` (op "sum" or "mean") with any codec but "none" runs
-# the compressed ring. As in tutorial 02, `launch_local(p, job, args, transport="tcp")` starts
+# the compressed ring. As in tutorial 13, `launch_local(p, job, args, transport="tcp")` starts
 # p processes linked in a ring of TCP sockets (by name: the default of `pipesgd train`, auto,
 # would take shared memory on one host) and returns each rank's result; each rank makes its
 # data from (seed, rank) so the parent can regenerate the inputs for the oracle. **Why
 # `start_method="fork"`:** the package's default, spawn, would re-import this script in every
 # worker and re-run each cell above; fork copies the running process and re-runs nothing.
-# Nothing here touches a GPU, so fork is safe (tutorial 02 says more).
+# Nothing here touches a GPU, so fork is safe (tutorial 13 says more).
 #
 # The oracle is `simulate_compressed_allreduce`: every rank must hold bitwise its result.
 # n is chosen so that a chunk spans more than one segment of `SEGMENT_BYTES` (each segment

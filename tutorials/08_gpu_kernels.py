@@ -203,7 +203,7 @@ print(f"global reads: naive {naive_reads:,}, tiled {tiled_reads:,} ({ratio:.1f}x
 # loopback TCP sockets (tutorials 02 and 07 use processes; a forked process cannot use the CUDA
 # context this process already holds, and threads share it). TCP is asked for by name
 # (`transport="tcp"`): it is the socket path drawn above, and JobSpec's default, auto, would
-# link ranks on one host through shared memory (tutorial 02, section 3b). One precaution
+# link ranks on one host through shared memory (tutorial 13, section 2). One precaution
 # belongs to the simulator alone: it runs a kernel by swapping the module's `cuda` for a
 # stand-in, so two threads must not launch at once; `ops` is the cuda backend with its
 # `add_into` behind a lock (on a GPU the lock costs a few microseconds a launch, and the
