@@ -19,7 +19,7 @@ from collections.abc import Callable
 import numpy as np
 
 from pipesgd_ref.comm.activity import current
-from pipesgd_ref.comm.wire import ABORT_LINGER_SECONDS, Frame, Kind, as_bytes
+from pipesgd_ref.comm.wire import ABORT_LINGER_SECONDS, POLL_SECONDS, Frame, Kind, as_bytes
 from pipesgd_ref.errors import CollectiveMismatch, CommError, PeerAborted
 
 
@@ -70,8 +70,14 @@ def checked_header(comm, want: Frame, step: int, part: int, sender, link=None, s
     be frame (step, part) of `want`'s collective; its payload is still to be read."""
     link = comm.left if link is None else link
     stop = waiting_check(comm, sender) if stop is None else stop
-    got = link.recv_header(stop=stop)
+    got, quiet_since = link.recv_header(stop=stop), time.monotonic()
     while got.kind == Kind.HEARTBEAT:  # the peer is alive and waiting: keep waiting
+        # Pass it on, at most once a slice: heartbeats arriving more often than a slice would
+        # end every idle slice early, `stop` would never run, and the ranks waiting on this
+        # one would hear nothing and time out on it instead of on the silent rank upstream.
+        if time.monotonic() - quiet_since >= POLL_SECONDS:
+            stop()
+            quiet_since = time.monotonic()
         got = link.recv_header(stop=stop)
     if got.kind == Kind.ABORT:  # a rank upstream failed (or stopped): pass its story on
         news = link.read_abort(got)
