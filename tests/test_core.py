@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -49,7 +50,7 @@ def test_chunk_bounds_cover_the_array_in_order(data):
 def ring_in_threads(arrays: list[np.ndarray]) -> list[np.ndarray]:
     """Every rank's ring_allreduce, each in a thread, over socketpairs."""
     p = len(arrays)
-    pairs = [__import__("socket").socketpair() for _ in range(p)]  # pair r: rank r -> r + 1
+    pairs = [socket.socketpair() for _ in range(p)]  # pair r: rank r -> r + 1
     errors = []
 
     def rank(r: int) -> None:
@@ -266,6 +267,7 @@ def test_train_lesson_threads_runs_and_says_so(tmp_path, capsys):
     [
         (["--codec=q8"], "--codec q8"),
         (["--latency=1ms", "--compensation=dc"], "--compensation dc, --latency 1ms"),
+        (["--latency=1ms", "--bandwidth=1Gbit"], "1Gbit; drop them (it runs no emulated link),"),
         (["--algo=ddp"], "not --algo ddp"),
         (["--transport=shm"], "--transport shm"),
         (["--allreduce=rd"], "--allreduce rd"),

@@ -57,16 +57,13 @@ def check_lesson(cfg: TrainConfig) -> None:
         raise ConfigError(
             f"--lesson runs {', '.join(ALGOS)} (the core's methods), not --algo {cfg.algo}"
         )
-    bad = [
-        f"--{key.replace('_', '-')} {getattr(cfg, key)}"
-        for key, (runs, _) in _CORE_RUNS.items()
-        if not runs(getattr(cfg, key))
-    ]
+    bad = [key for key, (runs, _) in _CORE_RUNS.items() if not runs(getattr(cfg, key))]
     if bad:
+        named = ", ".join(f"--{key.replace('_', '-')} {getattr(cfg, key)}" for key in bad)
+        instead = "; ".join(dict.fromkeys(_CORE_RUNS[key][1] for key in bad))  # each once
         raise ConfigError(
-            f"--lesson: the lesson core has no {', '.join(bad)}; drop "
-            f"{'it' if len(bad) == 1 else 'them'} (it runs "
-            f"{'; '.join(_CORE_RUNS[b.split()[0][2:].replace('-', '_')][1] for b in bad)}), "
+            f"--lesson: the lesson core has no {named}; drop "
+            f"{'it' if len(bad) == 1 else 'them'} (it runs {instead}), "
             f"or run without --lesson"
         )
 
