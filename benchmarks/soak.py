@@ -215,6 +215,8 @@ def verdicts(
         out.append(("memory", None, f"too few samples after warm-up on "
                     f"{[r['process'] for r in rows if r['samples'] < 2]} (run longer, or lower "
                     f"--interval)"))  # fmt: skip
+    if not measured:
+        out.append(("descriptors", None, "no process sampled twice after warm-up"))
     if measured:
         worst = max(measured, key=lambda r: r["rss_growth"])
         out.append(("memory", worst["rss_growth"] < RSS_BOUND,
