@@ -24,10 +24,11 @@ from __future__ import annotations
 import json
 import math
 import os
-from functools import lru_cache
+import stat
 from pathlib import Path
 
 from pipesgd_ref.comm import algorithms, shm_group
+from pipesgd_ref.errors import ConfigError
 
 NAMES = ("ring", "rd", "rab", "oneshot", "twoshot")
 DEFAULT_MODELS = Path(__file__).with_name("allreduce_models.json")
@@ -90,21 +91,74 @@ def model_time(algo: str, p: int, nbytes: int, alpha: float, beta: float) -> flo
     return steps(algo, p, nbytes) * alpha + volume(algo, p) * nbytes * beta
 
 
-@lru_cache(maxsize=8)
-def _load(path: str, mtime: float) -> dict:
-    with open(path) as f:
-        return json.load(f)
+MAX_MODELS_BYTES = 1 << 20  # a models file is a few KB; anything past 1 MiB is not one
+
+
+def read_models(path) -> dict[str, dict[str, tuple[float, float]]]:
+    """{transport: {algorithm: (alpha, beta)}} from an AllReduce models file (the package's,
+    or one `pipesgd bench allreduce --fit` wrote). Every way a file can be wrong (missing
+    when named, unreadable, not a regular file, too large, not JSON, wrong types, negative
+    or non-finite figures) is a ConfigError of one line naming the file and what is wrong,
+    with the fix. Algorithms this version does not know are skipped (a newer version's file)."""
+    path = Path(path)
+    where = f"AllReduce models file {path}"
+    fix = ("fix or delete it (`pipesgd bench allreduce --fit` writes a new one; "
+           "$PIPESGD_ALLREDUCE_MODELS names another)")  # fmt: skip
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # before open: a fifo would block it
+            raise ConfigError(f"{where} is not a regular file; {fix}")
+        with open(path, "rb") as f:
+            text = f.read(MAX_MODELS_BYTES + 1)
+    except OSError as e:
+        raise ConfigError(f"{where} cannot be read ({e.strerror or e}); {fix}") from None
+    if len(text) > MAX_MODELS_BYTES:
+        raise ConfigError(f"{where} is over {MAX_MODELS_BYTES >> 20} MiB: not a models file; {fix}")
+    try:
+        data = json.loads(text)
+    except (ValueError, UnicodeDecodeError) as e:
+        why = "is empty" if not text.strip() else f"is not JSON ({e})"
+        raise ConfigError(f"{where} {why}; {fix}") from None
+    models = data.get("models") if isinstance(data, dict) else None
+    if not isinstance(models, dict):
+        raise ConfigError(f'{where} has no "models" object (an object of transports); {fix}')
+    out: dict[str, dict[str, tuple[float, float]]] = {}
+    for transport, algos in models.items():
+        if not isinstance(algos, dict):
+            raise ConfigError(f"{where}: models.{transport} is not an object of algorithms; {fix}")
+        for name, m in algos.items():
+            if name not in NAMES:
+                continue
+            figures = [m.get(k) if isinstance(m, dict) else None for k in ("alpha", "beta")]
+            ok = all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                and v >= 0 for v in figures
+            )  # fmt: skip
+            if not ok:
+                raise ConfigError(
+                    f'{where}: models.{transport}.{name} needs "alpha" and "beta", two '
+                    f"finite numbers >= 0 (seconds, seconds per byte), got {m!r:.80}; {fix}"
+                )
+            out.setdefault(transport, {})[name] = (float(figures[0]), float(figures[1]))
+    return out
+
+
+def job_models() -> dict[str, dict[str, tuple[float, float]]]:
+    """The figures `auto` chooses by, for every transport: the package's, overlaid by the
+    user's file when there is one (user_models_path). Read once per job, on rank 0, at
+    rendezvous (comm/rendezvous.py hands them to every rank), so every rank chooses alike and
+    a file rewritten while a job runs does not change it."""
+    out = read_models(DEFAULT_MODELS)
+    user = user_models_path()
+    if user.exists() or user.is_symlink():  # none yet: the package's figures alone
+        for transport, algos in read_models(user).items():
+            out.setdefault(transport, {}).update(algos)
+    return out
 
 
 def fitted(transport: str) -> dict[str, tuple[float, float]]:
-    """{algorithm: (alpha, beta)} fitted on this machine for `transport` (the user's file when
-    there is one, else the package's)."""
-    models: dict = {}
-    for path in (DEFAULT_MODELS, user_models_path()):
-        if path.is_file():
-            data = _load(str(path), path.stat().st_mtime)
-            models.update(data.get("models", {}).get(transport, {}))
-    return {name: (m["alpha"], m["beta"]) for name, m in models.items() if name in NAMES}
+    """{algorithm: (alpha, beta)} fitted on this machine for `transport` (job_models: the
+    user's file over the package's)."""
+    return job_models().get(transport, {})
 
 
 def available(comm) -> list[str]:
