@@ -118,9 +118,12 @@ def test_a_fixed_master_port_is_free_again_right_after_a_clean_run():
         assert time.monotonic() - start < 30, f"run {run} took {time.monotonic() - start:.1f} s"
 
 
-def _joined_ranks(tmp_path, *per_rank: list[str]) -> list[subprocess.CompletedProcess]:
+def _joined_ranks(
+    tmp_path, *per_rank: list[str], envs: tuple[dict, ...] = ()
+) -> list[subprocess.CompletedProcess]:
     """One `pipesgd train` per argument list, each a rank of one torchrun-style job on a free
-    port of the loopback; their completed processes, in rank order."""
+    port of the loopback (rank r's environment plus envs[r], when given); their completed
+    processes, in rank order."""
     launchers = ("MASTER_", "PIPESGD_", "OMPI_", "PMI_", "SLURM_", "RANK", "WORLD_SIZE", "LOCAL_")
     env = {k: v for k, v in os.environ.items() if not k.startswith(launchers)}
     path = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
@@ -139,7 +142,7 @@ def _joined_ranks(tmp_path, *per_rank: list[str]) -> list[subprocess.CompletedPr
                 f"--out={tmp_path / f'out{rank}'}",
                 *args,
             ],
-            env=env | {"RANK": str(rank)},
+            env=env | {"RANK": str(rank)} | (envs[rank] if envs else {}),
             cwd=REPO,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -161,6 +164,15 @@ def _joined_ranks(tmp_path, *per_rank: list[str]) -> list[subprocess.CompletedPr
     [
         (["--lr=0.5"], "--lr 0.1 on rank 0 vs 0.5 on rank 1"),
         (["--steps=61"], "--steps 60 on rank 0 vs 61 on rank 1"),
+        # Issue 41: these changed the collective the options check itself ran through (an 8 s
+        # wait, then errors about pieces or frame sizes); the store compares them first.
+        (["--allreduce=ring"], "--allreduce auto on rank 0 vs ring on rank 1"),
+        (["--transport=tcp"], "--transport auto on rank 0 vs tcp on rank 1"),
+        (
+            ["--allreduce=rd", "--transport=tcp"],
+            "--allreduce auto on rank 0 vs rd on rank 1; "
+            "--transport auto on rank 0 vs tcp on rank 1",
+        ),  # fmt: skip
     ],
 )
 def test_joined_ranks_started_with_different_options_are_refused_on_every_rank(
@@ -176,6 +188,27 @@ def test_joined_ranks_started_with_different_options_are_refused_on_every_rank(
         ), (rank, done.stderr)
         assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
     assert not (tmp_path / "out0" / "summary.json").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_the_auto_figures_are_rank_0s_read_once_and_a_bad_file_is_one_line(tmp_path):
+    """Issue 41: auto's figures were read on each rank, so each host's own fit gave its ranks
+    other choices, and a malformed file was a traceback per rank. Rank 0 reads them at
+    rendezvous and hands them to every rank: a bad file on rank 1's side changes nothing, and
+    a bad one on rank 0's is one line naming the file on every rank, exit 2, before any link."""
+    bad = tmp_path / "models.json"
+    bad.write_text('{"models": {"shm": {"ring": {"alpha": "fast"')  # truncated
+    env = {"PIPESGD_ALLREDUCE_MODELS": str(bad)}
+    (tmp_path / "good").mkdir(), (tmp_path / "bad").mkdir()
+    trained = _joined_ranks(tmp_path / "good", [], [], envs=({}, env))
+    for rank, done in enumerate(trained):
+        assert done.returncode == 0, (rank, done.stderr[-2000:])
+    assert (tmp_path / "good" / "out0" / "summary.json").is_file()
+    for rank, done in enumerate(_joined_ranks(tmp_path / "bad", [], [], envs=(env, {}))):
+        assert done.returncode == 2, (rank, done.stderr)
+        assert done.stderr.startswith(f"pipesgd: error: AllReduce models file {bad} is not JSON")
+        assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
 
 
 def test_the_differences_name_each_option_and_each_ranks_value():

@@ -171,11 +171,23 @@ def available(comm) -> list[str]:
     return names
 
 
+SLOWEST_FIRST = ("tcp", "mpi", "unix", "shm")  # the transports, slowest first
+
+
 def transport_of(comm) -> str:
-    """The transport whose figures apply: the ring's right link's (all links of a job that
-    `auto` serves are alike: one host's shm, or tcp)."""
+    """The transport whose figures apply: the job's (`auto_transport`, set at rendezvous: the
+    slowest among all its links, from the address table every rank holds), else the ring's
+    right link's."""
+    if getattr(comm, "auto_transport", None):
+        return comm.auto_transport
     right = getattr(comm, "right", None)
     return right.transport if right is not None else "tcp"
+
+
+def slowest(transports) -> str:
+    """The slowest of some links' transports (SLOWEST_FIRST): what an AllReduce that crosses
+    all of them waits on."""
+    return min(transports, key=lambda t: SLOWEST_FIRST.index(t) if t in SLOWEST_FIRST else 0)
 
 
 LINK_ALGORITHMS = ("ring", "rd", "rab")  # over links: an emulated link's alpha and B apply
@@ -236,9 +248,13 @@ def algorithm_for(comm, nbytes: int, asked: str | None = None) -> str:
 
 
 def _choose(comm, spec, p: int, nbytes: int) -> str:
-    """auto's pick for one message size (see `algorithm_for`)."""
+    """auto's pick for one message size (see `algorithm_for`): from the figures the job
+    agreed on at rendezvous (`comm.auto_models`; read here, once per communicator, when it was
+    made without one) and the job's transport, so every rank picks alike."""
     link = getattr(spec, "link", None)
     emulated = link is not None and link.enabled
     latency, bandwidth = (link.latency, link.bandwidth) if emulated else (0.0, math.inf)
-    figures = fitted(transport_of(comm))
+    if getattr(comm, "auto_models", None) is None:
+        comm.auto_models = job_models()
+    figures = comm.auto_models.get(transport_of(comm), {})
     return pick(available(comm), p, nbytes, figures, latency, bandwidth)

@@ -68,6 +68,10 @@ class Communicator:
         self.clients: dict[int, Link] = {}  # on rank 0: one link per worker rank
         self.mesh: dict[int, Link] = {}  # peer rank -> link (comm/mesh.py), when asked for
         self.group = None  # one host's shared-memory group (comm/shm_group.py), when formed
+        # What `auto` chooses by, the same on every rank (set at rendezvous: comm/choose.py):
+        # the figures rank 0 read, and the slowest transport among the job's links.
+        self.auto_models: dict | None = None
+        self.auto_transport: str | None = None
         self._scratch: np.ndarray | None = None  # see scratch()
         # (algorithm, transport, dtype, message bytes) -> [calls, payload bytes sent]
         self.allreduces: dict[tuple[str, str, np.dtype, int], list[int]] = {}

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import hmac
+import json
 import logging
 import os
 import secrets
@@ -50,16 +51,24 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from pipesgd_ref.comm import shm, shm_group
+from pipesgd_ref.comm import choose, shm, shm_group
 from pipesgd_ref.comm.activity import doing
+from pipesgd_ref.comm.agree import differences
 from pipesgd_ref.comm.communicator import Communicator
 from pipesgd_ref.comm.hellos import HELLO_TIMEOUT, HelloReader, drop_stranger, read_hello, where
 from pipesgd_ref.comm.links import Link
 from pipesgd_ref.comm.mesh import JOBS_WITH_MESH, mesh_peers
 from pipesgd_ref.comm.netem import LinkSpec
-from pipesgd_ref.comm.sockets import connect, connect_unix, listen, listen_unix, node_id
+from pipesgd_ref.comm.sockets import (
+    connect,
+    connect_unix,
+    listen,
+    listen_unix,
+    node_id,
+    pid_namespace,
+)
 from pipesgd_ref.comm.wire import Kind
-from pipesgd_ref.errors import CommError, RendezvousError
+from pipesgd_ref.errors import CommError, ConfigError, RendezvousError
 
 log = logging.getLogger("pipesgd.rendezvous")
 TRANSPORTS = ("auto", "tcp", "unix", "shm")
@@ -92,6 +101,9 @@ class JobSpec:
     link: LinkSpec = field(default_factory=LinkSpec)  # link emulation on every data link
     transport: str = "auto"  # auto | tcp | unix | shm: how data links are made (module doc)
     allreduce: str = "ring"  # the AllReduce algorithm (ALLREDUCE), or auto: chosen per message
+    # Options every rank of the job must give alike, beyond these fields ({option: value}, as
+    # a joined rank's command line gave them): compared by the store before any link is made.
+    options: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if self.world_size < 1:
@@ -139,7 +151,14 @@ class _Store:
         self.registered: dict[int, tuple[Link, dict]] = {}
         self.lock = threading.Lock()
         self.all_in = threading.Event()
-        self.error: str | None = None
+        self.error: str | None = None  # the job did not form (a rank never joined)
+        self.refusal: str | None = None  # it formed, but must not run: every rank raises this
+        self.models: dict = {}
+        if spec.allreduce == "auto" and spec.world_size > 1:
+            try:  # read once, here: every rank chooses by these (comm/choose.py)
+                self.models = choose.job_models()
+            except ConfigError as e:
+                self.refusal = str(e)
         self.thread = threading.Thread(target=self._serve, name="rendezvous-store", daemon=True)
         self.thread.start()
 
@@ -179,14 +198,19 @@ class _Store:
         """Every registered rank gets the table of addresses, or the reason the job failed."""
         with self.lock:
             links = dict(self.registered)
+        if not self.error:
+            options = [links[r][1].pop("options") for r in sorted(links)]
+            self.refusal = options_differ(options) or self.refusal
         table = [links[r][1] for r in sorted(links)] if not self.error else []
         with doing("rendezvous"):
             for link, _ in links.values():
                 try:
                     if self.error:
                         link.send_json(Kind.REFUSE, {"reason": self.error})
+                    elif self.refusal:  # every rank says it in the same words, exit 2
+                        link.send_json(Kind.CONTROL, {"refusal": self.refusal})
                     else:
-                        link.send_json(Kind.CONTROL, {"addrs": table})
+                        link.send_json(Kind.CONTROL, {"addrs": table, "models": self.models})
                 except CommError:
                     pass
                 link.close()
@@ -206,6 +230,8 @@ class _Store:
                 "port": hello["port"],
                 "unix": hello.get("unix", ""),  # its unix listener ("": a tcp-only job)
                 "node": hello.get("node") or addr[0],  # its host (node_id)
+                "pidns": hello.get("pidns", ""),  # its PID namespace (pid_namespace)
+                "options": hello.get("options", {}),  # compared, then dropped (options_differ)
             }
             with self.lock:  # checked and taken at once: two hellos of one rank race here
                 if rank in self.registered or self.all_in.is_set():
@@ -236,11 +262,30 @@ def _store_refusal(hello: dict, spec: JobSpec) -> str | None:
         return f"rank {rank!r} is outside 0..{spec.world_size - 1}"
     if not _is_int(port) or not 1 <= port <= 65535:
         return f"rank {rank}: listening port {port!r} is not a port number in 1..65535"
-    for name in ("host", "unix", "node"):
+    for name in ("host", "unix", "node", "pidns"):
         value = hello.get(name, "")
         if not isinstance(value, str) or len(value) > 255:
             return f"rank {rank}: {name} {value!r:.60} is not a string of at most 255 characters"
+    options = hello.get("options", {})
+    if not isinstance(options, dict) or len(json.dumps(options)) > MAX_OPTIONS_BYTES:
+        return f"rank {rank}: options {options!r:.60} are not an object of at most 64 KB"
     return None
+
+
+MAX_OPTIONS_BYTES = 1 << 16
+
+
+def options_differ(options: list[dict]) -> str | None:
+    """The store's check that the joined ranks were started alike (rank r's hello gave
+    options[r]): None, or the one line every rank is refused with, naming each option that
+    differs and the ranks on each side. Made before any link, so it cannot depend on what
+    differs (a collective run by each rank's own --allreduce would fail instead)."""
+    if all(o == options[0] for o in options):
+        return None
+    return (
+        f"the ranks of this job were started with different options: {differences(options)}; "
+        f"start every rank with the same options"
+    )
 
 
 def _refuse(link: Link, reason: str, what: str) -> None:
@@ -269,7 +314,15 @@ def _register(spec: JobSpec, data_port: int, host: str, unix: str) -> list[dict]
         "port": data_port,
         "unix": unix,
         "node": node_id(),
+        "pidns": pid_namespace(),
         "purpose": "store",
+        "options": {
+            "allreduce": spec.allreduce,
+            "transport": spec.transport,
+            "latency": spec.link.latency,
+            "bandwidth": str(spec.link.bandwidth),
+            **spec.options,
+        },
     }
     try:
         with doing("rendezvous"):
@@ -283,7 +336,9 @@ def _register(spec: JobSpec, data_port: int, host: str, unix: str) -> list[dict]
         raise RendezvousError(str(e)) from None
     finally:
         link.close()
-    return reply["addrs"]
+    if "refusal" in reply:
+        raise ConfigError(str(reply["refusal"]))
+    return reply["addrs"], reply.get("models") or {}
 
 
 STRAGGLER_WAIT = 0.2  # s: how long a formed job waits for hellos being read before answering them
@@ -412,7 +467,7 @@ def init_process_group(
     host = "" if spec.bind in ("", "0.0.0.0") else spec.bind
     opened: list[Link] = []
     try:
-        addrs = _register(spec, listeners[0].getsockname()[1], host, unix)
+        addrs, models = _register(spec, listeners[0].getsockname()[1], host, unix)
         if spec.world_size == 1:
             return Communicator(spec, None, None, host)
         grouped = shm_group.wanted(spec, addrs)  # one host's group serves auto: no mesh then
@@ -420,6 +475,8 @@ def init_process_group(
         comm = _link_up(spec, star, listeners, addrs, host, opened, mesh)
         if grouped:
             comm.group = shm_group.form(comm)
+        comm.auto_models = {t: {a: tuple(m) for a, m in f.items()} for t, f in models.items()}
+        comm.auto_transport = job_transport(spec, addrs, mesh)
         opened.clear()
         return comm
     finally:
@@ -429,6 +486,17 @@ def init_process_group(
             listener.close()
         if store is not None:
             store.thread.join(timeout=spec.timeout)
+
+
+def job_transport(spec: JobSpec, addrs: list[dict], mesh: bool) -> str:
+    """The slowest transport among the job's links (the ring's, and the mesh's when it has
+    one), from the table every rank holds: the transport whose figures `auto` chooses by, the
+    same on every rank (two hosts of two ranks each: tcp, though half the ring is shm)."""
+    p = spec.world_size
+    pairs = {(r, (r + 1) % p) for r in range(p)}
+    if mesh:
+        pairs |= {(r, q) for r in range(p) for q in mesh_peers(r, p)}
+    return choose.slowest({link_transport(spec.transport, a, b, addrs) for a, b in pairs})
 
 
 def _link_up(spec: JobSpec, star: bool, listeners, addrs, host: str, opened: list, mesh: bool):

@@ -376,6 +376,8 @@ def wanted(spec, addrs: list[dict]) -> bool:
     why = None
     if len({a["node"] for a in addrs}) > 1:
         why = "every rank on one host"
+    elif len({a.get("pidns", "") for a in addrs}) > 1:  # containers sharing a host's network
+        why = "every rank in one PID namespace (each checks the others' pids for liveness)"
     elif spec.transport not in ("shm", "auto"):
         why = "--transport shm or auto (this job's links are " + spec.transport + ")"
     elif spec.link.enabled:

@@ -79,6 +79,16 @@ def connect_unix(name: str, rank: int, timeout: float, peer: int, what: str) -> 
             time.sleep(0.05)
 
 
+def pid_namespace() -> str:
+    """This process's PID namespace ("" where there is none to read): two ranks in different
+    ones (containers sharing a host and a network) see different pids, so neither can tell
+    from /proc whether the other still runs."""
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return ""
+
+
 def node_id() -> str:
     """This host, as far as a unix socket reaches: the kernel's boot id and this process's
     network namespace (two namespaces on one machine are two hosts to a unix socket)."""

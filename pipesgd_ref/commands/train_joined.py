@@ -23,7 +23,7 @@ from pipesgd_ref.errors import CommError, ConfigError, JobStopped, LaunchError
 from pipesgd_ref.logs import tag_log_lines
 from pipesgd_ref.methods.table import method
 from pipesgd_ref.outputs import write_json
-from pipesgd_ref.runtime.agreement import check_same_options
+from pipesgd_ref.runtime.agreement import check_same_options, shared_options
 from pipesgd_ref.runtime.job import build_worker, job_allreduce, n_ranks, train_job
 from pipesgd_ref.runtime.jobenv import ENV_CONVENTIONS, detect_env, join_from_env
 from pipesgd_ref.runtime.lifetime import LocalStop, worker_signals
@@ -76,7 +76,8 @@ def run_training_joined(
     comm = join(cfg, link, bind, mpi_comm)
     try:
         tag_log_lines(comm.rank)
-        check_same_options(comm, cfg)  # every rank given the same run, or none trains
+        if cfg.comm == "mpi":  # (the rendezvous store compared them on the other path)
+            check_same_options(comm, cfg)  # every rank given the same run, or none trains
         t0 = time.perf_counter()  # "the job formed", on this rank's clock
         if comm.rank == 0:
             log(f"{describe(cfg, link)}; {joined_how(cfg, job)}")
@@ -189,6 +190,7 @@ def join(cfg: TrainConfig, link, bind: str | None, mpi_comm=None):
         star=star,
         transport=cfg.transport,
         allreduce=job_allreduce(cfg),
+        options=shared_options(cfg),  # compared at rendezvous, before any link
     )
 
 

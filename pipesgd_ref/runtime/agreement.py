@@ -17,6 +17,7 @@ import json
 
 import numpy as np
 
+from pipesgd_ref.comm.agree import differences, flags
 from pipesgd_ref.comm.collectives import allgather
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.errors import ConfigError
@@ -25,7 +26,6 @@ from pipesgd_ref.errors import ConfigError
 # its own host), the host's ops and codec kernels (bitwise alike: ops/, codecs/), how long this
 # rank waits, and its CPU priority. Everything else defines the run every rank takes part in.
 PER_RANK = ("out", "resume", "backend", "codec_backend", "timeout", "comm_first", "master_port")
-SHOWN = 3  # differing options named in the line, at most
 
 __all__ = ["PER_RANK", "check_same_options", "differences"]
 
@@ -48,44 +48,6 @@ def check_same_options(comm, cfg: TrainConfig) -> None:
     everyone = [json.loads(bytes(a.astype(np.uint8)).decode()) for a in allgather(comm, mine)]
     raise ConfigError(
         f"the ranks of this job were started with different options: {differences(everyone)}; "
-        f"start every rank with the same options (only --{', --'.join(_flags(PER_RANK))} may "
+        f"start every rank with the same options (only --{', --'.join(flags(PER_RANK))} may "
         f"differ)"
-    )
-
-
-def differences(options: list[dict]) -> str:
-    """'--lr 0.1 on ranks 0 and 1 vs 0.5 on rank 2; ...': each option whose value is not the same on
-    every rank (rank r's options are options[r]), SHOWN of them at most."""
-    keys = sorted(set().union(*options))
-    differing = [k for k in keys if any(o.get(k, ...) != options[0].get(k, ...) for o in options)]
-    parts = []
-    for key in differing[:SHOWN]:
-        ranks_of: dict[str, list[int]] = {}
-        for rank, o in enumerate(options):
-            ranks_of.setdefault(_shown(o.get(key, ...)), []).append(rank)
-        values = [f"{v} on rank{'s' * (len(r) > 1)} {_ranks(r)}" for v, r in ranks_of.items()]
-        parts.append(f"--{_flags([key])[0]} " + " vs ".join(values))
-    more = len(differing) - SHOWN
-    return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
-
-
-def _flags(keys) -> list[str]:
-    return [k.replace("_", "-") for k in keys]
-
-
-def _shown(value) -> str:
-    if value is ...:
-        return "(an option this rank's version lacks)"
-    if isinstance(value, list):
-        return ",".join(map(str, value)) or "''"
-    if isinstance(value, bool):
-        return str(value).lower()
-    return str(value) if value != "" else "''"
-
-
-def _ranks(ranks: list[int]) -> str:
-    if len(ranks) > 4:
-        return f"{', '.join(map(str, ranks[:3]))} and {len(ranks) - 3} more"
-    return " and ".join(
-        [", ".join(map(str, ranks[:-1])), str(ranks[-1])] if ranks[:-1] else [str(ranks[0])]
     )

@@ -172,13 +172,15 @@ def join_from_env(
     star: bool = False,
     transport: str = "auto",
     allreduce: str = "ring",
+    options: dict | None = None,
 ):
     """Join the job the environment describes (see detect_env); returns the Communicator.
 
     bind: the interface for this rank's listeners (default: `default_bind`). star: also link
     every rank to rank 0, as the parameter server methods need (`comm.server`,
     `comm.clients`); every rank of the job must agree. transport, allreduce: JobSpec's (auto:
-    shared memory between ranks on one host, tcp across; the AllReduce algorithm).
+    shared memory between ranks on one host, tcp across; the AllReduce algorithm). options:
+    what else every rank must give alike (JobSpec.options: compared by the store).
     """
     job = detect_env()
     if job is None:
@@ -198,6 +200,7 @@ def join_from_env(
         link=link or LinkSpec(),
         transport=transport,
         allreduce=allreduce,
+        options=options or {},
     )
     share_cores(local_ranks())
     return init_process_group(spec, star=star)
