@@ -153,3 +153,39 @@ def test_train_with_allreduce_ring_runs_and_reports_it(tmp_path, capsys):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["steps"] == 4
     assert (summary["config"]["allreduce"], summary["config"]["transport"]) == ("ring", "auto")
+
+
+def _rewritten_models_job(comm, path: str, nbytes: int) -> list[str]:
+    """Reduce nbytes once; rank 0 then rewrites the models file to make the ring free and the
+    others slow, and every rank reduces a new size: what ran, in order."""
+    import numpy as np
+
+    from pipesgd_ref.comm.collectives import allreduce
+
+    allreduce(comm, np.ones(nbytes // 4, np.float32))
+    if comm.rank == 0:
+        slow = {"alpha": 1.0, "beta": 1.0}
+        models = {"tcp": {"ring": {"alpha": 0.0, "beta": 0.0}, "rd": slow, "rab": slow}}
+        with open(path, "w") as f:
+            json.dump({"models": models}, f)
+    allreduce(comm, np.ones(2, np.float64))  # everyone past the rewrite
+    allreduce(comm, np.ones(nbytes // 4 + 1, np.float32))  # a size met after it
+    return [e["algorithm"] for e in comm.allreduce_ran()]
+
+
+def test_a_models_file_rewritten_during_a_job_does_not_change_its_choices(tmp_path, monkeypatch):
+    """Issue 41: a fit written while a job ran stopped that job (each rank re-read the file,
+    and a size first met after the rewrite was chosen by other figures). The job's figures are
+    the ones rank 0 read at rendezvous."""
+    from pipesgd_ref.comm import choose
+    from pipesgd_ref.runtime.launch import launch_local
+
+    path = tmp_path / "models.json"
+    monkeypatch.setenv("PIPESGD_ALLREDUCE_MODELS", str(path))  # none yet: the package's
+    nbytes = 64 * 1024
+    want = choose.pick(["ring", "rd", "rab"], 2, nbytes + 4, choose.job_models()["tcp"])
+    assert want != "ring", "pick a size where the package's figures do not choose the ring"
+    ran = launch_local(2, _rewritten_models_job, (str(path), nbytes), allreduce="auto",
+                       transport="tcp", start_method="fork")  # fmt: skip
+    assert path.is_file()
+    assert ran[0] == ran[1] and ran[0][-1] == want, ran
