@@ -160,8 +160,8 @@ def test_pipesgd_train_on_two_hosts_with_the_defaults_trains(tmp_path):
         "PIPESGD_ALLREDUCE_MODELS": str(tmp_path / "none.json"),
     }
     train = [sys.executable, "-m", "pipesgd_ref", "train", "--preset=tiny", "--model=mlp",
-             "--hidden=650", "--world-size=4", "--steps=20", "--eval-every=10", "--target-accuracy=0",
-             "--no-progress", "--timeout=60"]  # fmt: skip
+             "--hidden=650", "--world-size=4", "--steps=20", "--eval-every=10",
+             "--target-accuracy=0", "--no-progress", "--timeout=60"]  # fmt: skip
     procs = [
         subprocess.Popen(
             [
@@ -192,3 +192,84 @@ def test_pipesgd_train_on_two_hosts_with_the_defaults_trains(tmp_path):
     summary = json.loads((tmp_path / "out0" / "summary.json").read_text())
     ran = {e["algorithm"] for e in summary["allreduce_ran"] if e["bytes"] == 48_760 * 4}
     assert ran == {"rab"}, summary["allreduce_ran"]
+
+
+# --- containers: one host, one network, two PID namespaces ------------------------------------
+
+
+def _in_two_pid_namespaces(tmp_path, extra_env: dict) -> list[tuple[int, str]]:
+    """`pipesgd train` as 2 joined ranks on one host and network, rank 1 in a PID namespace of
+    its own with its own /proc (as two containers of one pod see each other), every option
+    default: (exit status, stderr) of each. Rank 1 runs under a shell, so it is not PID 1."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MASTER_", "PIPESGD_"))}
+    env |= {
+        "WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])),
+        "OMP_NUM_THREADS": "1",
+        **extra_env,
+    }
+    train = [sys.executable, "-m", "pipesgd_ref", "train", "--preset=tiny", "--steps=40",
+             "--no-progress", "--timeout=60"]  # fmt: skip
+    container = ["unshare", "--pid", "--fork", "--mount-proc", "sh", "-c", '"$@"; exit $?', "r1"]
+    procs = [
+        subprocess.Popen(
+            [*(container if rank else []), *train, f"--out={tmp_path / f'out{rank}'}"],
+            env=env | {"RANK": str(rank)},
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for rank in range(2)
+    ]
+    try:
+        outs = [p.communicate(timeout=90) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    return [(p.returncode, err) for p, (_, err) in zip(procs, outs, strict=True)]
+
+
+def _can_unshare_pid() -> str | None:
+    if shutil.which("unshare") is None:
+        return "needs unshare (util-linux)"
+    done = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"],
+                          capture_output=True)  # fmt: skip
+    return None if done.returncode == 0 else "needs root (unshare --pid --mount-proc)"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_ranks_in_two_pid_namespaces_train_with_the_defaults(tmp_path):
+    """Issue 41: the shared-memory group formed across the two namespaces, and each rank
+    looked for the other's pid in its own /proc: a live rank was declared dead ("its process N
+    exited"). The group now forms only within one PID namespace; these ranks use shm links."""
+    why = _can_unshare_pid()
+    if why:
+        pytest.skip(f"ranks in two PID namespaces {why}")
+    for rank, (code, err) in enumerate(_in_two_pid_namespaces(tmp_path, {})):
+        assert code == 0, f"rank {rank} exited {code}:\n{err[-3000:]}"
+    summary = json.loads((tmp_path / "out0" / "summary.json").read_text())
+    assert {e["transport"] for e in summary["allreduce_ran"]} == {"shm"}, summary["allreduce_ran"]
+    assert not {e["algorithm"] for e in summary["allreduce_ran"]} & {"oneshot", "twoshot"}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_rank_killed_in_another_pid_namespace_is_named_long_before_the_timeout(tmp_path):
+    """The other direction: a dead rank used to be missed (its pid, looked up in the wrong
+    /proc, might be any process) until --timeout (60 s here). Its link closes, and rank 0
+    names it within seconds."""
+    why = _can_unshare_pid()
+    if why:
+        pytest.skip(f"ranks in two PID namespaces {why}")
+    import time
+
+    start = time.monotonic()
+    (code0, err0), (code1, _) = _in_two_pid_namespaces(tmp_path, {"PIPESGD_FAULT": "kill@1:10"})
+    took = time.monotonic() - start
+    assert code1 == 128 + 9 or code1 == -9, f"rank 1 should have been killed, exit {code1}"
+    assert code0 not in (0, None) and "rank 1" in err0, err0[-3000:]
+    assert took < 40, f"rank 0 took {took:.0f} s to name the dead rank (timeout 60 s)\n{err0}"
