@@ -15,8 +15,12 @@ threshold is written anywhere: the crossover sizes are where the fitted lines cr
 
 `auto` takes the fastest model among the algorithms this job can run: the ring always; rd and
 rab when the job made their links (comm.mesh); oneshot and twoshot when it formed one host's
-shared-memory group (comm.group). The choice depends only on (p, M, the transport, the fitted
-figures), the same on every rank, so every rank picks the same algorithm for a message.
+shared-memory group (comm.group). The choice is the job's, not a rank's: it depends only on
+(p, M, the job's transport, the figures), and both are fixed at rendezvous, the same on every
+rank. The figures are read once, by rank 0, and handed to every rank with the address table
+(comm/rendezvous.py), so a host's own fit, or a fit written while the job runs, changes nothing
+in it; the transport is the slowest among all the job's links, derived from that table (two
+hosts of two ranks: tcp, though half the ring's links are shared memory).
 """
 
 from __future__ import annotations

@@ -3,8 +3,11 @@
     1. Every rank opens a listening socket for its data links (port 0: the OS picks a free one).
     2. Rank 0 also hosts a small store on MASTER_ADDR:MASTER_PORT.
     3. Every rank (rank 0 too) connects to the store and registers (token, rank, world size,
-       its listening address). When all p have registered, the store sends everyone the table
-       of addresses and closes.
+       its listening address, the options every rank must give alike). When all p have
+       registered, the store compares their options (one that differs, --allreduce or
+       --transport included, refuses every rank in one line naming it and the ranks: before any
+       link, so the check cannot depend on what differs) and sends everyone the table of
+       addresses, with the AllReduce figures rank 0 read (comm/choose.py), and closes.
     4. Each rank connects to its right neighbour (rank + 1 mod p) and accepts its left neighbour
        (rank - 1 mod p): the ring. Then the listeners close.
 
@@ -15,10 +18,11 @@ Transports (`JobSpec.transport`, `--transport`). Each link is one of
     auto    the default, as NCCL and Open MPI choose their own: per link, from what the
             rendezvous learns, `SAME_HOST` for two ranks on one host, tcp across hosts
 Every rank registers its host (`node_id`: the boot id and the network namespace, since a unix
-socket reaches only its own namespace) and, unless the job is tcp-only, a unix listener (an
-abstract address: no file to clean up); both ends of a link derive its transport from the table,
-and the acceptor checks the connector's claim. unix or shm asked for between two hosts is an
-error naming both ranks.
+socket reaches only its own namespace), its PID namespace (ranks in two, as containers sharing
+a host's network are, cannot check each other's pids: no shared-memory group between them)
+and, unless the job is tcp-only, a unix listener (an abstract address: no file to clean up);
+both ends of a link derive its transport from the table, and the acceptor checks the
+connector's claim. unix or shm asked for between two hosts is an error naming both ranks.
 
 A per-job token travels in every HELLO and is compared in constant time. A connection with a
 wrong token, a wrong or malformed field, or bytes that are not a frame is refused with a reason
