@@ -563,7 +563,7 @@ def test_idle_strangers_on_every_data_listener_do_not_stop_the_job(monkeypatch, 
     """A local process holding idle connections to each data listener (as found with `ss`)
     neither stops the job from forming nor gets an innocent rank blamed: hellos are read
     concurrently, and each stranger is logged as one."""
-    from pipesgd_ref.comm import rendezvous
+    from pipesgd_ref.comm import rendezvous, store
 
     strays, per_listener = [], 3
 
@@ -576,6 +576,7 @@ def test_idle_strangers_on_every_data_listener_do_not_stop_the_job(monkeypatch, 
 
     real_listen, real_listen_unix = rendezvous.listen, rendezvous.listen_unix
     monkeypatch.setattr(rendezvous, "listen", lambda *a: occupied(real_listen(*a)))
+    monkeypatch.setattr(store, "listen", lambda *a: occupied(real_listen(*a)))  # the store's
     monkeypatch.setattr(rendezvous, "listen_unix", lambda: occupied(real_listen_unix()))
     logger = logging.getLogger("pipesgd.rendezvous")
     handler = ListHandler()

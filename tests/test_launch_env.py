@@ -238,7 +238,7 @@ def test_listeners_bind_the_loopback_address_master_addr_names(addr, bind):
 def test_a_job_on_127_0_0_2_listens_there_only(monkeypatch):
     """MASTER_ADDR=127.0.0.2: the store and every data listener bind 127.0.0.2, never all
     interfaces (issue 29, item 10), and the job forms."""
-    from pipesgd_ref.comm import rendezvous
+    from pipesgd_ref.comm import rendezvous, store
     from pipesgd_ref.runtime import jobenv
 
     port, bound, errors = free_port(), [], []
@@ -253,7 +253,8 @@ def test_a_job_on_127_0_0_2_listens_there_only(monkeypatch):
         rank = int(threading.current_thread().name.removeprefix("rank"))
         return jobenv.JobEnv(rank, 2, "127.0.0.2", port, "t", "torchrun")
 
-    monkeypatch.setattr(rendezvous, "listen", recording)
+    monkeypatch.setattr(rendezvous, "listen", recording)  # the data links' listeners
+    monkeypatch.setattr(store, "listen", recording)  # the store's
     monkeypatch.setattr(jobenv, "detect_env", rank_of_thread)
     comms = {}
 
