@@ -189,3 +189,47 @@ def test_a_models_file_rewritten_during_a_job_does_not_change_its_choices(tmp_pa
                        transport="tcp", start_method="fork")  # fmt: skip
     assert path.is_file()
     assert ran[0] == ran[1] and ran[0][-1] == want, ran
+
+
+def _broken_models(tmp_path, kind: str):
+    path = tmp_path / "models.json"
+    good = {"models": {"shm": {"ring": {"alpha": 1e-5, "beta": 1e-10}}}}
+    if kind == "directory":
+        path.mkdir()
+    elif kind == "symlink into /proc":
+        path.symlink_to("/proc/self/mem")
+    elif kind == "huge":
+        path.write_text(json.dumps(good) + " " * (2 << 20))
+    else:
+        text = {
+            "empty": "",
+            "truncated": json.dumps(good)[:30],
+            "wrong types": '{"models": {"shm": {"ring": {"alpha": "fast", "beta": 1}}}}',
+            "missing keys": '{"models": {"shm": {"ring": {"alpha": 1e-5}}}}',
+            "not an object": "[1, 2]",
+            "negative": '{"models": {"tcp": {"rd": {"alpha": -1, "beta": 0}}}}',
+        }[kind]
+        path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(
+    "kind",
+    ["empty", "truncated", "wrong types", "missing keys", "not an object", "negative",
+     "directory", "symlink into /proc", "huge"],
+)  # fmt: skip
+def test_a_broken_models_file_is_one_line_naming_it_before_any_worker(
+    tmp_path, monkeypatch, capsys, kind
+):
+    """Issue 41: a malformed allreduce_models.json was a traceback per rank that never named
+    the file, and a bad file in the user's cache broke every default `pipesgd train`. Now it
+    is one line naming the file and what is wrong, exit 2, before any worker starts."""
+    path = _broken_models(tmp_path, kind)
+    monkeypatch.setenv("PIPESGD_ALLREDUCE_MODELS", str(path))
+    out = tmp_path / "out"
+    argv = ["train", "--preset=tiny", "--no-progress", "--steps=4", f"--out={out}"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"pipesgd: error: AllReduce models file {path}"), err
+    assert err.count("\n") == 1 and "Traceback" not in err and "rank" not in err, err
+    assert not (out / "summary.json").exists()

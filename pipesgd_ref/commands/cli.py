@@ -227,6 +227,7 @@ def cmd_train(args: argparse.Namespace, cfg: TrainConfig) -> int:
     check_bind(args.bind, job is not None, cfg.comm)
     if job is None:
         check_local_workers(n_ranks(cfg), args.allow_many_workers, "train")
+        check_models(cfg)
     _check_faults(job.world_size if job is not None else n_ranks(cfg), cfg)
     configure_parent_logging(args.log_level)
     # Only rank 0 of a joined job writes --out: the other ranks leave it alone.
@@ -237,6 +238,17 @@ def cmd_train(args: argparse.Namespace, cfg: TrainConfig) -> int:
         else:
             run_training(cfg, progress=not args.no_progress)
     return 0
+
+
+def check_models(cfg: TrainConfig) -> None:
+    """A local job whose AllReduce is auto reads its figures here first (comm/choose.py), so a
+    broken models file is one line before any worker starts, not one per rank. (A joined job's
+    rank 0 reads them at rendezvous: comm/store.py.)"""
+    from pipesgd_ref.comm.choose import job_models
+    from pipesgd_ref.runtime.job import job_allreduce, n_ranks
+
+    if job_allreduce(cfg) == "auto" and n_ranks(cfg) > 1:
+        job_models()
 
 
 def _train_lesson(args: argparse.Namespace, cfg: TrainConfig) -> int:
