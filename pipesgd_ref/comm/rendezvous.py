@@ -267,7 +267,8 @@ def init_process_group(
         comm = _link_up(spec, star, listeners, addrs, host, opened, mesh)
         if grouped:
             comm.group = shm_group.form(comm)
-        comm.auto_models = {t: {a: tuple(m) for a, m in f.items()} for t, f in models.items()}
+        if spec.allreduce == "auto":  # (else a caller asking for auto reads them itself)
+            comm.auto_models = {t: {a: tuple(m) for a, m in f.items()} for t, f in models.items()}
         comm.auto_transport = job_transport(spec, addrs, mesh)
         opened.clear()
         return comm
