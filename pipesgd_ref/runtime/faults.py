@@ -8,7 +8,9 @@ inside, deterministically (an outside `kill` would race the run):
 Process faults, at `at_step` (after rank RANK computed its gradient of step STEP; for a
 parameter server, rank 0, when it applies update STEP):
 
-    kill        SIGKILL itself: a crash with no goodbye (the kernel closes its sockets)
+    kill        SIGKILL itself: a crash with no goodbye (the kernel closes its sockets); as
+                PID 1 of a PID namespace, whose own SIGKILL the kernel ignores, os._exit
+                with status 137 (128 + SIGKILL) instead: as abrupt, no cleanup runs
     stop        SIGSTOP itself: a hung process whose sockets stay open, silent
     nan, inf    write NaN (or +Inf) into its gradient: a numerical fault
 
@@ -20,6 +22,11 @@ that this process sends (`sabotage`, called from transport.Link.send), whichever
                 stays stuck (up to STUCK_SECONDS) with the socket open
     close       the header and half the payload, then the socket reset and the process gone
                 (exit status 3): a crash in the middle of a frame
+
+Wire faults need frames: a job whose AllReduce goes through one host's shared-memory group
+(comm/shm_group.py; --transport auto or shm with --allreduce auto, oneshot or twoshot) puts
+none on its links, so `refuse_without_frames` (Worker.average, before the first AllReduce)
+stops it with a ConfigError naming the fault and the fix, rather than inject nothing.
 
 Nothing here runs unless PIPESGD_FAULT is set; a malformed value is an error at once, so a test
 cannot silently inject nothing.
@@ -36,11 +43,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipesgd_ref.errors import ConfigError
+
 ENV = "PIPESGD_FAULT"
 PROCESS_ACTIONS = ("kill", "stop", "nan", "inf")
 WIRE_ACTIONS = ("garbage", "truncate", "close")
 CLOSE_EXIT_STATUS = 3
 ANNOUNCE = "pipesgd fault injection:"
+KILL_EXIT_STATUS = 128 + signal.SIGKILL  # kill as PID 1: what a shell reports for SIGKILL
 
 
 @dataclass(frozen=True)
@@ -122,7 +132,7 @@ def at_step(rank: int, step: int, grads: np.ndarray | None = None) -> None:
     for action in _due(rank, step, PROCESS_ACTIONS):
         announce(action, rank, step)
         if action == "kill":
-            os.kill(os.getpid(), signal.SIGKILL)
+            kill_self()
         elif action == "stop":
             os.kill(os.getpid(), signal.SIGSTOP)
         elif grads is not None and grads.size:
@@ -130,6 +140,32 @@ def at_step(rank: int, step: int, grads: np.ndarray | None = None) -> None:
     for action in _due(rank, step, WIRE_ACTIONS):
         announce(action, rank, step)
         ARMED.append(action)
+
+
+def kill_self() -> None:
+    """SIGKILL this process. PID 1 of a PID namespace (a container's entry point, `unshare
+    --pid --fork`) cannot: the kernel drops the signals its init sends itself that it has no
+    handler for, SIGKILL included, and the run would go on. There, os._exit(137) ends it as
+    abruptly (no cleanup, no goodbye on its sockets, which the kernel closes)."""
+    os.kill(os.getpid(), signal.SIGKILL)
+    os._exit(KILL_EXIT_STATUS)  # reached only where the signal was ignored (PID 1)
+
+
+def refuse_without_frames(comm) -> None:
+    """ConfigError when a wire fault is planned and `comm`'s AllReduce goes through one host's
+    shared-memory group (comm.group), which puts no frame on a link for the fault to act on.
+    Every rank raises it (the plan is the job's), so the job stops at once, in one story."""
+    if getattr(comm, "group", None) is None:
+        return
+    wire = [f for f in planned() if f.action in WIRE_ACTIONS]
+    if wire:
+        f = wire[0]
+        raise ConfigError(
+            f"{ENV}: {f.action}@{f.rank}:{f.step} acts on a frame sent on a link, but this "
+            f"job's AllReduce goes through one host's shared-memory group, which sends none; "
+            f"it would inject nothing. Run it with --allreduce ring (or rd, rab) or "
+            f"--transport tcp"
+        )
 
 
 def announce(action: str, rank: int, step: int) -> None:

@@ -194,6 +194,7 @@ class Worker:
         With --skip-nonfinite the ranks first agree on whose gradient was left out (`ok`
         False here: buf holds zeros), and the mean is over the others. Returns those ranks,
         the same list on every rank ([] when none)."""
+        faults.refuse_without_frames(comm)  # PIPESGD_FAULT's wire faults need link frames
         bad = bad_ranks(comm, ok) if self.cfg.skip_nonfinite else []
         if self.on_device:
             from pipesgd_ref.comm.device_ring import device_allreduce
