@@ -11,6 +11,7 @@ import pytest
 
 from pipesgd_ref.commands.bench import bus_factor
 from pipesgd_ref.commands.cli import main
+from pipesgd_ref.errors import ConfigError
 from pipesgd_ref.runtime.launch import free_port
 from pipesgd_ref.timing import ring_allreduce_time
 
@@ -224,6 +225,65 @@ def test_bench_emulated_link_prints_the_model(tmp_path, capsys):
 def test_bench_bad_input(argv, message, capsys):
     assert main(["bench", "allreduce", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def _not_measured(monkeypatch):
+    """Fail the test if any row would be measured (the refusals must come first)."""
+    from pipesgd_ref.commands import bench
+
+    def measured(*_a, **_k):
+        raise AssertionError("a row was measured before the refusal")
+
+    monkeypatch.setattr(bench, "measure_machine", measured)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--allreduce=oneshot", "--transport=tcp", "--peers=none"],
+         "bench allreduce has nothing to run, every row is skipped: oneshot-tcp (the shared"),
+        (["--fit", "--world-size=1"], "--fit needs --world-size >= 2"),
+        (["--fit", "--sizes=64KB"], "--fit needs at least 2 different --sizes"),
+        (["--fit", "--codec=q8"], "--fit fits the plain links auto chooses over"),
+        (["--fit", "--latency=1ms"], "--fit fits the plain links auto chooses over"),
+        (["--fit={tmp}"], "--fit {tmp} is a folder; give a file path"),
+        (["--fit={tmp}/file/models.json"], "--fit {tmp}/file/models.json: {tmp}/file is a file"),
+        (["--fit={tmp}/bad.json"], "AllReduce models file {tmp}/bad.json is not JSON"),
+    ],
+)  # fmt: skip
+def test_bench_refuses_what_it_cannot_run_or_fit_before_measuring(
+    argv, message, tmp_path, monkeypatch, capsys
+):
+    """Issue 41: every row skipped crashed in print_table; a --fit target that could not be
+    written, or a malformed models file there, was found only after the whole measurement; a
+    fit of one rank or one size was written silently (alpha = beta = 0). Each is one line,
+    exit 2, before any rank starts."""
+    (tmp_path / "file").write_text("")
+    (tmp_path / "bad.json").write_text('{"models": ')
+    _not_measured(monkeypatch)
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    assert main(["bench", "allreduce", "--sizes=4KB,64KB", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pipesgd: error: " + message.replace("{tmp}", str(tmp_path))), err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+
+
+def test_a_fit_that_fails_after_measuring_keeps_the_json(tmp_path, monkeypatch, capsys):
+    """--json is written before the fit: a fit that cannot be written loses no measurement."""
+    from pipesgd_ref.commands import bench_algorithms
+
+    def broken(*_a, **_k):
+        raise ConfigError("the disk filled up")
+
+    monkeypatch.setattr(bench_algorithms, "write_fit", broken)
+    out = tmp_path / "bench.json"
+    argv = ["bench", "allreduce", "--world-size=2", "--sizes=4KB,8KB", "--reps=1",
+            "--warmup=0", "--rounds=1", "--allreduce=ring", "--transport=tcp", "--peers=none",
+            f"--fit={tmp_path / 'models.json'}", f"--json={out}"]  # fmt: skip
+    assert main(argv) == 2
+    assert "the disk filled up" in capsys.readouterr().err
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["size_bytes"] for r in rows] == [4000, 8000] and all(r["verified"] for r in rows)
 
 
 def test_model_helpers():

@@ -263,12 +263,9 @@ def bench_allreduce(
     rows = best_rows(got, names, sizes, ran_peers, world_size, link, machine)
     models = None
     if fit_path is not None and codec == "none" and not link.enabled:
-        models = bench_algorithms.fit(rows, world_size)
-        bench_algorithms.write_fit(models, world_size, fit_path, argv)
+        models = bench_algorithms.fit(rows, world_size)  # written after --json (below)
     add_models(rows, ours, world_size, codec, link)
     print_table(rows, rounds, link.bandwidth if link.enabled else None, print_fn)
-    if models is not None:
-        bench_algorithms.print_fit(models, world_size, fit_path, print_fn)
     result = {
         "world_size": world_size,
         "link": {"latency_s": link.latency, "bandwidth_Bps": link.bandwidth},
@@ -287,9 +284,12 @@ def bench_allreduce(
         "cpu_count": os.cpu_count(),
         "host": socket.gethostname(),
     }
-    if json_path:
+    if json_path:  # first: what was measured is kept whatever happens to the fit
         write_text_atomic(json_path, json.dumps(result, indent=2) + "\n")
         print_fn(f"wrote {json_path}")
+    if models is not None:
+        bench_algorithms.write_fit(models, world_size, fit_path, argv)
+        bench_algorithms.print_fit(models, world_size, fit_path, print_fn)
     return result
 
 

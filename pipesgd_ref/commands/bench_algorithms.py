@@ -100,7 +100,8 @@ def fit(rows, p: int) -> dict[str, dict[str, dict[str, float]]]:
 def write_fit(models: dict, p: int, path, argv: str) -> dict:
     """Write the fitted figures where `auto` reads them (keeping other transports' figures)."""
     data = {"models": {}}
-    if path.is_file():
+    if path.exists():
+        choose.read_models(path)  # a ConfigError naming the file, if it is not a models file
         data = json.loads(path.read_text())
     for transport, algos in models.items():
         data.setdefault("models", {}).setdefault(transport, {}).update(algos)

@@ -54,6 +54,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         json_path=args.json_path,
     )
     algorithms = names("--allreduce", args.allreduce or ",".join(ALL), bench_algorithms.ALGORITHMS)
+    if job is None:  # all of it before any rank starts: nothing measured for nothing
+        _check_something_runs(algorithms, transports, peers, link)
+        _check_fit(args, sizes, link)
     if job is not None:
         if args.allreduce is None:
             algorithms = ["auto"]
@@ -84,6 +87,59 @@ def cmd_bench(args: argparse.Namespace) -> int:
             **kwargs,
         )
     return 0
+
+
+def _check_something_runs(algorithms, transports, peers, link: LinkSpec) -> None:
+    """bench with every row skipped says so, in one line, before any rank starts."""
+    from pipesgd_ref.commands.bench import skipped_peers
+
+    ours, not_run = bench_algorithms.row_names(list(algorithms), list(transports), link)
+    gone = skipped_peers(peers, link, lambda *_: None)
+    if ours or len(gone) < len(peers):
+        return
+    why = [f"{name} ({reason})" for name, reason in not_run.items()]
+    why += [f"{peer} ({reason})" for peer, reason in gone.items()]
+    raise ConfigError(
+        f"bench allreduce has nothing to run, every row is skipped: {'; '.join(why)}; choose "
+        f"another --allreduce, --transport or --peers"
+    )
+
+
+def _check_fit(args: argparse.Namespace, sizes: list[int], link: LinkSpec) -> None:
+    """--fit: a fit the measurement can make, to a target it can write, checked before any
+    rank starts (an existing models file there must be valid: the fit is merged into it)."""
+    from pipesgd_ref.comm.choose import read_models
+
+    path = _fit_path(args)
+    if path is None:
+        return
+    if args.world_size < 2:
+        raise ConfigError(
+            "--fit needs --world-size >= 2: one rank's AllReduce moves nothing, so every "
+            "model would be alpha = beta = 0 and auto would choose blindly"
+        )
+    if len(set(sizes)) < 2:
+        raise ConfigError(
+            f"--fit needs at least 2 different --sizes to fit a latency and a bandwidth per "
+            f"algorithm, got {args.sizes}; e.g. --sizes 4KB,64KB,1MB,16MB"
+        )
+    if args.codec != "none" or link.enabled:
+        raise ConfigError(
+            "--fit fits the plain links auto chooses over; drop --codec, --latency and "
+            "--bandwidth (they change what is timed)"
+        )
+    where = f"--fit {path}"
+    if path.is_dir():
+        raise ConfigError(f"{where} is a folder; give a file path, e.g. {path / 'models.json'}")
+    parent = next((a for a in path.parents if a.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise ConfigError(f"{where}: {parent} is a file, not a folder; choose another path")
+    if parent is not None and not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"{where}: {parent} is not writable; choose another path")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise ConfigError(f"{where} is not writable; choose another path")
+    if path.exists() or path.is_symlink():
+        read_models(path)  # ConfigError naming the file: the fit would merge into it
 
 
 def _fit_path(args: argparse.Namespace):
