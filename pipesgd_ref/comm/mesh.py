@@ -35,9 +35,21 @@ silent one times out; the links' timeouts bound every wait) and watches the ring
 for news. A rank that cannot finish tells every mesh peer and both ring neighbours why before
 it raises (frames.aborting_on_error, Communicator.abort): each rank waiting on it hears the
 story and passes it on, so the whole job stops with one cause.
+
+Blame of a stuck send. A mesh rank also waits on its own sending thread (a hop's range is
+overwritten only once sent), which a ring rank hardly does. When that wait times out, the
+peer is named only if it is the holdup: a send blocked by a peer that does not read leaves
+bytes in this socket's send queue. An empty queue (Linux's SIOCOUTQ) means the peer took
+every byte handed to the kernel, so the frame is stuck in this process (a hung sending
+thread, a truncated frame): the error names this rank (`own_stall`), as its peer's "no data
+from rank ..." does, and no rank blames the peer.
 """
 
 from __future__ import annotations
+
+import fcntl
+import struct
+import termios
 
 import numpy as np
 
@@ -46,6 +58,7 @@ from pipesgd_ref.comm.algorithms import ALGORITHMS, Hop, schedule
 from pipesgd_ref.comm.frames import aborting_on_error, frame_at, recv_checked
 from pipesgd_ref.comm.schedule import SEGMENT_BYTES, segments
 from pipesgd_ref.comm.wire import CODE_OF_DTYPE, Frame, Kind, Op, as_bytes
+from pipesgd_ref.errors import CommError, PeerTimeout
 
 # The jobs (JobSpec.allreduce) whose ranks make mesh links.
 JOBS_WITH_MESH = ("auto", "rd", "rab")
@@ -115,7 +128,15 @@ class _Hops:
             with doing(f"allreduce #{self.seq} step {step} ({self.algo}, rank {hop.peer})"):
                 self.exchange(step, hop)
         for sender in self.senders.values():  # the caller may reuse `flat` once we return
-            sender.flush(self.comm.timeout)
+            self.drain(sender, 0)
+
+    def drain(self, sender, at_most: int) -> None:
+        """Wait until at most `at_most` frames are queued on `sender`; a timeout names the rank
+        that holds the frame up (`own_stall`)."""
+        try:
+            sender.wait_pending(at_most, self.comm.timeout)
+        except PeerTimeout as e:
+            raise own_stall(self.comm, e) from None
 
     def waiting(self) -> None:
         """Each idle slice of a wait: tell every mesh peer this rank is alive (heartbeats; a
@@ -148,7 +169,7 @@ class _Hops:
                 got = self.scratch[: e - s]
                 recv(part, got)
                 if busy is not None:  # our own frame over [s, e) must have left first
-                    sender.wait_pending(len(outs) - 1 - busy, self.comm.timeout)
+                    self.drain(sender, len(outs) - 1 - busy)
                 if hop.add:
                     np.add(got, dst, out=dst)  # simulate's order: received + own
                 else:
@@ -164,3 +185,28 @@ def _last_overlap(send, outs, per: int, s: int, e: int) -> int | None:
     if send is None or e <= s or e <= send[0] or send[1] <= s:
         return None
     return min((e - 1 - send[0]) // per, len(outs) - 1)
+
+
+def own_stall(comm, error: PeerTimeout) -> CommError:
+    """The error for a send to a peer that did not finish in time (`error`, naming the peer):
+    itself while bytes wait in the link's socket send queue (the peer does not read), else an
+    error naming this rank: the peer read all it was given, the frame is stuck in this process
+    (module docstring). Links whose payloads bypass the socket (shared-memory slots) keep it."""
+    link = getattr(error, "link", None)
+    if link is None or getattr(link, "transport", "") not in ("tcp", "unix"):
+        return error
+    try:
+        queued = struct.unpack("i", fcntl.ioctl(link.sock.fileno(), termios.TIOCOUTQ, b"\0" * 4))
+    except (OSError, AttributeError, ValueError):
+        return error
+    if queued[0]:
+        return error
+    return PeerTimeout(
+        f"rank {comm.rank}: a frame to rank {link.peer} has been stuck in this rank for "
+        f"{comm.timeout:.1f} s, though rank {link.peer} took every byte sent so far: this "
+        f"rank's sending thread is hung or its frame was cut short; look for this rank's "
+        f"error or fault above",
+        origin=comm.rank,
+        link=link,
+        doing=getattr(error, "doing", ""),
+    )

@@ -1,0 +1,103 @@
+"""Every PIPESGD_FAULT kind acts or is refused: wire faults under one host's shared-memory group
+are a ConfigError before any AllReduce; kill as PID 1 of a PID namespace still ends the process;
+under rd and rab a truncated or closed frame from rank 1 is blamed on rank 1 (comm/mesh.py)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from pipesgd_ref.comm.mesh import own_stall
+from pipesgd_ref.commands.train import run_training
+from pipesgd_ref.config import TrainConfig
+from pipesgd_ref.errors import ConfigError, PeerTimeout, WorkerFailed
+from pipesgd_ref.runtime import faults
+
+
+def _train(tmp_path, monkeypatch, fault: str, **more):
+    monkeypatch.setenv(faults.ENV, fault)
+    cfg = TrainConfig.preset("tiny").replace(
+        algo="sync", steps=8, timeout=2.0, out=str(tmp_path), eval_every=0,
+        checkpoint_every=0, world_size=2, **more,
+    )  # fmt: skip
+    with pytest.raises(WorkerFailed) as failed:
+        run_training(cfg, progress=False, log=lambda line: None)
+    return failed.value
+
+
+def test_refused_without_frames():
+    group = SimpleNamespace(group=object())
+    faults.refuse_without_frames(SimpleNamespace(group=None))  # links carry frames: acts
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(faults.ENV, "truncate@1:3")
+        faults.refuse_without_frames(SimpleNamespace(group=None))
+        with pytest.raises(ConfigError, match=r"truncate@1:3 .*--allreduce ring"):
+            faults.refuse_without_frames(group)
+        mp.setenv(faults.ENV, "kill@1:3")  # a process fault acts anywhere
+        faults.refuse_without_frames(group)
+
+
+@pytest.mark.timeout(60)
+def test_wire_fault_under_the_group_is_a_config_error_exit_2(tmp_path):
+    env = {**os.environ, faults.ENV: "garbage@1:3"}
+    pipesgd = os.path.join(os.path.dirname(sys.executable), "pipesgd")
+    cmd = [pipesgd, "train", "--preset", "tiny", "--steps", "10", "--no-progress"]
+    cmd += ["--out", str(tmp_path), "--overwrite"]
+    run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=50)
+    if "shared-memory group" not in run.stderr and run.returncode == 0:
+        pytest.skip("this machine forms no shared-memory group (comm/shm_group.py)")
+    assert run.returncode == 2, run.stderr
+    assert "garbage@1:3 acts on a frame" in run.stderr and "--transport tcp" in run.stderr
+
+
+def test_kill_as_pid_1_ends_the_process():
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        pytest.skip("no unshare on this machine")
+    code = (
+        "import os; from pipesgd_ref.runtime import faults\n"
+        "print('pid', os.getpid(), flush=True)\n"
+        "faults.at_step(0, 0)\n"
+        "print('survived', flush=True)\n"
+    )
+    env = {**os.environ, faults.ENV: "kill@0:0"}
+    run = subprocess.run([unshare, "--pid", "--fork", sys.executable, "-c", code], env=env,
+                         capture_output=True, text=True, timeout=30)  # fmt: skip
+    if "pid 1" not in run.stdout:
+        pytest.skip(f"unshare --pid not permitted here: {run.stderr.strip()[-200:]}")
+    assert "survived" not in run.stdout
+    assert run.returncode == faults.KILL_EXIT_STATUS, (run.returncode, run.stderr)
+    assert faults.ANNOUNCE in run.stderr
+
+
+def test_a_stuck_send_with_nothing_queued_names_this_rank():
+    mine, theirs = socket.socketpair()
+    try:
+        link = SimpleNamespace(transport="unix", sock=mine, peer=0)
+        comm = SimpleNamespace(rank=1, timeout=2.0)
+        error = PeerTimeout("could not hand data to rank 0", origin=0, link=link)
+        assert own_stall(comm, error).origin == 1  # rank 0 read everything: ours
+        mine.sendall(b"x" * 1000)  # unread by rank 0: it is the holdup
+        assert own_stall(comm, error) is error
+        shm = SimpleNamespace(transport="shm", sock=mine, peer=0)
+        error = PeerTimeout("x", origin=0, link=shm)
+        assert own_stall(comm, error) is error
+    finally:
+        mine.close()
+        theirs.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("action", ["truncate", "close"])
+@pytest.mark.parametrize("allreduce", ["rd", "rab"])
+def test_rd_and_rab_blame_the_rank_that_failed(allreduce, action, tmp_path, monkeypatch):
+    error = _train(tmp_path, monkeypatch, f"{action}@1:3", transport="tcp", allreduce=allreduce)
+    assert error.cause == 1, str(error)
+    assert "point to rank 1" in str(error).splitlines()[0], str(error)
+    assert "to rank 0" not in str(error), str(error)
