@@ -42,6 +42,7 @@ from pipesgd_ref.errors import (
     error_text,
 )
 from pipesgd_ref.logs import WorkerLogging
+from pipesgd_ref.runtime.janitor import Janitor
 from pipesgd_ref.runtime.jobenv import pin_to_core
 from pipesgd_ref.runtime.lifetime import (
     EXIT_ORPHANED,
@@ -235,8 +236,8 @@ def launch_local(
     errors: dict[int, str] = {}
     blamed: dict[int, int | None] = {}  # failed rank -> the rank its error points to
     grace = 2 * timeout if grace is None else grace
-    try:
-        with LauncherSignals(plan, stop_grace) as signals:  # before any worker starts
+    try:  # before any worker starts: the signals, and the janitor (ends them if we're SIGKILLed)
+        with Janitor.start() as janitor, LauncherSignals(plan, stop_grace) as signals:
             _supervise(
                 procs,
                 results,
@@ -247,7 +248,7 @@ def launch_local(
                 signals,
                 grace,
                 job_timeout,
-                store,
+                (store, janitor),
             )
     finally:
         store.close()  # rank 0 has its own copy (or never started)
@@ -326,17 +327,20 @@ def _supervise(
     signals: LauncherSignals,
     grace: float,
     job_timeout: float | None,
-    store: socket.socket,
+    keep: tuple[socket.socket, Janitor],
 ) -> None:
     """Start the workers, collect their results and errors, and leave no process behind: the
-    loop of launch_local, filling `values` (rank -> result), `errors` and `blamed`. `store`:
-    the launcher's copy of rank 0's store listener, closed once rank 0 has its own."""
+    loop of launch_local, filling `values` (rank -> result), `errors` and `blamed`. `keep`:
+    the launcher's copy of rank 0's store listener, closed once rank 0 has its own, and the
+    janitor told of every worker (it ends them should the launcher die by SIGKILL)."""
+    store, janitor = keep
     deadline = time.monotonic() + job_timeout if job_timeout else None
     first_failure: float | None = None
     last_report = 0.0  # when the last failure was reported
     try:
         for proc in procs:
             proc.start()
+            janitor.watch(proc.pid)
         store.close()
         while len(values) + len(errors) < world_size:
             now = time.monotonic()
