@@ -51,6 +51,7 @@ from pipesgd_ref.comm.communicator import Communicator
 from pipesgd_ref.comm.mpi_links import TAG_BACK, TAG_DOWN, TAG_RING, TAG_UP, MPILink, poll
 from pipesgd_ref.comm.rendezvous import JobSpec
 from pipesgd_ref.errors import CommError, ConfigError
+from pipesgd_ref.runtime.janitor import Janitor
 
 # Variables a process started by an MPI launcher finds set: Open MPI's mpirun, MPICH's and
 # Intel MPI's Hydra, PMIx (srun --mpi=pmix, prterun), SLURM's srun.
@@ -251,15 +252,22 @@ def run_under_mpirun(n: int, argv: list[str], stops: list[dict] | None = None) -
 
     command, env = mpirun_command(n, argv)
     print(f"pipesgd: starting {n} ranks: {' '.join(command)}", file=sys.stderr, flush=True)
-    if stops is None:
-        return relay(subprocess.Popen(command, env=env), forward_to_ranks=False)
-    with tempfile.TemporaryDirectory(prefix="pipesgd-mpi-stops-") as folder:
-        env[STOP_DIR_ENV] = folder  # each rank's report of a stop (report_stop)
-        command[1:1] = ["-x", STOP_DIR_ENV]
-        proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, process_group=0)
-        rc = relay(proc, forward_to_ranks=True, extra=(signal.SIGINT,))
-        for report in sorted(Path(folder).glob("rank-*.json")):
-            stops.append(json.loads(report.read_text()))
+    # The janitor ends mpirun and its ranks, and removes the stops' folder, should this process
+    # die by SIGKILL (runtime/janitor.py): mpirun would go on, a stopped rank stay stopped.
+    with Janitor.start() as janitor:
+        if stops is None:
+            proc = subprocess.Popen(command, env=env)
+            janitor.watch(proc.pid)
+            return relay(proc, forward_to_ranks=False)
+        with tempfile.TemporaryDirectory(prefix="pipesgd-mpi-stops-") as folder:
+            janitor.remove(folder)
+            env[STOP_DIR_ENV] = folder  # each rank's report of a stop (report_stop)
+            command[1:1] = ["-x", STOP_DIR_ENV]
+            proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, process_group=0)
+            janitor.watch(proc.pid)
+            rc = relay(proc, forward_to_ranks=True, extra=(signal.SIGINT,))
+            for report in sorted(Path(folder).glob("rank-*.json")):
+                stops.append(json.loads(report.read_text()))
     stops.sort(key=lambda r: r["rank"])
     return rc
 
