@@ -233,3 +233,24 @@ def test_a_broken_models_file_is_one_line_naming_it_before_any_worker(
     assert err.startswith(f"pipesgd: error: AllReduce models file {path}"), err
     assert err.count("\n") == 1 and "Traceback" not in err and "rank" not in err, err
     assert not (out / "summary.json").exists()
+
+
+@pytest.mark.parametrize(
+    "argv, named",
+    [
+        ([], "(the compare preset's --latency 50us and a bandwidth compare chooses for this "
+             "machine)"),
+        (["--latency=1ms", "--bandwidth=1Gbit"], "(--latency 1ms and --bandwidth 1Gbit)"),
+        (["--latency=0"], "(a bandwidth compare chooses for this machine)"),
+    ],
+)  # fmt: skip
+def test_compare_refuses_the_group_at_once_naming_only_what_was_given(argv, named, capsys):
+    """Issue 41: `compare --allreduce twoshot` named --latency and --bandwidth the user never
+    gave (the preset's, and the link compare would choose). One line, exit 2, at once."""
+    assert main(["compare", "--allreduce=twoshot", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "pipesgd: error: --allreduce twoshot reduces through one host's shared memory, past "
+        f"the emulated link compare trains every method over {named}; use --allreduce auto"
+    ), err
+    assert err.count("\n") == 1, err

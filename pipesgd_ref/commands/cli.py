@@ -133,7 +133,7 @@ def cmd_compare(args: argparse.Namespace, cfg: TrainConfig, named=frozenset()) -
             "--lrs sets the learning rates of --study staleness; add --study staleness, or "
             "set one rate with --lr"
         )
-    check_compare_options(cfg)
+    check_compare_options(cfg, named=named, preset=args.preset)
     args.out_dir = args.out_dir or "runs/compare"
     more = {"repeats": REPEATS}
     if args.quick:
@@ -337,6 +337,10 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, rest: list[s
 
         return cmd_bench(args)
     cfg, named = resolve_named(args, rest)
+    if args.command == "compare":  # its own refusals first: they know what compare changes
+        from pipesgd_ref.commands.compare import check_compare_options
+
+        check_compare_options(cfg, named=named, preset=args.preset)
     check_config(cfg)  # every command refuses a config whose options do not make a run
     if args.command == "config":
         import json

@@ -127,9 +127,15 @@ def run_config(
     )
 
 
-def check_compare_options(cfg: TrainConfig, runs=timing.COMPARE_RUNS) -> None:
+def check_compare_options(
+    cfg: TrainConfig, runs=timing.COMPARE_RUNS, named=frozenset(), preset: str | None = None
+) -> None:
     """Refuse options that compare would ignore or that would mislabel a run: it picks each
-    run's method, codec and pull codec itself, and a pipe of width 1 is sync under pipe's name."""
+    run's method, codec and pull codec itself, a pipe of width 1 is sync under pipe's name,
+    and the shared-memory group bypasses the link compare emulates. Checked before anything
+    else of the config (cli.py), so a refusal names only what the user gave (`named`: the
+    keys the command line named) or says it is the preset's."""
+    _check_group_over_a_link(cfg, named, preset)
     labels = ", ".join(timing.run_label(algo, codec) for algo, codec in runs)
     ignored = [
         f"--{key.replace('_', '-')} {getattr(cfg, key)}"
@@ -149,6 +155,35 @@ def check_compare_options(cfg: TrainConfig, runs=timing.COMPARE_RUNS) -> None:
         )
     if problems:
         raise ConfigError("options compare would not use as asked: " + "; ".join(problems))
+
+
+def _check_group_over_a_link(cfg: TrainConfig, named, preset: str | None) -> None:
+    """--allreduce oneshot or twoshot: the group reduces through shared memory, past the
+    emulated link that compare trains every method over (its bandwidth chosen for this machine
+    unless one is named); refused in the user's terms, saying which values are the preset's."""
+    if cfg.allreduce not in ("oneshot", "twoshot"):
+        return
+    from pipesgd_ref.presets import PRESETS
+
+    ours = PRESETS.get(preset or "", {})
+
+    def shown(key: str) -> str:
+        value = getattr(cfg, key)
+        return f"the {preset} preset's --{key} {value}" if ours.get(key) == value else (
+            f"--{key} {value}")  # fmt: skip
+
+    link = [shown("latency")] if cfg.latency not in ("0", "") else []
+    if "bandwidth" not in named:
+        link.append("a bandwidth compare chooses for this machine")
+    elif cfg.bandwidth != "inf":
+        link.append(shown("bandwidth"))
+    if not link:
+        return  # no emulated link: the group runs as in `pipesgd train`
+    raise ConfigError(
+        f"--allreduce {cfg.allreduce} reduces through one host's shared memory, past the "
+        f"emulated link compare trains every method over ({' and '.join(link)}); use "
+        f"--allreduce auto, ring, rd or rab"
+    )
 
 
 def preflight_runs(cfg: TrainConfig, runs=timing.COMPARE_RUNS) -> None:
