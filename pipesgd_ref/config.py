@@ -406,47 +406,79 @@ def load_config_file(path: str | Path, base: TrainConfig | None = None) -> Train
     return apply_dict(base or TrainConfig(), read_config_file(path))
 
 
-def read_config_file(path: str | Path) -> dict[str, Any]:
-    """The keys of a .toml or .json config file (flat, or inside a [train] table), unchecked."""
-    path = Path(path)
-    if path.is_dir():
-        raise ConfigError(
-            f"config file {str(path)!r} is a directory; --config takes a .toml or .json file"
-        )
-    if path.exists() and not path.is_file():  # /dev/zero, a FIFO: reading might never end
-        raise ConfigError(
-            f"config file {str(path)!r} is not a regular file; --config takes a .toml or .json file"
-        )
-    if not path.is_file():
-        raise ConfigError(f"config file {str(path)!r} does not exist")
+MAX_CONFIG_BYTES = 1 << 20  # a config file is a few hundred bytes; past 1 MiB it is not one
+KERNEL_ROOTS = ("/proc", "/sys", "/dev")  # files the kernel makes up as they are read
+
+
+def kernel_file(path: Path) -> Path | None:
+    """Where `path` really is, when that is a file the kernel makes up as it is read (/proc,
+    /sys, /dev, or a symlink into them: a read may block or never end); else None."""
     try:
-        text = path.read_text(encoding="utf-8")  # TOML is UTF-8 by definition; JSON too
+        real = path.resolve()
+    except (OSError, RuntimeError):  # a symlink loop: the open below says so
+        return None
+    return real if any(real.is_relative_to(root) for root in KERNEL_ROOTS) else None
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """The keys of a .toml or .json config file (flat, or inside a [train] table), each a key
+    of TrainConfig with a value of its type. Every way the file can be wrong (missing, a
+    folder, not a regular file, a file of the kernel's, over 1 MiB, empty, not UTF-8, not
+    TOML/JSON, an unknown key, a value of the wrong type) is one line naming the file."""
+    path = Path(path)
+    where = f"config file {str(path)!r}"
+    if path.is_dir():
+        raise ConfigError(f"{where} is a directory; --config takes a .toml or .json file")
+    if path.exists() and not path.is_file():  # /dev/zero, a FIFO: reading might never end
+        raise ConfigError(f"{where} is not a regular file; --config takes a .toml or .json file")
+    if not path.is_file():
+        raise ConfigError(f"{where} does not exist")
+    real = kernel_file(path)
+    if real is not None:
+        raise ConfigError(
+            f"{where} is {real}, a file the kernel makes up as it is read, not a config file; "
+            f"--config takes a .toml or .json file"
+        )
+    if path.suffix not in (".toml", ".json"):
+        raise ConfigError(f"{where}: expected a .toml or .json suffix")
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+    except OSError as e:
+        raise ConfigError(f"{where} cannot be read: {e.strerror}") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(
+            f"{where} is over {MAX_CONFIG_BYTES >> 20} MiB: not a config file (one is a few "
+            f"lines of keys); is it the wrong file?"
+        )
+    try:
+        text = raw.decode("utf-8")  # TOML is UTF-8 by definition; JSON too
     except UnicodeDecodeError as e:
         raise ConfigError(
-            f"config file {str(path)!r} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at "
+            f"{where} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at "
             f"offset {e.start}); save it as UTF-8, or is it the wrong file?"
         ) from None
-    except OSError as e:
-        raise ConfigError(f"config file {str(path)!r} cannot be read: {e.strerror}") from None
+    if not text.strip():
+        raise ConfigError(f"{where} is empty; write the keys to set in it, or drop --config")
     try:
-        if path.suffix == ".toml":
-            data = tomllib.loads(text)
-        elif path.suffix == ".json":
-            data = json.loads(text)
-        else:
-            raise ConfigError(f"config file {str(path)!r}: expected a .toml or .json suffix")
+        data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
     except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
-        raise ConfigError(f"config file {str(path)!r} is not valid {path.suffix[1:]}: {e}") from e
+        raise ConfigError(f"{where} is not valid {path.suffix[1:]}: {e}") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"config file {str(path)!r}: expected a table of keys at the top")
+        raise ConfigError(f"{where}: expected a table of keys at the top")
     if set(data) == {"train"} and isinstance(data["train"], dict):
         data = data["train"]
     elif isinstance(data.get("train"), dict):
         others = ", ".join(repr(k) for k in data if k != "train")
         raise ConfigError(
-            f"config file {str(path)!r}: a [train] table and other keys beside it ({others}); "
+            f"{where}: a [train] table and other keys beside it ({others}); "
             f"put every key inside [train], or write them all flat without it"
         )
+    try:
+        for key, value in data.items():
+            _coerce(_field(key), value)
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
     return data
 
 
@@ -459,6 +491,7 @@ __all__ = [
     "apply_dict",
     "apply_overrides",
     "field_names",
+    "kernel_file",
     "load_config_file",
     "model_label",
     "parse_overrides",

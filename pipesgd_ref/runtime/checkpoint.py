@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipesgd_ref.config import TrainConfig
+from pipesgd_ref.config import TrainConfig, kernel_file
 from pipesgd_ref.errors import ConfigError, OutputError
 from pipesgd_ref.models import MODEL_FIELDS
 from pipesgd_ref.outputs import space_needed
@@ -116,6 +116,17 @@ def load(
         raise ConfigError(
             f"--resume {folder}: that is a file; --resume takes the run's folder (the --out of "
             f"the run, the one holding {FILE}), e.g. --resume {folder.parent}"
+        )
+    if path.exists() and not path.is_file():  # a folder or a FIFO: np.load would fail or block
+        raise ConfigError(
+            f"--resume {folder}: its {FILE} is not a regular file (a folder, a FIFO or a "
+            f"device); point --resume at the folder of a run that wrote its checkpoint"
+        )
+    real = kernel_file(path)
+    if real is not None:
+        raise ConfigError(
+            f"--resume {folder}: its {FILE} is {real}, a file the kernel makes up as it is "
+            f"read, not a checkpoint; point --resume at the folder of a run that wrote one"
         )
     if not path.is_file():
         raise ConfigError(
