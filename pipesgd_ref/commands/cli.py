@@ -103,6 +103,27 @@ def _check_faults(n_ranks: int, cfg: TrainConfig | None) -> None:
         faults.check(n_ranks, steps=steps, ps_async=rounds, server=server)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    if cfg is not None and detect_env() is None and _forms_a_group(cfg, n_ranks):  # local
+        why = faults.wire_fault_refusal()
+        if why:
+            raise ConfigError(why)
+
+
+def _forms_a_group(cfg: TrainConfig, n_ranks: int) -> bool:
+    """Whether a local job of cfg forms one host's shared-memory group (comm/shm_group.py's
+    `wanted`, as the rendezvous will decide it): its AllReduce may use the group, its links
+    are shm and not emulated, on a machine that has it."""
+    from pipesgd_ref.comm import shm_group
+    from pipesgd_ref.comm.netem import link_of
+    from pipesgd_ref.runtime.job import job_allreduce
+
+    return (
+        n_ranks > 1
+        and job_allreduce(cfg) in ("auto", *shm_group.ALGORITHMS)
+        and cfg.transport in ("auto", "shm")
+        and not link_of(cfg).enabled
+        and shm_group.supported()
+    )
 
 
 def _fixed_steps(cfg: TrainConfig) -> int | None:

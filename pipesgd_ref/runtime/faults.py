@@ -154,18 +154,27 @@ def kill_self() -> None:
 def refuse_without_frames(comm) -> None:
     """ConfigError when a wire fault is planned and `comm`'s AllReduce goes through one host's
     shared-memory group (comm.group), which puts no frame on a link for the fault to act on.
-    Every rank raises it (the plan is the job's), so the job stops at once, in one story."""
-    if getattr(comm, "group", None) is None:
-        return
+    Every rank raises it (the plan is the job's), so the job stops at once, in one story. (A
+    local `pipesgd train` refuses it before any worker starts: `wire_fault_refusal`.)"""
+    if getattr(comm, "group", None) is not None:
+        why = wire_fault_refusal()
+        if why:
+            raise ConfigError(why)
+
+
+def wire_fault_refusal() -> str | None:
+    """Why the planned wire fault cannot act in a job whose AllReduce goes through one host's
+    shared-memory group, or None when no wire fault is planned."""
     wire = [f for f in planned() if f.action in WIRE_ACTIONS]
-    if wire:
-        f = wire[0]
-        raise ConfigError(
-            f"{ENV}: {f.action}@{f.rank}:{f.step} acts on a frame sent on a link, but this "
-            f"job's AllReduce goes through one host's shared-memory group, which sends none; "
-            f"it would inject nothing. Run it with --allreduce ring (or rd, rab) or "
-            f"--transport tcp"
-        )
+    if not wire:
+        return None
+    f = wire[0]
+    return (
+        f"{ENV}: {f.action}@{f.rank}:{f.step} acts on a frame sent on a link, but this "
+        f"job's AllReduce goes through one host's shared-memory group, which sends none; "
+        f"it would inject nothing. Run it with --allreduce ring (or rd, rab) or "
+        f"--transport tcp"
+    )
 
 
 def announce(action: str, rank: int, step: int) -> None:

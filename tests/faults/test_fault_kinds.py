@@ -54,6 +54,9 @@ def test_wire_fault_under_the_group_is_a_config_error_exit_2(tmp_path):
         pytest.skip("this machine forms no shared-memory group (comm/shm_group.py)")
     assert run.returncode == 2, run.stderr
     assert "garbage@1:3 acts on a frame" in run.stderr and "--transport tcp" in run.stderr
+    # refused by the command before any worker starts: one line, no rank's
+    assert run.stderr.startswith("pipesgd: error: PIPESGD_FAULT: garbage@1:3"), run.stderr
+    assert run.stderr.count("\n") == 1 and "rank 0:" not in run.stderr, run.stderr
 
 
 def test_kill_as_pid_1_ends_the_process():
