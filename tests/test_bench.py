@@ -249,6 +249,10 @@ def _not_measured(monkeypatch):
         (["--fit={tmp}"], "--fit {tmp} is a folder; give a file path"),
         (["--fit={tmp}/file/models.json"], "--fit {tmp}/file/models.json: {tmp}/file is a file"),
         (["--fit={tmp}/bad.json"], "AllReduce models file {tmp}/bad.json is not JSON"),
+        (["--fit={tmp}/m.json", "--allreduce=auto"],
+         "--fit fits the rows of the algorithms auto chooses among (ring, rd, rab, oneshot, "
+         "twoshot), and --allreduce auto runs none; leave --allreduce out"),
+        (["--fit={tmp}/m.json", "--sizes=8KB,8KB"], "--fit needs at least 2 different --sizes"),
     ],
 )  # fmt: skip
 def test_bench_refuses_what_it_cannot_run_or_fit_before_measuring(
@@ -266,6 +270,57 @@ def test_bench_refuses_what_it_cannot_run_or_fit_before_measuring(
     err = capsys.readouterr().err
     assert err.startswith("pipesgd: error: " + message.replace("{tmp}", str(tmp_path))), err
     assert err.count("\n") == 1 and "Traceback" not in err, err
+
+
+def test_fit_into_an_unwritable_home_is_one_line_before_measuring(tmp_path, monkeypatch, capsys):
+    """--fit without a path writes under ~/.cache: a home that is a file, or one that cannot
+    be written, is said before any rank starts."""
+    from pipesgd_ref.commands import bench_command
+
+    _not_measured(monkeypatch)
+    monkeypatch.delenv("PIPESGD_ALLREDUCE_MODELS", raising=False)
+    home = tmp_path / "home"
+    home.write_text("")
+    monkeypatch.setenv("HOME", str(home))
+    argv = ["bench", "allreduce", "--sizes=4KB,64KB", "--fit"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"{home}/.cache/pipesgd/allreduce_models.json: {home} is a file, not a folder" in err
+    home.unlink()
+    home.mkdir()
+    real_access = os.access
+    monkeypatch.setattr(  # root may write anywhere: the check is os.access
+        bench_command.os, "access", lambda p, m: str(p) != str(home) and real_access(p, m)
+    )
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"pipesgd: error: --fit {home}/.cache/pipesgd/allreduce_models.json: {home} is not "
+        f"writable; choose another path\n"
+    )
+
+
+def test_a_fit_with_nothing_to_fit_says_so_and_keeps_the_json(tmp_path, monkeypatch, capsys):
+    """Rows that do not sum correctly fit nothing: one line, the models file left as it was,
+    the measurement in --json."""
+    from pipesgd_ref.commands import bench
+
+    real = bench.run_ring
+
+    def wrong(*a, **k):
+        return {**real(*a, **k), "verified": False}
+
+    monkeypatch.setattr(bench, "run_ring", wrong)
+    out, models = tmp_path / "bench.json", tmp_path / "models.json"
+    argv = ["bench", "allreduce", "--world-size=2", "--sizes=4KB,8KB", "--reps=1",
+            "--warmup=0", "--rounds=1", "--allreduce=ring", "--transport=tcp", "--peers=none",
+            f"--fit={models}", f"--json={out}"]  # fmt: skip
+    assert main(argv) == 2
+    assert capsys.readouterr().err == (
+        f"pipesgd: error: --fit: nothing to fit (no row of ring-tcp summed correctly at 2 "
+        f"sizes or more), so {models} is left as it was\n"
+    )
+    assert not models.exists() and len(json.loads(out.read_text())["rows"]) == 2
 
 
 def test_a_fit_that_fails_after_measuring_keeps_the_json(tmp_path, monkeypatch, capsys):

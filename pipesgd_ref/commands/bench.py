@@ -288,8 +288,7 @@ def bench_allreduce(
         write_text_atomic(json_path, json.dumps(result, indent=2) + "\n")
         print_fn(f"wrote {json_path}")
     if models is not None:
-        bench_algorithms.write_fit(models, world_size, fit_path, argv)
-        bench_algorithms.print_fit(models, world_size, fit_path, print_fn)
+        bench_algorithms.finish_fit(models, rows, world_size, fit_path, argv, print_fn)
     return result
 
 

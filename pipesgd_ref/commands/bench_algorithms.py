@@ -26,6 +26,7 @@ import numpy as np
 
 from pipesgd_ref.comm import choose, shm_group
 from pipesgd_ref.comm.netem import LinkSpec
+from pipesgd_ref.errors import JobError
 from pipesgd_ref.outputs import write_text_atomic
 from pipesgd_ref.units import format_bytes
 
@@ -93,8 +94,24 @@ def fit(rows, p: int) -> dict[str, dict[str, dict[str, float]]]:
         if len(mine) < 2:
             continue  # two figures need two sizes
         alpha, beta = fit_one(algo, p, [r.size_bytes for r in mine], [r.time_s for r in mine])
-        models.setdefault(resolved(transport), {})[algo] = {"alpha": alpha, "beta": beta}
+        if alpha > 0 or beta > 0:  # 0 and 0: a model that costs nothing, auto's every pick
+            models.setdefault(resolved(transport), {})[algo] = {"alpha": alpha, "beta": beta}
     return models
+
+
+def finish_fit(models: dict, rows, p: int, path, argv: str, print_fn) -> None:
+    """Write the fit and print it; a fit with no model in it (every row of an algorithm
+    failed its check, or timed nothing) is a JobError saying why, the file left as it was."""
+    if not models:
+        wrong = sorted({r.name for r in rows if split_name(r.name)[0] in choose.NAMES})
+        why = (
+            f"no row of {', '.join(wrong)} summed correctly at 2 sizes or more"
+            if wrong
+            else "no row of an algorithm auto chooses among ran"
+        )
+        raise JobError(f"--fit: nothing to fit ({why}), so {path} is left as it was")
+    write_fit(models, p, path, argv)
+    print_fit(models, p, path, print_fn)
 
 
 def write_fit(models: dict, p: int, path, argv: str) -> dict:

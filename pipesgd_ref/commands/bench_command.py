@@ -56,7 +56,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     algorithms = names("--allreduce", args.allreduce or ",".join(ALL), bench_algorithms.ALGORITHMS)
     if job is None:  # all of it before any rank starts: nothing measured for nothing
         _check_something_runs(algorithms, transports, peers, link)
-        _check_fit(args, sizes, link)
+        _check_fit(args, sizes, link, algorithms, transports)
     if job is not None:
         if args.allreduce is None:
             algorithms = ["auto"]
@@ -105,10 +105,10 @@ def _check_something_runs(algorithms, transports, peers, link: LinkSpec) -> None
     )
 
 
-def _check_fit(args: argparse.Namespace, sizes: list[int], link: LinkSpec) -> None:
+def _check_fit(args, sizes: list[int], link: LinkSpec, algorithms, transports) -> None:
     """--fit: a fit the measurement can make, to a target it can write, checked before any
     rank starts (an existing models file there must be valid: the fit is merged into it)."""
-    from pipesgd_ref.comm.choose import read_models
+    from pipesgd_ref.comm.choose import NAMES, read_models
 
     path = _fit_path(args)
     if path is None:
@@ -127,6 +127,14 @@ def _check_fit(args: argparse.Namespace, sizes: list[int], link: LinkSpec) -> No
         raise ConfigError(
             "--fit fits the plain links auto chooses over; drop --codec, --latency and "
             "--bandwidth (they change what is timed)"
+        )
+    rows, skipped = bench_algorithms.row_names(list(algorithms), list(transports), link)
+    if not [r for r in rows if bench_algorithms.split_name(r)[0] in NAMES]:
+        on = f" on --transport {args.transport}" if skipped else ""  # what skipped them
+        raise ConfigError(
+            f"--fit fits the rows of the algorithms auto chooses among ({', '.join(NAMES)}), "
+            f"and --allreduce {args.allreduce}{on} runs none; leave --allreduce out, or name "
+            f"them, e.g. --allreduce ring,rd,rab"
         )
     where = f"--fit {path}"
     if path.is_dir():
