@@ -39,10 +39,11 @@ story and passes it on, so the whole job stops with one cause.
 Blame of a stuck send. A mesh rank also waits on its own sending thread (a hop's range is
 overwritten only once sent), which a ring rank hardly does. When that wait times out, the
 peer is named only if it is the holdup: a send blocked by a peer that does not read leaves
-bytes in this socket's send queue. An empty queue (Linux's SIOCOUTQ) means the peer took
-every byte handed to the kernel, so the frame is stuck in this process (a hung sending
-thread, a truncated frame): the error names this rank (`own_stall`), as its peer's "no data
-from rank ..." does, and no rank blames the peer.
+bytes in this socket's send queue, or, on a shared-memory link, slots the peer has not
+released. An empty queue (Linux's SIOCOUTQ) with every slot released means the peer took
+everything handed to it, so the frame is stuck in this process (a hung sending thread, a
+truncated frame): the error names this rank (`own_stall`), as its peer's "no data from
+rank ..." does, and no rank blames the peer.
 """
 
 from __future__ import annotations
@@ -191,15 +192,9 @@ def own_stall(comm, error: PeerTimeout) -> CommError:
     """The error for a send to a peer that did not finish in time (`error`, naming the peer):
     itself while bytes wait in the link's socket send queue (the peer does not read), else an
     error naming this rank: the peer read all it was given, the frame is stuck in this process
-    (module docstring). Links whose payloads bypass the socket (shared-memory slots) keep it."""
+    (module docstring). A link where that cannot be told keeps it."""
     link = getattr(error, "link", None)
-    if link is None or getattr(link, "transport", "") not in ("tcp", "unix"):
-        return error
-    try:
-        queued = struct.unpack("i", fcntl.ioctl(link.sock.fileno(), termios.TIOCOUTQ, b"\0" * 4))
-    except (OSError, AttributeError, ValueError):
-        return error
-    if queued[0]:
+    if link is None or _untaken(link) != 0:
         return error
     return PeerTimeout(
         f"rank {comm.rank}: a frame to rank {link.peer} has been stuck in this rank for "
@@ -210,3 +205,21 @@ def own_stall(comm, error: PeerTimeout) -> CommError:
         link=link,
         doing=getattr(error, "doing", ""),
     )
+
+
+def _untaken(link) -> int | None:
+    """What `link`'s peer has not taken yet of what this rank handed it: the bytes in the
+    socket's send queue, plus, on a shared-memory link (comm/shm.py), the slotted frames
+    written and not yet released; None where it cannot be told (another transport)."""
+    if getattr(link, "transport", "") not in ("tcp", "unix", "shm"):
+        return None
+    try:
+        queued = struct.unpack("i", fcntl.ioctl(link.sock.fileno(), termios.TIOCOUTQ, b"\0" * 4))
+    except (OSError, AttributeError, ValueError):
+        return None
+    if link.transport != "shm":
+        return queued[0]
+    consumed = getattr(link, "_consumed_out", None)  # the peer's count of released slots
+    if consumed is None:
+        return None
+    return queued[0] + link._sent - int(consumed[0])

@@ -104,3 +104,28 @@ def test_rd_and_rab_blame_the_rank_that_failed(allreduce, action, tmp_path, monk
     assert error.cause == 1, str(error)
     assert "point to rank 1" in str(error).splitlines()[0], str(error)
     assert "to rank 0" not in str(error), str(error)
+
+
+def test_a_stuck_send_on_shared_memory_names_this_rank_once_every_slot_is_released():
+    mine, theirs = socket.socketpair()
+    try:
+        link = SimpleNamespace(transport="shm", sock=mine, peer=0, _sent=5, _consumed_out=[5])
+        comm = SimpleNamespace(rank=1, timeout=2.0)
+        error = PeerTimeout("could not hand data to rank 0", origin=0, link=link)
+        assert own_stall(comm, error).origin == 1  # rank 0 released every slot: ours
+        link._consumed_out = [4]  # a slot rank 0 has not released: it is the holdup
+        assert own_stall(comm, error) is error
+    finally:
+        mine.close()
+        theirs.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("allreduce", ["rd", "rab"])
+def test_rd_and_rab_over_shared_memory_blame_the_rank_that_failed(allreduce, tmp_path, monkeypatch):
+    """The mesh's links over shm: the truncated frame never fills its slot, so rank 1's stuck
+    sender is seen by every slot released, not by the socket's queue alone."""
+    error = _train(tmp_path, monkeypatch, "truncate@1:3", transport="shm", allreduce=allreduce)
+    assert error.cause == 1, str(error)
+    assert "point to rank 1" in str(error).splitlines()[0], str(error)
+    assert "to rank 0 for" not in str(error), str(error)
