@@ -11,7 +11,9 @@ parameter server, rank 0, when it applies update STEP):
     kill        SIGKILL itself: a crash with no goodbye (the kernel closes its sockets); as
                 PID 1 of a PID namespace, whose own SIGKILL the kernel ignores, os._exit
                 with status 137 (128 + SIGKILL) instead: as abrupt, no cleanup runs
-    stop        SIGSTOP itself: a hung process whose sockets stay open, silent
+    stop        SIGSTOP itself: a hung process whose sockets stay open, silent; as PID 1,
+                whose own SIGSTOP the kernel ignores too, it freezes instead (`freeze`): no
+                Python thread of it runs again, its sockets stay open and silent
     nan, inf    write NaN (or +Inf) into its gradient: a numerical fault
 
 Wire faults, armed at `at_step` and acted out by the transport on the next frame with a payload
@@ -34,6 +36,7 @@ cannot silently inject nothing.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
@@ -135,6 +138,8 @@ def at_step(rank: int, step: int, grads: np.ndarray | None = None) -> None:
             kill_self()
         elif action == "stop":
             os.kill(os.getpid(), signal.SIGSTOP)
+            if os.getpid() == 1:  # ignored there, as kill's SIGKILL is: freeze instead
+                freeze()
         elif grads is not None and grads.size:
             grads[grads.size // 2] = np.nan if action == "nan" else np.inf
     for action in _due(rank, step, WIRE_ACTIONS):
@@ -149,6 +154,18 @@ def kill_self() -> None:
     abruptly (no cleanup, no goodbye on its sockets, which the kernel closes)."""
     os.kill(os.getpid(), signal.SIGKILL)
     os._exit(KILL_EXIT_STATUS)  # reached only where the signal was ignored (PID 1)
+
+
+def freeze() -> None:
+    """stop for a process that SIGSTOP cannot stop (PID 1 of a PID namespace): never return,
+    and let no other Python thread run, so nothing more leaves its sockets (no heartbeat from
+    a sending thread). pause() called through ctypes.PyDLL keeps the interpreter lock (PyDLL
+    calls do not release it), with every signal blocked in this thread: what ends a stopped
+    process, SIGKILL (from outside the namespace, as for a container), ends this one."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+    pause = ctypes.PyDLL(None).pause
+    while True:
+        pause()
 
 
 def refuse_without_frames(comm) -> None:

@@ -9,6 +9,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -129,3 +130,44 @@ def test_rd_and_rab_over_shared_memory_blame_the_rank_that_failed(allreduce, tmp
     assert error.cause == 1, str(error)
     assert "point to rank 1" in str(error).splitlines()[0], str(error)
     assert "to rank 0 for" not in str(error), str(error)
+
+
+STOP_AS_PID_1 = """
+import os, threading, time
+from pipesgd_ref.runtime import faults
+def tick():  # a sending thread's heartbeats, as it were
+    while True:
+        os.write(1, b"tick\\n")
+        time.sleep(0.02)
+threading.Thread(target=tick, daemon=True).start()
+time.sleep(0.1)
+print("pid", os.getpid(), flush=True)
+faults.at_step(0, 0)
+print("survived", flush=True)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_stop_as_pid_1_freezes_every_thread():
+    """SIGSTOP to itself is ignored as PID 1 too: stop freezes the process instead, no thread
+    writes again, and SIGKILL from outside the namespace ends it (--kill-child: unshare's)."""
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        pytest.skip("no unshare on this machine")
+    env = {**os.environ, faults.ENV: "stop@0:0"}
+    cmd = [unshare, "--pid", "--fork", "--kill-child", sys.executable, "-c", STOP_AS_PID_1]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        time.sleep(1.5)  # the freeze comes 0.1 s in: a loaded machine has time to get there
+        assert proc.poll() is None, proc.communicate(timeout=10)  # frozen, not gone
+        first = os.read(proc.stdout.fileno(), 1 << 16).decode()  # what it wrote so far
+        if "pid 1" not in first:
+            proc.kill()
+            pytest.skip(f"unshare --pid not permitted here: {proc.communicate()[1][-200:]!r}")
+        time.sleep(0.5)
+        assert proc.poll() is None
+    finally:
+        proc.kill()
+        out, err = proc.communicate(timeout=20)
+    assert out.decode() == "", f"a thread ran after the freeze: {out.decode()[:200]!r}"
+    assert "survived" not in first and faults.ANNOUNCE in err.decode()
