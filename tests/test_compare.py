@@ -620,3 +620,47 @@ def test_given_link_says_what_the_ring_takes_against_compute_and_mpi_owns_its_wi
 def test_choose_refuses_a_calibration_it_would_not_use():
     with pytest.raises(ValueError, match="choose"):
         run_compare(CFG, out=None, calibration=calibration(), choose=True)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--allreduce=twoshot"],
+         "--allreduce twoshot reduces through one host's shared memory, past the emulated link "
+         "compare trains every method over (the compare preset's --latency 50us and a bandwidth "
+         "compare chooses for this machine); use --allreduce auto, ring, rd or rab, or compare "
+         "on plain links: --latency 0 --bandwidth inf"),
+        (["--allreduce=oneshot", "--latency=0"],
+         "--allreduce oneshot reduces through one host's shared memory, past the emulated link "
+         "compare trains every method over (a bandwidth compare chooses for this machine)"),
+        (["--device=cuda"],
+         "options compare would not use as asked: --device cuda: compare trains every method, "
+         "and ps-async and ps-sync run on the CPU; drop --device cuda, or train one on the GPU "
+         "with `pipesgd train --algo pipe --device cuda`"),
+        (["--skip-nonfinite"],
+         "options compare would not use as asked: --skip-nonfinite: compare's ddp run sends "
+         "each bucket during the backward"),
+        (["--max-staleness=2"],
+         "options compare would not use as asked: --max-staleness 2: compare runs ps-async "
+         "unbounded, the paper's asynchronous baseline; drop it, or train a bounded one with "
+         "`pipesgd train --algo ps-async --max-staleness 2`"),
+    ],
+)  # fmt: skip
+def test_compare_refuses_before_calibrating_naming_only_given_flags(
+    argv, message, tmp_path, monkeypatch, capsys
+):
+    """Issue 41: compare's refusals come before the calibration, in one line with the fix,
+    and never name a flag the user did not give (--algo, the preset's link as the user's)."""
+    from pipesgd_ref.commands import compare
+    from pipesgd_ref.commands.cli import main
+
+    def calibrated(*_a, **_k):
+        raise AssertionError("calibrated before refusing")
+
+    monkeypatch.setattr(compare, "calibrate_machine", calibrated)
+    monkeypatch.setattr(compare, "calibrate_for", calibrated)
+    assert main(["compare", "--no-progress", f"--out={tmp_path / 'out'}", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"pipesgd: error: {message}"), err
+    assert err.count("\n") == 1 and "--algo pipe has" not in err and "ps-sync runs" not in err
+    assert not (tmp_path / "out").exists()

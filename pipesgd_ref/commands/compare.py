@@ -50,12 +50,13 @@ from typing import Any
 
 from pipesgd_ref import timing
 from pipesgd_ref.commands.compare_checks import HEADLINE, check_targets
+from pipesgd_ref.commands.compare_checks import check_compare_options as check_compare_options
 from pipesgd_ref.commands.compare_figures import plot_compare
 from pipesgd_ref.commands.compare_link import choose_link, given_link
 from pipesgd_ref.commands.train import run_training
 from pipesgd_ref.config import TrainConfig, model_label
 from pipesgd_ref.data import load_dataset
-from pipesgd_ref.errors import ConfigError, JobStopped
+from pipesgd_ref.errors import JobStopped
 from pipesgd_ref.methods.table import method
 from pipesgd_ref.outputs import write_json, write_text_atomic
 from pipesgd_ref.runtime.preflight import check_config, check_run, n_params_of
@@ -124,65 +125,6 @@ def run_config(
         allreduce=cfg.allreduce if codec == "none" else "ring",  # a codec's is the ring's
         codec_pull="none",
         out=folder,
-    )
-
-
-def check_compare_options(
-    cfg: TrainConfig, runs=timing.COMPARE_RUNS, named=frozenset(), preset: str | None = None
-) -> None:
-    """Refuse options that compare would ignore or that would mislabel a run: it picks each
-    run's method, codec and pull codec itself, a pipe of width 1 is sync under pipe's name,
-    and the shared-memory group bypasses the link compare emulates. Checked before anything
-    else of the config (cli.py), so a refusal names only what the user gave (`named`: the
-    keys the command line named) or says it is the preset's."""
-    _check_group_over_a_link(cfg, named, preset)
-    labels = ", ".join(timing.run_label(algo, codec) for algo, codec in runs)
-    ignored = [
-        f"--{key.replace('_', '-')} {getattr(cfg, key)}"
-        for key in ("algo", "codec", "codec_pull")
-        if getattr(cfg, key) != getattr(TrainConfig, key)
-    ]
-    problems = []
-    if ignored:
-        problems.append(
-            f"{' and '.join(ignored)}: compare runs each method itself ({labels}) with full-"
-            f"precision pulls; drop it, or train one with `pipesgd train {' '.join(ignored)}`"
-        )
-    if cfg.width == 1 and any(method(algo).pipelined for algo, _ in runs):
-        problems.append(
-            "--width 1 makes compare's pipe runs synchronous: sync under pipe's name (sync "
-            "is a run of its own); use --width 2 or more"
-        )
-    if problems:
-        raise ConfigError("options compare would not use as asked: " + "; ".join(problems))
-
-
-def _check_group_over_a_link(cfg: TrainConfig, named, preset: str | None) -> None:
-    """--allreduce oneshot or twoshot: the group reduces through shared memory, past the
-    emulated link that compare trains every method over (its bandwidth chosen for this machine
-    unless one is named); refused in the user's terms, saying which values are the preset's."""
-    if cfg.allreduce not in ("oneshot", "twoshot"):
-        return
-    from pipesgd_ref.presets import PRESETS
-
-    ours = PRESETS.get(preset or "", {})
-
-    def shown(key: str) -> str:
-        value = getattr(cfg, key)
-        return f"the {preset} preset's --{key} {value}" if ours.get(key) == value else (
-            f"--{key} {value}")  # fmt: skip
-
-    link = [shown("latency")] if cfg.latency not in ("0", "") else []
-    if "bandwidth" not in named:
-        link.append("a bandwidth compare chooses for this machine")
-    elif cfg.bandwidth != "inf":
-        link.append(shown("bandwidth"))
-    if not link:
-        return  # no emulated link: the group runs as in `pipesgd train`
-    raise ConfigError(
-        f"--allreduce {cfg.allreduce} reduces through one host's shared memory, past the "
-        f"emulated link compare trains every method over ({' and '.join(link)}); use "
-        f"--allreduce auto, ring, rd or rab"
     )
 
 

@@ -1,4 +1,11 @@
-"""The checks of `pipesgd compare`: claims that mean the same on any machine.
+"""The checks of `pipesgd compare`: its options, refused before anything runs, and its claims,
+which mean the same on any machine.
+
+Options. compare trains every method itself on a link it emulates, so it refuses what it would
+ignore or mislabel (--algo, --codec, --width 1), what one of its methods cannot take
+(--device cuda, --skip-nonfinite, --max-staleness) and the shared-memory group, which bypasses
+the link. Each refusal is one line before the calibration, naming only what the user gave (a
+preset's value is called the preset's), with the fix.
 
 A bar on a ratio of two measured times holds at one machine's speed only, unless the link is
 chosen for the machine (compare_link.py) or the bar is stated against the model. So:
@@ -24,6 +31,11 @@ Each check is a dict: "check" (its name), "ok" (True, False, or None for a figur
 """
 
 from __future__ import annotations
+
+from pipesgd_ref import timing
+from pipesgd_ref.config import TrainConfig
+from pipesgd_ref.errors import ConfigError
+from pipesgd_ref.methods.table import method
 
 HEADLINE = 5.4  # the paper's: Pipe-SGD trains a four-node cluster up to 5.4x faster
 HEADLINE_RUNS = ("pipe+q8", "pipe+trunc16")  # compressed Pipe-SGD, the sooner one counts
@@ -161,3 +173,94 @@ def pipe_against_ddp(pipe: dict, ddp: dict, sync: dict | None) -> dict:
         "ok": None,
         "text": text,
     }
+
+
+def check_compare_options(
+    cfg: TrainConfig, runs=timing.COMPARE_RUNS, named=frozenset(), preset: str | None = None
+) -> None:
+    """Refuse options that compare would ignore or that would mislabel a run: it picks each
+    run's method, codec and pull codec itself, a pipe of width 1 is sync under pipe's name,
+    some of its methods cannot take an option, and the shared-memory group bypasses the link
+    compare emulates. Checked before anything else of the config (cli.py), so a refusal names
+    only what the user gave (`named`: the keys the command line named) or says it is the
+    preset's."""
+    _check_group_over_a_link(cfg, named, preset)
+    labels = ", ".join(timing.run_label(algo, codec) for algo, codec in runs)
+    ignored = [
+        f"--{key.replace('_', '-')} {getattr(cfg, key)}"
+        for key in ("algo", "codec", "codec_pull")
+        if getattr(cfg, key) != getattr(TrainConfig, key)
+    ]
+    problems = []
+    if ignored:
+        problems.append(
+            f"{' and '.join(ignored)}: compare runs each method itself ({labels}) with full-"
+            f"precision pulls; drop it, or train one with `pipesgd train {' '.join(ignored)}`"
+        )
+    if cfg.width == 1 and any(method(algo).pipelined for algo, _ in runs):
+        problems.append(
+            "--width 1 makes compare's pipe runs synchronous: sync under pipe's name (sync "
+            "is a run of its own); use --width 2 or more"
+        )
+    problems += _method_problems(cfg, sorted({algo for algo, _ in runs}))
+    if problems:
+        raise ConfigError("options compare would not use as asked: " + "; ".join(problems))
+
+
+def _method_problems(cfg: TrainConfig, algos: list[str]) -> list[str]:
+    """Options one of compare's methods cannot take, said of compare's runs (the generic check
+    would name an --algo the user never gave)."""
+    problems = []
+    cpu = [a for a in algos if not method(a).on_device]
+    if cfg.device == "cuda" and cpu:
+        problems.append(
+            f"--device cuda: compare trains every method, and {' and '.join(cpu)} run on the "
+            f"CPU; drop --device cuda, or train one on the GPU with `pipesgd train --algo pipe "
+            f"--device cuda`"
+        )
+    whole = [a for a in algos if not method(a).skips_nonfinite]
+    if cfg.skip_nonfinite and whole:
+        problems.append(
+            f"--skip-nonfinite: compare's {' and '.join(whole)} run sends each bucket during "
+            f"the backward, before a rank's whole gradient is known, so it cannot leave one "
+            f"out; drop --skip-nonfinite, or train one method with `pipesgd train "
+            f"--skip-nonfinite`"
+        )
+    if cfg.max_staleness >= 0:
+        problems.append(
+            f"--max-staleness {cfg.max_staleness}: compare runs ps-async unbounded, the "
+            f"paper's asynchronous baseline; drop it, or train a bounded one with `pipesgd "
+            f"train --algo ps-async --max-staleness {cfg.max_staleness}`"
+        )
+    return problems
+
+
+def _check_group_over_a_link(cfg: TrainConfig, named, preset: str | None) -> None:
+    """--allreduce oneshot or twoshot: the group reduces through shared memory, past the
+    emulated link that compare trains every method over (its bandwidth chosen for this machine
+    unless one is named); refused in the user's terms, saying which values are the preset's.
+    Under --comm mpi there is no emulated link (the generic check refuses the group there)."""
+    if cfg.allreduce not in ("oneshot", "twoshot") or cfg.comm == "mpi":
+        return
+    from pipesgd_ref.presets import PRESETS
+
+    ours = PRESETS.get(preset or "", {})
+
+    def shown(key: str) -> str:
+        value = getattr(cfg, key)
+        return f"the {preset} preset's --{key} {value}" if ours.get(key) == value else (
+            f"--{key} {value}")  # fmt: skip
+
+    link = [shown("latency")] if cfg.latency not in ("0", "") else []
+    if "bandwidth" not in named:
+        link.append("a bandwidth compare chooses for this machine")
+    elif cfg.bandwidth != "inf":
+        link.append(shown("bandwidth"))
+    if not link:
+        return  # no emulated link: the group runs as in `pipesgd train`
+    raise ConfigError(
+        f"--allreduce {cfg.allreduce} reduces through one host's shared memory, past the "
+        f"emulated link compare trains every method over ({' and '.join(link)}); use "
+        f"--allreduce auto, ring, rd or rab, or compare on plain links: --latency 0 "
+        f"--bandwidth inf"
+    )
