@@ -110,3 +110,32 @@ def test_a_broken_checkpoint_is_one_line_naming_it_once_per_job(kind, words, tmp
     err = _one_line(capsys)
     assert err.startswith("pipesgd: error: --resume") and str(folder) in err, err
     assert words in err and "rank" not in err, err
+
+
+@pytest.mark.parametrize("command", ["bench", "compare"])
+def test_a_broken_models_file_is_one_line_before_bench_or_compare_starts_a_rank(
+    command, tmp_path, monkeypatch, capsys
+):
+    """auto's figures (comm/choose.py) were read in every rank: a broken file was one line
+    per rank, after compare's calibration had begun or bench's machine was measured."""
+    from pipesgd_ref.commands import bench, compare
+
+    def started(*_a, **_k):
+        raise AssertionError("measured before reading the models file")
+
+    monkeypatch.setattr(bench, "measure_machine", started)
+    monkeypatch.setattr(compare, "calibrate_machine", started)
+    monkeypatch.setattr(compare, "calibrate_for", started)
+    path = tmp_path / "models.json"
+    path.write_text('{"models": {"shm": {"ring": {"alpha": "fast", "beta": 1}}}}')
+    monkeypatch.setenv("PIPESGD_ALLREDUCE_MODELS", str(path))
+    argv = {
+        "bench": ["bench", "allreduce", "--world-size=2", "--sizes=4KB", "--peers=none"],
+        "compare": ["compare", "--quick", "--no-progress", f"--out={tmp_path / 'out'}"],
+    }[command]
+    assert main(argv) == 2
+    err = _one_line(capsys)
+    assert err.startswith(
+        f'pipesgd: error: AllReduce models file {path}: models.shm.ring needs "alpha" and '
+        f'"beta", two finite numbers >= 0'
+    ), err

@@ -57,6 +57,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if job is None:  # all of it before any rank starts: nothing measured for nothing
         _check_something_runs(algorithms, transports, peers, link)
         _check_fit(args, sizes, link, algorithms, transports)
+        if "auto" in algorithms or (args.codec == "none" and not link.enabled):
+            from pipesgd_ref.comm.choose import job_models
+
+            job_models()  # auto's figures, and each row's model: a broken file is one line now
     if job is not None:
         if args.allreduce is None:
             algorithms = ["auto"]

@@ -131,12 +131,20 @@ def run_config(
 def preflight_runs(cfg: TrainConfig, runs=timing.COMPARE_RUNS) -> None:
     """Every run of the comparison through the preflight (runtime/preflight.py) before any
     worker starts: its options make a run, its model fits in memory, its link delivers a frame
-    within --timeout. One line for the first run that fails, not a failure minutes in."""
+    within --timeout. One line for the first run that fails, not a failure minutes in; and
+    auto's figures read once here (a broken models file: one line, not one per rank)."""
+    from pipesgd_ref.comm.choose import job_models
+    from pipesgd_ref.runtime.job import job_allreduce
+
     n_params = n_params_of(cfg, load_dataset(cfg.dataset))  # the same model in every run
     for algo, codec in runs:
         run = run_config(cfg, algo, codec, None)
         check_config(run)
         check_run(run, n_params)
+    if cfg.world_size > 1 and any(
+        job_allreduce(run_config(cfg, a, c, None)) == "auto" for a, c in runs
+    ):
+        job_models()
 
 
 def soonest(repeats: list[dict]) -> int:
