@@ -253,6 +253,9 @@ def _not_measured(monkeypatch):
          "--fit fits the rows of the algorithms auto chooses among (ring, rd, rab, oneshot, "
          "twoshot), and --allreduce auto runs none; leave --allreduce out"),
         (["--fit={tmp}/m.json", "--sizes=8KB,8KB"], "--fit needs at least 2 different --sizes"),
+        (["--fit", "--comm=mpi"],
+         "--fit fits the rows of local ranks, and --comm mpi times the ring over MPI alone; "
+         "drop --fit"),
     ],
 )  # fmt: skip
 def test_bench_refuses_what_it_cannot_run_or_fit_before_measuring(
@@ -270,6 +273,18 @@ def test_bench_refuses_what_it_cannot_run_or_fit_before_measuring(
     err = capsys.readouterr().err
     assert err.startswith("pipesgd: error: " + message.replace("{tmp}", str(tmp_path))), err
     assert err.count("\n") == 1 and "Traceback" not in err, err
+
+
+def test_fit_in_a_job_from_the_environment_is_refused_not_ignored(monkeypatch, capsys):
+    for key, value in dict(RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1").items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    assert main(["bench", "allreduce", "--fit"]) == 2
+    assert capsys.readouterr().err == (
+        "pipesgd: error: --fit fits the rows of local ranks, and a rank of a job from the "
+        "environment times one algorithm; drop --fit (a fit is made on one host: `pipesgd "
+        "bench allreduce --fit`)\n"
+    )
 
 
 def test_fit_into_an_unwritable_home_is_one_line_before_measuring(tmp_path, monkeypatch, capsys):

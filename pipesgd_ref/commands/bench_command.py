@@ -30,7 +30,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
             "PIPESGD_FAULT is set, but bench allreduce injects no faults (only "
             "`pipesgd train` does); unset it"
         )
-    check_bind(args.bind, args.comm == "mpi" or detect_env() is not None, args.comm)
+    joined = args.comm == "mpi" or detect_env() is not None
+    check_bind(args.bind, joined, args.comm)
+    if joined and args.fit is not None:  # the joined benchmark fits nothing: say so, not ignore
+        how = (
+            "--comm mpi times the ring over MPI alone"
+            if args.comm == "mpi"
+            else "a rank of a job from the environment times one algorithm"
+        )
+        raise ConfigError(
+            f"--fit fits the rows of local ranks, and {how}; drop --fit (a fit is made on one "
+            f"host: `pipesgd bench allreduce --fit`)"
+        )
     if args.comm == "mpi":
         from pipesgd_ref.comm import mpi
 
