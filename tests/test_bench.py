@@ -252,7 +252,7 @@ def _not_measured(monkeypatch):
         (["--fit={tmp}/m.json", "--allreduce=auto"],
          "--fit fits the rows of the algorithms auto chooses among (ring, rd, rab, oneshot, "
          "twoshot), and --allreduce auto runs none; leave --allreduce out"),
-        (["--fit={tmp}/m.json", "--sizes=8KB,8KB"], "--fit needs at least 2 different --sizes"),
+        (["--sizes=8KB,8000"], "--sizes 8KB,8000 names 8.0 KB more than once; give each size once"),
         (["--fit", "--comm=mpi"],
          "--fit fits the rows of local ranks, and --comm mpi times the ring over MPI alone; "
          "drop --fit"),

@@ -197,6 +197,14 @@ def bench_flags(args: argparse.Namespace) -> tuple[list[int], LinkSpec, list[str
         or not sizes
     ):
         raise ConfigError("need --world-size >= 1, --reps >= 1, --warmup >= 0 and some --sizes")
+    twice = sorted({s for s in sizes if sizes.count(s) > 1})
+    if twice:  # 1KB and 1024 too: the same row measured twice, one line each in the table
+        from pipesgd_ref.units import format_bytes
+
+        raise ConfigError(
+            f"--sizes {args.sizes} names {', '.join(map(format_bytes, twice))} more than once; "
+            f"give each size once"
+        )
     if any(s % 4 for s in sizes):
         raise ConfigError(f"sizes must be whole float32 arrays (multiples of 4 bytes): {sizes}")
     if args.codec not in CODECS:
