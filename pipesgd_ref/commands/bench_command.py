@@ -32,16 +32,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         )
     joined = args.comm == "mpi" or detect_env() is not None
     check_bind(args.bind, joined, args.comm)
-    if joined and args.fit is not None:  # the joined benchmark fits nothing: say so, not ignore
-        how = (
-            "--comm mpi times the ring over MPI alone"
-            if args.comm == "mpi"
-            else "a rank of a job from the environment times one algorithm"
-        )
-        raise ConfigError(
-            f"--fit fits the rows of local ranks, and {how}; drop --fit (a fit is made on one "
-            f"host: `pipesgd bench allreduce --fit`)"
-        )
+    if joined:
+        _check_no_fit(args)
     if args.comm == "mpi":
         from pipesgd_ref.comm import mpi
 
@@ -65,13 +57,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         json_path=args.json_path,
     )
     algorithms = names("--allreduce", args.allreduce or ",".join(ALL), bench_algorithms.ALGORITHMS)
-    if job is None:  # all of it before any rank starts: nothing measured for nothing
-        _check_something_runs(algorithms, transports, peers, link)
-        _check_fit(args, sizes, link, algorithms, transports)
-        if "auto" in algorithms or (args.codec == "none" and not link.enabled):
-            from pipesgd_ref.comm.choose import job_models
-
-            job_models()  # auto's figures, and each row's model: a broken file is one line now
+    if job is None:
+        _check_local(args, algorithms, transports, peers, sizes, link)
     if job is not None:
         if args.allreduce is None:
             algorithms = ["auto"]
@@ -102,6 +89,33 @@ def cmd_bench(args: argparse.Namespace) -> int:
             **kwargs,
         )
     return 0
+
+
+def _check_local(args, algorithms, transports, peers, sizes: list[int], link: LinkSpec) -> None:
+    """All of it before any rank starts, nothing measured for nothing: some row runs, --fit
+    can fit and write, and auto's figures (and each row's model) read from a valid file."""
+    _check_something_runs(algorithms, transports, peers, link)
+    _check_fit(args, sizes, link, algorithms, transports)
+    if "auto" in algorithms or (args.codec == "none" and not link.enabled):
+        from pipesgd_ref.comm.choose import job_models
+
+        job_models()  # a broken models file: one line here, not one per rank
+
+
+def _check_no_fit(args: argparse.Namespace) -> None:
+    """The joined benchmark (--comm mpi, a job from the environment) fits nothing: a --fit
+    there is refused, not ignored."""
+    if args.fit is None:
+        return
+    how = (
+        "--comm mpi times the ring over MPI alone"
+        if args.comm == "mpi"
+        else "a rank of a job from the environment times one algorithm"
+    )
+    raise ConfigError(
+        f"--fit fits the rows of local ranks, and {how}; drop --fit (a fit is made on one "
+        f"host: `pipesgd bench allreduce --fit`)"
+    )
 
 
 def _check_something_runs(algorithms, transports, peers, link: LinkSpec) -> None:
