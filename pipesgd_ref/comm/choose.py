@@ -108,6 +108,9 @@ def read_models(path) -> dict[str, dict[str, tuple[float, float]]]:
     where = f"AllReduce models file {path}"
     fix = ("fix or delete it (`pipesgd bench allreduce --fit` writes a new one; "
            "$PIPESGD_ALLREDUCE_MODELS names another)")  # fmt: skip
+    real = os.path.realpath(path)
+    if real.startswith(("/proc/", "/sys/", "/dev/")):  # made up as read, and some block
+        raise ConfigError(f"{where} is {real}, a file the kernel makes, not a models file; {fix}")
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):  # before open: a fifo would block it
             raise ConfigError(f"{where} is not a regular file; {fix}")
