@@ -31,6 +31,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from pipesgd_ref.errors import JobStopped, LaunchError
+from pipesgd_ref.runtime.janitor import Janitor
 from pipesgd_ref.runtime.launch import free_port, launch_local
 from pipesgd_ref.runtime.lifetime import PR_SET_PDEATHSIG, STOP_SIGNALS
 
@@ -190,11 +191,17 @@ def run_mpi(
     path = [_package_root(), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     remove_stale_folders()
-    with tempfile.TemporaryDirectory(prefix=f"{MPI_TMP_PREFIX}{os.getpid()}-") as tmp:
+    # The janitor removes the folder, and ends the job, should this process die by SIGKILL
+    # (runtime/janitor.py); mpirun's own parent-death signal ends the ranks too.
+    with (
+        Janitor.start() as janitor,
+        tempfile.TemporaryDirectory(prefix=f"{MPI_TMP_PREFIX}{os.getpid()}-") as tmp,
+    ):
+        janitor.remove(tmp)
         out = os.path.join(tmp, "figures.json")
         argv = mpi_command(world_size, nbytes, reps, warmup, out, tcp)
         with _stop_on_signals():
-            output = _run_job(argv, env, tcp, world_size, nbytes, timeout)
+            output = _run_job(argv, env, tcp, world_size, nbytes, timeout, janitor)
         if not os.path.exists(out):
             tail = "; ".join(output.strip().splitlines()[-3:]) or "no output"
             raise LaunchError(f"the mpi peer's job wrote no figures: {tail}")
@@ -203,9 +210,16 @@ def run_mpi(
 
 
 def _run_job(
-    argv: list[str], env: dict, tcp: bool, world_size: int, nbytes: int, timeout: float
+    argv: list[str],
+    env: dict,
+    tcp: bool,
+    world_size: int,
+    nbytes: int,
+    timeout: float,
+    janitor: Janitor,
 ) -> str:
-    """Run the mpirun job to its end; its output. Raises LaunchError when it fails."""
+    """Run the mpirun job to its end; its output. Raises LaunchError when it fails.
+    `janitor` is told of mpirun (it ends the job should this process die by SIGKILL)."""
     proc = subprocess.Popen(
         argv,
         stdout=subprocess.PIPE,
@@ -215,6 +229,7 @@ def _run_job(
         start_new_session=True,
         preexec_fn=_die_with_parent,
     )
+    janitor.watch(proc.pid)
     try:
         output, _ = proc.communicate(timeout=MPI_START_S + timeout)
     except subprocess.TimeoutExpired:

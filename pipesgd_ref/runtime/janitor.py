@@ -4,7 +4,7 @@ A launcher that dies by SIGKILL runs no clean-up. Its workers ask the kernel for
 when it dies (lifetime.bind_to_parent), but a stopped worker (SIGSTOP, state T) never acts on
 it; mpirun asked for nothing and keeps its ranks training; and a temporary folder stays.
 
-So a launcher forks a janitor first (`Janitor.start`): a small process that does nothing but
+So a launcher starts a janitor first (`Janitor.start`): a small process that does nothing but
 wait. The launcher tells it, over a pipe, the processes it starts (`watch`: a worker, mpirun)
 and the paths it creates (`remove`). When the launcher ends as usual it says goodbye
 (`close`) and the janitor exits untouched. When the launcher dies instead (the janitor's
@@ -28,7 +28,10 @@ import os
 import select
 import shutil
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 GRACE_S = 2.0  # how long the left-behind processes get to stop on SIGTERM before SIGKILL
 POLL_S = 0.1  # how often the janitor looks whether its launcher is still there
@@ -39,24 +42,29 @@ class Janitor:
     """The launcher's end of a janitor (see the module docstring). A context manager: `close`
     on the way out, whatever the way."""
 
-    def __init__(self, pid: int, fd: int):
-        self.pid = pid
-        self._fd = fd
+    def __init__(self, proc: subprocess.Popen):
+        self._proc = proc
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
 
     @classmethod
     def start(cls, grace: float = GRACE_S) -> Janitor:
-        """Fork the janitor of this process. The child never returns here."""
-        read_fd, write_fd = os.pipe()
-        launcher = os.getpid()
-        pid = os.fork()
-        if pid == 0:  # the janitor
-            try:
-                os.close(write_fd)
-                _serve(read_fd, launcher, grace)
-            finally:
-                os._exit(0)
-        os.close(read_fd)
-        return cls(pid, write_fd)
+        """Start the janitor of this process: a fresh Python (not a fork, whose command line
+        would be the launcher's, and which would hold copies of its descriptors), reading
+        its orders on its standard input."""
+        root = str(Path(__file__).resolve().parent.parent.parent)  # the folder of pipesgd_ref
+        path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+        argv = [sys.executable, "-m", __name__, str(os.getpid()), str(grace)]
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env={**os.environ, "PYTHONPATH": path},
+        )
+        return cls(proc)
 
     def watch(self, pid: int) -> None:
         """End process `pid`, and its descendants, if the launcher dies."""
@@ -68,31 +76,26 @@ class Janitor:
 
     def close(self) -> None:
         """The launcher ends as usual: the janitor exits, leaving everything alone."""
-        if self._fd < 0:
+        if self._proc.stdin is None or self._proc.stdin.closed:
             return
         self._say("bye")
-        os.close(self._fd)
-        self._fd = -1
-        deadline = time.monotonic() + CLOSE_WAIT_S
-        while time.monotonic() < deadline:
-            try:
-                if os.waitpid(self.pid, os.WNOHANG)[0]:
-                    return
-            except ChildProcessError:
-                return
-            time.sleep(0.01)
-        _signal(self.pid, signal.SIGKILL)
         try:
-            os.waitpid(self.pid, 0)
-        except ChildProcessError:
+            self._proc.stdin.close()
+        except OSError:
             pass
+        try:
+            self._proc.wait(timeout=CLOSE_WAIT_S)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
 
     def _say(self, line: str) -> None:
         if "\n" in line:
             raise ValueError(f"a janitor's message is one line: {line!r}")
         try:
-            os.write(self._fd, (line + "\n").encode())
-        except OSError:  # the janitor is gone: nothing to tell
+            self._proc.stdin.write((line + "\n").encode())
+            self._proc.stdin.flush()
+        except (OSError, ValueError):  # the janitor is gone: nothing to tell
             pass
 
     def __enter__(self) -> Janitor:
@@ -111,30 +114,45 @@ def _serve(fd: int, launcher: int, grace: float) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)  # a Ctrl-C, a stop: the launcher's to act on
     _close_other_fds(fd)
-    watched: dict[int, int | None] = {}  # pid -> its start time
-    paths: list[str] = []
-    pending = b""
+    orders = _Orders(fd)
     while os.getppid() == launcher:
-        if fd < 0:
-            time.sleep(POLL_S)
-            continue
-        if not select.select([fd], [], [], POLL_S)[0]:
-            continue
-        data = os.read(fd, 65536)
-        if not data:  # every writer closed its end (the launcher's forked workers had one)
-            os.close(fd)
-            fd = -1
-            continue
-        *lines, pending = (pending + data).split(b"\n")
-        for line in lines:
-            what, _, arg = line.decode(errors="replace").partition(" ")
-            if what == "bye":
-                return
-            if what == "pid":
-                watched[int(arg)] = _started(int(arg))
-            elif what == "path":
-                paths.append(arg)
-    _clean(watched, paths, grace)
+        if orders.read(POLL_S):
+            return
+    if orders.read(0):  # what the launcher said before it died
+        return
+    _clean(orders.watched, orders.paths, grace)
+
+
+class _Orders:
+    """What the launcher said: the pids to watch, the paths to remove, or goodbye."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self.watched: dict[int, int | None] = {}  # pid -> its start time
+        self.paths: list[str] = []
+        self._pending = b""
+
+    def read(self, timeout: float) -> bool:
+        """Take what has come within `timeout` seconds; True on goodbye."""
+        while self.fd >= 0 and select.select([self.fd], [], [], timeout)[0]:
+            data = os.read(self.fd, 65536)
+            if not data:  # every writer closed its end (forked workers may hold one)
+                os.close(self.fd)
+                self.fd = -1
+                break
+            *lines, self._pending = (self._pending + data).split(b"\n")
+            for line in lines:
+                what, _, arg = line.decode(errors="replace").partition(" ")
+                if what == "bye":
+                    return True
+                if what == "pid":
+                    self.watched[int(arg)] = _started(int(arg))
+                elif what == "path":
+                    self.paths.append(arg)
+            timeout = 0
+        if self.fd < 0:
+            time.sleep(timeout)
+        return False
 
 
 def _close_other_fds(keep: int) -> None:
@@ -245,3 +263,10 @@ def _signal(pid: int, sig: int) -> None:
         os.kill(pid, sig)
     except OSError:
         pass
+
+
+if __name__ == "__main__":  # Janitor.start: python -m pipesgd_ref.runtime.janitor LAUNCHER GRACE
+    try:
+        _serve(0, int(sys.argv[1]), float(sys.argv[2]))
+    finally:
+        os._exit(0)
