@@ -11,7 +11,10 @@ What people send a running job, and what it does here (as torchrun and horovodru
     SIGKILL to the launcher
         cannot be caught; each worker asked the kernel for a SIGTERM when its parent dies
         (`bind_to_parent`, Linux's PR_SET_PDEATHSIG), stops as above and exits on its own,
-        or is ended by its own watchdog `grace` seconds later.
+        or is ended by its own watchdog `grace` seconds later. The launcher's janitor
+        (runtime/janitor.py) sends every worker SIGTERM and SIGCONT too (a stopped one acts
+        on no signal before it), and SIGKILLs what is left 2 s later: mpirun and its ranks
+        as well, and it removes the job's temporary folders.
 
 Stopping at one step. The ring methods cannot stop rank by rank: a rank that stopped after
 step t while its neighbour began step t + 1 would leave the neighbour waiting for a chunk that
