@@ -103,7 +103,8 @@ def _check_faults(n_ranks: int, cfg: TrainConfig | None) -> None:
         faults.check(n_ranks, steps=steps, ps_async=rounds, server=server)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    if cfg is not None and detect_env() is None and _forms_a_group(cfg, n_ranks):  # local
+    local = cfg is not None and cfg.comm != "mpi" and detect_env() is None  # (mpi: no group)
+    if local and _forms_a_group(cfg, n_ranks):
         why = faults.wire_fault_refusal()
         if why:
             raise ConfigError(why)
