@@ -315,6 +315,7 @@ def test_fit_into_an_unwritable_home_is_one_line_before_measuring(tmp_path, monk
     )
 
 
+@pytest.mark.slow
 def test_a_fit_with_nothing_to_fit_says_so_and_keeps_the_json(tmp_path, monkeypatch, capsys):
     """Rows that do not sum correctly fit nothing: one line, the models file left as it was,
     the measurement in --json."""
@@ -338,6 +339,7 @@ def test_a_fit_with_nothing_to_fit_says_so_and_keeps_the_json(tmp_path, monkeypa
     assert not models.exists() and len(json.loads(out.read_text())["rows"]) == 2
 
 
+@pytest.mark.slow
 def test_a_fit_that_fails_after_measuring_keeps_the_json(tmp_path, monkeypatch, capsys):
     """--json is written before the fit: a fit that cannot be written loses no measurement."""
     from pipesgd_ref.commands import bench_algorithms

@@ -97,6 +97,7 @@ def test_a_stuck_send_with_nothing_queued_names_this_rank():
         theirs.close()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("action", ["truncate", "close"])
 @pytest.mark.parametrize("allreduce", ["rd", "rab"])
@@ -121,6 +122,7 @@ def test_a_stuck_send_on_shared_memory_names_this_rank_once_every_slot_is_releas
         theirs.close()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("allreduce", ["rd", "rab"])
 def test_rd_and_rab_over_shared_memory_blame_the_rank_that_failed(allreduce, tmp_path, monkeypatch):
@@ -147,6 +149,7 @@ print("survived", flush=True)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_stop_as_pid_1_freezes_every_thread():
     """SIGSTOP to itself is ignored as PID 1 too: stop freezes the process instead, no thread

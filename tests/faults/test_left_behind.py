@@ -95,6 +95,7 @@ TRAIN = [sys.executable, "-m", "pipesgd_ref", "train", "--preset=tiny", "--world
          "--steps=100000", "--no-progress"]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_local_launch_with_a_stopped_rank(tmp_path):
     env = clean_env(PIPESGD_FAULT="stop@1:2")
     kill_launcher_and_watch(TRAIN + [f"--out={tmp_path}"], env, stopped_rank, "local launch")
@@ -103,6 +104,7 @@ def test_local_launch_with_a_stopped_rank(tmp_path):
 needs_mpirun = pytest.mark.skipif(find_mpirun() is None, reason="no mpirun")
 
 
+@pytest.mark.slow
 @needs_mpirun
 def test_comm_mpi_with_a_stopped_rank(tmp_path):
     env = clean_env(PIPESGD_FAULT="stop@1:2")
@@ -110,6 +112,7 @@ def test_comm_mpi_with_a_stopped_rank(tmp_path):
     kill_launcher_and_watch(argv, env, stopped_rank, "--comm mpi")
 
 
+@pytest.mark.slow
 @needs_mpirun
 def test_bench_mpi_peers():
     argv = [sys.executable, "-m", "pipesgd_ref", "bench", "allreduce", "--peers", "mpi",
