@@ -6,9 +6,10 @@ Three ways to set it, applied in this order (later wins):
     3. --key=value overrides: apply_overrides(cfg, ["--lr=0.05", "--hidden=128,64"])
 Every value is type-checked against the field's annotation; an unknown key is rejected with the
 list of valid ones (a typo must never silently fall back to a default). Each field's range or
-choice is checked on construction; whether the fields make a run together (the options the
-method takes, the transport, the codecs, the emulated link) is runtime/preflight.py's, which
-knows the rest of the package: this module imports nothing of it above units and errors.
+choice is checked on construction (runtime/field_checks.py; the optimiser's beside it, in
+methods/optimizer.py); whether the fields make a run together (the options the method takes,
+the transport, the codecs, the emulated link) is runtime/preflight.py's, which knows the rest
+of the package: this module imports nothing of it but those two leaves, errors and presets.
 """
 
 from __future__ import annotations
@@ -16,15 +17,22 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
-import math
 import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from pipesgd_ref.errors import ConfigError
+from pipesgd_ref.methods.optimizer import learning_rate
 from pipesgd_ref.presets import PRESETS
-from pipesgd_ref.units import MAX_SECONDS, parse_size
+from pipesgd_ref.runtime.field_checks import (  # the checks, and the choices they allow
+    COMPENSATIONS,
+    DEFAULT_CHANNELS,
+    MAX_COUNT,
+    MIN_TIMEOUT,
+    MODELS,
+    field_problems,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -36,10 +44,12 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 class TrainConfig:
     # --- problem ---
     dataset: str = "digits"  # digits | synthetic[:samples=N,...,seed=S] | mnist:PATH
-    model: str = "mlp"  # softmax | mlp | cnn (images: digits, mnist5k, mnist:PATH)
+    model: str = "mlp"  # softmax | mlp | cnn | resnet (images: digits, mnist5k, mnist:PATH)
     hidden: tuple[int, ...] = (64,)  # MLP (and CNN head) hidden widths, e.g. --hidden=128,64
-    channels: tuple[int, ...] = (6, 16)  # cnn: output channels of each conv layer (LeNet-5's)
+    # () = the model's default (DEFAULT_CHANNELS: LeNet-5's 6,16; the CIFAR ResNet's 16,32,64)
+    channels: tuple[int, ...] = ()  # cnn: channels of each conv layer; resnet: of its 3 stages
     kernels: tuple[int, ...] = (5, 5)  # cnn: odd kernel size of each conv layer ("same" padding)
+    depth: int = 8  # resnet: layers with weights, 6n + 2 (8, 14, 20, ...): n blocks per stage
     backend: str = "numpy"  # ops backend: numpy (the reference) | numba (njit CPU kernels)
     # Where training runs. cuda: params, grads and activations on a GPU, the model's ops on the
     # cuda backend whatever --backend says (--backend then picks the host ops of evaluation);
@@ -53,6 +63,7 @@ class TrainConfig:
     # --- parallelism ---
     world_size: int = 4  # p: number of workers, each with its own shard of the training set
     width: int = 2  # K: pipeline width; staleness = K - 1 (1 = synchronous, 2 = Pipe-SGD)
+    # pipe's warm-up: synchronous steps before the pipeline starts (not the lr's: lr_warmup)
     warmup_steps: int = 0  # synchronous steps before the pipeline starts (0 = none)
     # --- staleness (methods/compensation.py) ---
     compensation: str = "none"  # none | dc | dc-adaptive | predict (pipe); dc too for ps-async
@@ -60,8 +71,16 @@ class TrainConfig:
     max_staleness: int = -1  # ps-async: hold a worker back past S steps ahead (-1: no bound)
     # --- optimisation ---
     batch_size: int = 32  # per-worker minibatch; the effective batch is world_size * batch_size
-    lr: float = 0.1  # learning rate of plain SGD on the averaged gradient
-    lr_decay: float = 0.0  # lr_t = lr / (1 + lr_decay * t); 0 keeps lr constant
+    # The optimiser (methods/optimizer.py, torch.optim.SGD's rule) and lr_t's schedule
+    lr: float = 0.1  # learning rate (lr_t's base) applied to the averaged gradient
+    lr_schedule: str = "constant"  # constant | inverse | step | cosine (over the run's steps)
+    lr_decay: float = 0.0  # inverse: lr_t = lr / (1 + lr_decay * t)
+    lr_milestones: tuple[int, ...] = ()  # step: lr_t = lr * lr_gamma ** (milestones <= t)
+    lr_gamma: float = 0.1  # step: the factor at each milestone
+    lr_warmup: int = 0  # the lr's linear warm-up: lr_t * (t + 1) / lr_warmup for t < lr_warmup
+    momentum: float = 0.0  # heavy ball M in [0, 1): v = M v + d, w -= lr_t v (0: plain SGD)
+    nesterov: bool = False  # Nesterov's form: w -= lr_t (d + M v) (needs momentum > 0)
+    weight_decay: float = 0.0  # L2: d = g + weight_decay * w
     steps: int = 600  # gradient computations per worker (ignored when epochs > 0)
     epochs: float = 0.0  # if > 0, run this many passes over each worker's shard instead of steps
     seed: int = 0  # seeds the initial weights and every worker's minibatch order
@@ -112,18 +131,12 @@ class TrainConfig:
     skip_nonfinite: bool = False  # leave NaN/Inf gradients out (and count them) instead of stopping
 
     def __post_init__(self):
-        for name in ("hidden", "channels", "kernels"):  # a list (JSON, to_dict) as a tuple
+        for name in ("hidden", "channels", "kernels", "lr_milestones"):  # JSON lists as tuples
             if isinstance(getattr(self, name), list):
                 object.__setattr__(self, name, tuple(getattr(self, name)))
-        problems = [
-            *_run_size_problems(self),
-            *_schedule_problems(self),
-            *_reporting_problems(self),
-            *_model_problems(self),
-            *_wire_problems(self),
-            *_staleness_problems(self),
-            *_size_bound_problems(self),
-        ]
+        if not self.channels:  # the model's own default (to_dict writes it: (6, 16) as before)
+            object.__setattr__(self, "channels", DEFAULT_CHANNELS.get(self.model, (6, 16)))
+        problems = field_problems(self)  # runtime/field_checks.py: each field's range or choice
         if problems:
             raise ConfigError("invalid configuration: " + "; ".join(problems))
 
@@ -132,9 +145,12 @@ class TrainConfig:
         """K - 1: how many steps old the applied gradient is."""
         return self.width - 1
 
-    def lr_at(self, step: int) -> float:
-        """The learning rate of update `step`: lr / (1 + lr_decay * step)."""
-        return self.lr / (1.0 + self.lr_decay * step)
+    def lr_at(self, step: int, total_steps: int | None = None) -> float:
+        """The learning rate of update `step` (methods/optimizer.py's schedule) in a run of
+        `total_steps` (default cfg.steps; cosine's horizon: a run of --epochs gives it)."""
+        if total_steps is None and self.epochs > 0 and self.lr_schedule == "cosine":
+            raise ValueError("cosine's horizon: pass the run's steps (runtime/inputs steps_for)")
+        return learning_rate(self, step, self.steps if total_steps is None else total_steps)
 
     @classmethod
     def preset(cls, name: str) -> TrainConfig:
@@ -150,148 +166,13 @@ class TrainConfig:
         return {f.name: _jsonable(getattr(self, f.name)) for f in fields(self)}
 
 
-COMPENSATIONS = ("none", "dc", "dc-adaptive", "predict")  # methods/compensation.py
-DEVICES = ("cpu", "cuda")
-COMMS = ("sockets", "mpi")  # how the ranks talk (TrainConfig.comm)
-BACKENDS = ("numpy", "numba")  # the host ops (ops/), and the codecs' kernels
-MODELS = ("softmax", "mlp", "cnn")
-
-# --- the checks of each field on its own ------------------------------------------------------
-# Ranges and choices from the lists above, each problem one phrase. What needs the rest of the
-# package (the method's options, the transports, codecs, the link) is runtime/preflight.py's.
-
-
-def _run_size_problems(cfg: TrainConfig) -> list[str]:
-    """The job's shape: workers, pipeline width, warm-up, minibatch."""
-    problems = []
-    if cfg.world_size < 1:
-        problems.append(f"world_size must be >= 1, got {cfg.world_size}")
-    if cfg.width < 1:
-        problems.append(f"width must be >= 1 (1 = synchronous), got {cfg.width}")
-    if cfg.warmup_steps < 0:
-        problems.append(f"warmup_steps must be >= 0, got {cfg.warmup_steps}")
-    if cfg.batch_size < 1:
-        problems.append(f"batch_size must be >= 1, got {cfg.batch_size}")
-    try:
-        parse_size(cfg.bucket_size)
-    except ValueError as e:
-        problems.append(f"bucket_size: {e}")
-    return problems
-
-
-def _schedule_problems(cfg: TrainConfig) -> list[str]:
-    """The optimisation's schedule: a NaN or an inf would reach every step's update."""
-    problems = []
-    if not cfg.lr > 0 or cfg.lr == float("inf"):
-        problems.append(f"lr must be a positive finite number, got {cfg.lr}")
-    if not 0 <= cfg.lr_decay < float("inf"):  # NaN fails too (a NaN lr at every step)
-        problems.append(f"lr_decay must be a finite number >= 0, got {cfg.lr_decay}")
-    if cfg.steps < 1 and not cfg.epochs > 0:
-        problems.append(f"steps must be >= 1 (or set epochs > 0), got {cfg.steps}")
-    if not 0 <= cfg.epochs < float("inf"):  # NaN fails too
-        problems.append(f"epochs must be a finite number >= 0, got {cfg.epochs}")
-    if cfg.seed < 0:
-        problems.append(f"seed must be >= 0 (it seeds NumPy generators), got {cfg.seed}")
-    return problems
-
-
-def _reporting_problems(cfg: TrainConfig) -> list[str]:
-    problems = []
-    if cfg.checkpoint_every < 0:
-        problems.append(f"checkpoint_every must be >= 0, got {cfg.checkpoint_every}")
-    if cfg.max_restarts < 0:
-        problems.append(f"max_restarts must be >= 0, got {cfg.max_restarts}")
-    if cfg.eval_every < 0:
-        problems.append(f"eval_every must be >= 0, got {cfg.eval_every}")
-    if not 0 <= cfg.target_accuracy <= 1:
-        problems.append(f"target_accuracy must be in [0, 1], got {cfg.target_accuracy}")
-    return problems
-
-
-def _model_problems(cfg: TrainConfig) -> list[str]:
-    """The model's shape and where it computes."""
-    problems = []
-    if any(h < 1 for h in cfg.hidden):
-        problems.append(f"hidden widths must be >= 1, got {cfg.hidden}")
-    if cfg.backend not in BACKENDS:
-        problems.append(f"backend must be numpy or numba, got {cfg.backend!r}")
-    if cfg.device not in DEVICES:
-        problems.append(f"device must be {' or '.join(DEVICES)}, got {cfg.device!r}")
-    if cfg.model not in MODELS:
-        problems.append(f"model must be softmax, mlp or cnn, got {cfg.model!r}")
-    channels, kernels = ",".join(map(str, cfg.channels)), ",".join(map(str, cfg.kernels))
-    if len(cfg.kernels) != len(cfg.channels) or not cfg.channels:
-        problems.append(
-            f"--channels {channels} and --kernels {kernels}: one kernel size per conv layer"
-        )
-    elif min(cfg.channels) < 1 or any(k < 1 or k % 2 == 0 for k in cfg.kernels):
-        problems.append(
-            f"channels must be >= 1 and kernels odd (1, 3, 5, ...), got channels "
-            f"{cfg.channels}, kernels {cfg.kernels}"
-        )
-    return problems
-
-
-def _wire_problems(cfg: TrainConfig) -> list[str]:
-    """How the ranks talk: the codecs' kernels, the rendezvous port, the timeout, the comm."""
-    problems = []
-    if cfg.codec_backend not in BACKENDS:
-        problems.append(f"codec_backend must be numpy or numba, got {cfg.codec_backend!r}")
-    if not 0 <= cfg.master_port <= 65535:
-        problems.append(f"master_port must be 0..65535 (0 = any free), got {cfg.master_port}")
-    if not MIN_TIMEOUT <= cfg.timeout <= MAX_SECONDS:  # NaN fails too
-        problems.append(
-            f"timeout must be at least {MIN_TIMEOUT:g} s (a frame, or a peer's start, can take "
-            f"that long on a busy host) and at most {MAX_SECONDS:.0e} s (11.6 days), got "
-            f"{cfg.timeout:g}"
-        )
-    if cfg.comm not in COMMS:
-        problems.append(f"comm must be {' or '.join(COMMS)}, got {cfg.comm!r}")
-    return problems
-
-
-def _staleness_problems(cfg: TrainConfig) -> list[str]:
-    """The compensation's kind and weight, and the bound on how far ahead a worker runs."""
-    problems = []
-    if cfg.compensation not in COMPENSATIONS:
-        problems.append(
-            f"compensation must be one of {', '.join(COMPENSATIONS)}, got {cfg.compensation!r}"
-        )
-    if not (math.isfinite(cfg.dc_lambda) and cfg.dc_lambda >= 0):
-        problems.append(f"dc_lambda must be finite and >= 0, got {cfg.dc_lambda:g}")
-    if cfg.max_staleness < -1:
-        problems.append(f"max_staleness must be >= 0, or -1 for no bound, got {cfg.max_staleness}")
-    return problems
-
-
-# The shortest --timeout: any wait on a peer shorter than a scheduler's delay on a busy host, a
-# page fault or a peer's start fails a healthy job, blaming a rank that did nothing wrong.
-MIN_TIMEOUT = 1.0
-# The largest whole number each integer field takes: a count past MAX_COUNT (steps, a width, a
-# period) is a typo or a run that never ends; a seed fits an int64, as any reader of
-# summary.json or another tool's generator takes it. (master_port has its own range above.)
-MAX_COUNT = 10**9
-INT_BOUNDS = {"seed": 2**63 - 1, "max_restarts": 1000, "master_port": math.inf}
-
-
-def _size_bound_problems(cfg: TrainConfig) -> list[str]:
-    """Every integer field (each of a list's) and epochs within its bound: a JSON 1e308 is whole."""
-    problems = []
-    for f in fields(cfg):
-        if f.type not in ("int", "tuple[int, ...]") and f.name != "epochs":
-            continue
-        bound, value = INT_BOUNDS.get(f.name, MAX_COUNT), getattr(cfg, f.name)
-        too_big = [v for v in (value if isinstance(value, tuple) else (value,)) if v > bound]
-        if too_big:
-            problems.append(f"{f.name} must be at most {bound:,}, got {too_big[0]:.4g}")
-    return problems
-
-
 def model_label(cfg: TrainConfig) -> str:
     """cfg's model in a few words: "softmax", "mlp 1024-1024", "cnn 6,16 (5x5, 5x5) + 120-84"."""
     head = "-".join(map(str, cfg.hidden))
     if cfg.model == "mlp":
         return f"mlp {head}"
+    if cfg.model == "resnet":
+        return f"resnet-{cfg.depth} {','.join(map(str, cfg.channels))}"
     if cfg.model == "cnn":
         kernels = ", ".join(f"{k}x{k}" for k in cfg.kernels)
         return f"cnn {','.join(map(str, cfg.channels))} ({kernels})" + (
@@ -382,6 +263,8 @@ def apply_dict(cfg: TrainConfig, values: dict[str, Any]) -> TrainConfig:
     for key, value in values.items():
         f = _field(key)
         changes[f.name] = _coerce(f, value)
+    if "channels" not in changes and cfg.channels == DEFAULT_CHANNELS.get(cfg.model, (6, 16)):
+        changes["channels"] = ()  # default widths follow --model (resnet's, not LeNet-5's)
     return dataclasses.replace(cfg, **changes)
 
 
@@ -484,8 +367,10 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
 
 __all__ = [
     "COMPENSATIONS",
+    "DEFAULT_CHANNELS",
     "MAX_COUNT",
     "MIN_TIMEOUT",
+    "MODELS",
     "PRESETS",
     "TrainConfig",
     "apply_dict",
