@@ -8,6 +8,7 @@ import numpy as np
 
 from pipesgd_ref.comm.schedule import simulate_allreduce, simulate_compressed_allreduce
 from pipesgd_ref.methods import reference
+from pipesgd_ref.methods.optimizer import SGD
 from pipesgd_ref.methods.reference import delayed_sgd, model_grad_fn, sync_sgd
 from pipesgd_ref.runtime.worker import Worker
 
@@ -21,13 +22,17 @@ def oracle_inputs(cfg, n_workers: int):
 
 def oracle(cfg, staleness: int, warmup: int = 0):
     """The one-process run of `cfg` on cfg.world_size workers: sync SGD (staleness 0, no
-    warm-up), else SGD applying the gradient `staleness` steps late after `warmup` sync steps."""
+    warm-up), else SGD applying the gradient `staleness` steps late after `warmup` sync steps;
+    with cfg's optimiser and schedule (its lr_t over the run's steps) and compensation."""
     worker = Worker.build(cfg, 0, cfg.world_size)
     grad_fn = model_grad_fn(worker.model, worker.data, worker.sampler)
     w0, p, steps = worker.model.init_params(cfg.seed), cfg.world_size, worker.steps
+    lr, rule = worker.lr_at, SGD.of(cfg)
     if staleness == 0 and warmup == 0:
-        return sync_sgd(grad_fn, w0, p, steps, cfg.lr_at)
-    return delayed_sgd(grad_fn, w0, p, steps, cfg.lr_at, staleness=staleness, warmup_steps=warmup)
+        return sync_sgd(grad_fn, w0, p, steps, lr, optimizer=rule)
+    return delayed_sgd(grad_fn, w0, p, steps, lr, staleness=staleness, warmup_steps=warmup,
+                       compensation=cfg.compensation, dc_lambda=cfg.dc_lambda,
+                       optimizer=rule)  # fmt: skip
 
 
 def assert_matches_oracle(results, want, p):
@@ -86,4 +91,5 @@ def ddp_oracle(cfg, codec=None):
     grad_fn = model_grad_fn(worker.model, worker.data, worker.sampler)
     plan = buckets(worker.model.grad_units(), parse_size(cfg.bucket_size))
     w0, p, steps = worker.model.init_params(cfg.seed), cfg.world_size, worker.steps
-    return sync_sgd(grad_fn, w0, p, steps, cfg.lr_at, average=bucket_ring_average(plan, codec))
+    return sync_sgd(grad_fn, w0, p, steps, worker.lr_at, average=bucket_ring_average(plan, codec),
+                    optimizer=SGD.of(cfg))  # fmt: skip

@@ -41,9 +41,9 @@ def rewrite(folder, **changes):
 
 
 def test_a_good_checkpoint_loads(good):
-    params, next_step, pending = checkpoint.load(good, CFG, n_params=N_PARAMS)
+    params, next_step, pending, velocity = checkpoint.load(good, CFG, n_params=N_PARAMS)
     assert params.dtype == np.float32 and params.shape == (N_PARAMS,)
-    assert next_step == 10 and list(pending) == [9]
+    assert next_step == 10 and list(pending) == [9] and velocity is None  # plain SGD: none
 
 
 @pytest.mark.parametrize(
@@ -160,7 +160,7 @@ def test_an_older_checkpoint_without_the_codec_keys_means_the_defaults(good):
 
 def test_float64_weights_are_converted(good):
     rewrite(good, params=np.zeros(N_PARAMS, np.float64))
-    params, _, _ = checkpoint.load(good, CFG)
+    params = checkpoint.load(good, CFG).params
     assert params.dtype == np.float32
 
 

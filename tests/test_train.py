@@ -93,7 +93,7 @@ def test_digits_every_algorithm_reaches_95_percent_and_pipe_tracks_sync(tmp_path
         (["--width=0"], "width must be >= 1"),
         (["--lr=0"], "lr must be a positive"),
         (["--dataset=cifar"], "unknown dataset"),
-        (["--model=resnet"], "model must be softmax, mlp or cnn"),
+        (["--model=vgg"], "model must be one of softmax, mlp, cnn, resnet"),
         (["--algo=gossip"], "algo must be one of"),
         (["--bandwidth=10Mb"], "ambiguous bandwidth"),
         (["--codec=zip"], "codec must be none, trunc16, bf16 or q8"),

@@ -15,6 +15,7 @@ import numpy as np
 
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.logs import progress_bar
+from pipesgd_ref.methods.optimizer import SGD, schedule
 from pipesgd_ref.methods.reference import delayed_sgd, model_grad_fn
 from pipesgd_ref.outputs import write_json
 from pipesgd_ref.runtime.inputs import JobInputs
@@ -80,12 +81,13 @@ def run_reference(
             model.init_params(cfg.seed),
             cfg.world_size,
             steps,
-            cfg.lr_at,
+            schedule(cfg, steps),  # lr_t over this run's steps (cosine's horizon)
             staleness=cfg.width - 1,
             warmup_steps=cfg.warmup_steps,
             callback=curves.on_step,
             compensation=cfg.compensation,
             dc_lambda=cfg.dc_lambda,
+            optimizer=SGD.of(cfg),  # --momentum, --nesterov, --weight-decay
         )
     curves.bar.close()
     final_acc = curves.evaluate(steps, traj.params)

@@ -43,6 +43,7 @@ import numpy as np
 from pipesgd_ref import timing
 from pipesgd_ref.config import TrainConfig, model_label
 from pipesgd_ref.data import load_dataset
+from pipesgd_ref.methods.optimizer import SGD
 from pipesgd_ref.methods.reference import delayed_sgd, model_grad_fn
 from pipesgd_ref.outputs import write_json
 from pipesgd_ref.runtime.preflight import check_config, check_memory, n_params_of
@@ -119,11 +120,12 @@ def run_one(cfg: TrainConfig, width: int, compensation: str, lr: float) -> dict[
                 worker.params,
                 run.world_size,
                 worker.steps,
-                run.lr_at,
+                worker.lr_at,
                 staleness=width - 1,
                 callback=on_step,
                 compensation=compensation,
                 dc_lambda=run.dc_lambda,
+                optimizer=SGD.of(run),
             )
             if not np.all(np.isfinite(traj.params)):
                 raise Diverged

@@ -17,7 +17,14 @@ operations, so the replicas stay bitwise identical and the one-process oracles
                  that gradient is applied, predicted from its own newest gradients:
                      w^_t = w_t - sum over the s steps u in flight of lr_{u+s} * g_local_u
                  (s = 1: w^_t = w_t - lr_t * g_local_{t-1}), while the stale averaged gradient
-                 is still applied to the true weights w_t (SAPipe's "local" prediction)
+                 is still applied to the true weights w_t (SAPipe's "local" prediction).
+                 With momentum (SAPipe predicts with the momentum term) and weight decay: the
+                 optimiser's own updates (optimizer.py), previewed on copies of w and v with
+                 g_local in place of the average, oldest first; s = 1:
+                     w^_t = w_t - lr_t (M v_t + g_local_{t-1} + wd w_t)   (nesterov likewise)
+
+With momentum, dc and dc-adaptive correct the stale gradient as above, and the corrected one
+enters the optimiser as its gradient (d = g~ + wd w, v = M v + d, ...).
 
 Where the warm-up applies fresh gradients, nothing is compensated (and MS is not updated).
 
@@ -27,8 +34,10 @@ the scale, the sum; the adaptive form six more for MS and the elementwise lam); 
 the weights w^ and a copy of
 this worker's own gradient for each step in flight (the AllReduce overwrites the gradient in
 place), and makes 2 + 2 s passes (the copies, then a product and a subtraction per step in
-flight). The timing model charges these passes to the compute thread, each at the reduction's
-cost per byte (timing/terms.py: `compensation_passes`: dc 6, dc-adaptive 12, predict 2 + 2 s).
+flight; with momentum or weight decay the preview copies v and each g too and runs the
+optimiser's passes per step in flight). The timing model charges these passes to the compute
+thread, each at the reduction's cost per byte (timing/terms.py: `compensation_passes`: dc 6,
+dc-adaptive 12, predict 2 + 2 s; the preview's extra passes with momentum are not modelled).
 
 Stability, on a quadratic f(w) = 1/2 w^T A w (noise-free gradients, every worker the same),
 along an eigenvector of A with eigenvalue lam_A, x = lr * lam_A (derived below, and tested on
@@ -57,6 +66,9 @@ both sides of each bound in tests/test_compensation.py):
                      weights it is applied to: w_{t+2} = (1 - x) w_{t+1}, the synchronous
                      recurrence, stable iff x < 2. With different workers (data-parallel
                      noise) the prediction is only approximate.
+  with momentum M    (optimizer.py derives it): heavy ball is stable iff x < 2 (1 + M)
+                     fresh, x < 1 - M at staleness one; predict previews the optimiser's own
+                     update, so with identical workers it is again exact: x < 2 (1 + M).
 """
 
 from __future__ import annotations
@@ -66,7 +78,10 @@ from collections.abc import Iterable
 import numpy as np
 
 from pipesgd_ref.config import COMPENSATIONS, TrainConfig
+from pipesgd_ref.methods.optimizer import SGD
+from pipesgd_ref.ops import get_backend
 
+PLAIN = SGD()  # w <- w - lr g: predicted_weights' default, the plain step
 __all__ = [
     "COMPENSATIONS",
     "DC_LAMBDA",
@@ -113,13 +128,30 @@ class DelayCompensation:
 
 
 def predicted_weights(
-    w: np.ndarray, local: Iterable[tuple[float, np.ndarray]], out: np.ndarray
+    w: np.ndarray,
+    local: Iterable[tuple[float, np.ndarray]],
+    out: np.ndarray,
+    rule: SGD = PLAIN,
+    velocity: np.ndarray | None = None,
 ) -> np.ndarray:
     """w - sum of lr * g over `local` ((lr, this worker's own gradient) of each step in
-    flight, oldest first), into `out`: the weights when the gradient computed now is applied."""
+    flight, oldest first), into `out`: the weights when the gradient computed now is applied.
+
+    With momentum or weight decay (`rule`, and the optimiser's `velocity` now), the same
+    updates as the optimiser's own (optimizer.py), previewed on copies: for each step in flight
+    d = g + wd w^, v^ = M v^ + d, w^ -= lr (d + M v^ if nesterov else v^); at staleness one
+    w^ = w - lr (M v + g + wd w). The velocity and each g are left as they are."""
     np.copyto(out, w)
+    if rule.plain:
+        for lr, g in local:
+            out -= out.dtype.type(lr) * g
+        return out
+    v = None  # the preview's own velocity: a copy (zeros before the first update)
+    if rule.momentum:
+        v = np.zeros_like(w) if velocity is None else velocity.copy()
+    numpy_ops = get_backend("numpy")
     for lr, g in local:
-        out -= out.dtype.type(lr) * g
+        rule.step(numpy_ops, out, g.copy(), lr, v)  # g copied: step leaves d in it
     return out
 
 
@@ -148,7 +180,8 @@ class PipeCompensation:
 
         weights_for(in flight)  the weights g_t is computed at: w_t (None: the worker's own),
                                 or for predict w_t - sum over the steps u in flight of
-                                lr_{u+s} * (this worker's own g_u)
+                                lr_{u+s} * (this worker's own g_u) (with momentum or weight
+                                decay, the optimiser's updates of them from (w_t, v_t))
         computed(t, g_t)        after the computation, before the AllReduce overwrites g_t:
                                 dc keeps a copy of w_t, predict a copy of g_t
         applied(u, avg)         what the update of avg(g_u) applies: avg, or for dc
@@ -161,9 +194,10 @@ class PipeCompensation:
         self.kind, self.s, self.lr_at, self.worker = (
             cfg.compensation,
             cfg.staleness,
-            cfg.lr_at,
+            worker.lr_at,  # the run's schedule (cosine's horizon: its steps)
             worker,
         )
+        self.rule = SGD.of(cfg)  # predict previews the optimiser's own updates
         w = worker.params
         self.kept = [np.empty_like(w) for _ in range(cfg.width)] if self.kind != "none" else []
         self.dc = None
@@ -175,7 +209,8 @@ class PipeCompensation:
         if self.predicted is None:
             return None
         ahead = [(self.lr_at(u + self.s), self.kept[u % len(self.kept)]) for u in in_flight]
-        return predicted_weights(self.worker.params, ahead, self.predicted)
+        w = self.worker
+        return predicted_weights(w.params, ahead, self.predicted, self.rule, w.velocity)
 
     def computed(self, t: int, grads: np.ndarray) -> None:
         if self.kept:

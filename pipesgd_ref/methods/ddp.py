@@ -37,7 +37,8 @@ backward, at the price of one step of staleness; the timing models say where eac
 
 The oracle is sync's: `reference.sync_sgd`, bitwise when each bucket's mean is summed in the
 ring's order for that bucket (tests/oracles.py), within float32 rounding of the whole-gradient
-ring. --skip-nonfinite is refused (runtime/preflight.py): a bucket leaves before the rest of the
+ring. The update is the optimiser's (methods/optimizer.py), its velocity in every replica, as
+sync's. --skip-nonfinite is refused (runtime/preflight.py): a bucket leaves before the rest of the
 gradient is known, so a rank's whole gradient can no longer be left out of the mean.
 """
 

@@ -16,7 +16,9 @@ s = K-1), so K-1 gradients are in flight at any time, each in one of K prealloca
     drain          after the last step  wait and apply the s gradients still in flight
 
 Every rank applies the same averaged gradients in the same order (the ring makes them bitwise
-identical), so the replicas stay identical, the final weights included. Iteration time in
+identical), so the replicas stay identical, the final weights included, and so does the
+optimiser's velocity (--momentum: methods/optimizer.py), which each replica keeps and which
+every update above, warm-up, steady state and drain, advances in that order. Iteration time in
 steady state: max(t_comp + t_update, T_allreduce). The oracle is `reference.delayed_sgd`.
 
 NumPy, Numba (nogil) and socket calls release the GIL, so the two threads truly run at once.

@@ -34,6 +34,10 @@ The algorithm (the code below follows it line by line):
             w <- w - lr_u * g;  u <- u + 1                  # apply, `staleness` stale
             pull w to worker i only;  v_i = u               # seq = u
 
+"w - lr g" is the optimiser's update (methods/optimizer.py; plain SGD's form): with --momentum
+the velocity lives on the server, beside the only weights that are updated (its Worker's,
+which its checkpoints carry); the workers keep none.
+
 In ps-sync every worker waits for its pull, and the pull for the slowest worker's push: the
 barrier is there. In ps-async a fast worker never waits for a slow one, but staleness is
 unbounded in principle (about p - 1 for equal speeds).

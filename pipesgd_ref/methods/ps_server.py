@@ -100,11 +100,13 @@ class ParameterServer:
     """Rank 0: receive pushes, update the weights, send pulls (the loops of the docstring).
 
     `params` is the authoritative weight vector; `apply(version, grads)` updates it in place
-    (the algorithm's optimizer step). `codec` (pipesgd_ref.codecs, or None for none): how the
-    workers encode their pushes. `pull_codec` (likewise): how the server encodes the weights it
-    pulls back (whole vector, one code; `params` stays full precision). `pulls`: how ps-sync
-    sends a version's p pulls (comm/ps.py PULL_ORDERS). The loops never allocate: the links'
-    buffers hold one push (comm/ps.py ServerLinks), and ps-sync has one sum buffer.
+    (the algorithm's optimizer step: methods/optimizer.py, whose velocity, with --momentum,
+    lives here on the server beside `params`, in the server's Worker; `grads` is its scratch).
+    `codec` (pipesgd_ref.codecs, or None for none): how the workers encode their pushes.
+    `pull_codec` (likewise): how the server encodes the weights it pulls back (whole vector,
+    one code; `params` stays full precision). `pulls`: how ps-sync sends a version's p pulls
+    (comm/ps.py PULL_ORDERS). The loops never allocate: the links' buffers hold one push
+    (comm/ps.py ServerLinks), and ps-sync has one sum buffer.
     """
 
     def __init__(

@@ -36,6 +36,12 @@ g + lam * g * g * (w_t - w_{t-s}) instead of the stale g; `compensation="predict
 worker's gradient at its predicted weights w_t - sum lr * g_local (its own gradients in
 flight). `async_ps_sgd(..., compensation="dc" | "dc-adaptive")` compensates each push for the
 updates applied since its worker pulled.
+
+Optimiser (optimizer.py): every update above is written w - lr_t g, plain SGD, which is each
+oracle's default. `optimizer=SGD(momentum, nesterov, weight_decay)` applies torch.optim.SGD's
+rule instead (d = g + wd w, v = M v + d, w -= lr_t (d + M v or v)), with one velocity that
+every update, in the order the oracle applies them, advances: the replicas' (ring methods) or
+the server's (parameter servers). `lr` is any schedule lr_at(t) (optimizer.schedule).
 """
 
 from __future__ import annotations
@@ -47,6 +53,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pipesgd_ref.methods.compensation import DC_LAMBDA, DelayCompensation, predicted_weights
+from pipesgd_ref.methods.optimizer import SGD
+from pipesgd_ref.ops import get_backend
 
 GradFn = Callable[[np.ndarray, int, int], tuple[float, np.ndarray]]
 LR = float | Callable[[int], float]
@@ -65,6 +73,21 @@ class Trajectory:
 
 def _lr_fn(lr: LR) -> Callable[[int], float]:
     return lr if callable(lr) else (lambda step: lr)
+
+
+class _Update:
+    """The optimiser of an oracle run: `optimizer`'s rule (optimizer.py; default plain SGD,
+    w -= lr_t g, bitwise the line it replaces) with its velocity, on NumPy."""
+
+    def __init__(self, optimizer: SGD | None, w: np.ndarray):
+        self.rule = optimizer or SGD()
+        self.velocity = np.zeros_like(w) if self.rule.momentum else None
+        self.ops = get_backend("numpy")
+
+    def __call__(self, w: np.ndarray, g: np.ndarray, lr: float, own: bool = True) -> None:
+        """w <- the update of g at lr; `own`: g is the oracle's to overwrite (else copied)."""
+        scratch = g if own or self.rule.plain else g.copy()
+        self.rule.step(self.ops, w, scratch, lr, self.velocity)
 
 
 def average_gradient(
@@ -90,18 +113,21 @@ def sync_sgd(
     record: bool = False,
     callback: Callback | None = None,
     average: Callable | None = None,
+    optimizer: SGD | None = None,
 ) -> Trajectory:
     """Synchronous data-parallel SGD: w_{t+1} = w_t - lr_t * mean_r grad f_r(w_t).
     `average(grad_fn, params, world_size, step) -> (loss, mean gradient)`: how the mean is
     summed (default `average_gradient`, rank order); ddp is this oracle with each bucket's
-    mean summed in the ring's order for that bucket (the tests' oracles)."""
+    mean summed in the ring's order for that bucket (the tests' oracles). `optimizer`: the
+    rule applying the mean (optimizer.SGD: momentum, nesterov, weight decay; default plain)."""
     lr_at = _lr_fn(lr)
     average = average or average_gradient
     w = params0.copy()
+    update = _Update(optimizer, w)
     out = Trajectory(params=w, history=[w.copy()] if record else None)
     for t in range(steps):
         loss, g = average(grad_fn, w, world_size, t)
-        w -= w.dtype.type(lr_at(t)) * g
+        update(w, g, lr_at(t), own=average is average_gradient)
         out.losses.append(loss)
         if record:
             out.history.append(w.copy())
@@ -110,15 +136,17 @@ def sync_sgd(
     return out
 
 
-def _predicted_gradient(grad_fn, w, world_size: int, t: int, in_flight, lr_ahead):
+def _predicted_gradient(grad_fn, w, world_size: int, t: int, in_flight, lr_ahead, update):
     """predict: each worker computes its gradient at w_t less its own gradients in flight,
     each times the lr of the step that will apply it (u + s): the weights its gradient will
-    be applied to. Returns (loss, the average gradient, each worker's own gradient)."""
+    be applied to (with momentum or weight decay: the optimiser `update`'s own updates of
+    them, previewed). Returns (loss, the average gradient, each worker's own gradient)."""
     predicted = np.empty_like(w)
     grads = []
     for rank in range(world_size):
         ahead = [(lr_ahead(u), own[rank]) for u, _, _, own in in_flight]
-        grads.append(grad_fn(predicted_weights(w, ahead, predicted), rank, t))
+        at = predicted_weights(w, ahead, predicted, update.rule, update.velocity)
+        grads.append(grad_fn(at, rank, t))
     loss, g = average_gradient(lambda _w, r, _t, got=grads: got[r], w, world_size, t)
     return loss, g, [gr for _, gr in grads]
 
@@ -138,6 +166,7 @@ def delayed_sgd(
     compensation: str = "none",
     dc_lambda: float = DC_LAMBDA,
     curvature: Callable[[np.ndarray], np.ndarray] | None = None,
+    optimizer: SGD | None = None,
 ) -> Trajectory:
     """Delayed (pipelined) SGD: the update at step t applies the average gradient of step t-s.
 
@@ -145,7 +174,8 @@ def delayed_sgd(
     for the fill, warm-up and drain phases, and compensation.py for `compensation` (none, dc,
     dc-adaptive, predict; nothing is compensated in the warm-up). "dc-exact" (the theory's
     variant, no training option): g + dc_lambda * curvature(w_t - w_{t-s}), curvature(v) the
-    Hessian times v.
+    Hessian times v. `optimizer` (optimizer.SGD; default plain): the rule every update (warm-up,
+    steady state, drain) applies, its velocity updated in the order the updates come.
     """
     if staleness < 0 or warmup_steps < 0:
         raise ValueError(
@@ -157,6 +187,7 @@ def delayed_sgd(
         raise ValueError("compensation 'dc-exact' takes a curvature (Hessian-vector) function")
     lr_at = _lr_fn(lr)
     w = params0.copy()
+    update = _Update(optimizer, w)
     out = Trajectory(params=w, history=[w.copy()] if record else None)
     # (t, g_t, w_t or None, [each worker's own g_t] or None) of the gradients "on the wire"
     in_flight: deque[tuple] = deque()
@@ -172,18 +203,20 @@ def delayed_sgd(
     for t in range(steps):
         if compensation == "predict" and t >= warmup_steps:
             lr_ahead = lambda u: lr_at(u + staleness)  # noqa: E731 (the step that applies g_u)
-            loss, g, own = _predicted_gradient(grad_fn, w, world_size, t, in_flight, lr_ahead)
+            loss, g, own = _predicted_gradient(
+                grad_fn, w, world_size, t, in_flight, lr_ahead, update
+            )
         else:
             loss, g = average_gradient(grad_fn, w, world_size, t)  # g_t, computed at w_t
             own = None
         if t < warmup_steps:
-            w -= w.dtype.type(lr_at(t)) * g  # warm-up: synchronous, fresh gradient
+            update(w, g, lr_at(t))  # warm-up: synchronous, fresh gradient
         else:
             keep = dc is not None or curvature is not None
             in_flight.append((t, g, w.copy() if keep else None, own))
             if len(in_flight) > staleness:  # steady state: g_{t-s} has arrived
                 u, g_old, w_then, _ = in_flight.popleft()
-                w -= w.dtype.type(lr_at(t)) * stale(u, g_old, w_then)
+                update(w, stale(u, g_old, w_then), lr_at(t))
             # else: fill phase, no gradient has finished its trip yet; w_{t+1} = w_t
         out.losses.append(loss)
         if record:
@@ -193,7 +226,7 @@ def delayed_sgd(
     t = steps
     while drain and in_flight:  # drain: apply what is still in flight, oldest first
         u, g_old, w_then, _ = in_flight.popleft()
-        w -= w.dtype.type(lr_at(t)) * stale(u, g_old, w_then)
+        update(w, stale(u, g_old, w_then), lr_at(t))
         t += 1
         if record:
             out.history.append(w.copy())
@@ -210,6 +243,7 @@ def async_ps_sgd(
     compensation: str = "none",
     dc_lambda: float = DC_LAMBDA,
     max_staleness: int | None = None,
+    optimizer: SGD | None = None,
 ) -> Trajectory:
     """Asynchronous parameter-server SGD for a given arrival order of worker gradients.
 
@@ -222,12 +256,14 @@ def async_ps_sgd(
     the weights worker r computed g on. max_staleness S: after its push, worker r, now done
     with local_step[r] steps, gets its pull only while local_step[r] - min(local_step) <= S;
     else when the slowest catches up (the weights of that moment). An order in which a held
-    back worker arrives is not one the server can see: ValueError.
+    back worker arrives is not one the server can see: ValueError. `optimizer` (optimizer.SGD;
+    default plain): the server's rule, its velocity the server's, updated push by push.
     """
     if max_staleness is not None and max_staleness < 0:
         raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
     lr_at = _lr_fn(lr)
     w = params0.copy()
+    update = _Update(optimizer, w)
     out = Trajectory(params=w, history=[w.copy()] if record else None, staleness=[])
     pulled = [(w.copy(), 0) for _ in range(world_size)]  # (weights, version) each worker holds
     local_step = [0] * world_size
@@ -251,7 +287,7 @@ def async_ps_sgd(
         out.staleness.append(version - v_r)
         if dc is not None:
             g = dc.correct(g, w, w_r)
-        w -= w.dtype.type(lr_at(version)) * g
+        update(w, g, lr_at(version), own=dc is not None)  # grad_fn's g: copied if need be
         version += 1
         local_step[rank] += 1
         if max_staleness is None:

@@ -9,6 +9,10 @@
 Iteration time t_comp + T_allreduce + t_update: compute and communication alternate, each
 idle while the other works. The oracle is `reference.sync_sgd` (equal to large-batch SGD).
 
+The update is the optimiser's (methods/optimizer.py; w - lr_t g is plain SGD's): with
+--momentum every replica keeps its own velocity, bitwise the others' (the same averaged
+gradients, applied in the same order), and the oracle takes the same rule (`optimizer=`).
+
 --device cuda: the same loop on GPU arrays (Worker.to_device); the AllReduce is the device
 ring (comm/device_ring.py), bitwise the host ring's on the same gradients.
 """

@@ -1,13 +1,18 @@
 """Checkpoints: enough state to continue a run exactly where it stopped.
 
-A checkpoint taken after step t holds the weights w_{t+1}, the next step t+1, and, for Pipe-SGD,
-the averaged gradients still in flight (computed at steps t-s+1 .. t, not yet applied). Data
-order, learning rate and everything else are functions of (seed, rank, step), so nothing more
-is needed: a resumed sync, ddp, pipe or ps-sync run ends with the same weights as an uninterrupted
-one (ps-sync: the server writes its weights). ps-async's server writes its weights after every
-`checkpoint_every` rounds of p updates; a resumed ps-async run continues from them with each
-worker's remaining pushes, but its result depends on the order pushes arrive in, so it is not
-the uninterrupted run's, only another run of the same method.
+A checkpoint taken after step t holds the weights w_{t+1}, the next step t+1, for Pipe-SGD the
+averaged gradients still in flight (computed at steps t-s+1 .. t, not yet applied), and with
+--momentum the optimiser's velocity v_{t+1} (methods/optimizer.py; rank 0's: every replica's
+is the same, and a parameter server's is the server's). Data order, learning rate and
+everything else are functions of (seed, rank, step), so nothing more is needed: a resumed
+sync, ddp, pipe or ps-sync run ends with the same weights as an uninterrupted one (ps-sync:
+the server writes its weights and velocity). A checkpoint written before the velocity existed
+(an older version, or no update yet) has none: v starts at 0, as it would have. ps-async's
+server writes its weights (and velocity) after every `checkpoint_every` rounds of p updates; a
+resumed ps-async run continues from them with each worker's remaining pushes, but its result
+depends on the order pushes arrive in, so it is not the uninterrupted run's, only another run
+of the same method. Cosine's horizon is the run's steps: a resume that raises --steps
+stretches its schedule.
 The checkpoint written at the end of a run comes after the drain (nothing in flight): resuming
 it with a larger --steps continues training with a fresh pipeline fill.
 
@@ -23,6 +28,7 @@ import os
 import zipfile
 import zlib
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -32,7 +38,19 @@ from pipesgd_ref.models import MODEL_FIELDS
 from pipesgd_ref.outputs import space_needed
 
 FILE = "checkpoint.npz"
-KEYS = ("params", "next_step", "pending_steps", "pending", "config")  # what save writes
+KEYS = ("params", "next_step", "pending_steps", "pending", "config")  # what every one holds
+OPTIONAL = ("velocity",)  # what save writes beside them (momentum), absent from older files
+
+
+class Restored(NamedTuple):
+    """What `load` reads back: the state a resumed run continues from."""
+
+    params: np.ndarray  # w_{next_step}
+    next_step: int
+    pending: dict[int, np.ndarray]  # pipe: averaged gradients in flight, by step
+    velocity: np.ndarray | None  # momentum's v (None: plain SGD, or none yet: zeros)
+
+
 # Keys that must match between the checkpoint and the run that resumes it: anything that
 # changes w_0, the data order or the schedule would make "the same run" meaningless, and every
 # field the model is built from (MODEL_FIELDS, taken from the models so that a new model option
@@ -50,7 +68,14 @@ MUST_MATCH = (
     "warmup_steps",
     "batch_size",
     "lr",
+    "lr_schedule",
     "lr_decay",
+    "lr_milestones",
+    "lr_gamma",
+    "lr_warmup",
+    "momentum",
+    "nesterov",
+    "weight_decay",
     "seed",
     "codec",
     "error_feedback",
@@ -67,7 +92,9 @@ def save(
     params: np.ndarray,
     next_step: int,
     pending: dict[int, np.ndarray],
+    velocity: np.ndarray | None = None,
 ) -> Path:
+    """Write folder/checkpoint.npz (module docstring); `velocity`: the optimiser's, if any."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / FILE
@@ -81,6 +108,7 @@ def save(
             len(steps), params.size
         ),
         config=np.array(json.dumps(cfg.to_dict())),
+        velocity=np.zeros(0, params.dtype) if velocity is None else velocity,
     )
     try:
         with open(tmp, "wb") as f:
@@ -100,11 +128,9 @@ def save(
     return path
 
 
-def load(
-    folder: str | Path, cfg: TrainConfig, n_params: int | None = None
-) -> tuple[np.ndarray, int, dict[int, np.ndarray]]:
-    """(params, next_step, pending gradients by step) from folder/checkpoint.npz, after
-    checking that it belongs to a run like `cfg` (and, given n_params, to its model).
+def load(folder: str | Path, cfg: TrainConfig, n_params: int | None = None) -> Restored:
+    """(params, next_step, pending gradients by step, velocity) from folder/checkpoint.npz,
+    after checking that it belongs to a run like `cfg` (and, given n_params, to its model).
 
     Every way a checkpoint can be unusable (not there, empty, truncated, not an .npz, a key
     missing, a vector of the wrong size, NaN or Inf weights, another run's settings) is a
@@ -133,8 +159,9 @@ def load(
             f"--resume {folder}: no {FILE} there (did the run write one? use --out=DIR to save, "
             f"--checkpoint-every=N for periodic ones)"
         )
-    saved, params, next_step, pending = _read(path, n_params)
+    saved, params, next_step, pending, velocity = _read(path, n_params)
     _check_contents(path, params, next_step, pending, n_params)
+    _check_velocity(path, velocity, params.size)
     now = cfg.to_dict()
     defaults = TrainConfig().to_dict()  # a key an older version did not write had its default
     differ = [
@@ -155,10 +182,10 @@ def load(
             f"local gradients), which checkpoints do not hold; resume the run's final "
             f"checkpoint (nothing in flight), or one without compensation"
         )
-    return params, next_step, pending
+    return Restored(params, next_step, pending, velocity)
 
 
-def _read(path: Path, n_params: int | None) -> tuple[dict, np.ndarray, int, dict[int, np.ndarray]]:
+def _read(path: Path, n_params: int | None) -> tuple:
     """The raw contents of a checkpoint file, or a ConfigError saying why it cannot be read."""
     what_to_do = (
         "start without --resume, or point --resume at the folder of a run that "
@@ -187,6 +214,7 @@ def _read(path: Path, n_params: int | None) -> tuple[dict, np.ndarray, int, dict
             next_step = np.array(z["next_step"])
             pending_steps = np.array(z["pending_steps"])
             pending_arr = np.array(z["pending"])
+            velocity = np.array(z["velocity"]) if "velocity" in z.files else None
     except ConfigError:
         raise
     except ValueError as e:  # an .npy header numpy cannot parse
@@ -225,7 +253,9 @@ def _read(path: Path, n_params: int | None) -> tuple[dict, np.ndarray, int, dict
     # is converted rather than changing the dtype of every buffer of the run.
     params = params.astype(np.float32)
     pending = {int(t): pending_arr[i].astype(np.float32) for i, t in enumerate(pending_steps)}
-    return saved, params, int(next_step), pending
+    if velocity is not None:  # an empty one: no velocity yet (plain SGD, or no update)
+        velocity = velocity.astype(np.float32) if velocity.size else None
+    return saved, params, int(next_step), pending, velocity
 
 
 NPY_MAGIC = b"\x93NUMPY"
@@ -327,6 +357,22 @@ def _check_contents(
                 f"--resume: {path} holds a non-finite pending gradient of step {t} (NaN or Inf):"
                 f" applying it would ruin the weights; start without --resume"
             )
+
+
+def _check_velocity(path: Path, velocity: np.ndarray | None, n: int) -> None:
+    """The optimiser's velocity, when there is one: a finite vector as long as the weights."""
+    if velocity is None:
+        return
+    if velocity.shape != (n,):
+        raise ConfigError(
+            f"--resume: {path} holds a velocity of shape {velocity.shape} for {n} weights (the "
+            f"file is corrupt): start without --resume"
+        )
+    if not np.all(np.isfinite(velocity)):
+        raise ConfigError(
+            f"--resume: {path} holds a non-finite momentum velocity (NaN or Inf): the next "
+            f"update would ruin the weights; resume an earlier checkpoint or start without --resume"
+        )
 
 
 def due(cfg: TrainConfig, step: int) -> bool:

@@ -34,11 +34,12 @@ class JobInputs:
     sampler: MinibatchSampler  # minibatch (worker, step) of n_workers shards
     steps: int  # the first step not run
     model: object  # the host model (models.FlatModel): layout, size, w_0
-    # --resume: the checkpoint's weights, the step it continues from, and (pipe) the averaged
-    # gradients still in flight when it was written
+    # --resume: the checkpoint's weights, the step it continues from, (pipe) the averaged
+    # gradients still in flight when it was written, and (momentum) the optimiser's velocity
     params: np.ndarray | None = None
     start_step: int = 0
     pending: dict = field(default_factory=dict)
+    velocity: np.ndarray | None = None
 
     @classmethod
     def load(cls, cfg: TrainConfig, n_workers: int | None = None, resume: bool = True) -> JobInputs:
@@ -54,9 +55,9 @@ class JobInputs:
             from pipesgd_ref.runtime import checkpoint
 
             # n_params: a checkpoint of another model's size is refused here, in one line
-            inputs.params, inputs.start_step, inputs.pending = checkpoint.load(
-                cfg.resume, cfg, n_params=model.n_params
-            )
+            restored = checkpoint.load(cfg.resume, cfg, n_params=model.n_params)
+            inputs.params, inputs.start_step, inputs.pending = restored[:3]
+            inputs.velocity = restored.velocity
             if inputs.start_step >= inputs.steps:
                 raise ConfigError(
                     f"--resume {cfg.resume}: the checkpoint is already at step "

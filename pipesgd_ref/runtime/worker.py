@@ -39,6 +39,7 @@ import numpy as np
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.data import Dataset, MinibatchSampler
 from pipesgd_ref.errors import TrainingDiverged
+from pipesgd_ref.methods.optimizer import SGD, learning_rate
 from pipesgd_ref.models import CNN, MLP, model_for
 from pipesgd_ref.ops import OP_NAMES
 from pipesgd_ref.runtime import faults
@@ -61,6 +62,12 @@ class Worker:
     # GPU after to_device: a Numba device array)
     start_step: int = 0  # 0, or the step a resumed run continues from
     pending: dict = field(default_factory=dict)  # resumed pipe: averaged gradients in flight
+    # The optimiser's state (methods/optimizer.py): momentum's velocity, beside the weights,
+    # made at the first update that needs it (None: plain SGD, or none yet), or the checkpoint's
+    velocity: np.ndarray | None = None
+    # The optimiser's updates per step, the unit of lr_t's schedule: 1, or p for ps-async's
+    # server (one update per push; its schedule runs over p * steps updates)
+    updates_per_step: int = 1
     gpu: int | None = None  # --device cuda: the GPU this worker computes on (to_device sets it)
     # how stale its gradients may be, for the advice of a diverged run ("staleness 1",
     # "ps-async's staleness"; "" when the method applies fresh gradients)
@@ -84,6 +91,7 @@ class Worker:
         n = cfg.world_size if n_workers is None else n_workers
         built = cls.build(cfg, index, n, inputs)
         built.stale = row.stale_note(cfg)  # for a diverged run's advice
+        built.updates_per_step = n if row.checkpoint_rounds else 1  # ps-async: n pushes a step
         return built
 
     @classmethod
@@ -104,6 +112,7 @@ class Worker:
             inputs.initial_params(cfg.seed),
             inputs.start_step,
             dict(inputs.pending),
+            None if inputs.velocity is None else inputs.velocity.copy(),
         )
 
     # --- the device (--device cuda) ----------------------------------------------------------
@@ -133,6 +142,8 @@ class Worker:
         self.model = model_for(cfg, data, ops)
         self.params = cuda_ops.to_device(self.params)
         self.pending = {t: cuda_ops.to_device(g) for t, g in self.pending.items()}
+        if self.velocity is not None:  # a resumed run's momentum, beside the weights
+            self.velocity = cuda_ops.to_device(self.velocity)
         # Allocated once: the minibatch goes host -> pinned -> device every step (DMA from
         # page-locked memory, no hidden staging copy), the weights come back the same way.
         B, n = cfg.batch_size, data.n_features
@@ -229,6 +240,7 @@ class Worker:
         params = self.params_host()
         if self.on_device and pending:
             pending = {t: self.host(g) for t, g in pending.items()}
+        velocity = None if self.velocity is None else self.host(self.velocity)
         if not np.all(np.isfinite(params)):
             raise diverged(
                 f"worker {self.index}",
@@ -238,7 +250,7 @@ class Worker:
                 self.stale,
             )
 
-        checkpoint.save(self.cfg.out, self.cfg, params, next_step, pending or {})
+        checkpoint.save(self.cfg.out, self.cfg, params, next_step, pending or {}, velocity)
 
     def loss_and_grad(
         self, step: int, grads: np.ndarray, params: np.ndarray | None = None, ready=None
@@ -361,8 +373,23 @@ class Worker:
         codec.decode(codes, decoded)
         np.subtract(part, decoded, out=residual)
 
-    def sgd_step(self, grads: np.ndarray, step: int) -> None:
-        self.model.backend.sgd_step(self.params, grads, self.cfg.lr_at(step))
+    def lr_at(self, update: int) -> float:
+        """lr_t of update `update`: cfg's schedule over this run's updates (cosine's horizon:
+        its steps, times p for ps-async's server, which updates once per push)."""
+        return learning_rate(self.cfg, update, self.steps * self.updates_per_step)
+
+    def sgd_step(self, grads, step: int) -> None:
+        """Update `step` of the weights with `grads` (the averaged gradient, or a push at the
+        server): the optimiser's rule (methods/optimizer.py), w <- w - lr_t g for plain SGD,
+        on the model's backend, where the weights live. `grads` is scratch afterwards. The
+        velocity lives here: in every replica of the ring methods (each applies the same
+        averaged gradients in the same order, so theirs stay bitwise identical, as the
+        weights do) and in the parameter server's Worker (rank 0), never in its workers'."""
+        rule = SGD.of(self.cfg)
+        if rule.momentum and self.velocity is None:  # v_0 = 0, where the weights live
+            self.velocity = self.new_buffer()
+            self.zero(self.velocity)
+        rule.step(self.model.backend, self.params, grads, self.lr_at(step), self.velocity)
 
 
 def diverged(
