@@ -32,6 +32,7 @@ from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.data import MinibatchSampler, load_dataset
 from pipesgd_ref.exercises import check
 from pipesgd_ref.methods import reference
+from pipesgd_ref.methods.optimizer import SGD, heavy_ball_bound
 from pipesgd_ref.models import build_model
 from pipesgd_ref.plots import pyplot, save_figure
 
@@ -209,6 +210,41 @@ if plt is not None:
 # Synchronous SGD has its own edge at 2: at lr·λ = 2.1 each step multiplies w by 1 − 2.1 =
 # −1.1. Staleness two is unstable already at 0.66 (bound 0.618).
 #
+# ### With momentum the delay costs more than half
+#
+# Practitioners train with heavy-ball momentum (`--momentum M`: v ← M·v + g, w ← w − lr·v).
+# Without delay, momentum *widens* the stable range to lr·λ < 2(1 + M). With a one-step-old
+# gradient, v_{t+1} = M·v_t + λ·w_{t−1} and lr·v_t = w_{t−1} − w_t give
+# w_{t+1} = (1 + M)·w_t − M·w_{t−1} − lr·λ·w_{t−1}, whose polynomial z² − (1 + M)z + (M + lr·λ)
+# has both roots inside the unit circle iff 0 < lr·λ < 1 − M (Jury: |M + lr·λ| < 1). The delay
+# and the momentum add up: the range is not halved but divided by 2(1 + M)/(1 − M), 38 times
+# for M = 0.9. `methods.optimizer.heavy_ball_bound` gives the bound (from τ = 2 on, from the
+# roots), and the oracle, handed the optimiser, crosses it where the algebra says.
+
+# %%
+for M in (0.0, 0.5, 0.9):
+    fresh, stale = heavy_ball_bound(M, 0), heavy_ball_bound(M, 1)
+    print(f"momentum {M}: stable iff lr*lambda < {fresh:.2f} fresh, < {stale:.2f} with "
+          f"staleness one ({fresh / stale:.0f} times smaller)")  # fmt: skip
+
+
+def heavy_ball_final(a: float, momentum: float, tau: int) -> float:
+    """|w| after quad_steps of the oracle with heavy ball at lr*lambda = a, staleness tau."""
+    rule = SGD(momentum)  # the optimiser every update of the oracle applies
+    with np.errstate(over="ignore", invalid="ignore"):
+        run = reference.delayed_sgd(quadratic_grad_fn, np.array([1.0]), p, quad_steps, a / lam,
+                                    staleness=tau, drain=False, optimizer=rule)  # fmt: skip
+    return abs(float(run.params[0]))
+
+
+heavy_ball = {(a, tau): heavy_ball_final(a, 0.9, tau) for a, tau in
+              [(0.08, 1), (0.12, 1), (3.5, 0)]}  # fmt: skip
+for (a, tau), w_end in heavy_ball.items():
+    print(f"momentum 0.9, tau = {tau}, lr*lambda = {a}: |w_{quad_steps}| = {w_end:.2e}")
+assert heavy_ball[0.08, 1] < 1 < heavy_ball[0.12, 1], "heavy ball's stale edge is 1 - M = 0.1"
+assert heavy_ball[3.5, 0] < 1, "without delay momentum 0.9 is stable up to 2 (1 + M) = 3.8"
+
+# %% [markdown]
 # ## 4. Many curvatures: the largest one decides
 #
 # On f(w) = ½ wᵀAw with A symmetric positive definite, the gradient is Aw. In the eigenbasis
@@ -516,6 +552,8 @@ print("all checks passed")
 #   w_{t+1} = w_t − lr·λ·w_{t−τ}; it converges iff every root of z^(τ+1) − z^τ + lr·λ lies
 #   inside the unit circle, which holds iff lr·λ < 2 sin(π/(2(2τ+1))): 2, 1, 0.618 for
 #   τ = 0, 1, 2. Staleness one halves the largest stable step.
+# - With heavy-ball momentum M the delay and the momentum add up: lr·λ < 2(1 + M) fresh, only
+#   lr·λ < 1 − M with staleness one (38 times smaller for M = 0.9).
 # - The oracle `reference.delayed_sgd` follows the closed form from the roots to rounding, and
 #   diverges just above lr·λ = 1 while synchronous SGD still converges.
 # - On a quadratic with many curvatures the bound applies to λmax; only the sharpest direction
