@@ -297,6 +297,36 @@ def test_a_run_with_momentum_restarted_from_its_checkpoint_ends_bitwise_uninterr
         np.testing.assert_array_equal(z["velocity"], velocity)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_ps_async_checkpoints_the_servers_velocity_and_resumes_with_it(tmp_path):
+    """With p workers ps-async's result depends on the order pushes arrive in; with one worker
+    the order is fixed, so 20 steps resumed to 30 are bitwise 30 steps (a constant lr: cosine's
+    horizon would be the run's steps) when the server's velocity is carried, and not without."""
+    common = ["train", "--preset=tiny", "--algo=ps-async", "--world-size=1", "--no-progress",
+              "--momentum=0.9", "--nesterov", "--weight-decay=5e-4"]  # fmt: skip
+    assert main([*common, "--steps=30", f"--out={tmp_path / 'full'}"]) == 0
+    assert main([*common, "--steps=20", f"--out={tmp_path / 'a'}"]) == 0
+    rule = dict(momentum=0.9, nesterov=True, weight_decay=5e-4)
+    cfg = TrainConfig.preset("tiny").replace(algo="ps-async", world_size=1, steps=20, **rule)
+    saved = checkpoint.load(tmp_path / "a", cfg)
+    assert saved.next_step == 20 and saved.velocity is not None and np.any(saved.velocity)
+    assert main([*common, "--steps=30", f"--resume={tmp_path / 'a'}",
+                 f"--out={tmp_path / 'b'}"]) == 0  # fmt: skip
+    with np.load(tmp_path / "full" / checkpoint.FILE) as z:
+        want = z["params"].copy()
+    with np.load(tmp_path / "b" / checkpoint.FILE) as z:
+        np.testing.assert_array_equal(z["params"], want)
+    path = tmp_path / "a" / checkpoint.FILE  # the same checkpoint without its velocity
+    with np.load(path) as z:
+        arrays = {k: z[k] for k in z.files if k != "velocity"}
+    np.savez(path, **arrays)
+    assert main([*common, "--steps=30", f"--resume={tmp_path / 'a'}",
+                 f"--out={tmp_path / 'c'}"]) == 0  # fmt: skip
+    with np.load(tmp_path / "c" / checkpoint.FILE) as z:
+        assert not np.array_equal(z["params"], want), "the velocity made no difference"
+
+
 # --- the options on the command line, and their refusals ------------------------------------------
 
 
@@ -342,6 +372,15 @@ def test_a_bad_option_on_the_command_line_is_one_line(capsys):
     assert main(["train", "--preset=tiny", "--no-progress", "--lr-decay=0.1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--lr-schedule inverse" in err[0], err
+
+
+def test_the_lesson_core_refuses_the_optimiser_it_lacks(capsys):
+    """The core (pipesgd_ref/core) trains plain SGD with lr / (1 + lr_decay t): the other
+    options are refused in one line, never silently dropped."""
+    assert main(["train", "--lesson", "--no-progress", "--momentum=0.9",
+                 "--lr-schedule=cosine"]) == 2  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--momentum 0.9, --lr-schedule cosine" in err[0], err
 
 
 # --- stability: delayed heavy ball on a quadratic -------------------------------------------------

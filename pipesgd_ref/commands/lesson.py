@@ -48,6 +48,12 @@ _CORE_RUNS = {
     "resume": (lambda v: not v, "a run from w_0"),
     "max_restarts": (lambda v: v == 0, "no restarts"),
     "skip_nonfinite": (lambda v: not v, "no skipping of gradients"),
+    # the optimiser: plain SGD, with lr / (1 + lr_decay * t) (methods/optimizer.py's inverse)
+    "momentum": (lambda v: v == 0, "plain SGD"),
+    "nesterov": (lambda v: not v, "plain SGD"),
+    "weight_decay": (lambda v: v == 0, "plain SGD"),
+    "lr_schedule": (lambda v: v in ("constant", "inverse"), "lr / (1 + lr_decay * t)"),
+    "lr_warmup": (lambda v: v == 0, "lr / (1 + lr_decay * t)"),
 }
 
 
