@@ -464,3 +464,36 @@ def test_bind_where_no_listener_is_placed_is_refused(bind, joined, comm, where):
         preflight.check_bind(bind, joined, comm)
     preflight.check_bind(bind, True, "sockets")
     preflight.check_bind(None, False, comm)
+
+
+# --- the residual net's options: depth, and channels resolved per model ------------------------
+
+
+def test_channels_default_to_the_models_own_widths():
+    """channels () means the model's default: LeNet-5's (6, 16) for cnn/mlp/softmax, exactly as
+    before (to_dict and every result unchanged), (16, 32, 64) for the resnet; changing --model
+    takes the new model's default unless --channels is given."""
+    assert TrainConfig().channels == (6, 16) and TrainConfig().to_dict()["channels"] == [6, 16]
+    assert TrainConfig(model="resnet").channels == (16, 32, 64)
+    assert TrainConfig().replace(model="resnet").channels == (16, 32, 64)
+    assert TrainConfig.preset("compare-cnn").replace(model="resnet").channels == (16, 32, 64)
+    assert TrainConfig(model="resnet").replace(model="cnn").channels == (6, 16)
+    given_ = apply_overrides(TrainConfig(), ["--model=resnet", "--channels=8,16,32"])
+    assert given_.channels == (8, 16, 32) and given_.replace(depth=14).channels == (8, 16, 32)
+    assert TrainConfig(**json.loads(json.dumps(TrainConfig().to_dict()))) == TrainConfig()
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(depth=9), "depth must be 6n + 2 with n >= 1 (8, 14, 20, ...), got 9"),
+        (dict(depth=2), "depth must be 6n + 2"),
+        (dict(model="resnet", channels=(6, 16)), "resnet takes 3 widths >= 1, one per stage"),
+        (dict(model="resnet", channels=(8, 0, 8)), "resnet takes 3 widths"),
+        (dict(model="vgg"), "model must be one of softmax, mlp, cnn, resnet"),
+    ],
+)
+def test_the_resnets_options_are_checked(changes, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        TrainConfig(**changes)
+    assert TrainConfig(model="resnet", depth=20).depth == 20
