@@ -76,7 +76,7 @@ def test_softmax_regression_is_one_dense_layer():
     assert model.n_params == 5 * 3 + 3 and model.hidden == ()
     assert isinstance(build_model("softmax", 5, 3), SoftmaxRegression)
     with pytest.raises(ValueError, match="choose one of: softmax, mlp"):
-        build_model("resnet", 5, 3)
+        build_model("transformer", 5, 3)
     with pytest.raises(ValueError, match="bad model shape"):
         MLP(5, 1, (4,))
 

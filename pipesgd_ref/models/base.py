@@ -5,7 +5,11 @@
   reference ops (`_use_backend`, `_empty`, `_ops_for`, `_to_device`);
 - the dense layers, forward and backward, each line beside the chain rule it computes
   (`_dense_forward`, `_dense_loss_and_backward`), over the parameters W{l}, b{l} of the layout;
-- evaluation: `predict` and `accuracy` from a model's `logits`.
+- evaluation: `predict` and `accuracy` from a model's `logits`;
+- buffers: state beside the parameters that the loss updates but SGD does not (the ResNet's
+  batch-norm running statistics), in a second flat float32 vector of `buffer_layout`. A model
+  without any (every one but the ResNet) has n_buffers == 0 and accepts and ignores a
+  `buffers` argument, so that callers pass it to every model alike.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ class FlatModel:
     layout: ParamLayout
     n_classes: int
     widths: tuple[int, ...]  # the dense layers' sizes, input first
+    buffer_layout: ParamLayout = ParamLayout([])  # none: a model with buffers sets its own
 
     def _use_backend(self, backend: Backend | str) -> None:
         self.backend = get_backend(backend) if isinstance(backend, str) else backend
@@ -43,6 +48,15 @@ class FlatModel:
     @property
     def n_params(self) -> int:
         return self.layout.size
+
+    @property
+    def n_buffers(self) -> int:
+        """Length of the buffers vector (running statistics; 0 for a model without any)."""
+        return self.buffer_layout.size
+
+    def init_buffers(self) -> np.ndarray:
+        """A fresh float32 buffers vector (empty for a model without buffers)."""
+        return np.zeros(self.n_buffers, np.float32)
 
     def _empty(self, shape: tuple[int, ...], dtype, device: bool):
         """One buffer: on the device through the backend's allocator, else np.empty."""
@@ -64,6 +78,24 @@ class FlatModel:
         if on_device(array):
             return array
         return backend_module(self.backend).to_device(np.ascontiguousarray(array, dtype=dtype))
+
+    def _images_nhwc(self, X, nhwc, dtype, device: bool):
+        """The images of X (B, C*H*W, rows of (C, H, W): self.image_shape) as an NHWC map;
+        `nhwc` (B, H, W, C) receives them when C > 1 (a transpose), else X is reshaped."""
+        C, H, W = self.image_shape
+        if device:
+            X = self._to_device(X, dtype)
+        else:
+            X = np.ascontiguousarray(X, dtype=dtype)
+        B = X.shape[0]
+        if C == 1:
+            return X.reshape(B, H, W, 1)  # (C, H, W) and (H, W, C) are the same bytes
+        if device:  # the rare case off the hot path of this project's data: via the host
+            host = X.copy_to_host().reshape(B, C, H, W).transpose(0, 2, 3, 1)
+            nhwc.copy_to_device(np.ascontiguousarray(host))
+            return nhwc
+        np.copyto(nhwc, X.reshape(B, C, H, W).transpose(0, 2, 3, 1))
+        return nhwc
 
     def _dense_forward(self, ops: Backend, v: dict, A: list, Z: list) -> None:
         """The dense layers l = 0 .. len(Z) - 1 with ReLU between them: Z[l] (B, n_out) the
@@ -114,15 +146,16 @@ class FlatModel:
         widths = self.widths
         return sum(a * b for a, b in zip(widths[:-1], widths[1:], strict=True))
 
-    def logits(self, params, X: np.ndarray) -> np.ndarray:
+    def logits(self, params, X: np.ndarray, buffers=None) -> np.ndarray:
         raise NotImplementedError
 
-    def predict(self, params, X: np.ndarray) -> np.ndarray:
-        """The most likely class of each row of X: (B,) int64."""
-        return np.argmax(self.logits(params, X), axis=1)
+    def predict(self, params, X: np.ndarray, buffers=None) -> np.ndarray:
+        """The most likely class of each row of X: (B,) int64. `buffers`: the model's running
+        statistics (the ResNet needs them; other models ignore them)."""
+        return np.argmax(self.logits(params, X, buffers), axis=1)
 
-    def accuracy(self, params, X: np.ndarray, y: np.ndarray) -> float:
-        """Fraction of rows of X whose predicted class equals y."""
+    def accuracy(self, params, X: np.ndarray, y: np.ndarray, buffers=None) -> float:
+        """Fraction of rows of X whose predicted class equals y (`buffers` as in predict)."""
         if len(y) == 0:
             return float("nan")
-        return float(np.mean(self.predict(params, X) == y))
+        return float(np.mean(self.predict(params, X, buffers) == y))

@@ -185,23 +185,6 @@ class CNN(FlatModel):
         self._buffers[key] = b
         return b
 
-    def _input(self, X, b: dict, dtype, device: bool):
-        """The images of X (B, C*H*W, rows of (C, H, W)) as an NHWC map."""
-        C, H, W = self.image_shape
-        if device:
-            X = self._to_device(X, dtype)
-        else:
-            X = np.ascontiguousarray(X, dtype=dtype)
-        B = X.shape[0]
-        if C == 1:
-            return X.reshape(B, H, W, 1)  # (C, H, W) and (H, W, C) are the same bytes
-        if device:  # the rare case off the hot path of this project's data: via the host
-            host = X.copy_to_host().reshape(B, C, H, W).transpose(0, 2, 3, 1)
-            b["nhwc"].copy_to_device(np.ascontiguousarray(host))
-            return b["nhwc"]
-        np.copyto(b["nhwc"], X.reshape(B, C, H, W).transpose(0, 2, 3, 1))
-        return b["nhwc"]
-
     # --- forward and backward --------------------------------------------------------------
 
     def forward(self, params, X) -> dict:
@@ -209,7 +192,7 @@ class CNN(FlatModel):
         ops, v, device = self._ops_for(params), self.layout.views(params), on_device(params)
         B = X.shape[0]
         b = self._buf(B, params.dtype, device)
-        A = self._input(X, b, params.dtype, device)  # (B, H, W, C)
+        A = self._images_nhwc(X, b.get("nhwc"), params.dtype, device)  # (B, H, W, C)
         for l, k in enumerate(self.kernels):
             h, w, _ = self.maps[l]
             c_out = self.channels[l]
@@ -222,9 +205,10 @@ class CNN(FlatModel):
         self._dense_forward(ops, v, b["Ad"], b["Zd"])  # the head (Ad[0] views A), as the MLP's
         return b
 
-    def loss_and_grad(self, params, X, y, grads, ready=None) -> float:
+    def loss_and_grad(self, params, X, y, grads, ready=None, buffers=None) -> float:
         """Mean cross-entropy on (X, y); writes d loss / d params into the flat `grads`.
-        `ready(lo, hi, loss)`: as the MLP's, for each range of `grad_units()` in turn."""
+        `ready(lo, hi, loss)`: as the MLP's, for each range of `grad_units()` in turn.
+        `buffers`: ignored (the CNN has none; the keyword lets callers treat models alike)."""
         ops, v, g = self._ops_for(params), self.layout.views(params), self.layout.views(grads)
         b = self.forward(params, X)
         B = X.shape[0]
@@ -255,7 +239,8 @@ class CNN(FlatModel):
 
     # --- evaluation (off the hot path) -------------------------------------------------------
 
-    def logits(self, params, X: np.ndarray) -> np.ndarray:
+    def logits(self, params, X: np.ndarray, buffers=None) -> np.ndarray:
+        """(B, n_classes) logits on the host; `buffers` ignored (the CNN has none)."""
         if on_device(params):
             params = params.copy_to_host()
         out = []

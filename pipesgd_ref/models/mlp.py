@@ -103,13 +103,14 @@ class MLP(FlatModel):
         self._dense_forward(ops, v, A, Z)  # Z[l] = A[l] W_l + b_l, A[l+1] = relu(Z[l])
         return Z, A
 
-    def loss_and_grad(self, params, X, y, grads, ready=None) -> float:
+    def loss_and_grad(self, params, X, y, grads, ready=None, buffers=None) -> float:
         """Mean cross-entropy on (X, y); writes d loss / d params into the flat `grads`.
         On the device: params and grads device arrays; X and y device arrays, or host ones
         (copied over: the worker stages them through pinned buffers instead). `ready(lo, hi,
         loss)`, if given, is called as soon as grads[lo:hi] is final, for each range of
         `grad_units()` in turn (last layer first), with this minibatch's loss: ddp all-reduces
-        the gradient in buckets while the rest of the backward runs."""
+        the gradient in buckets while the rest of the backward runs. `buffers`: ignored (the
+        MLP has none; the keyword lets callers pass the ResNet's to every model alike)."""
         ops, v = self._ops_for(params), self.layout.views(params)
         g = self.layout.views(grads)
         Z, A = self.forward(params, X)
@@ -117,9 +118,9 @@ class MLP(FlatModel):
         # dAs[0] is None: the input needs no gradient
         return self._dense_loss_and_backward(ops, v, g, A, Z, y, dZs, dAs, ready)
 
-    def logits(self, params, X: np.ndarray) -> np.ndarray:
+    def logits(self, params, X: np.ndarray, buffers=None) -> np.ndarray:
         """(B, n_classes) logits, on the host (device weights are copied over first: evaluation
-        is off the hot path)."""
+        is off the hot path). `buffers` ignored (the MLP has none)."""
         if on_device(params):
             params = params.copy_to_host()
         Z, _ = self.forward(params, X)

@@ -3,8 +3,8 @@
     numpy  -> the reference (ops/numpy_ops.py): the definition every other backend must match
     numba  -> Numba CPU, `njit(nogil=True)` (ops/numba_ops.py)
     cuda   -> Numba CUDA kernels on device arrays (ops/cuda_ops.py, the kernels beside it in
-              cuda_matmul, cuda_softmax, cuda_elementwise, cuda_windows): a GPU, or Numba's
-              simulator with NUMBA_ENABLE_CUDASIM=1; float32 matmuls; also provides
+              cuda_matmul, cuda_softmax, cuda_elementwise, cuda_windows, cuda_norm): a GPU, or
+              Numba's simulator with NUMBA_ENABLE_CUDASIM=1; float32 matmuls; also provides
               empty/zeros/to_device/to_host for the device buffers
 
 A backend is chosen once, by name (`--backend numpy|numba`), and handed to the model and the
@@ -31,6 +31,12 @@ OP_NAMES = (
     "col2im",  # its adjoint: the rows added back into the map (the input gradient)
     "maxpool_forward",  # max over each k x k window, and the argmax
     "maxpool_backward",  # each dY back to where its max was
+    "batchnorm_forward",  # per channel of rows (N, C): standardise with the batch's statistics
+    "batchnorm_backward",  # its gradients: dX, dgamma, dbeta
+    "batchnorm_eval",  # standardise with given (running) statistics
+    "running_average",  # running = (1 - m) running + m * correction * batch (BN's buffers)
+    "global_avgpool_forward",  # (B, H, W, C) -> (B, C): each channel's mean over the map
+    "global_avgpool_backward",  # each pixel gets dY / (H * W)
 )
 
 BACKENDS = {

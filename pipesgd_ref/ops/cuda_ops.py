@@ -15,13 +15,15 @@ with its loop, its optimisations and why, live by idea beside it:
     cuda_elementwise.py  relu, add_into, scale, sgd_step: grid-stride loops
     cuda_windows.py      im2col, col2im, max-pooling: one thread per output, gathers instead of
                          atomics (deterministic, bitwise NumPy's)
+    cuda_norm.py         batch norm, its running averages, global average pooling: per-channel
+                         sums in two deterministic stages (row chunks, then their partials)
 
 Every reduction runs in a fixed order (no atomics), so repeated runs give identical bits.
 
 dtype: the matrix kernels (dense_forward, dense_backward) stage tiles in float32 shared memory
 and accept float32 only, the training dtype; gradient checks in float64 use the numpy backend.
-The window ops take float32 maps (and an int32 argmax) only, likewise. The elementwise kernels
-take any float dtype.
+The window ops take float32 maps (and an int32 argmax) only, likewise, and so do batch norm and
+the pooling. The elementwise kernels take any float dtype.
 """
 
 from __future__ import annotations
@@ -40,14 +42,34 @@ from pipesgd_ref.ops.cuda_elementwise import (
     sgd_step_kernel,
 )
 from pipesgd_ref.ops.cuda_matmul import column_sum_kernel, matmul
+from pipesgd_ref.ops.cuda_norm import (
+    CHANNEL_TILE,
+    ROW_LANES,
+    batchnorm_apply_kernel,
+    batchnorm_input_grad_kernel,
+    chunks,
+    finish_sums_kernel,
+    global_avgpool_backward_kernel,
+    global_avgpool_forward_kernel,
+    partial_sums_kernel,
+    running_average_kernel,
+)
 from pipesgd_ref.ops.cuda_softmax import ROW_THREADS, mean_kernel, softmax_xent_rows_kernel
-from pipesgd_ref.ops.cuda_support import MAX_BLOCKS, THREADS_PER_BLOCK, launch, launch_1d, launch_2d
+from pipesgd_ref.ops.cuda_support import (
+    MAX_BLOCKS,
+    THREADS_PER_BLOCK,
+    ceil_div,
+    launch,
+    launch_1d,
+    launch_2d,
+)
 from pipesgd_ref.ops.cuda_windows import (
     col2im_kernel,
     im2col_kernel,
     maxpool_backward_kernel,
     maxpool_forward_kernel,
 )
+from pipesgd_ref.ops.norms import check_avgpool, check_rows
 from pipesgd_ref.ops.windows import check_im2col, check_pool
 
 # ---------------------------------------------------------------------------------------------
@@ -236,3 +258,97 @@ def maxpool_backward(dY, argmax, k: int, stride: int, dX) -> None:
     dY, argmax, dX = _contiguous(dY), _contiguous(argmax), _contiguous(dX)
     if dX.size:
         launch(maxpool_backward_kernel, launch_1d(dX.size), dY, argmax, int(k), int(stride), dX)
+
+
+# ---------------------------------------------------------------------------------------------
+# Batch norm and global average pooling (kernels in cuda_norm.py)
+
+
+def _channel_sums(A, B, center, mode: int, scale, out, scratch: str) -> None:
+    """out[c] = scale * the sum over the rows of A of partial_sums_kernel's `mode` term, in
+    two launches: the row chunks' partial sums into a cached scratch, then their sum."""
+    N, C = A.shape
+    R = chunks(N)
+    partial = _scratch_f32(scratch, R * C).reshape(R, C)
+    grid = ((ceil_div(C, CHANNEL_TILE), R), (CHANNEL_TILE, ROW_LANES))
+    launch(partial_sums_kernel, grid, A, B, center, mode, partial)
+    launch(finish_sums_kernel, launch_1d(C), partial, np.float32(scale), out)
+
+
+def _inv(n: int):
+    return np.float32(1.0 / n) if n else np.float32(np.nan)  # an empty batch: NaN, as NumPy's
+
+
+def batchnorm_forward(X, gamma, beta, eps: float, Y, xhat, mean, var) -> None:
+    """Training-mode batch norm: the mean, then the variance around it (two-stage channel
+    sums each), then one elementwise pass writing xhat and Y."""
+    rows, vectors = {"X": X.shape, "Y": Y.shape, "xhat": xhat.shape}, {"gamma": gamma.shape,
+               "beta": beta.shape, "mean": mean.shape, "var": var.shape}  # fmt: skip
+    check_rows("cuda", "batchnorm_forward", rows, vectors)
+    _require_float32("batchnorm_forward", X, gamma, beta, Y, xhat, mean, var, why=_MAPS)
+    N, C = X.shape
+    if C == 0:
+        return
+    inv_n = _inv(N)
+    _channel_sums(X, X, mean, 0, inv_n, mean, "bn_partial")  # mean = sum X / N
+    _channel_sums(X, X, mean, 1, inv_n, var, "bn_partial")  # var = sum (X - mean)^2 / N
+    if N:
+        args = (X, gamma, beta, mean, var, np.float32(eps), xhat, Y, 1)
+        launch(batchnorm_apply_kernel, launch_1d(N * C), *args)
+
+
+def batchnorm_backward(dY, xhat, gamma, var, eps: float, dX, dgamma, dbeta) -> None:
+    """dbeta and dgamma as two-stage channel sums, then dX elementwise from them."""
+    rows = {"dY": dY.shape, "xhat": xhat.shape, "dX": dX.shape}
+    vectors = {"gamma": gamma.shape, "var": var.shape, "dgamma": dgamma.shape,
+               "dbeta": dbeta.shape}  # fmt: skip
+    check_rows("cuda", "batchnorm_backward", rows, vectors)
+    _require_float32("batchnorm_backward", dY, xhat, gamma, var, dX, dgamma, dbeta, why=_MAPS)
+    N, C = dY.shape
+    if C == 0:
+        return
+    _channel_sums(dY, dY, var, 0, 1.0, dbeta, "bn_partial")  # dbeta = sum dY
+    _channel_sums(dY, xhat, var, 2, 1.0, dgamma, "bn_partial2")  # dgamma = sum dY xhat
+    if N:
+        args = (dY, xhat, gamma, var, np.float32(eps), dbeta, dgamma, _inv(N), dX)
+        launch(batchnorm_input_grad_kernel, launch_1d(N * C), *args)
+
+
+def batchnorm_eval(X, gamma, beta, mean, var, eps: float, Y) -> None:
+    """Evaluation-mode batch norm with the given (running) statistics: one elementwise pass."""
+    vectors = {"gamma": gamma.shape, "beta": beta.shape, "mean": mean.shape, "var": var.shape}
+    check_rows("cuda", "batchnorm_eval", {"X": X.shape, "Y": Y.shape}, vectors)
+    _require_float32("batchnorm_eval", X, gamma, beta, mean, var, Y, why=_MAPS)
+    if X.size:  # Y stands in for xhat, which evaluation does not keep (keep_xhat 0)
+        args = (X, gamma, beta, mean, var, np.float32(eps), Y, Y, 0)
+        launch(batchnorm_apply_kernel, launch_1d(X.size), *args)
+
+
+def running_average(running, batch, momentum: float, correction: float) -> None:
+    """running = (1 - momentum) running + momentum correction batch, one thread per channel."""
+    if running.shape != batch.shape:
+        raise ValueError(
+            f"cuda backend: running_average: running {running.shape} and batch {batch.shape} "
+            "must be the same per-channel vector"
+        )
+    _require_float32("running_average", running, batch, why=_MAPS)
+    if running.size:
+        args = (_flat(running), _flat(batch), np.float32(momentum), np.float32(correction))
+        launch(running_average_kernel, launch_1d(running.size), *args)
+
+
+def global_avgpool_forward(X, Y) -> None:
+    """The mean of each channel over the map: one thread per (b, c)."""
+    check_avgpool("cuda", "global_avgpool_forward", X.shape, Y.shape)
+    _require_float32("global_avgpool_forward", X, Y, why=_MAPS)
+    if Y.size:
+        launch(global_avgpool_forward_kernel, launch_1d(Y.size), _contiguous(X), _contiguous(Y))
+
+
+def global_avgpool_backward(dY, dX) -> None:
+    """dY / (H W) to every pixel of its channel: one thread per element of dX."""
+    check_avgpool("cuda", "global_avgpool_backward", dX.shape, dY.shape)
+    _require_float32("global_avgpool_backward", dY, dX, why=_MAPS)
+    if dX.size:
+        args = (_contiguous(dY), _contiguous(dX))
+        launch(global_avgpool_backward_kernel, launch_1d(dX.size), *args)

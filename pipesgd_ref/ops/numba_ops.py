@@ -16,6 +16,8 @@ Optimisations, and why:
 Accumulations run in a fixed order (the dX dot products in float64), so results are deterministic;
 they differ from NumPy's (BLAS) summation order only by float rounding. The window ops are
 bitwise equal to NumPy: copies and compares, and sums in the reference's (u, v) order.
+Batch norm and average pooling sum each channel in float64 in row order (NumPy sums float32
+pairwise, in float32): equal to NumPy within float32 rounding, not bitwise.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import math
 import numpy as np
 from numba import njit
 
+from pipesgd_ref.ops.norms import check_avgpool, check_rows
 from pipesgd_ref.ops.numpy_ops import conv_out
 from pipesgd_ref.ops.windows import check_im2col, check_pool
 
@@ -231,6 +234,100 @@ def _maxpool_backward(dY, argmax, k, stride, dX):
                                 dX[b, y, x, c] += dY[b, i, j, c]
 
 
+# --- batch norm and global average pooling ---------------------------------------------------
+#
+# Rows X (N, C) of an NHWC map: the inner loop walks the C channels of one pixel (contiguous),
+# with one float64 accumulator per channel, so every statistic is a single pass over the rows.
+
+
+@_jit
+def _batchnorm_forward(X, gamma, beta, eps, Y, xhat, mean, var):
+    N, C = X.shape
+    acc = np.zeros(C)  # float64 per channel: N float32 terms summed without drift
+    for n in range(N):
+        for c in range(C):
+            acc[c] += X[n, c]
+    for c in range(C):
+        mean[c] = acc[c] / N if N > 0 else np.nan
+        acc[c] = 0.0
+    for n in range(N):  # pass 2: the variance of the centred values (no cancellation)
+        for c in range(C):
+            d = X[n, c] - mean[c]
+            acc[c] += d * d
+    inv = np.empty(C)
+    for c in range(C):
+        var[c] = acc[c] / N if N > 0 else np.nan
+        inv[c] = 1.0 / math.sqrt(var[c] + eps)
+    for n in range(N):  # pass 3: normalise, scale, shift (fused)
+        for c in range(C):
+            h = (X[n, c] - mean[c]) * inv[c]
+            xhat[n, c] = h
+            Y[n, c] = gamma[c] * h + beta[c]
+
+
+@_jit
+def _batchnorm_backward(dY, xhat, gamma, var, eps, dX, dgamma, dbeta):
+    N, C = dY.shape
+    sum_dy, sum_dyx = np.zeros(C), np.zeros(C)  # float64 per channel
+    for n in range(N):  # one pass for both sums
+        for c in range(C):
+            sum_dy[c] += dY[n, c]
+            sum_dyx[c] += dY[n, c] * xhat[n, c]
+    k = np.empty(C)
+    for c in range(C):
+        dbeta[c] = sum_dy[c]
+        dgamma[c] = sum_dyx[c]
+        k[c] = gamma[c] / math.sqrt(var[c] + eps)
+        if N > 0:
+            sum_dy[c] /= N  # now mean(dY)
+            sum_dyx[c] /= N  # now mean(dY * xhat)
+    for n in range(N):  # dX = gamma inv (dY - mean(dY) - xhat mean(dY xhat)), fused
+        for c in range(C):
+            dX[n, c] = k[c] * (dY[n, c] - sum_dy[c] - xhat[n, c] * sum_dyx[c])
+
+
+@_jit
+def _batchnorm_eval(X, gamma, beta, mean, var, eps, Y):
+    N, C = X.shape
+    scale, shift = np.empty(C), np.empty(C)
+    for c in range(C):  # the affine map of each channel, once
+        scale[c] = gamma[c] / math.sqrt(var[c] + eps)
+        shift[c] = beta[c] - mean[c] * scale[c]
+    for n in range(N):
+        for c in range(C):
+            Y[n, c] = X[n, c] * scale[c] + shift[c]
+
+
+@_jit
+def _running_average(running, batch, momentum, correction):
+    for c in range(running.size):
+        running[c] = (1.0 - momentum) * running[c] + momentum * correction * batch[c]
+
+
+@_jit
+def _global_avgpool_forward(X, Y):
+    B, H, W, C = X.shape
+    acc = np.zeros(C)
+    for b in range(B):
+        acc[:] = 0.0
+        for y in range(H):
+            for x in range(W):
+                for c in range(C):  # the channels of one pixel: contiguous
+                    acc[c] += X[b, y, x, c]
+        for c in range(C):
+            Y[b, c] = acc[c] / (H * W)
+
+
+@_jit
+def _global_avgpool_backward(dY, dX):
+    B, H, W, C = dX.shape
+    for b in range(B):
+        for y in range(H):
+            for x in range(W):
+                for c in range(C):
+                    dX[b, y, x, c] = dY[b, c] / (H * W)
+
+
 def _contiguous(x: np.ndarray) -> np.ndarray:
     """x itself, refused unless C-contiguous: a flat copy would silently drop the writes, and
     the window loops walk C order (a strided view would compile a second, slower loop)."""
@@ -304,3 +401,46 @@ def maxpool_forward(X, k: int, stride: int, Y, argmax) -> None:
 def maxpool_backward(dY, argmax, k: int, stride: int, dX) -> None:
     check_pool("numba", "maxpool_backward", dX.shape, k, stride, dY.shape, argmax)
     _maxpool_backward(_contiguous(dY), _contiguous(argmax), int(k), int(stride), _contiguous(dX))
+
+
+def batchnorm_forward(X, gamma, beta, eps: float, Y, xhat, mean, var) -> None:
+    rows, vectors = {"X": X.shape, "Y": Y.shape, "xhat": xhat.shape}, {"gamma": gamma.shape,
+               "beta": beta.shape, "mean": mean.shape, "var": var.shape}  # fmt: skip
+    check_rows("numba", "batchnorm_forward", rows, vectors)
+    args = (_contiguous(X), _contiguous(gamma), _contiguous(beta), float(eps), _contiguous(Y))
+    _batchnorm_forward(*args, _contiguous(xhat), _contiguous(mean), _contiguous(var))
+
+
+def batchnorm_backward(dY, xhat, gamma, var, eps: float, dX, dgamma, dbeta) -> None:
+    rows = {"dY": dY.shape, "xhat": xhat.shape, "dX": dX.shape}
+    vectors = {"gamma": gamma.shape, "var": var.shape, "dgamma": dgamma.shape,
+               "dbeta": dbeta.shape}  # fmt: skip
+    check_rows("numba", "batchnorm_backward", rows, vectors)
+    args = (_contiguous(dY), _contiguous(xhat), _contiguous(gamma), _contiguous(var), float(eps))
+    _batchnorm_backward(*args, _contiguous(dX), _contiguous(dgamma), _contiguous(dbeta))
+
+
+def batchnorm_eval(X, gamma, beta, mean, var, eps: float, Y) -> None:
+    vectors = {"gamma": gamma.shape, "beta": beta.shape, "mean": mean.shape, "var": var.shape}
+    check_rows("numba", "batchnorm_eval", {"X": X.shape, "Y": Y.shape}, vectors)
+    args = (_contiguous(X), _contiguous(gamma), _contiguous(beta), _contiguous(mean))
+    _batchnorm_eval(*args, _contiguous(var), float(eps), _contiguous(Y))
+
+
+def running_average(running, batch, momentum: float, correction: float) -> None:
+    if running.shape != batch.shape:
+        raise ValueError(
+            f"numba backend: running_average: running {running.shape} and batch {batch.shape} "
+            "must be the same per-channel vector"
+        )
+    _running_average(_flat(running), _flat(batch), float(momentum), float(correction))
+
+
+def global_avgpool_forward(X, Y) -> None:
+    check_avgpool("numba", "global_avgpool_forward", X.shape, Y.shape)
+    _global_avgpool_forward(_contiguous(X), _contiguous(Y))
+
+
+def global_avgpool_backward(dY, dX) -> None:
+    check_avgpool("numba", "global_avgpool_backward", dX.shape, dY.shape)
+    _global_avgpool_backward(_contiguous(dY), _contiguous(dX))

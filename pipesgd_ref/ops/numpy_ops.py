@@ -195,3 +195,123 @@ def maxpool_backward(
             hit = argmax == u * k + v
             # one (u, v): distinct pixels for distinct windows, so += adds each once
             dX[:, _taps(u, Ho, stride), _taps(v, Wo, stride), :] += np.where(hit, dY, 0)
+
+
+# --- batch normalisation and global average pooling (models/resnet.py) ----------------------
+#
+# Batch norm normalises each channel of an NHWC map over the batch AND the pixels: the map
+# (B, H, W, C) is seen as rows X (N, C), N = B*H*W (a reshape, no copy), and every statistic is
+# per column. Training mode uses the batch's own mean and biased variance; evaluation the
+# running averages the model keeps beside its parameters (`running_average`).
+
+
+def batchnorm_forward(
+    X: np.ndarray,
+    gamma: np.ndarray,
+    beta: np.ndarray,
+    eps: float,
+    Y: np.ndarray,
+    xhat: np.ndarray,
+    mean: np.ndarray,
+    var: np.ndarray,
+) -> None:
+    """Batch norm in training mode: each channel standardised with the batch's statistics,
+    then scaled and shifted.
+
+    As loops, for every channel c (N rows):
+        mean[c]    = sum_n X[n, c] / N
+        var[c]     = sum_n (X[n, c] - mean[c])^2 / N            (biased: divided by N)
+        xhat[n, c] = (X[n, c] - mean[c]) / sqrt(var[c] + eps)
+        Y[n, c]    = gamma[c] * xhat[n, c] + beta[c]
+    xhat is kept for the backward. Shapes: X, Y, xhat (N, C); gamma, beta, mean, var (C,).
+    """
+    np.mean(X, axis=0, out=mean)
+    np.subtract(X, mean, out=xhat)  # centred first: the variance of centred values is exact-er
+    np.mean(np.square(xhat), axis=0, out=var)
+    xhat *= 1.0 / np.sqrt(var + xhat.dtype.type(eps))
+    np.multiply(xhat, gamma, out=Y)
+    Y += beta
+
+
+def batchnorm_backward(
+    dY: np.ndarray,
+    xhat: np.ndarray,
+    gamma: np.ndarray,
+    var: np.ndarray,
+    eps: float,
+    dX: np.ndarray,
+    dgamma: np.ndarray,
+    dbeta: np.ndarray,
+) -> None:
+    """The gradients of batchnorm_forward (training mode) given dL/dY.
+
+    As loops, for every channel c, with inv = 1 / sqrt(var[c] + eps):
+        dbeta[c]  = sum_n dY[n, c]
+        dgamma[c] = sum_n dY[n, c] * xhat[n, c]
+        dX[n, c]  = gamma[c] * inv * (dY[n, c] - dbeta[c] / N - xhat[n, c] * dgamma[c] / N)
+    The last line is the chain rule through xhat = (x - mean) / sqrt(var + eps) with the mean
+    and the variance functions of every x of the channel (models/resnet.py derives it).
+    Shapes: dY, xhat, dX (N, C); gamma, var, dgamma, dbeta (C,).
+    """
+    N = dY.shape[0]
+    np.sum(dY, axis=0, out=dbeta)
+    np.sum(dY * xhat, axis=0, out=dgamma)
+    if N == 0:
+        return
+    inv = 1.0 / np.sqrt(var + var.dtype.type(eps))
+    # dX = gamma inv (dY - mean(dY) - xhat mean(dY xhat))
+    np.multiply(xhat, dgamma / N, out=dX)
+    np.subtract(dY, dX, out=dX)
+    dX -= dbeta / N
+    dX *= gamma * inv
+
+
+def batchnorm_eval(
+    X: np.ndarray,
+    gamma: np.ndarray,
+    beta: np.ndarray,
+    mean: np.ndarray,
+    var: np.ndarray,
+    eps: float,
+    Y: np.ndarray,
+) -> None:
+    """Batch norm in evaluation mode: the given (running) statistics instead of the batch's.
+
+    As a loop: Y[n, c] = gamma[c] * (X[n, c] - mean[c]) / sqrt(var[c] + eps) + beta[c].
+    Shapes: X, Y (N, C); gamma, beta, mean, var (C,) (mean and var may be float32 running
+    statistics beside float64 weights: they are cast to X's dtype).
+    """
+    mean, var = mean.astype(X.dtype, copy=False), var.astype(X.dtype, copy=False)
+    np.subtract(X, mean, out=Y)
+    Y *= gamma / np.sqrt(var + X.dtype.type(eps))
+    Y += beta
+
+
+def running_average(running: np.ndarray, batch: np.ndarray, momentum: float, correction: float):
+    """running = (1 - momentum) * running + momentum * correction * batch, elementwise.
+
+    Batch norm's running statistics, as torch.nn.BatchNorm updates them: momentum 0.1, and
+    correction N / (N - 1) for the variance (the unbiased estimate from the biased `var` of
+    batchnorm_forward), 1 for the mean. Shapes: running, batch (C,); running is float32 (the
+    model's buffers), batch any float dtype.
+    """
+    keep = running.dtype.type(1.0 - momentum)
+    np.multiply(running, keep, out=running)
+    running += (momentum * correction * batch).astype(running.dtype, copy=False)
+
+
+def global_avgpool_forward(X: np.ndarray, Y: np.ndarray) -> None:
+    """The mean of every channel over the whole map: (B, H, W, C) -> (B, C).
+
+    As a loop: Y[b, c] = sum_{y, x} X[b, y, x, c] / (H * W).
+    """
+    np.mean(X, axis=(1, 2), out=Y)
+
+
+def global_avgpool_backward(dY: np.ndarray, dX: np.ndarray) -> None:
+    """The gradient of global_avgpool_forward: each pixel gets its channel's dY / (H * W).
+
+    As a loop: dX[b, y, x, c] = dY[b, c] / (H * W). Shapes: dY (B, C), dX (B, H, W, C).
+    """
+    B, H, W, C = dX.shape
+    dX[...] = (dY / dX.dtype.type(H * W))[:, None, None, :]
