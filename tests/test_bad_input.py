@@ -424,7 +424,7 @@ PREDICT = [
     C("predict-params-without-t-comp", "predict --params 25M", "--t-comp"),
     C("predict-codecs-unknown", "predict --codecs zip", "zip"),
     C("predict-width-0", "predict --width 0", "--width"),
-    C("predict-model-unknown", "predict --model resnet", "resnet"),
+    C("predict-model-unknown", "predict --model vgg", "vgg"),
     C("predict-dataset-unknown", "predict --dataset imagenet", "imagenet"),
     C("predict-ps-pulls-unknown", "predict --ps-pulls foo", "foo"),
     # staleness compensation and bounded staleness (methods/compensation.py)
