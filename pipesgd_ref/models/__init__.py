@@ -19,7 +19,7 @@ MODELS = ("softmax", "mlp", "cnn", "resnet")
 # define the parameter layout, so model_for reads these and nothing else, and a checkpoint must
 # agree on every one of them (runtime/checkpoint.py MUST_MATCH). A new model option is a new
 # keyword of build_model and a new name here.
-MODEL_FIELDS = ("model", "hidden", "channels", "kernels")
+MODEL_FIELDS = ("model", "hidden", "channels", "kernels", "depth")
 
 
 def build_model(
