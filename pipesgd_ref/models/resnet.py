@@ -34,8 +34,9 @@ that mu and var are functions of every x_i of the channel; written out (dxhat = 
     =>  dx_i = gamma / sqrt(var + eps) * (dy_i - mean_j dy_j - xhat_i mean_j (dy_j xhat_j))
         dgamma = sum_i dy_i xhat_i,   dbeta = sum_i dy_i
 
-the middle term from mu, the last from var: the gradient is projected off the two directions
-(constant, and xhat) along which BN's output cannot move. ops.batchnorm_backward computes it.
+the middle term from mu, the last from var: the gradient is projected off the directions along
+which BN's output cannot move (a constant shift of the channel; a rescaling, up to eps).
+ops.batchnorm_backward computes it.
 
 Why running statistics. In training, BN normalises with the batch's own statistics; a test
 prediction must not depend on which other samples share its batch (nor fail for a batch of one),

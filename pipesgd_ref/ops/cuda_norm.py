@@ -4,9 +4,10 @@ Batch norm needs per-channel sums over all N = B*H*W rows: the mean, the varianc
 backward sum(dY) and sum(dY * xhat). A sum over N rows is done in two deterministic stages:
 
     partial_sums_kernel   a grid of (channel tiles) x (row chunks) blocks; block (tile, r)
-                          sums its rows of CHANNEL_TILE channels, lanes of ROW_LANES threads
-                          each taking every ROW_LANES-th row, then a tree over the lanes in
-                          shared memory: partial[r, c]
+                          sums its rows of up to CHANNEL_TILE channels (a narrow map, C < 32,
+                          gets C: no idle threads), lanes of ROW_LANES threads each taking every
+                          ROW_LANES-th row, then a tree over the lanes in shared memory:
+                          partial[r, c]
     finish_sums_kernel    one thread per channel adds its chunks' partials in order r = 0, 1, ...
 
 so the work spreads over many blocks even when C is 16 (a single block per channel tile would
@@ -32,6 +33,11 @@ ROWS_PER_CHUNK = 256  # rows one block sums (32 per lane): a chunk is worth a la
 MAX_CHUNKS = 256  # at most this many partial rows; a larger map strides the chunks over them
 
 
+def channel_tile(n_channels: int) -> int:
+    """Channels a block of partial_sums_kernel covers: CHANNEL_TILE, or C when fewer."""
+    return max(1, min(CHANNEL_TILE, n_channels))
+
+
 def chunks(n_rows: int) -> int:
     """How many partial sums per channel the first stage writes for N rows (at least 1)."""
     return max(1, min(-(-n_rows // ROWS_PER_CHUNK), MAX_CHUNKS))
@@ -45,13 +51,14 @@ def partial_sums_kernel(A, B, center, mode, partial):
         1: (A[n, c] - center[c])^2      (the variance's sum, around the mean)
         2: A[n, c] * B[n, c]            (dgamma's sum: dY * xhat)
 
-    Launched on grid (ceil(C / CHANNEL_TILE), R), block (CHANNEL_TILE, ROW_LANES); R rows of
-    partial, chunk r holding rows r*ROW_LANES + lane, stepping by R*ROW_LANES (a grid-stride
-    loop over the rows). `mode` is the same for the whole grid: its branch never diverges.
+    Launched on grid (ceil(C / T), R), block (T, ROW_LANES) with T <= CHANNEL_TILE channels a
+    block (`channel_tile`); R rows of partial, chunk r holding rows r*ROW_LANES + lane,
+    stepping by R*ROW_LANES (a grid-stride loop over the rows). `mode` is the same for the
+    whole grid: its branch never diverges.
     """
     buf = cuda.shared.array((ROW_LANES, CHANNEL_TILE), float32)
     tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
-    c = cuda.blockIdx.x * CHANNEL_TILE + tx
+    c = cuda.blockIdx.x * cuda.blockDim.x + tx
     N, C = A.shape
     s = float32(0.0)
     if c < C:

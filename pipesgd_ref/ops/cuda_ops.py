@@ -43,10 +43,10 @@ from pipesgd_ref.ops.cuda_elementwise import (
 )
 from pipesgd_ref.ops.cuda_matmul import column_sum_kernel, matmul
 from pipesgd_ref.ops.cuda_norm import (
-    CHANNEL_TILE,
     ROW_LANES,
     batchnorm_apply_kernel,
     batchnorm_input_grad_kernel,
+    channel_tile,
     chunks,
     finish_sums_kernel,
     global_avgpool_backward_kernel,
@@ -270,9 +270,17 @@ def _channel_sums(A, B, center, mode: int, scale, out, scratch: str) -> None:
     N, C = A.shape
     R = chunks(N)
     partial = _scratch_f32(scratch, R * C).reshape(R, C)
-    grid = ((ceil_div(C, CHANNEL_TILE), R), (CHANNEL_TILE, ROW_LANES))
+    T = channel_tile(C)
+    grid = ((ceil_div(C, T), R), (T, ROW_LANES))
     launch(partial_sums_kernel, grid, A, B, center, mode, partial)
-    launch(finish_sums_kernel, launch_1d(C), partial, np.float32(scale), out)
+    launch(finish_sums_kernel, _launch_small(C), partial, np.float32(scale), out)
+
+
+def _launch_small(n: int) -> tuple[int, int]:
+    """launch_1d, but below THREADS_PER_BLOCK elements (a per-channel vector, a tiny map) one
+    block of as few whole warps as cover n, instead of 256 threads of which most would idle
+    (and each costs the simulator); from 256 elements on, launch_1d's geometry itself."""
+    return launch_1d(n, min(THREADS_PER_BLOCK, 32 * ceil_div(max(n, 1), 32)))
 
 
 def _inv(n: int):
@@ -294,7 +302,7 @@ def batchnorm_forward(X, gamma, beta, eps: float, Y, xhat, mean, var) -> None:
     _channel_sums(X, X, mean, 1, inv_n, var, "bn_partial")  # var = sum (X - mean)^2 / N
     if N:
         args = (X, gamma, beta, mean, var, np.float32(eps), xhat, Y, 1)
-        launch(batchnorm_apply_kernel, launch_1d(N * C), *args)
+        launch(batchnorm_apply_kernel, _launch_small(N * C), *args)
 
 
 def batchnorm_backward(dY, xhat, gamma, var, eps: float, dX, dgamma, dbeta) -> None:
@@ -311,7 +319,7 @@ def batchnorm_backward(dY, xhat, gamma, var, eps: float, dX, dgamma, dbeta) -> N
     _channel_sums(dY, xhat, var, 2, 1.0, dgamma, "bn_partial2")  # dgamma = sum dY xhat
     if N:
         args = (dY, xhat, gamma, var, np.float32(eps), dbeta, dgamma, _inv(N), dX)
-        launch(batchnorm_input_grad_kernel, launch_1d(N * C), *args)
+        launch(batchnorm_input_grad_kernel, _launch_small(N * C), *args)
 
 
 def batchnorm_eval(X, gamma, beta, mean, var, eps: float, Y) -> None:
@@ -321,7 +329,7 @@ def batchnorm_eval(X, gamma, beta, mean, var, eps: float, Y) -> None:
     _require_float32("batchnorm_eval", X, gamma, beta, mean, var, Y, why=_MAPS)
     if X.size:  # Y stands in for xhat, which evaluation does not keep (keep_xhat 0)
         args = (X, gamma, beta, mean, var, np.float32(eps), Y, Y, 0)
-        launch(batchnorm_apply_kernel, launch_1d(X.size), *args)
+        launch(batchnorm_apply_kernel, _launch_small(X.size), *args)
 
 
 def running_average(running, batch, momentum: float, correction: float) -> None:
@@ -334,7 +342,7 @@ def running_average(running, batch, momentum: float, correction: float) -> None:
     _require_float32("running_average", running, batch, why=_MAPS)
     if running.size:
         args = (_flat(running), _flat(batch), np.float32(momentum), np.float32(correction))
-        launch(running_average_kernel, launch_1d(running.size), *args)
+        launch(running_average_kernel, _launch_small(running.size), *args)
 
 
 def global_avgpool_forward(X, Y) -> None:
@@ -342,7 +350,7 @@ def global_avgpool_forward(X, Y) -> None:
     check_avgpool("cuda", "global_avgpool_forward", X.shape, Y.shape)
     _require_float32("global_avgpool_forward", X, Y, why=_MAPS)
     if Y.size:
-        launch(global_avgpool_forward_kernel, launch_1d(Y.size), _contiguous(X), _contiguous(Y))
+        launch(global_avgpool_forward_kernel, _launch_small(Y.size), _contiguous(X), _contiguous(Y))
 
 
 def global_avgpool_backward(dY, dX) -> None:
@@ -351,4 +359,4 @@ def global_avgpool_backward(dY, dX) -> None:
     _require_float32("global_avgpool_backward", dY, dX, why=_MAPS)
     if dX.size:
         args = (_contiguous(dY), _contiguous(dX))
-        launch(global_avgpool_backward_kernel, launch_1d(dX.size), *args)
+        launch(global_avgpool_backward_kernel, _launch_small(dX.size), *args)
