@@ -427,16 +427,16 @@ def _quadratic(lam):
 
 
 @settings(max_examples=12)
-@given(momentum=st.floats(0.0, 0.9), inside=st.floats(0.1, 0.8), outside=st.floats(1.2, 1.6))
+@given(momentum=st.floats(0.0, 0.9), inside=st.floats(0.1, 0.8), outside=st.floats(1.3, 1.6))
 def test_the_oracles_follow_the_bounds_and_predict_recovers_the_synchronous_one(
     momentum, inside, outside
 ):
     """delayed_sgd itself with momentum, staleness one: stable below 1 - M, divergent above;
     with predict (identical workers) stable up to the synchronous 2 (1 + M), where plain
     staleness one diverges, and divergent past it."""
-    rule, w0, steps = SGD(momentum), np.ones(1), 600
+    rule, w0 = SGD(momentum), np.ones(1)
 
-    def final(x, compensation="none", staleness=1):
+    def final(x, compensation="none", staleness=1, steps=600):
         with np.errstate(over="ignore", invalid="ignore"):
             traj = delayed_sgd(_quadratic(1.0), w0, 2, steps, x, staleness=staleness,
                                drain=False, compensation=compensation, optimizer=rule)  # fmt: skip
@@ -444,7 +444,8 @@ def test_the_oracles_follow_the_bounds_and_predict_recovers_the_synchronous_one(
 
     fresh, stale = heavy_ball_bound(momentum, 0), heavy_ball_bound(momentum, 1)
     assert final(inside * stale) < 1e-2
-    assert not final(outside * stale) < 1e3
+    # just past 1 - M the roots leave the circle slowly (|z| = sqrt(M + x) >= 1.015 here)
+    assert not final(outside * stale, steps=1200) < 1e3
     between = stale + inside * (fresh - stale)  # past the delayed bound, inside the fresh one
     assert not final(between) < 1e3, "plain staleness one must diverge here"
     assert final(between, "predict") < 1e-2
