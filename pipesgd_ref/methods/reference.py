@@ -313,13 +313,19 @@ def ps_sync_sgd(
     return sync_sgd(grad_fn, params0, world_size, steps, lr, **kwargs)
 
 
-def model_grad_fn(model, dataset, sampler) -> GradFn:
-    """grad_fn for a model on a dataset: worker `rank` at `step` uses sampler's minibatch."""
+def model_grad_fn(model, dataset, sampler, buffers: np.ndarray | None = None) -> GradFn:
+    """grad_fn for a model on a dataset: worker `rank` at `step` uses sampler's minibatch.
+
+    `buffers` (a model with batch norm: its init_buffers(), updated in place): the job's
+    running statistics are worker 0's, as under DDP, which hands rank 0's buffers to every
+    replica; so worker 0's forward passes update them, once per gradient it computes, in the
+    order the oracle asks for them (the distributed worker 0 computes them in that order too)."""
 
     def grad_fn(params: np.ndarray, rank: int, step: int) -> tuple[float, np.ndarray]:
         X, y = sampler.batch(dataset, rank, step)
         grads = np.empty_like(params)
-        loss = model.loss_and_grad(params, X, y, grads)
+        stats = buffers if rank == 0 else None
+        loss = model.loss_and_grad(params, X, y, grads, buffers=stats)
         return loss, grads
 
     return grad_fn
