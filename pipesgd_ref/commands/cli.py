@@ -144,10 +144,12 @@ def cmd_compare(args: argparse.Namespace, cfg: TrainConfig, named=frozenset()) -
         quick_config,
         run_compare,
     )
+    from pipesgd_ref.commands.compare_peers import peers_of
     from pipesgd_ref.logs import configure_parent_logging
 
     if args.repeats is not None and args.repeats < 1:
         raise ConfigError(f"--repeats must be at least 1, got {args.repeats}")
+    peers = peers_of(args.peers, args.study, cfg)  # --peers torch: compare_peers.py
     if args.study is not None:
         return _study(args, cfg)
     if args.lrs is not None:
@@ -174,7 +176,7 @@ def cmd_compare(args: argparse.Namespace, cfg: TrainConfig, named=frozenset()) -
     configure_parent_logging("WARNING")
     with _claimed(args.out_dir, args.overwrite):
         choose = "bandwidth" not in named
-        run_compare(cfg, args.out_dir, not args.no_progress, choose=choose, **more)
+        run_compare(cfg, args.out_dir, not args.no_progress, choose=choose, peers=peers, **more)
     return 0
 
 

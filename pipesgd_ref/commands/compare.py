@@ -53,6 +53,7 @@ from pipesgd_ref.commands.compare_checks import HEADLINE, check_targets
 from pipesgd_ref.commands.compare_checks import check_compare_options as check_compare_options
 from pipesgd_ref.commands.compare_figures import plot_compare
 from pipesgd_ref.commands.compare_link import choose_link, given_link
+from pipesgd_ref.commands.compare_peers import available, peer_checks, peer_note, run_peer_repeat
 from pipesgd_ref.commands.train import run_training
 from pipesgd_ref.config import TrainConfig, model_label
 from pipesgd_ref.data import load_dataset
@@ -183,12 +184,15 @@ def run_compare(
     repeats: int = REPEATS,
     train: Callable[..., tuple[dict, list]] = run_training,
     choose: bool = False,
+    peers: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """Calibrate, predict, run every method `repeats` times, and report; returns what
     compare.json holds. `train(cfg, progress=, log=, label=)` runs one method and returns
     (summary, results): run_training's local workers by default, a job of MPI ranks under
     `--comm mpi` (compare_mpi.py). `choose`: set cfg's bandwidth for this machine from the
-    calibration (compare_link.py; `pipesgd compare` without --bandwidth), else keep cfg's."""
+    calibration (compare_link.py; `pipesgd compare` without --bandwidth), else keep cfg's.
+    `peers`: other libraries' rows (compare_peers.py: torch-ddp, torch-pipe), run in the same
+    passes; without torch they are skipped in one line."""
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
     if choose and calibration is not None:
@@ -198,6 +202,7 @@ def run_compare(
     if out_dir is not None:
         mark_incomplete(out_dir)
     how = dict(progress=progress, log=log, runs=runs, calibration=calibration, choose=choose)
+    how["peers"], how["skipped"] = available(list(peers), log)
     cal_options = dict(reps=calibration_reps, tries=calibration_tries)
     try:
         return _compare(cfg, out_dir, how, cal_options, repeats, train)
@@ -222,8 +227,10 @@ def _compare(cfg, out_dir, how: dict, cal_options: dict, repeats, train) -> dict
     cfg, cal, link = _calibrated(cfg, how, cal_options)
     options = dict(width=cfg.width, ps_pulls=cfg.ps_pulls, compensation=cfg.compensation)
     preds = timing.predict_all(cfg.world_size, cal, runs, **options)
-    progress = how["progress"]
-    done, all_traces = run_repeats(cfg, runs, preds, out_dir, repeats, progress, log, train)
+    progress, peers = how["progress"], how["peers"]
+    done, all_traces = run_repeats(
+        cfg, runs, preds, out_dir, repeats, progress, log, train, peers=peers
+    )
     summaries: dict[str, dict] = {}
     traces: dict[str, list[dict]] = {}
     for label, repeat_summaries in done.items():
@@ -241,15 +248,17 @@ def _compare(cfg, out_dir, how: dict, cal_options: dict, repeats, train) -> dict
         "calibration": cal.to_dict(),
         "predictions": {k: v.to_dict() for k, v in preds.items()},
         "table": rows,
-        "checks": check_targets(rows),
+        "checks": check_targets([r for r in rows if r["run"] not in peers]) + peer_checks(rows),
         "repeats": repeats,
         "runs": {k: _without_heavy(v) for k, v in summaries.items()},
+        "peers": {"ran": peers, "skipped": how["skipped"], "note": peer_note(cfg, peers)},
         "wall_time_s": time.perf_counter() - started,
     }
     _log_report(report, cfg, log)
     if out_dir is not None:
         write_json(out_dir / "compare.json", report)
-        figures = plot_compare(report, summaries, traces, cal, cfg, out_dir)
+        ours = {k: v for k, v in summaries.items() if k not in peers}  # the figures': ours
+        figures = plot_compare(report, ours, traces, cal, cfg, out_dir)
         extra = f" and {len(figures)} figures" if figures else " (no matplotlib: no figures)"
         log(f"wrote {out_dir / 'compare.json'}{extra}")
         (out_dir / INCOMPLETE).unlink(missing_ok=True)
@@ -321,24 +330,31 @@ def run_repeats(
     progress: bool,
     log: Callable[[str], None],
     train: Callable[..., tuple[dict, list]],
+    peers: list[str] = (),
 ) -> tuple[dict[str, list[dict]], dict[str, list[list[dict]]]]:
-    """Every run `repeats` times, in passes (all runs once, then all again): {label: each
-    repeat's summary} and {label: each repeat's trace events}."""
-    labels = [timing.run_label(algo, codec) for algo, codec in runs]
+    """Every run `repeats` times, in passes (all runs once, then all again, each pass ending
+    with the `peers`' runs): {label: each repeat's summary} and {label: each repeat's trace
+    events} (none for a peer)."""
+    labels = [timing.run_label(algo, codec) for algo, codec in runs] + list(peers)
     done: dict[str, list[dict]] = {label: [] for label in labels}
     all_traces: dict[str, list[list[dict]]] = {label: [] for label in labels}
-    total = len(runs) * repeats
+    total = len(labels) * repeats
     for k in range(repeats):
-        for i, (algo, codec) in enumerate(runs):
-            label = labels[i]
-            run_cfg = run_config(cfg, algo, codec, out_dir, k + 1 if repeats > 1 else None)
-            n = k * len(runs) + i + 1
+        for i, label in enumerate(labels):
+            repeat = k + 1 if repeats > 1 else None
+            n = k * len(labels) + i + 1
             tag = f"[{n}/{total}] {label}" + (f" (repeat {k + 1})" if repeats > 1 else "")
-            if k == 0:
-                log(f"{tag}: predicted iteration {preds[label].iter_time_s * 1e3:.1f} ms")
-            summary, results = train(run_cfg, progress=progress, log=_quiet, label=tag)
+            if label in peers:  # another library's run (compare_peers.py): no prediction
+                summary, events = run_peer_repeat(cfg, label, out_dir, repeat)
+            else:
+                algo, codec = runs[i]
+                if k == 0:
+                    log(f"{tag}: predicted iteration {preds[label].iter_time_s * 1e3:.1f} ms")
+                run_cfg = run_config(cfg, algo, codec, out_dir, repeat)
+                summary, results = train(run_cfg, progress=progress, log=_quiet, label=tag)
+                events = [e for r in results for e in r.events]
             done[label].append(summary)
-            all_traces[label].append([e for r in results for e in r.events])
+            all_traces[label].append(events)
             reached = summary["time_to_target_s"]
             got = f"reached in {reached:.2f} s" if reached is not None else "not reached"
             log(
@@ -352,6 +368,8 @@ def _log_report(report: dict, cfg: TrainConfig, log: Callable[[str], None]) -> N
     """The table, the checks, and what to read them as."""
     log("")
     log(format_table(report["table"], cfg))
+    if report["peers"]["note"]:
+        log(report["peers"]["note"])
     if report["repeats"] > 1:
         log(
             f"(each method ran {report['repeats']} times; the table keeps the repeat that "
@@ -398,7 +416,7 @@ def table_rows(summaries: dict[str, dict], preds: dict) -> list[dict]:
     base = summaries.get("ps-sync")
     rows = []
     for label, s in summaries.items():
-        pred = preds[label].iter_time_s
+        pred = preds[label].iter_time_s if label in preds else None  # a peer has none
         meas = s["iter_time_s"]
         ttt = s["time_to_target_s"]
         base_ttt = base["time_to_target_s"] if base else None
@@ -406,14 +424,14 @@ def table_rows(summaries: dict[str, dict], preds: dict) -> list[dict]:
             {
                 "run": label,
                 "iter_ms": meas * 1e3,
-                "predicted_ms": pred * 1e3,
-                "error": (pred - meas) / meas,
+                "predicted_ms": pred * 1e3 if pred is not None else None,
+                "error": (pred - meas) / meas if pred is not None else None,
                 "iter_speedup": (base["iter_time_s"] / meas) if base else None,
                 "time_to_target_s": ttt,
                 "steps_to_target": s["steps_to_target"],
                 "speedup_to_target": (base_ttt / ttt) if base_ttt and ttt else None,
                 "test_accuracy": s["test_accuracy"],
-                "t_comp_ms": (s["t_comp_s"] or 0.0) * 1e3,
+                "t_comp_ms": None if pred is None else (s["t_comp_s"] or 0.0) * 1e3,
                 "comm_hidden_fraction": s["comm_hidden_fraction"],
             }
         )
@@ -435,17 +453,17 @@ def format_table(rows: list[dict], cfg: TrainConfig) -> str:
     ]
 
     def num(x, fmt):  # a missing figure keeps the column's width (fmt is ">W..." here)
-        width = int(re.match(r">(\d*)", fmt).group(1) or 0)
+        width = int(re.match(r">[+ -]?(\d*)", fmt).group(1) or 0)
         return format(x, fmt) if x is not None else "-".rjust(width)
 
     for r in rows:
         lines.append(
-            f"{r['run']:<13} {r['iter_ms']:>8.1f} {r['predicted_ms']:>9.1f} "
-            f"{r['error']:>+6.0%} {num(r['iter_speedup'], '>8.2f')}x "
+            f"{r['run']:<13} {r['iter_ms']:>8.1f} {num(r['predicted_ms'], '>9.1f')} "
+            f"{num(r['error'], '>+6.0%')} {num(r['iter_speedup'], '>8.2f')}x "
             f"{num(r['time_to_target_s'], '>9.2f')} {num(r['steps_to_target'], '>5')} "
             f"{num(r['speedup_to_target'], '>8.2f')}x {r['test_accuracy']:>8.4f}"
         )
-    errors = [abs(r["error"]) for r in rows]
+    errors = [abs(r["error"]) for r in rows if r["error"] is not None]
     if not errors:
         return "\n".join(lines)
     lines.append(

@@ -134,6 +134,13 @@ def _add_compare(sub) -> None:
         help="--study's learning rates, a comma list (default: study.LRS; "
         "--quick: study.QUICK_LRS)",
     )
+    c.add_argument(
+        "--peers",
+        default=None,
+        help="other libraries' rows beside ours: torch (PyTorch DDP and Pipe-SGD as a DDP "
+        "hook: torch-ddp, torch-pipe), or a comma list of torch-ddp, torch-pipe; none by "
+        "default (needs the torch extra; skipped in one line without it)",
+    )
     add_many_workers_flag(c)
 
 
