@@ -5,16 +5,18 @@
 #   1. install what the machine lacks from wheels brought along in .whl/ (see below), and put
 #      this checkout on PYTHONPATH (nothing is built: the project is pure Python)
 #   2. PIPESGD_GPU_TESTS=1 pytest on the CUDA tests: every kernel against NumPy on the device,
-#      the large-size tests marked `gpu`, PTX for sm_90, --device cuda training
+#      the large-size tests marked `gpu`, PTX for sm_90, --device cuda training, and the
+#      ResNet's CUDA tests (its batch-norm and pooling kernels, the whole model's step)
 #   3. benchmarks/kernels_gpu.py --train: each kernel checked, timed, and its fraction of cuBLAS
-#      (matmuls, through CuPy) or of a device-to-device copy (memory-bound kernels); the MLP's
-#      and the CNN's training step on the GPU against this machine's CPU cores
+#      (matmuls, through CuPy) or of a device-to-device copy (memory-bound kernels: the window
+#      ops, batch norm, average pooling); the MLP's and the CNN's training step on the GPU
+#      against this machine's CPU cores, and the ResNet's step (checked against NumPy first)
 #   4. `pipesgd train --device cuda` against the CPU, sync and pipe, MLP and CNN, 4 ranks on one
 #      GPU: the final weights within float32 tolerance of the CPU run's
 #
 # Usage (from the repository root):  bash benchmarks/gpu_check.sh [OUT_DIR]
-# OUT_DIR (default $OUT, else runs/gpu_check) receives pytest.log, kernels.json, kernels.log,
-# train.log and summary.txt. Exit status: 0 when every step passed, else the number of steps
+# OUT_DIR (default $OUT, else runs/gpu_check) receives pytest.log, pytest_resnet.log,
+# kernels.json, kernels.log, train.log and summary.txt. Exit status: 0 when every step passed, else the number of steps
 # that failed.
 #
 # Wheels: the machine needs multiprocessing-logging (a dependency) and, for --dataset mnist5k,
@@ -45,10 +47,15 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader ||
 $PY -c "import numba, numba.cuda as c; print('numba', numba.__version__, '| gpu:', c.is_available())"
 
 step "2. the CUDA tests on the device (PIPESGD_GPU_TESTS=1)"
+step2=0
 timeout 240 $PY -m pytest -q -p no:randomly -p no:cacheprovider -x \
     tests/test_cuda_ops.py tests/test_cuda_codecs.py tests/test_cuda_compile.py \
     tests/test_device_training.py 2>&1 | tee "$OUT_DIR/pytest.log"
-[ "${PIPESTATUS[0]}" -eq 0 ] || failed=$((failed + 1))
+[ "${PIPESTATUS[0]}" -eq 0 ] || step2=1
+timeout 120 $PY -m pytest -q -p no:randomly -p no:cacheprovider -x tests/test_resnet.py \
+    -k cuda 2>&1 | tee "$OUT_DIR/pytest_resnet.log"
+[ "${PIPESTATUS[0]}" -eq 0 ] || step2=1
+failed=$((failed + step2))
 
 step "3. kernels against NumPy, their rooflines, and training steps (benchmarks/kernels_gpu.py)"
 timeout 180 $PY benchmarks/kernels_gpu.py --train --train-steps 20 \
@@ -92,7 +99,9 @@ step "summary"
 {
     echo "gpu_check: $failed step(s) failed"
     grep -E "passed|failed" "$OUT_DIR/pytest.log" | tail -1
-    grep -E "^(dense|im2col|col2im|maxpool|add_into|sgd_step|q8|train)" "$OUT_DIR/kernels.log"
+    grep -E "passed|failed" "$OUT_DIR/pytest_resnet.log" | tail -1
+    grep -E "^(dense|im2col|col2im|maxpool|batchnorm|avgpool|add_into|sgd_step|q8|train)" \
+        "$OUT_DIR/kernels.log"
     cat "$OUT_DIR/train.log"
 } | tee "$OUT_DIR/summary.txt"
 exit $failed

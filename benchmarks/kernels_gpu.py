@@ -12,11 +12,16 @@ events), its rate, and the fraction of a roofline measured on the same GPU in th
     and the codecs             the same bytes (goal: 70%)
     im2col, col2im, max-pool   GB/s of the bytes each reads and writes on a --window map,
                                against a device-to-device copy (goal: 70%)
+    batch norm, average pool   the ResNet's: GB/s of the least traffic each needs on the same
+                               map (batch norm: read once, write xhat and Y; its two-stage
+                               sums read the map three times, so the goal is 50%)
 
 Every kernel's output is first checked against the NumPy reference (ops/numpy_ops.py and the
 NumPy codecs); a mismatch is printed as FAIL and the script exits 1. With --train it also times
 `pipesgd train --device cuda` on an MLP of 8.5M parameters and on a CNN (TRAIN_MODELS) against
-the Numba CPU backend on the same machine, in samples per second.
+the Numba CPU backend on the same machine, in samples per second, and the ResNet's step
+(loss_and_grad + sgd_step on the model itself, depth 8, channels 16, 32, 64) on the GPU against
+Numba on the CPU, its loss and gradient first checked against NumPy's.
 
 Without a GPU it says why and exits 0. In Numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1) it
 runs at tiny sizes as a smoke test (tests/test_benchmarks_smoke.py): the checks mean something,
@@ -230,6 +235,106 @@ def window_rows(batch: int, side: int, channels: int, reps: int, rng) -> list[di
     return rows
 
 
+def norm_rows(batch: int, side: int, channels: int, reps: int, rng) -> list[dict]:
+    """The ResNet's batch norm (training forward, backward) and global average pooling
+    (forward, backward) on a (batch, side, side, channels) NHWC map: checked against NumPy
+    within float32 rounding (two-stage sums against NumPy's pairwise ones), timed, and set
+    against a device-to-device copy of the least bytes each op must move."""
+    from pipesgd_ref.ops import cuda_ops as ops
+
+    N, C = batch * side * side, channels
+    X = rng.standard_normal((N, C), dtype=np.float32) * 2 + 1
+    dY = rng.standard_normal((N, C), dtype=np.float32)
+    gamma, beta = rng.standard_normal(C, dtype=np.float32), rng.standard_normal(C, dtype=np.float32)
+    want = [np.empty_like(X), np.empty_like(X), np.empty(C, np.float32), np.empty(C, np.float32)]
+    numpy_ops.batchnorm_forward(X, gamma, beta, 1e-5, *want)
+    want_b = [np.empty_like(X), np.empty(C, np.float32), np.empty(C, np.float32)]
+    numpy_ops.batchnorm_backward(dY, want[1], gamma, want[3], 1e-5, *want_b)
+    Xd, dYd, gd, bd = (ops.to_device(a) for a in (X, dY, gamma, beta))
+    got = [ops.empty((N, C)), ops.empty((N, C)), ops.empty(C), ops.empty(C)]
+    got_b = [ops.empty((N, C)), ops.empty(C), ops.empty(C)]
+    ops.batchnorm_forward(Xd, gd, bd, 1e-5, *got)
+    ops.batchnorm_backward(dYd, got[1], gd, got[3], 1e-5, *got_b)
+    scale = np.sqrt(N)  # the sums' rounding grows with the number of rows
+
+    def close(g, w) -> bool:
+        return np.allclose(ops.to_host(g), w, rtol=1e-3, atol=1e-4 * scale)
+
+    fwd_ok = all(close(g, w) for g, w in zip(got, want, strict=True))
+    bwd_ok = all(close(g, w) for g, w in zip(got_b, want_b, strict=True))
+    copy_src, copy_dst = ops.empty(X.size), ops.empty(X.size)
+    t_copy = _events_time(lambda: copy_dst.copy_to_device(copy_src), reps)
+    copy_rate = 2 * X.nbytes / t_copy
+    rows = []
+
+    def row(name: str, fn, nbytes: int, goal: float, ok: bool) -> None:
+        t = _events_time(fn, reps)
+        rows.append(_row(name, t, nbytes / t / 1e9, "GB/s", "d2d copy", nbytes / t / copy_rate,
+                         goal, ok))  # fmt: skip
+
+    row("batchnorm forward", lambda: ops.batchnorm_forward(Xd, gd, bd, 1e-5, *got),
+        3 * X.nbytes, 0.5, fwd_ok)  # fmt: skip
+    row("batchnorm backward", lambda: ops.batchnorm_backward(dYd, got[1], gd, got[3], 1e-5,
+        *got_b), 3 * X.nbytes, 0.5, bwd_ok)  # fmt: skip
+    M = X.reshape(batch, side, side, C)
+    P_h = np.empty((batch, C), np.float32)
+    numpy_ops.global_avgpool_forward(M, P_h)
+    Md, P_d = ops.to_device(M), ops.empty((batch, C))
+    ops.global_avgpool_forward(Md, P_d)
+    row("avgpool forward", lambda: ops.global_avgpool_forward(Md, P_d), X.nbytes + P_h.nbytes,
+        0.7, np.allclose(ops.to_host(P_d), P_h, rtol=1e-4, atol=1e-5))  # fmt: skip
+    dM_h, dM_d = np.empty_like(M), ops.empty(M.shape)
+    numpy_ops.global_avgpool_backward(P_h, dM_h)
+    ops.global_avgpool_backward(P_d, dM_d)
+    row("avgpool backward", lambda: ops.global_avgpool_backward(P_d, dM_d), X.nbytes + P_h.nbytes,
+        0.7, np.allclose(ops.to_host(dM_d), dM_h, rtol=1e-4, atol=1e-6))  # fmt: skip
+    return rows
+
+
+def resnet_rows(batch: int, reps: int) -> list[dict]:
+    """The ResNet's training step (loss_and_grad with the running statistics, then sgd_step)
+    on 8 x 8 images, depth 8, channels 16, 32, 64: on the GPU (CUDA events) and with the Numba
+    CPU backend (wall time), after one step's loss and gradient are checked against NumPy."""
+    from pipesgd_ref.models import ResNet
+    from pipesgd_ref.ops import cuda_ops as ops
+
+    rng = np.random.default_rng(1)
+    X = rng.standard_normal((batch, 64), dtype=np.float32)
+    y = rng.integers(0, 10, batch)
+    models = {name: ResNet((1, 8, 8), 10, 8, (16, 32, 64), backend=name)
+              for name in ("numpy", "numba", "cuda")}  # fmt: skip
+    w = models["numpy"].init_params(0)
+    g_ref = np.empty_like(w)
+    loss_ref = models["numpy"].loss_and_grad(w, X, y, g_ref)
+    wd, gd, bd = ops.to_device(w), ops.empty(w.shape), ops.to_device(models["cuda"].init_buffers())
+    Xd, yd = ops.to_device(X), ops.to_device(y)
+    loss = models["cuda"].loss_and_grad(wd, Xd, yd, gd, buffers=bd)
+    ok = abs(loss - loss_ref) < 1e-3 * max(1.0, abs(loss_ref)) and np.allclose(
+        ops.to_host(gd), g_ref, rtol=1e-2, atol=1e-4)  # fmt: skip
+
+    def gpu_step() -> None:
+        models["cuda"].loss_and_grad(wd, Xd, yd, gd, buffers=bd)
+        ops.sgd_step(wd, gd, 1e-3)
+
+    t_gpu = _events_time(gpu_step, reps)
+    cpu, g_cpu, b_cpu = w.copy(), np.empty_like(w), models["numba"].init_buffers()
+
+    def cpu_step() -> None:
+        models["numba"].loss_and_grad(cpu, X, y, g_cpu, buffers=b_cpu)
+        models["numba"].backend.sgd_step(cpu, g_cpu, 1e-3)
+
+    for _ in range(2):  # Numba compiles on the first
+        cpu_step()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        cpu_step()
+        times.append(time.perf_counter() - start)
+    t_cpu = statistics.median(times)
+    return [{"run": f"resnet {label} (batch {batch})", "iter_time_s": t, "samples_per_s": batch / t,
+             "ok": bool(ok)} for label, t in (("cpu (numba)", t_cpu), ("cuda", t_gpu))]  # fmt: skip
+
+
 TRAIN_MODELS = {
     # an MLP of 8.5M parameters (64 -> 2048 x 3 -> 10): wide enough to be worth a GPU
     "mlp": dict(hidden=(2048, 2048, 2048), batch_size=512),
@@ -268,6 +373,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="the NHWC map of the window ops (default 64 28 16)")  # fmt: skip
     parser.add_argument("--train", action="store_true", help="also time --device cuda training")
     parser.add_argument("--train-steps", type=int, default=30)
+    parser.add_argument("--resnet-batch", type=int, default=512,
+                        help="the ResNet step's batch with --train (default 512)")  # fmt: skip
     parser.add_argument("--json", dest="json_path", help="write every figure to this file")
     args = parser.parse_args(argv)
     problem = cuda_support.gpu_problem()
@@ -286,6 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng(0)
     rows = dense_rows(args.n, args.reps, rng) + memory_rows(elements, args.reps, rng)
     rows += window_rows(*args.window, args.reps, rng)
+    rows += norm_rows(*args.window, args.reps, rng)
     print(f"{'kernel':<28} {'time ms':>10} {'rate':>14} {'of roofline':>12} {'goal':>6}  check")
     for r in rows:
         frac = f"{r['fraction']:.0%}" if r["fraction"] is not None else "n/a"
@@ -297,12 +405,15 @@ def main(argv: list[str] | None = None) -> int:
     result = {"device": where, "kernels": rows}
     if args.train:
         result["train"] = train_rows(args.train_steps)
+        result["train"] += resnet_rows(args.resnet_batch, args.reps)
         for r in result["train"]:
+            check = "" if "ok" not in r else ("  ok" if r["ok"] else "  FAIL")
             print(f"train {r['run']:<12} iteration {r['iter_time_s'] * 1e3:8.2f} ms  "
-                  f"{r['samples_per_s']:10.0f} samples/s")  # fmt: skip
+                  f"{r['samples_per_s']:10.0f} samples/s{check}")  # fmt: skip
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(result, indent=2) + "\n")
-    return 0 if all(r["ok"] for r in rows) else 1
+    checked = rows + [r for r in result.get("train", []) if "ok" in r]
+    return 0 if all(r["ok"] for r in checked) else 1
 
 
 if __name__ == "__main__":

@@ -454,8 +454,8 @@ def test_cuda_refuses_host_buffers_beside_device_weights():
                             buffers=model.init_buffers())  # fmt: skip
 
 
-@pytest.mark.slow  # about 25 s in the simulator: every kernel of the step, hundreds of threads
-def test_cuda_resnet_matches_numpy_in_the_simulator():
+@pytest.mark.slow  # about 25 s in the simulator (every kernel of a step); run on a GPU too
+def test_cuda_resnet_matches_numpy():
     dev = cuda_or_skip()
     rng = np.random.default_rng(5)
     a, b = (ResNet((1, 3, 3), 3, 8, (2, 2, 3), backend=name) for name in ("numpy", "cuda"))
@@ -488,3 +488,21 @@ def test_plain_sgd_trains_the_resnet_on_digits():
         model.backend.sgd_step(w, g, 0.1)
     accuracy = model.accuracy(w, digits.X_test, digits.y_test, buffers)
     assert accuracy > 0.93, f"test accuracy {accuracy:.3f} after 200 steps"
+
+
+def test_resnet_step_benchmark_prints_its_table(capsys):
+    """benchmarks/resnet_step.py, in this process at one repeat: a row per backend with a
+    positive time, and with --profile the step split by op (batch norm among them)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "resnet_step.py"
+    spec = importlib.util.spec_from_file_location("resnet_step", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    args = ["--repeats", "1", "--backends", "numpy", "--channels", "2,2,4", "--profile"]
+    assert script.main(args) == 0
+    out = capsys.readouterr().out
+    row = next(line.split() for line in out.splitlines() if line.startswith("numpy "))
+    assert float(row[1]) > 0 and float(row[3]) > 0, out
+    assert "batchnorm_forward" in out and "(the rest)" in out, out
