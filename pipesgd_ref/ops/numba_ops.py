@@ -6,7 +6,8 @@ Optimisations, and why:
 - `cache=True`: compiled code is stored beside the module, so spawned worker processes load it
   instead of recompiling (about a second per process otherwise).
 - Loop order i-k-j in the matrix multiplies: the innermost loop walks a row of W (or of dY)
-  contiguously, which the compiler vectorises.
+  contiguously, which the compiler vectorises; dX = dY W^T walks a copy of W^T the same way,
+  with a row of float64 accumulators.
 - Fusion: softmax-cross-entropy computes max, exp, sum, loss and gradient in two passes over a
   row without temporaries; `sgd_step`, `add_into` and `scale` are single passes.
 - Window ops (im2col, col2im, max-pooling) on NHWC maps: the innermost loop walks the C
@@ -66,12 +67,21 @@ def _dense_backward_weights(X, dY, dW, db):
 def _dense_backward_input(W, dY, dX):
     B, n_out = dY.shape
     n_in = W.shape[0]
+    # dX[i, k] = sum_j dY[i, j] W[k, j], accumulated in float64 in j order. Loop order i-j-k
+    # over a contiguous copy of W^T (n_out x n_in: a small copy beside B n_in n_out products):
+    # the innermost loop updates n_in independent accumulators from one contiguous row
+    # (vectorised), where a k-then-j dot product waits on each add in turn. The same products
+    # (rounded in the inputs' dtype) added in the same order: the same bits.
+    WT = np.ascontiguousarray(W.T)
+    acc = np.empty(n_in)  # float64 accumulators of row i; rounded once on the store below
     for i in range(B):
+        acc[:] = 0.0
+        for j in range(n_out):
+            d = dY[i, j]  # the inputs' dtype: the product is rounded as before, then widened
+            for k in range(n_in):  # row j of W^T and acc: both contiguous
+                acc[k] += d * WT[j, k]
         for k in range(n_in):
-            acc = 0.0  # float64 accumulator; rounded once on the store below
-            for j in range(n_out):  # row k of W and row i of dY: both contiguous
-                acc += dY[i, j] * W[k, j]
-            dX[i, k] = acc
+            dX[i, k] = acc[k]
 
 
 @_jit
