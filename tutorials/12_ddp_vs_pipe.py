@@ -23,7 +23,9 @@
 #    float32 rounding with several;
 # 4. sweep the link's bandwidth through the timing models of sync (3), ddp (12) and Pipe-SGD
 #    (4), and find where Pipe-SGD stops beating ddp;
-# 5. run sync, ddp and pipe over an emulated link here and hold the runs against the models.
+# 5. run sync, ddp and pipe over an emulated link here and hold the runs against the models;
+# 6. cross to PyTorch: Pipe-SGD as a DDP communication hook, held against the oracle and against
+#    `methods/pipe.py` (where torch is installed).
 #
 # Run it with `python tutorials/12_ddp_vs_pipe.py` (set `PIPESGD_TUTORIAL_SMALL=1` for the
 # quick version CI runs).
@@ -45,6 +47,7 @@ from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.exercises import check
 from pipesgd_ref.methods import reference
 from pipesgd_ref.methods.ddp import ddp_worker
+from pipesgd_ref.methods.pipe import pipe_worker
 from pipesgd_ref.methods.sync import sync_worker
 from pipesgd_ref.models import build_model
 from pipesgd_ref.models.layout import buckets
@@ -55,6 +58,7 @@ from pipesgd_ref.timing import ring_allreduce_time
 from pipesgd_ref.timing.buckets import bucket_ready, schedule, units_of
 from pipesgd_ref.timing.calibrate import cluster_calibration
 from pipesgd_ref.timing.terms import ring_cpu, ring_time
+from pipesgd_ref.torch_peer import torch_problem
 from pipesgd_ref.units import format_bytes, format_seconds, parse_size
 
 SMALL = os.environ.get("PIPESGD_TUTORIAL_SMALL") == "1"  # CI: a lighter run, same lessons
@@ -540,7 +544,85 @@ if plt is not None:
 # everywhere: on a rank whose backward ran ahead the bar is longer, since it waits for the
 # others.
 #
-# ## 6. Checks
+# ## 6. The bridge: Pipe-SGD in PyTorch, as a DDP communication hook
+#
+# A PyTorch user can try Pipe-SGD without this package's ranks: DistributedDataParallel lets a
+# *communication hook* decide what each bucket's gradient becomes. DDP calls
+# `hook(state, bucket)` during the backward, as soon as a bucket's gradients are final (the
+# `ready` of section 1), and writes the tensor the hook's Future holds into them before
+# `optimizer.step()` reads them. DDP's own hook all-reduces the bucket and hands back the mean:
+# synchronous SGD, the `ddp` above. `pipe_hook` (`pipesgd_ref/torch_peer/hook.py`) starts this
+# step's AllReduce with `dist.all_reduce(g / p, async_op=True)` and hands back, at once, the
+# mean that the AllReduce of the step before delivered. Line by line against
+# `methods/pipe.py`:
+#
+# | `methods/pipe.py` (width 2) | `pipe_hook` under DDP |
+# |---|---|
+# | compute thread: g_t, handed over | DDP's backward hands the hook each bucket of g_t |
+# | comm thread: AllReduce(g_t) | `dist.all_reduce(g / p, async_op=True)`, on gloo's threads |
+# | K buffers, one a step in flight | each AllReduce owns a copy of its bucket |
+# | wait avg(g_{t-1}); w -= lr_t avg | the hook returns avg(g_{t-1}); `optimizer.step()` |
+# | warm-up, t < W: synchronous | the hook returns the AllReduce's Future: DDP waits |
+# | fill, t = W: no update | zeros back; the loop skips `optimizer.step()` |
+# | drain, after the last step | `PipeHook.drain()`: the loop sets `.grad` and steps once more |
+#
+# Two things DDP adds. It may regroup its buckets after the first step (in the order the
+# gradients became ready), so the stale mean is looked up per parameter, never by bucket
+# number. And a hook must hand back a tensor in every step, so the fill hands back zeros that
+# no `optimizer.step()` reads: under weight decay or momentum a zero gradient would still move
+# the weights, while pipe.py's fill makes no update at all. The loop around the hook is the one
+# every DDP user writes (`pipesgd_ref/torch_peer/ranks.py`):
+#
+#     ddp = DDP(net, bucket_cap_mb=...)
+#     state = PipeHook(world_size, staleness=1)
+#     ddp.register_comm_hook(state, pipe_hook)
+#     for t in range(steps):
+#         loss = F.cross_entropy(ddp(X_t), y_t)
+#         opt.zero_grad(); loss.backward()       # the hook runs here, bucket by bucket
+#         if state.applies(): opt.step(); sched.step()
+#         state.end_step()
+#     for grads in state.drain(params): ...      # set .grad, opt.step()
+#
+# Below, section 3's tiny problem trained by torch's DDP and by the hook on 4 gloo ranks, from
+# our initial weights (copied into a torch `nn.Sequential` by `torch_peer/twins.py`) on our
+# minibatches. The hook's weights must be `reference.delayed_sgd`'s with staleness one, and our
+# own pipe run's; DDP's must be sync's; both up to float32 rounding, since torch's matmul sums in
+# another order. `pipesgd compare --peers torch` puts the same two runs as rows beside ours.
+# This needs torch (`pip install 'pipesgd_ref[torch]'`); without it the cell says so in one line.
+
+# %%
+torch_missing = torch_problem()  # None where torch (with gloo) is installed
+bridge = {}
+if torch_missing:
+    print(f"section 6 skipped: {torch_missing}")
+else:
+    from pipesgd_ref.torch_peer.ranks import run_peer
+
+    pipe_run = launch_local(4, pipe_worker, (tiny.replace(algo="pipe"),), start_method="fork")
+    delayed = reference.delayed_sgd(grad_fn, setup.params, 4, eq_steps, tiny.lr_at, staleness=1)
+    oracles = {"torch-ddp": rank_order.params, "torch-pipe": delayed.params}
+    for peer, want in oracles.items():
+        summary, per_rank = run_peer(tiny, peer)
+        got = per_rank[0]["params"]
+        bridge[peer] = {
+            "ranks identical": summary["params_identical_on_all_ranks"],
+            "gap to its oracle": rel_gap(got, want),
+            "gap to the other oracle": rel_gap(got, oracles[({*oracles} - {peer}).pop()]),
+        }
+        if peer == "torch-pipe":
+            bridge[peer]["gap to our pipe run"] = rel_gap(got, pipe_run[0].params)
+        print(f"{peer}: " + "; ".join(
+            f"{k} {v:.1e}" if isinstance(v, float) else f"{k} {v}"
+            for k, v in bridge[peer].items()))  # fmt: skip
+
+# %% [markdown]
+# The hook's weights sit on the oracle's to float32 rounding, and far from sync's: the
+# staleness is there, exactly one step of it. So Pipe-SGD is not tied to this package's ring:
+# any data-parallel framework that lets the update use a gradient other than this step's
+# (DDP's hooks, BytePS's `staleness=1`, Horovod with a delayed `synchronize`) can run it,
+# and the oracle `delayed_sgd` is the check to hold it against.
+#
+# ## 7. Checks
 #
 # Each lesson above, as an assert.
 
@@ -601,7 +683,14 @@ for rival in ("sync", "ddp"):
         f"{format_seconds(measured[rival]['iter'])} against "
         f"{format_seconds(measured['pipe']['iter'])}"
     )
-print("all checks passed")
+# 6. the hook is Pipe-SGD (only where torch ran it), DDP is sync
+for peer, c in bridge.items():
+    assert c["ranks identical"], f"{peer}: the ranks' weights differ"
+    assert c["gap to its oracle"] <= 1e-5, f"{peer}: not its oracle's weights: {c}"
+    assert c["gap to the other oracle"] >= 1e-3, f"{peer}: as close to the other oracle: {c}"
+if bridge:
+    assert bridge["torch-pipe"]["gap to our pipe run"] <= 1e-5, bridge["torch-pipe"]
+print("all checks passed" + (" (section 6 skipped: no torch)" if torch_missing else ""))
 
 # %% [markdown]
 # ## Summary
@@ -621,6 +710,9 @@ print("all checks passed")
 # - Measured here, pipe is well ahead of both; ddp hides part of its ring, but on shared cores
 #   its communication thread slows the backward, so how it fares against sync varies from run
 #   to run.
+# - In PyTorch, Pipe-SGD is a DDP communication hook: start this step's AllReduce, hand back the
+#   step before's mean, skip the update in the fill, drain at the end. It trains the oracle's
+#   `delayed_sgd` trajectory, as `methods/pipe.py` does.
 #
 # ## Exercises
 #

@@ -220,8 +220,9 @@ def _compare(cfg, out_dir, how: dict, cal_options: dict, repeats, train) -> dict
     link_words = timing_link(cfg)
     if how["choose"]:  # the bandwidth is not known yet: the calibration chooses it
         link_words = f"latency {cfg.latency}, bandwidth chosen for this machine after measuring it"
+    also = f" (and {', '.join(how['peers'])})" if how["peers"] else ""
     log(
-        f"compare: {len(runs)} runs{times} of {cfg.world_size} workers, {cfg.dataset}, "
+        f"compare: {len(runs)} runs{also}{times} of {cfg.world_size} workers, {cfg.dataset}, "
         f"{model_label(cfg)}, batch {cfg.batch_size}, {cfg.steps} steps, link {link_words}"
     )
     cfg, cal, link = _calibrated(cfg, how, cal_options)

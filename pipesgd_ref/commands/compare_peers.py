@@ -102,11 +102,11 @@ def peer_checks(rows: list[dict]) -> list[dict]:
         ratio = b["iter_ms"] / a["iter_ms"]
         ta, tb = a["time_to_target_s"], b["time_to_target_s"]
         sooner = tb / ta if ta and tb else None
-        then = f", to the target {sooner:.2f}x" if sooner is not None else ""
+        then = f", {sooner:.2f}x its time to the target" if sooner is not None else ""
         text = (
             f"{ours} iterates in {a['iter_ms']:.1f} ms, {peer} in {b['iter_ms']:.1f} ms: "
-            f"{ratio:.2f}x ours per iteration{then}; test accuracy {a['test_accuracy']:.4f} "
-            f"against {b['test_accuracy']:.4f} (measured, not a bar)"
+            f"{ratio:.2f}x {ours}'s time per iteration{then}; test accuracy "
+            f"{a['test_accuracy']:.4f} against {b['test_accuracy']:.4f} (measured, not a bar)"
         )
         check = {"check": f"{ours} vs {peer}", "iter_ratio": ratio, "ratio": sooner}
         out.append({**check, "ok": None, "text": text})
