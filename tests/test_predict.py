@@ -327,7 +327,7 @@ def test_parse_codecs():
         ([*FAST, "--sweep", "world_size=8..2"], "1 <= LOW < HIGH"),
         ([*FAST, "--plot", "x.png"], "--plot draws a sweep: add --sweep"),
         ([*FAST, "--bucket-size", "32 bananas"], "--bucket-size: unknown size unit"),
-        (["--model", "resnet"], "model must be softmax, mlp or cnn, got 'resnet'"),
+        (["--model", "vgg"], "model must be one of softmax, mlp, cnn, resnet, got 'vgg'"),
         (["--hidden", "512,abc"], "expects a comma-separated list of integers"),
         (["--batch-size", "100000"], "cannot build the model to time it"),
     ],
