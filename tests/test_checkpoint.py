@@ -41,7 +41,7 @@ def rewrite(folder, **changes):
 
 
 def test_a_good_checkpoint_loads(good):
-    params, next_step, pending, velocity = checkpoint.load(good, CFG, n_params=N_PARAMS)
+    params, next_step, pending, velocity, _ = checkpoint.load(good, CFG, n_params=N_PARAMS)
     assert params.dtype == np.float32 and params.shape == (N_PARAMS,)
     assert next_step == 10 and list(pending) == [9] and velocity is None  # plain SGD: none
 

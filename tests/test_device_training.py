@@ -313,7 +313,7 @@ def test_worker_on_the_device(tmp_path):
     params = dev.params_host()
     assert isinstance(params, np.ndarray) and np.array_equal(params, cpu.params)
     dev.save_checkpoint(7, {6: dev.new_buffer()})
-    saved, next_step, pending, _ = checkpoint.load(tmp_path, cfg)
+    saved, next_step, pending, *_ = checkpoint.load(tmp_path, cfg)
     assert next_step == 7 and np.array_equal(saved, cpu.params) and list(pending) == [6]
 
 

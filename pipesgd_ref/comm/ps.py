@@ -88,7 +88,8 @@ class ServerLinks:
 
     `clients`: rank -> Link (from init_process_group(star=True)); `params`: the server's
     weights (what a pull sends); `codec`, `pull_codec` (pipesgd_ref.codecs, or None for none):
-    how pushes and pulls are encoded; `pulls`: one of PULL_ORDERS.
+    how pushes and pulls are encoded; `pulls`: one of PULL_ORDERS; `n_stats`: the model's
+    buffers each push carries after its loss (`stats`: the last push's, as it arrived).
     """
 
     def __init__(
@@ -99,6 +100,7 @@ class ServerLinks:
         codec=None,
         pull_codec=None,
         pulls: str = "sequential",
+        n_stats: int = 0,
     ):
         if pulls not in PULL_ORDERS:
             raise ValueError(f"pulls must be one of {', '.join(PULL_ORDERS)}, got {pulls!r}")
@@ -118,8 +120,8 @@ class ServerLinks:
         self.codec, self.codec_id = codec_and_id(codec, params.dtype)
         # recv_buf: one push, as it arrives; grads: the pushed gradient as float32 values (a
         # view of recv_buf without a codec, a decode buffer with one); loss_buf: the loss.
-        self.recv_buf, self.grads, self.loss_buf, self.codes = push_buffers(
-            self.n, params.dtype, self.codec
+        self.recv_buf, self.grads, self.loss_buf, self.codes, self.stats = push_buffers(
+            self.n, params.dtype, self.codec, n_stats
         )
         self.push_code = CODE_OF_DTYPE[self.recv_buf.dtype]
         self._decoded = True  # whether grads holds the push last received
@@ -381,15 +383,17 @@ class PSClient:
     then decoded into it (the worker then computes on decode(encode(w))).
     """
 
-    def __init__(self, link: Link, n_params: int, dtype=np.float32, codec=None, pull_codec=None):
+    def __init__(
+        self, link: Link, n_params: int, dtype=np.float32, codec=None, pull_codec=None, n_stats=0
+    ):
         self.link = link
         link.timeout += VERDICT_MARGIN_S  # see VERDICT_MARGIN_S
         self.rank = link.rank
         self.n = n_params
         self.dtype_code = CODE_OF_DTYPE[np.dtype(dtype)]  # of the pulled weights
         self.codec, self.codec_id = codec_and_id(codec, np.dtype(dtype))
-        self.push_buf, self.grads, self._loss, self.codes = push_buffers(
-            n_params, np.dtype(dtype), self.codec
+        self.push_buf, self.grads, self._loss, self.codes, self._stats = push_buffers(
+            n_params, np.dtype(dtype), self.codec, n_stats
         )
         self.push_code = CODE_OF_DTYPE[self.push_buf.dtype]
         self.pull_codec, self.pull_codec_id = codec_and_id(pull_codec, np.dtype(dtype))
@@ -432,12 +436,14 @@ class PSClient:
             )
         return frame
 
-    def push(self, loss: float) -> None:
-        """Send `grads` (filled by compute; encoded here if there is a codec) and `loss`,
-        computed on version self.version."""
+    def push(self, loss: float, stats=None) -> None:
+        """Send `grads` (filled by compute; encoded here if there is a codec), `loss` and the
+        model's buffers `stats` (n_stats of them), computed on version self.version."""
         if self.codec is not None:
             self.codec.encode(self.grads, self.codes)
         self._loss[0] = loss
+        if stats is not None:
+            self._stats[...] = stats
         frame = Frame(
             Kind.DATA,
             Op.NONE,

@@ -12,14 +12,20 @@ carries nothing else, so the direction says what a frame is), after the start.
     push   worker -> server   seq = version of the weights the gradient was computed on
                               src = the worker's rank, total_len = n (params),
                               part = the codec's id (index in codecs.CODECS; 0 = none)
-                              codec none: dtype float32, payload n + 1 elements, the gradient,
-                              then the worker's minibatch loss (so the server can report the
-                              loss of every update without a second message per push; a NaN
-                              loss also marks a gradient the worker left out, --skip-nonfinite)
+                              codec none: dtype float32, payload n + 1 + m elements, the
+                              gradient, then the worker's minibatch loss (so the server can
+                              report the loss of every update without a second message per
+                              push; a NaN loss also marks a gradient the worker left out,
+                              --skip-nonfinite), then the model's m buffers (batch norm's
+                              running statistics; m = 0 for a model without any)
                               codec trunc16 / bf16 / q8: dtype uint8, payload
                                   [codec.encode(gradient): codec.wire_bytes(n) bytes]
                                   [loss: 4 bytes, float32, native (little-endian) order]
-                              the loss is never encoded: it travels exactly as with none
+                                  [buffers: 4 m bytes, float32, native order]
+                              the loss and the buffers are never encoded: they travel exactly
+                              as with none. Every worker sends its buffers, so every push of a
+                              job has one size; the server keeps only worker 0's, the job's
+                              statistics (as DDP keeps rank 0's), to evaluate and checkpoint
     pull   server -> worker   seq = version of the weights (= updates applied so far)
                               src = 0, total_len = n (params),
                               part = the pull codec's id (index in codecs.CODECS; 0 = none)
@@ -45,7 +51,8 @@ A compressed pull is one code of the server's whole weight vector (q8: so ONE sc
 max|w| / 127, for the whole vector; no per-layer or per-chunk scales), encoded once per version
 and shared by every pull of that version (the codecs are deterministic, so that is the same
 bytes as one encode per message); `params` itself is never rounded. A push shrinks from 4n + 4
-to wire_bytes(n) + 4 bytes, a pull from 4n to wire_bytes(n) (+ 48 header bytes a frame).
+to wire_bytes(n) + 4 bytes (+ 4m for the statistics either way), a pull from 4n to
+wire_bytes(n) (+ 48 header bytes a frame).
 """
 
 from __future__ import annotations
@@ -77,16 +84,20 @@ def codec_name(codec_id: int) -> str:
     return CODECS[codec_id] if 0 <= codec_id < len(CODECS) else f"id {codec_id}"
 
 
-def push_buffers(n: int, dtype: np.dtype, codec):
-    """(wire buffer, gradient values, loss slot, codes) of one push; codes is None without a
-    codec (the gradient and the loss are then views of the wire buffer itself)."""
+def push_buffers(n: int, dtype: np.dtype, codec, n_stats: int = 0):
+    """(wire buffer, gradient values, loss slot, codes, stats slot) of one push: `n_stats`
+    the model's buffers (running statistics) that travel after the loss. codes is None
+    without a codec (the gradient, the loss and the statistics are then views of the wire
+    buffer itself)."""
     if codec is None:
-        wire = np.empty(n + 1, dtype)  # gradient, then the loss
-        return wire, wire[:n], wire[n:], None
+        wire = np.empty(n + 1 + n_stats, dtype)  # gradient, then the loss, then the stats
+        return wire, wire[:n], wire[n : n + 1], None, wire[n + 1 :]
     codes_bytes = codec.wire_bytes(n)
-    wire = np.empty(codes_bytes + 4, np.uint8)  # codes, then the loss as a float32
-    # The loss slot may be unaligned (q8: 4 + n code bytes); NumPy reads and writes it anyway.
-    return wire, np.empty(n, np.float32), wire[codes_bytes:].view(np.float32), wire[:codes_bytes]
+    wire = np.empty(codes_bytes + 4 + 4 * n_stats, np.uint8)  # codes, loss, stats (float32)
+    # The loss and stats slots may be unaligned (q8: 4 + n code bytes); NumPy reads and writes
+    # them anyway.
+    tail = wire[codes_bytes:].view(np.float32)
+    return wire, np.empty(n, np.float32), tail[:1], wire[:codes_bytes], tail[1:]
 
 
 def pull_codes(n: int, codec):

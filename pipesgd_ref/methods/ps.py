@@ -38,6 +38,10 @@ The algorithm (the code below follows it line by line):
 the velocity lives on the server, beside the only weights that are updated (its Worker's,
 which its checkpoints carry); the workers keep none.
 
+A model with batch norm: every push carries the worker's running statistics after its loss;
+only worker 0's change (runtime/worker.py: the job's are worker 0's, as under DDP), and the
+server keeps those (ps_server.py), to snapshot, evaluate and checkpoint with its weights.
+
 In ps-sync every worker waits for its pull, and the pull for the slowest worker's push: the
 barrier is there. In ps-async a fast worker never waits for a slow one, but staleness is
 unbounded in principle (about p - 1 for equal speeds).
@@ -90,6 +94,7 @@ def work(comm, cfg: TrainConfig, hooks: Hooks, rounds: bool) -> WorkerResult:
         worker.params.dtype,
         codec=codec,
         pull_codec=pull_codec(cfg),
+        n_stats=0 if worker.buffers is None else worker.buffers.size,
     )
     # A resumed run: the checkpoint's weights, version start (ps-async: start rounds of n)
     client.version = worker.start_step * (n if rounds else 1)
@@ -107,7 +112,7 @@ def work(comm, cfg: TrainConfig, hooks: Hooks, rounds: bool) -> WorkerResult:
         # --- push g: a left-out gradient goes with a NaN loss (the server leaves out any
         # push that is not finite, and must know, to divide by the others only)
         with hooks.timeline.span("push", "comm", t), doing(what):
-            client.push(loss if ok else math.nan)
+            client.push(loss if ok else math.nan, worker.buffers)
         # --- pull w: ps-sync waits for the slowest worker's push too (w_{t+1})
         with hooks.timeline.span("pull", "comm", t), doing(what):
             expect = None if rounds else t + 1
@@ -138,6 +143,7 @@ def serve(comm, cfg: TrainConfig, hooks: Hooks, rounds: bool) -> WorkerResult:
         skip_nonfinite=cfg.skip_nonfinite,
         max_staleness=bound,
         compensation=dc,
+        buffers=runtime.buffers,  # worker 0's, copied from its pushes
     )
     links = list(comm.clients.values())
     server.start_together()  # every worker starts its first step at once

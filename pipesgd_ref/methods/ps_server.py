@@ -107,6 +107,12 @@ class ParameterServer:
     one code; `params` stays full precision). `pulls`: how ps-sync sends a version's p pulls
     (comm/ps.py PULL_ORDERS). The loops never allocate: the links' buffers hold one push
     (comm/ps.py ServerLinks), and ps-sync has one sum buffer.
+
+    `buffers` (a model with batch norm; None otherwise): the server's copy of the running
+    statistics, which every push carries after its loss. The job's are worker 0's, as under
+    DDP (runtime/worker.py): the server copies them from each push of worker 0 as it reads
+    it, so its snapshots, its checkpoints and its evaluation after the run use the
+    statistics of the same moment as its weights (worker 0's last gradient is in them).
     """
 
     def __init__(
@@ -120,8 +126,11 @@ class ParameterServer:
         skip_nonfinite: bool = False,
         max_staleness: int | None = None,
         compensation: DelayCompensation | None = None,
+        buffers: np.ndarray | None = None,
     ):
-        self.links = ServerLinks(clients, params, timeline, codec, pull_codec, pulls)
+        n_stats = 0 if buffers is None else buffers.size
+        self.links = ServerLinks(clients, params, timeline, codec, pull_codec, pulls, n_stats)
+        self.buffers = buffers
         self.params = params
         self.p = self.links.n_workers
         # ps-async: how many steps a worker may run ahead of the slowest (None: no bound), and
@@ -165,7 +174,7 @@ class ParameterServer:
                 # the same additions in the same order give bitwise the oracle's average
                 # (with a codec: of the decoded gradients).
                 for i in range(p):
-                    loss_i = links.receive_in_round(i, t, phase)  # g_i, computed on w_t
+                    loss_i = self._receive(i, t, phase, in_round=True)  # g_i, computed on w_t
                     if self.skip_nonfinite and not finite(links.gradient(), loss_i):
                         bad.append(links.rank_of(i))  # left out of the sum and of the mean
                         continue
@@ -233,7 +242,7 @@ class ParameterServer:
                         break
                 for i in links.ready():  # whichever push arrives first is applied first
                     phase = f"ps-async update {u}"
-                    loss = links.receive(i, v[i], phase)  # g, computed on w_{v_i}
+                    loss = self._receive(i, v[i], phase)  # g, computed on w_{v_i}
                     staleness = u - v[i]  # updates applied since worker i pulled
                     applied = not self.skip_nonfinite or finite(links.gradient(), loss)
                     with self.timeline.span("server", "server", u):
@@ -265,6 +274,16 @@ class ParameterServer:
                 # a worker that hangs names itself here (one held back waits for its pull)
                 links.check_silence([0 if i in held else n for i, n in enumerate(left)], u)
         return self.log
+
+    def _receive(self, i: int, version: int, phase: str, in_round: bool = False) -> float:
+        """Read worker i's push, computed on `version` (ps-sync: `in_round`, comm/ps.py);
+        its loss (its gradient: links.gradient()). Worker 0's running statistics become the
+        server's, even when --skip-nonfinite leaves its gradient out: they are worker 0's."""
+        receive = self.links.receive_in_round if in_round else self.links.receive
+        loss = receive(i, version, phase)
+        if i == 0 and self.buffers is not None:
+            np.copyto(self.buffers, self.links.stats)
+        return loss
 
     def _skip(self, when: int, ranks: list[int]) -> None:
         self.log.skipped.append((when, ranks))

@@ -16,6 +16,12 @@ stretches its schedule.
 The checkpoint written at the end of a run comes after the drain (nothing in flight): resuming
 it with a larger --steps continues training with a fresh pipeline fill.
 
+A model with batch norm (the ResNet) has running statistics beside its weights, `buffers`:
+the job's are worker 0's (runtime/worker.py), so the checkpoint holds rank 0's (ring methods)
+or the server's copy of worker 0's (ps), and every rank of a resumed run starts from them:
+the statistics continue as in the uninterrupted run, bitwise. Other models have none, and
+older checkpoints lack them (a resumed run then starts them afresh).
+
 Written atomically: a temporary file in the same folder, then os.replace, so a crash (or a run
 that diverges) leaves the previous checkpoint whole.
 """
@@ -39,7 +45,8 @@ from pipesgd_ref.outputs import space_needed
 
 FILE = "checkpoint.npz"
 KEYS = ("params", "next_step", "pending_steps", "pending", "config")  # what every one holds
-OPTIONAL = ("velocity",)  # what save writes beside them (momentum), absent from older files
+OPTIONAL = ("velocity", "buffers")  # what save writes beside them (momentum, batch norm's
+# running statistics), absent from older files
 
 
 class Restored(NamedTuple):
@@ -49,6 +56,7 @@ class Restored(NamedTuple):
     next_step: int
     pending: dict[int, np.ndarray]  # pipe: averaged gradients in flight, by step
     velocity: np.ndarray | None  # momentum's v (None: plain SGD, or none yet: zeros)
+    buffers: np.ndarray | None  # the model's running statistics (None: none, or an older file)
 
 
 # Keys that must match between the checkpoint and the run that resumes it: anything that
@@ -93,8 +101,10 @@ def save(
     next_step: int,
     pending: dict[int, np.ndarray],
     velocity: np.ndarray | None = None,
+    buffers: np.ndarray | None = None,
 ) -> Path:
-    """Write folder/checkpoint.npz (module docstring); `velocity`: the optimiser's, if any."""
+    """Write folder/checkpoint.npz (module docstring); `velocity`: the optimiser's, if any;
+    `buffers`: the model's running statistics, if it has any."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / FILE
@@ -109,6 +119,7 @@ def save(
         ),
         config=np.array(json.dumps(cfg.to_dict())),
         velocity=np.zeros(0, params.dtype) if velocity is None else velocity,
+        buffers=np.zeros(0, np.float32) if buffers is None else buffers,
     )
     try:
         with open(tmp, "wb") as f:
@@ -128,12 +139,16 @@ def save(
     return path
 
 
-def load(folder: str | Path, cfg: TrainConfig, n_params: int | None = None) -> Restored:
-    """(params, next_step, pending gradients by step, velocity) from folder/checkpoint.npz,
-    after checking that it belongs to a run like `cfg` (and, given n_params, to its model).
+def load(
+    folder: str | Path, cfg: TrainConfig, n_params: int | None = None, n_buffers: int | None = None
+) -> Restored:
+    """(params, next_step, pending gradients by step, velocity, buffers) from
+    folder/checkpoint.npz, after checking that it belongs to a run like `cfg` (and, given
+    n_params and n_buffers, to its model).
 
     Every way a checkpoint can be unusable (not there, empty, truncated, not an .npz, a key
-    missing, a vector of the wrong size, NaN or Inf weights, another run's settings) is a
+    missing, a vector of the wrong size, NaN or Inf weights or statistics, another run's
+    settings) is a
     ConfigError naming the file, what is wrong and what to do: a bad --resume is a user error,
     found before any worker starts, never a traceback."""
     folder = Path(folder)
@@ -159,9 +174,10 @@ def load(folder: str | Path, cfg: TrainConfig, n_params: int | None = None) -> R
             f"--resume {folder}: no {FILE} there (did the run write one? use --out=DIR to save, "
             f"--checkpoint-every=N for periodic ones)"
         )
-    saved, params, next_step, pending, velocity = _read(path, n_params)
+    saved, params, next_step, pending, velocity, buffers = _read(path, n_params)
     _check_contents(path, params, next_step, pending, n_params)
     _check_velocity(path, velocity, params.size)
+    _check_buffers(path, buffers, n_buffers)
     now = cfg.to_dict()
     defaults = TrainConfig().to_dict()  # a key an older version did not write had its default
     differ = [
@@ -182,7 +198,7 @@ def load(folder: str | Path, cfg: TrainConfig, n_params: int | None = None) -> R
             f"local gradients), which checkpoints do not hold; resume the run's final "
             f"checkpoint (nothing in flight), or one without compensation"
         )
-    return Restored(params, next_step, pending, velocity)
+    return Restored(params, next_step, pending, velocity, buffers)
 
 
 def _read(path: Path, n_params: int | None) -> tuple:
@@ -215,6 +231,7 @@ def _read(path: Path, n_params: int | None) -> tuple:
             pending_steps = np.array(z["pending_steps"])
             pending_arr = np.array(z["pending"])
             velocity = np.array(z["velocity"]) if "velocity" in z.files else None
+            buffers = np.array(z["buffers"]) if "buffers" in z.files else None
     except ConfigError:
         raise
     except ValueError as e:  # an .npy header numpy cannot parse
@@ -255,7 +272,11 @@ def _read(path: Path, n_params: int | None) -> tuple:
     pending = {int(t): pending_arr[i].astype(np.float32) for i, t in enumerate(pending_steps)}
     if velocity is not None:  # an empty one: no velocity yet (plain SGD, or no update)
         velocity = velocity.astype(np.float32) if velocity.size else None
-    return saved, params, int(next_step), pending, velocity
+    if buffers is not None:  # an empty one: a model without running statistics
+        if buffers.ndim != 1 or not np.issubdtype(buffers.dtype, np.floating):
+            raise bad(f"has buffers of {buffers.dtype} {buffers.shape}; want a float vector")
+        buffers = buffers.astype(np.float32) if buffers.size else None
+    return saved, params, int(next_step), pending, velocity, buffers
 
 
 NPY_MAGIC = b"\x93NUMPY"
@@ -372,6 +393,24 @@ def _check_velocity(path: Path, velocity: np.ndarray | None, n: int) -> None:
         raise ConfigError(
             f"--resume: {path} holds a non-finite momentum velocity (NaN or Inf): the next "
             f"update would ruin the weights; resume an earlier checkpoint or start without --resume"
+        )
+
+
+def _check_buffers(path: Path, buffers: np.ndarray | None, n_buffers: int | None) -> None:
+    """The model's running statistics: as many as this run's model has (given n_buffers), and
+    finite. None (an older checkpoint, or a model without any) is always accepted."""
+    if buffers is None:
+        return
+    if n_buffers is not None and buffers.shape != (n_buffers,):
+        raise ConfigError(
+            f"--resume: {path} holds batch-norm running statistics of shape {buffers.shape}; "
+            f"this run's model has {n_buffers}: it is from another model (check --model, "
+            f"--depth, --channels), or start without --resume"
+        )
+    if not np.all(np.isfinite(buffers)):
+        raise ConfigError(
+            f"--resume: {path} holds non-finite batch-norm running statistics (NaN or Inf): "
+            f"evaluation would fail; resume an earlier checkpoint or start without --resume"
         )
 
 

@@ -38,7 +38,7 @@ class Hooks:
         self.rank = rank
         self.worker = worker
         self.cfg = worker.cfg
-        self.progress = progress  # progress(t, params, loss), rank 0's recorder, or None
+        self.progress = progress  # progress(t, params, loss, buffers): rank 0's recorder, or None
         self.writer = rank == 0 if writer is None else writer  # who writes checkpoints
         self.timeline = Timeline(rank)
         self.losses: list[float] = []
@@ -73,10 +73,17 @@ class Hooks:
         self.show_progress(step, params, loss)
 
     def show_progress(self, step: int, params=None, loss: float = float("nan")) -> None:
-        """Rank 0's progress bar and weight snapshots (summary.Recorder); nothing elsewhere."""
+        """Rank 0's progress bar and snapshots of the weights and the running statistics
+        (summary.Recorder: the statistics go with the weights they were made with; a
+        parameter server's are its copy of worker 0's); nothing elsewhere."""
         if self.progress is not None:
             shown = self.worker.params_host() if params is None else params
-            self.progress(step, shown, loss)
+            self.progress(step, shown, loss, self.buffers_host())
+
+    def buffers_host(self):
+        """The worker's running statistics on the host (a copy, from a GPU), or None."""
+        buffers = self.worker.buffers
+        return None if buffers is None else self.worker.host(buffers)
 
     def checkpoint_due(self, step: int) -> bool:
         """Whether a periodic checkpoint (--checkpoint-every, into --out) follows `step`."""
@@ -98,8 +105,12 @@ class Hooks:
         self, params: np.ndarray, bytes_sent: int, losses=None, step_end=None, **extra
     ) -> WorkerResult:
         """What this rank hands back: final weights (on the host), its losses and step ends
-        (default those of step_done), its spans, the bytes it sent, the method's extras."""
+        (default those of step_done), its spans, the bytes it sent, the method's extras, and
+        its running statistics (on the host; the ring methods' are made rank 0's after the
+        loop: runtime/job.py)."""
         losses = self.losses if losses is None else losses
         step_end = self.step_end if step_end is None else step_end
         host, events = self.worker.host(params), self.timeline.events
-        return WorkerResult(self.rank, host, losses, step_end, events, bytes_sent, extra)
+        result = WorkerResult(self.rank, host, losses, step_end, events, bytes_sent, extra)
+        result.buffers = self.buffers_host()
+        return result

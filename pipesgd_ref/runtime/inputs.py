@@ -35,11 +35,13 @@ class JobInputs:
     steps: int  # the first step not run
     model: object  # the host model (models.FlatModel): layout, size, w_0
     # --resume: the checkpoint's weights, the step it continues from, (pipe) the averaged
-    # gradients still in flight when it was written, and (momentum) the optimiser's velocity
+    # gradients still in flight when it was written, (momentum) the optimiser's velocity, and
+    # (batch norm) the model's running statistics, worker 0's, which every rank starts from
     params: np.ndarray | None = None
     start_step: int = 0
     pending: dict = field(default_factory=dict)
     velocity: np.ndarray | None = None
+    buffers: np.ndarray | None = None
 
     @classmethod
     def load(cls, cfg: TrainConfig, n_workers: int | None = None, resume: bool = True) -> JobInputs:
@@ -54,10 +56,11 @@ class JobInputs:
         if cfg.resume and resume:
             from pipesgd_ref.runtime import checkpoint
 
-            # n_params: a checkpoint of another model's size is refused here, in one line
-            restored = checkpoint.load(cfg.resume, cfg, n_params=model.n_params)
+            # n_params, n_buffers: a checkpoint of another model's size is refused here, in
+            # one line
+            restored = checkpoint.load(cfg.resume, cfg, model.n_params, model.n_buffers)
             inputs.params, inputs.start_step, inputs.pending = restored[:3]
-            inputs.velocity = restored.velocity
+            inputs.velocity, inputs.buffers = restored.velocity, restored.buffers
             if inputs.start_step >= inputs.steps:
                 raise ConfigError(
                     f"--resume {cfg.resume}: the checkpoint is already at step "
@@ -72,3 +75,14 @@ class JobInputs:
         if self.params is not None:
             return self.params.copy()
         return self.model.init_params(seed)
+
+    def initial_buffers(self) -> np.ndarray | None:
+        """A fresh copy of the running statistics to start from (None: the model has none):
+        the checkpoint's, the same on every rank, so every replica starts identical; else
+        the model's init_buffers() (means 0, variances 1; also for a checkpoint written
+        before checkpoints carried them, whose statistics then build up again)."""
+        if not self.model.n_buffers:
+            return None
+        if self.buffers is not None:
+            return self.buffers.copy()
+        return self.model.init_buffers()

@@ -1,9 +1,16 @@
 """One rank's part of a training job, whoever started it (local workers, torchrun, mpirun,
 srun): its Worker, built once from the job's inputs, handed to the method's loop through the
 rank's Hooks; rank 0 also records the run and evaluates it after training.
+
+A model with batch norm: the job's running statistics are worker 0's (runtime/worker.py), as
+under PyTorch DDP, whose replicas all use rank 0's buffers. After a ring method's loop every
+replica receives rank 0's (`share_rank0_buffers`), so every rank's result holds the same
+statistics, as its weights are the same; a parameter server's rank 0 already holds worker 0's.
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.methods.table import method
@@ -65,6 +72,7 @@ def train_job(
             show_progress,
             label,
             worker.params.size,
+            worker.model.n_buffers,
         )
         model, data = worker.model, worker.data  # the host model (--device cuda replaces it)
     try:
@@ -72,13 +80,35 @@ def train_job(
     finally:
         if recorder is not None:
             recorder.close()
+    if not row.server:
+        share_rank0_buffers(comm, result)
     if recorder is not None:  # after training: the evaluation costs the run nothing
         result.extra["eval_curve"] = recorder.eval_curve(model, data)
-        result.extra["test_accuracy"] = model.accuracy(result.params, data.X_test, data.y_test)
+        X, y = data.X_test, data.y_test
+        result.extra["test_accuracy"] = model.accuracy(result.params, X, y, result.buffers)
         # where this run began: the checkpoint it resumed may be overwritten by now (a
         # restart resumes from the folder it writes to)
         result.extra["start_step"] = worker.start_step
     return result
+
+
+def share_rank0_buffers(comm, result: WorkerResult) -> None:
+    """A ring method's end: every replica's running statistics become rank 0's (its result's,
+    on the host), as DDP's broadcast_buffers makes them. An AllReduce "sum" of rank 0's
+    statistics and zeros on every other rank is an exact copy (x + 0 = x in any order, and
+    every rank ends with the same bits), over whatever carries the job's AllReduces (any
+    transport, MPI). Nothing to do for a model without any, or for a job a signal stopped:
+    its ranks may not all have left the loop at the same step (a joined job's ranks stop
+    each on its own), and the checkpoint holds rank 0's."""
+    if result.buffers is None or comm.world_size == 1:
+        return
+    if result.extra.get("stopped_at") is not None:
+        return
+    from pipesgd_ref.comm.collectives import allreduce
+
+    stats = np.ascontiguousarray(result.buffers, np.float32)
+    shared = stats.copy() if comm.rank == 0 else np.zeros_like(stats)
+    result.buffers = allreduce(comm, shared, "sum")
 
 
 def load_before_fork(cfg: TrainConfig) -> None:

@@ -1,7 +1,8 @@
 """The summary of a training run: what happened, measured (summary.json).
 
     Recorder              rank 0's view during the run: progress bar, a loss line per epoch,
-                          a copy of the weights every cfg.eval_every steps (evaluated after)
+                          a copy of the weights (and of the model's running statistics) every
+                          cfg.eval_every steps (evaluated after)
     summarise             the summary from every rank's WorkerResult (a job of local workers)
     gather_for_summary    a joined job: what rank 0 needs from every rank, over the ring
     summary_of_gathered   rank 0's summary of a joined job from what it gathered
@@ -29,7 +30,9 @@ listed (Communicator.allreduce_ran); null where the method has no AllReduce (a p
 server) or the run did not record it (the lesson core).
 
 The test accuracies are computed by rank 0 after training (the Recorder's snapshots and the
-final weights, in WorkerResult.extra), so a summary needs neither the model nor the data.
+final weights, in WorkerResult.extra), so a summary needs neither the model nor the data. A
+model with batch norm is evaluated with the running statistics that go with those weights:
+the job's, worker 0's (runtime/worker.py), snapshotted with each copy of the weights.
 """
 
 from __future__ import annotations
@@ -58,7 +61,9 @@ class Recorder:
     samples/s; optional), a loss line per epoch, and a copy of the weights every
     cfg.eval_every steps. The copies are evaluated on the test set only after training
     (`eval_curve`): evaluating during the run would slow rank 0, and with it every rank, by
-    exactly the time it took, and distort the times it measures."""
+    exactly the time it took, and distort the times it measures. A model with batch norm
+    (`n_buffers` > 0) is evaluated in evaluation mode, with its running statistics: each copy
+    of the weights keeps the statistics of the same moment beside it."""
 
     def __init__(
         self,
@@ -69,6 +74,7 @@ class Recorder:
         bar: bool,
         label: str | None = None,
         n_params: int = 0,
+        n_buffers: int = 0,
     ):
         self.cfg = cfg
         self.steps, self.steps_per_epoch = total, per_epoch  # in updates of rank 0
@@ -78,10 +84,13 @@ class Recorder:
         self.every = cfg.eval_every * per_step  # updates between snapshots (0: none)
         self.snapshots: list[tuple[int, float, int]] = []  # (step, perf_counter, row of store)
         self.store = np.empty((0, 0), np.float32)
+        self.n_buffers = n_buffers
+        self.buffer_store = np.empty((0, 0), np.float32)  # the running statistics, row by row
         if self.every:
             rows = total // self.every
-            if n_params * 4 * rows > SNAPSHOT_BUDGET:  # thin out rather than run out of memory
-                thin = math.ceil(n_params * 4 * rows / SNAPSHOT_BUDGET)
+            size = (n_params + n_buffers) * 4  # bytes of one snapshot
+            if size * rows > SNAPSHOT_BUDGET:  # thin out rather than run out of memory
+                thin = math.ceil(size * rows / SNAPSHOT_BUDGET)
                 self.every *= thin
                 rows = total // self.every
                 self.log.warning(
@@ -96,14 +105,19 @@ class Recorder:
             # with it every rank that waits for it.
             self.store = np.empty((rows, n_params), np.float32)
             self.store.fill(0.0)  # np.zeros would only map the pages; fill touches them
+            self.buffer_store = np.full((rows, n_buffers), 0.0, np.float32)  # touched too
         self.start = time.perf_counter()
 
-    def __call__(self, step: int, params: np.ndarray, loss: float) -> None:
+    def __call__(self, step: int, params: np.ndarray, loss: float, buffers=None) -> None:
+        """After update `step`: its weights, its loss, and (batch norm) the running statistics
+        on the host, which a snapshot keeps with the weights."""
         now = time.perf_counter()
         done = step + 1
         if self.every and done % self.every == 0 and len(self.snapshots) < len(self.store):
             row = len(self.snapshots)
             self.store[row] = params
+            if self.n_buffers:
+                self.buffer_store[row] = buffers
             self.snapshots.append((done // self.per_step, now, row))
         self.bar.update(1)
         rate = self.cfg.world_size * self.cfg.batch_size * done / max(now - self.start, 1e-9)
@@ -117,13 +131,17 @@ class Recorder:
             )
 
     def eval_curve(self, model, data) -> list[dict]:
-        """[{step, time (perf_counter s), test_accuracy}] of the snapshots, evaluated now."""
+        """[{step, time (perf_counter s), test_accuracy}] of the snapshots, evaluated now
+        (with each snapshot's running statistics, for a model with batch norm)."""
+
+        def accuracy(row: int) -> float:
+            X, y = data.X_test, data.y_test
+            if not self.n_buffers:
+                return model.accuracy(self.store[row], X, y)
+            return model.accuracy(self.store[row], X, y, buffers=self.buffer_store[row])
+
         return [
-            {
-                "step": step,
-                "time": when,
-                "test_accuracy": model.accuracy(self.store[row], data.X_test, data.y_test),
-            }
+            {"step": step, "time": when, "test_accuracy": accuracy(row)}
             for step, when, row in self.snapshots
         ]
 

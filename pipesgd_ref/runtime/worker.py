@@ -7,12 +7,22 @@
   checkpoints, the device). Data, model and initial weights come from the config and the seed
   alone, so no broadcast is needed: every rank builds the same w_0.
 - `WorkerResult`: what a worker hands back to the launcher when it is done.
+- `compute_priority` (runtime/priority.py): --comm-first's low CPU priority of a computation.
 - `diverged`: the one error of a run whose loss or weights are no longer finite.
 
 A worker trains on its own shard: worker index `index` (0..n_workers-1) draws minibatch
 (worker, step) from the sampler, exactly as the one-process oracles do. A parameter
 server's rank 0 holds a Worker too (worker index 0): its weights, model and steps; it never
 computes a gradient.
+
+The model's buffers (batch norm's running statistics, models/resnet.py; None for a model
+without any) live beside the weights, never in them: no codec, AllReduce or compensation
+touches them. The job's statistics are worker 0's, as under PyTorch DDP (broadcast_buffers:
+every replica uses rank 0's): only worker 0's forward passes update them
+(`loss_and_grad`), as `reference.model_grad_fn` defines it. The other workers keep theirs as
+they started: what they would compute would be overwritten by worker 0's, as DDP's broadcast
+does, so they compute none. At the end of a ring method's run every replica receives rank
+0's (runtime/job.py); a parameter server receives worker 0's with each of its pushes.
 
 --device cuda (`Worker.to_device`, the ring methods): the weights, the gradient buffers and
 the activations live on GPU rank mod (visible GPUs); each minibatch goes over through reusable
@@ -29,9 +39,7 @@ import contextlib
 import copy
 import logging
 import math
-import os
 import threading
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -45,6 +53,7 @@ from pipesgd_ref.ops import OP_NAMES
 from pipesgd_ref.runtime import faults
 from pipesgd_ref.runtime.inputs import JobInputs
 from pipesgd_ref.runtime.jobenv import local_rank
+from pipesgd_ref.runtime.priority import compute_priority
 
 log = logging.getLogger("pipesgd.worker")
 
@@ -65,6 +74,9 @@ class Worker:
     # The optimiser's state (methods/optimizer.py): momentum's velocity, beside the weights,
     # made at the first update that needs it (None: plain SGD, or none yet), or the checkpoint's
     velocity: np.ndarray | None = None
+    # The model's buffers (batch norm's running statistics; None without any): its
+    # init_buffers() or the checkpoint's, updated by worker 0's forward passes only
+    buffers: np.ndarray | None = None
     # The optimiser's updates per step, the unit of lr_t's schedule: 1, or p for ps-async's
     # server (one update per push; its schedule runs over p * steps updates)
     updates_per_step: int = 1
@@ -113,6 +125,7 @@ class Worker:
             inputs.start_step,
             dict(inputs.pending),
             None if inputs.velocity is None else inputs.velocity.copy(),
+            inputs.initial_buffers(),
         )
 
     # --- the device (--device cuda) ----------------------------------------------------------
@@ -144,6 +157,8 @@ class Worker:
         self.pending = {t: cuda_ops.to_device(g) for t, g in self.pending.items()}
         if self.velocity is not None:  # a resumed run's momentum, beside the weights
             self.velocity = cuda_ops.to_device(self.velocity)
+        if self.buffers is not None:  # the running statistics, where the forward runs
+            self.buffers = cuda_ops.to_device(self.buffers)
         # Allocated once: the minibatch goes host -> pinned -> device every step (DMA from
         # page-locked memory, no hidden staging copy), the weights come back the same way.
         B, n = cfg.batch_size, data.n_features
@@ -241,6 +256,7 @@ class Worker:
         if self.on_device and pending:
             pending = {t: self.host(g) for t, g in pending.items()}
         velocity = None if self.velocity is None else self.host(self.velocity)
+        buffers = None if self.buffers is None else self.host(self.buffers)
         if not np.all(np.isfinite(params)):
             raise diverged(
                 f"worker {self.index}",
@@ -250,14 +266,16 @@ class Worker:
                 self.stale,
             )
 
-        checkpoint.save(self.cfg.out, self.cfg, params, next_step, pending or {}, velocity)
+        pending = pending or {}
+        checkpoint.save(self.cfg.out, self.cfg, params, next_step, pending, velocity, buffers)
 
     def loss_and_grad(
         self, step: int, grads: np.ndarray, params: np.ndarray | None = None, ready=None
     ):
         """This worker's loss on its minibatch `step`, gradient written into `grads`;
         `ready(lo, hi, loss)` hears of each layer's gradient as the backward writes it
-        (the model's `loss_and_grad`; ddp)."""
+        (the model's `loss_and_grad`; ddp). Worker 0's forward also updates the running
+        statistics `buffers`; the others pass none (DDP would overwrite theirs with rank 0's)."""
         X, y = self.sampler.batch(self.data, self.index, step)
         if self.on_device:  # through the pinned buffers (see to_device)
             self._X_host[...] = X
@@ -269,7 +287,8 @@ class Worker:
         # as one clear error, so NumPy's overflow warnings would only be noise on the way.
         with np.errstate(over="ignore", invalid="ignore"), compute_priority(self.cfg.comm_first):
             w = self.params if params is None else params
-            loss = self.model.loss_and_grad(w, X, y, grads, ready)
+            stats = self.buffers if self.index == 0 else None  # the job's are worker 0's
+            loss = self.model.loss_and_grad(w, X, y, grads, ready, buffers=stats)
         if not math.isfinite(loss) and not self.cfg.skip_nonfinite:
             raise diverged(
                 f"worker {self.index}",
@@ -445,42 +464,6 @@ def bad_ranks(comm, ok: bool) -> list[int]:
     return [r for r in range(comm.world_size) if flags[r]]
 
 
-_PRIORITY = {"toggle": hasattr(os, "SCHED_IDLE")}  # per process: can we switch back and forth?
-
-
-@contextmanager
-def compute_priority(low: bool):
-    """Run the body at the lowest CPU priority (SCHED_IDLE) when `low` (--comm-first).
-
-    Why: p workers on fewer than p cores take turns, and a ring hop (or a parameter server's
-    reply) that wakes up would wait up to a scheduler slice (of the order of a millisecond)
-    for some worker's computation to yield its core; a pipelined AllReduce pays that at every
-    one of its 2(p-1) hops, so an iteration grows by up to 2(p-1) slices (the measured share
-    is in benchmarks/RESULTS.md, --comm-first). A SCHED_IDLE thread is preempted at
-    once by any normal one, and such threads share the cores fairly among themselves, so the
-    computations still take turns as before. Linux only; elsewhere, or where the OS refuses,
-    nothing changes. An unprivileged thread may not return from SCHED_IDLE (RLIMIT_NICE): it
-    then stays at the low priority, which only the thread's own communication notices.
-    """
-    if not (low and _PRIORITY["toggle"]):
-        yield
-        return
-    tid = threading.get_native_id()
-    try:
-        os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
-    except OSError:
-        _PRIORITY["toggle"] = False
-        yield
-        return
-    try:
-        yield
-    finally:
-        try:
-            os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
-        except OSError:  # not permitted: stay low, and stop switching
-            _PRIORITY["toggle"] = False
-
-
 @dataclass
 class WorkerResult:
     rank: int
@@ -490,3 +473,4 @@ class WorkerResult:
     events: list[dict]
     bytes_sent: int
     extra: dict = field(default_factory=dict)  # method-specific (e.g. staleness of ps-async)
+    buffers: np.ndarray | None = None  # the running statistics (worker 0's: module docstring)
