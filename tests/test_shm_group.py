@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from jobs import TIMEOUT, blamed, run_failing
+from jobs import blamed, run_failing
 
 from pipesgd_ref.comm import choose, shm_group
 from pipesgd_ref.comm.collectives import allreduce
@@ -99,9 +99,12 @@ def _mismatch_job(comm, algo):
 @pytest.mark.parametrize("algo", shm_group.ALGORITHMS)
 def test_a_length_mismatch_is_an_error_naming_both_ranks(algo):
     failed, elapsed = run_failing(3, _mismatch_job, (algo,), transport="shm", allreduce=algo)
-    assert elapsed < TIMEOUT, f"a mismatch took {elapsed:.1f} s to notice"
     assert sorted(failed.errors) == [0, 1, 2], failed
     text = " ".join(failed.errors.values())
+    # Noticed by the agreement check, not by a wait running out: no rank's error is a timeout
+    # (theirs all say "raise --timeout"). The wall time, forks and group set-up included, is
+    # no measure of that on a loaded machine (2.8 s was seen under load against a 2 s timeout).
+    assert "raise --timeout" not in text, f"a rank waited out its timeout ({elapsed:.1f} s): {text}"
     assert "11 elements" in text and "10 elements" in text, failed.errors
 
 
