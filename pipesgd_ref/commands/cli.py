@@ -181,16 +181,23 @@ def cmd_compare(args: argparse.Namespace, cfg: TrainConfig, named=frozenset()) -
 
 
 def _study(args: argparse.Namespace, cfg: TrainConfig) -> int:
-    """`pipesgd compare --study staleness` (study.py): one process, the oracles."""
+    """`pipesgd compare --study staleness` (study.py) or `--study momentum` (study_momentum.py):
+    one process, the oracles."""
     from pipesgd_ref.commands.study import LRS, QUICK_LRS, run_staleness_study
 
     if cfg.comm == "mpi" or args.repeats is not None:
         flag = "--comm mpi" if cfg.comm == "mpi" else "--repeats"
         raise ConfigError(
-            f"--study staleness runs the one-process oracles (it measures accuracy, not "
+            f"--study {args.study} runs the one-process oracles (it measures accuracy, not "
             f"speed): {flag} does nothing there; drop it"
         )
-    lrs = QUICK_LRS if args.quick else LRS
+    momentum = args.study == "momentum"  # the ResNet with momentum: study_momentum.py
+    if momentum:
+        from pipesgd_ref.commands.study_momentum import EFFECTIVE_LRS, QUICK_EFFECTIVE_LRS
+
+        lrs = QUICK_EFFECTIVE_LRS if args.quick else EFFECTIVE_LRS
+    else:
+        lrs = QUICK_LRS if args.quick else LRS
     if args.lrs is not None:
         try:
             lrs = tuple(float(x) for x in args.lrs.split(","))
@@ -205,7 +212,12 @@ def _study(args: argparse.Namespace, cfg: TrainConfig) -> int:
             raise ConfigError(f"--lrs {args.lrs!r} names a learning rate more than once")
     out = args.out_dir or "runs/study"
     with _claimed(out, args.overwrite):
-        run_staleness_study(cfg, lrs=tuple(sorted(lrs)), out=out)
+        if momentum:
+            from pipesgd_ref.commands.study_momentum import run_from_command_line
+
+            run_from_command_line(cfg, args.argv, args.quick, tuple(sorted(lrs)), out)
+        else:
+            run_staleness_study(cfg, lrs=tuple(sorted(lrs)), out=out)
     return 0
 
 

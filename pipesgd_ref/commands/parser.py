@@ -123,16 +123,18 @@ def _add_compare(sub) -> None:
     c.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     c.add_argument(
         "--study",
-        choices=("staleness",),
+        choices=("staleness", "momentum"),
         default=None,
         help="instead of the methods of the comparison: staleness, the learning-rate sweep of "
-        "sync, pipe and pipe's compensations (study.py)",
+        "sync, pipe and pipe's compensations on the MLP (study.py); momentum, the same on a "
+        "ResNet-20 at momentum 0 and 0.9, ddp beside sync (study_momentum.py)",
     )
     c.add_argument(
         "--lrs",
         default=None,
-        help="--study's learning rates, a comma list (default: study.LRS; "
-        "--quick: study.QUICK_LRS)",
+        help="--study's learning rates, a comma list (default: study.LRS; --quick: "
+        "study.QUICK_LRS); with --study momentum the effective steps lr/(1-M) (default "
+        "study_momentum.EFFECTIVE_LRS)",
     )
     c.add_argument(
         "--peers",

@@ -25,6 +25,9 @@ ratio: the plot also marks half of sync's measured edge, where the theory puts
 pipe's. Each method's measured edge (`edges`) is the largest lr before a run that diverged or
 ended below half the study's best accuracy.
 
+The same question on a deep net with momentum, SAPipe's setting: study_momentum.py
+(`--study momentum`), which reuses this module's runs, edges and recovered shares.
+
 Output (in --out): study.json (the problem, lam_max, the bounds, every run's figures, the
 table) and, with matplotlib, staleness_study.png: final test accuracy and predicted time to
 target against the learning rate, one line per method.
@@ -44,7 +47,7 @@ from pipesgd_ref import timing
 from pipesgd_ref.config import TrainConfig, model_label
 from pipesgd_ref.data import load_dataset
 from pipesgd_ref.methods.optimizer import SGD
-from pipesgd_ref.methods.reference import delayed_sgd, model_grad_fn
+from pipesgd_ref.methods.reference import delayed_sgd, model_grad_fn, sync_sgd
 from pipesgd_ref.outputs import write_json
 from pipesgd_ref.runtime.preflight import check_config, check_memory, n_params_of
 from pipesgd_ref.runtime.worker import Worker
@@ -95,12 +98,24 @@ def hessian_lam_max(cfg: TrainConfig, iters: int = 30, eps: float = 1e-3) -> flo
     return lam
 
 
-def run_one(cfg: TrainConfig, width: int, compensation: str, lr: float) -> dict[str, Any]:
-    """One oracle run: final test accuracy (None when it diverged), steps to the target."""
+def run_one(
+    cfg: TrainConfig,
+    width: int,
+    compensation: str,
+    lr: float,
+    average: Callable | None = None,
+    watch: Callable[[int, np.ndarray], None] | None = None,
+) -> dict[str, Any]:
+    """One oracle run: final test accuracy (None when it diverged), steps to the target. With
+    batch norm (the resnet) worker 0's forward passes keep the running statistics
+    (model_grad_fn's `buffers`), and every evaluation uses them. `average` (width 1 only):
+    how sync's mean is summed (reference.sync_sgd's; ddp's bucket by bucket). `watch(steps
+    done, weights)`: called after every step (before the drain)."""
     run = cfg.replace(lr=lr, width=width, compensation=compensation)
     worker = Worker.build(run, 0, run.world_size)
     model, data = worker.model, worker.data
-    grad_fn = model_grad_fn(model, data, worker.sampler)
+    buffers = model.init_buffers()  # empty for a model without batch norm
+    grad_fn = model_grad_fn(model, data, worker.sampler, buffers)
     evals: list[tuple[int, float]] = []
 
     class Diverged(Exception):
@@ -111,25 +126,29 @@ def run_one(cfg: TrainConfig, width: int, compensation: str, lr: float) -> dict[
             raise Diverged
         done = step + 1
         if run.eval_every and done % run.eval_every == 0:
-            evals.append((done, model.accuracy(params, data.X_test, data.y_test)))
+            evals.append((done, model.accuracy(params, data.X_test, data.y_test, buffers=buffers)))
+        if watch is not None:
+            watch(done, params)
 
+    common = dict(callback=on_step, optimizer=SGD.of(run))
     try:
         with np.errstate(over="ignore", invalid="ignore"):
-            traj = delayed_sgd(
-                grad_fn,
-                worker.params,
-                run.world_size,
-                worker.steps,
-                worker.lr_at,
-                staleness=width - 1,
-                callback=on_step,
-                compensation=compensation,
-                dc_lambda=run.dc_lambda,
-                optimizer=SGD.of(run),
-            )
-            if not np.all(np.isfinite(traj.params)):
+            if average is not None:
+                if width != 1:
+                    raise ValueError(f"`average` is sync's (width 1), not width {width}'s")
+                traj = sync_sgd(
+                    grad_fn, worker.params, run.world_size, worker.steps, worker.lr_at,
+                    average=average, **common,
+                )  # fmt: skip
+            else:
+                traj = delayed_sgd(
+                    grad_fn, worker.params, run.world_size, worker.steps, worker.lr_at,
+                    staleness=width - 1, compensation=compensation, dc_lambda=run.dc_lambda,
+                    **common,
+                )  # fmt: skip
+            if not (np.all(np.isfinite(traj.params)) and np.all(np.isfinite(buffers))):
                 raise Diverged
-            accuracy = model.accuracy(traj.params, data.X_test, data.y_test)
+            accuracy = model.accuracy(traj.params, data.X_test, data.y_test, buffers=buffers)
     except Diverged:
         return {"test_accuracy": None, "diverged": True, "steps_to_target": None}
     reached = next((s for s, a in evals if a >= run.target_accuracy), None)
