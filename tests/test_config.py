@@ -33,7 +33,7 @@ def test_presets_build_valid_configs():
         named = {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
         assert cfg.to_dict() == default | named, f"preset {name!r}"
         assert TrainConfig().replace(**cfg.to_dict()) == cfg, f"preset {name!r} round trip"
-    every = "laptop, compare, compare-cnn, compare-cnn-compute, tiny"
+    every = "laptop, compare, compare-cnn, compare-cnn-compute, compare-resnet, tiny"
     with pytest.raises(ConfigError, match=f"choose one of: {every}"):
         TrainConfig.preset("supercomputer")
 

@@ -21,6 +21,7 @@ from pipesgd_ref.config import (
     read_config_file,
 )
 from pipesgd_ref.errors import ConfigError
+from pipesgd_ref.presets import COMPARE_PRESET_OF_MODEL
 from pipesgd_ref.runtime.launch import add_many_workers_flag
 
 EXIT_USAGE = 2
@@ -96,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_config_flags(sp: argparse.ArgumentParser) -> None:
     """The flags of every command that resolves a TrainConfig (the keys come as --key=value)."""
-    presets = "laptop, compare, compare-cnn, compare-cnn-compute or tiny"
+    presets = "laptop, compare, compare-cnn, compare-cnn-compute, compare-resnet or tiny"
     sp.add_argument("--preset", default="laptop", help=presets)
     sp.add_argument("--config", help="a .toml or .json file of config keys")
     sp.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -274,8 +275,9 @@ def resolve_named(args: argparse.Namespace, rest: list[str]) -> tuple[TrainConfi
     overrides = split_overrides(rest)
     given = parse_overrides(overrides)
     preset = args.preset
-    if args.command == "compare" and preset == "compare" and given.get("model") == "cnn":
-        preset = "compare-cnn"  # the CNN's own comparison (presets.py), not the MLP's with a CNN
+    model = given.get("model")
+    if args.command == "compare" and preset == "compare" and model in COMPARE_PRESET_OF_MODEL:
+        preset = COMPARE_PRESET_OF_MODEL[model]  # the model's own comparison (presets.py)
     cfg = TrainConfig.preset(preset)
     named = set(PRESETS[preset]) | set(given)
     if args.config == "":
