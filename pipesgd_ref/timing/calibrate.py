@@ -159,7 +159,7 @@ def calibrate_machine(
         codecs=codecs,
         source={
             "t_comp": f"median of 10 timed loss_and_grad, batch {cfg.batch_size}, this process",
-            "t_update": "median of 10 timed sgd_step",
+            "t_update": "median of 10 timed updates by the run's optimiser rule",
             "backward_units": BACKWARD_SOURCE,
             "loop_bandwidth": "the median of 6 streams of 16 MB between two local processes",
             "copy": "CPU time per byte of the sending and receiving thread of those streams "

@@ -19,7 +19,7 @@ class Calibration:
 
     n_params: int  # n: float32 parameters (M = 4n gradient bytes)
     t_comp: float  # s: forward + backward of one worker's minibatch, alone on a core
-    t_update: float  # s: one SGD step over the parameters
+    t_update: float  # s: one update by the run's optimiser rule (momentum: 3 passes, not 1)
     alpha: float  # s per message: link latency + software cost of one hop
     bandwidth: float  # bytes/s per link and direction (the emulated link's; inf: none)
     gamma: float  # s per byte added (float32 dst += src)

@@ -5,11 +5,13 @@ schedule each method runs; `predict` hands a method to its function (`sync`, `pi
 `ps_sync`, `ps_async`), each written beside its equation. Symbols: p = world_size workers; M = 4n
 gradient bytes (n float32 parameters); alpha = seconds per message; B = bandwidth, bytes/s per
 link and direction (full duplex); gamma = seconds per byte of reduction (dst += src); t_comp =
-forward and backward of one minibatch; t_u = one SGD update; r = compression ratio (wire bytes
-M/r); e, d = encode and decode seconds per float32 byte of the codec. The figures come from a
-`Calibration` (timing/figures.py; timing/calibrate.py measures them); the terms the methods
-share (T_ar, compute under core sharing, the CPU bounds) are timing/terms.py, each beside its
-equation number.
+forward and backward of one minibatch; t_u = one update by the run's optimiser (methods/
+optimizer.py: one pass over the weights for plain SGD, three with momentum, five with weight
+decay and Nesterov too; measured so: timing/measure.py `time_update`); r = compression ratio
+(wire bytes M/r); e, d = encode and decode seconds per float32 byte of the codec. The figures
+come from a `Calibration` (timing/figures.py; timing/calibrate.py measures them); the terms the
+methods share (T_ar, compute under core sharing, the CPU bounds) are timing/terms.py, each
+beside its equation number.
 
 Ring AllReduce (comm/ring.py). 2(p-1) steps; at each a rank sends one chunk of M/p bytes to its
 right neighbour while receiving one from its left (full duplex: the two overlap). A step costs

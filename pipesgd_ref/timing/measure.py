@@ -15,6 +15,7 @@ import time
 import numpy as np
 
 from pipesgd_ref.codecs import get_codec
+from pipesgd_ref.methods.optimizer import SGD
 from pipesgd_ref.runtime.worker import Worker
 
 
@@ -46,10 +47,11 @@ def time_compute(cfg, reps: int = 10) -> tuple[int, float, float]:
 
 def time_compute_profile(cfg, reps: int = 10) -> tuple[int, float, float, tuple]:
     """(n_params, t_comp, t_update, backward_units) of cfg's model and batch size, timed in
-    this process. backward_units: per unit of the model's `grad_units()`, in the order the
-    backward writes them (last layer first), (bytes, the fraction of the loss_and_grad call
-    elapsed when its `ready` callback ran), each the median over the same `reps` timed calls
-    that give t_comp (Calibration.backward_units; the ddp prediction reads it)."""
+    this process; t_update is cfg's optimiser rule (`time_update`). backward_units: per unit
+    of the model's `grad_units()`, in the order the backward writes them (last layer first),
+    (bytes, the fraction of the loss_and_grad call elapsed when its `ready` callback ran), each
+    the median over the same `reps` timed calls that give t_comp (Calibration.backward_units;
+    the ddp prediction reads it)."""
     w = Worker.build(cfg.replace(resume=""), 0, cfg.world_size)
     grads = np.empty_like(w.params)
     itemsize = grads.dtype.itemsize
@@ -64,13 +66,28 @@ def time_compute_profile(cfg, reps: int = 10) -> tuple[int, float, float, tuple]
             w.loss_and_grad(next(step), grads, ready=_recorder(ready, start, itemsize))
             times.append(time.perf_counter() - start)
             marks.append(ready)
-        params = w.params.copy()
-        t_update = median_time(lambda: w.model.backend.sgd_step(params, grads, 1e-12), reps)
+        t_update = time_update(SGD.of(cfg), w.model.backend, w.params, grads, reps)
     units = tuple(
         (nbytes, statistics.median(call[i][1] / t for call, t in zip(marks, times, strict=True)))
         for i, (nbytes, _) in enumerate(marks[0])
     )
     return w.model.n_params, statistics.median(times), t_update, units
+
+
+def time_update(rule: SGD, ops, params: np.ndarray, grads: np.ndarray, reps: int = 10) -> float:
+    """t_u: the median seconds of one update by the run's own optimiser `rule`
+    (methods/optimizer.py) with the backend `ops`, on copies of `params` and `grads` (lr 1e-12:
+    the weights barely move). Each op of the rule is one pass over the n parameters:
+
+        plain SGD      sgd_step                                    1 pass
+        momentum M     scale (M v), add_into (+ d), sgd_step       3 passes
+        + weight decay sgd_step (d = g + wd w) first               one more
+        + nesterov     sgd_step (d = d + M v) before the last      one more (5 with both)
+
+    so t_u grows with the rule as the workers' and the server's updates do."""
+    params, scratch = params.copy(), grads.copy()  # the rule leaves d in its scratch
+    velocity = np.zeros_like(params) if rule.momentum else None
+    return median_time(lambda: rule.step(ops, params, scratch, 1e-12, velocity), reps)
 
 
 def _recorder(into: list, start: float, itemsize: int):
