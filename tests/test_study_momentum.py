@@ -201,3 +201,20 @@ def test_a_bad_option_of_the_momentum_study_is_one_line(extra, words, tmp_path, 
     rc = main(["compare", "--study", "momentum", "--quick", *extra, f"--out={tmp_path}/x"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and all(w in err[0] for w in words), err
+
+
+def test_ddp_against_sync_is_read_where_sync_trains():
+    """Past sync's edge both runs are chaotic: the weights gap and the accuracy spread are
+    taken at the lrs up to the edge only."""
+    from pipesgd_ref.commands.study_momentum import ddp_line, ddp_vs_sync
+
+    rows = rows_of(0.9, {"sync": [0.9, 0.95, 0.1], "ddp": [0.91, 0.93, 0.3]})
+    gaps = ([[1, 1e-7], [3, 0.01]], [[1, 2e-7], [3, 0.2]], [[1, 5.0]])  # ddp at 0.1, 0.2, 0.4
+    for r, gap in zip(rows[3:], gaps, strict=True):
+        r["weights_gap_to_sync"] = gap
+    got = ddp_vs_sync(rows, sync_edge=0.2)
+    assert got["lrs"] == [0.1, 0.2] and got["weights_gap_by_step"] == {"1": 2e-7, "3": 0.2}
+    assert got["max_accuracy_gap"] == pytest.approx(0.02)
+    assert "at lr <= 0.2" in ddp_line(got) and "up to 2.0 points" in ddp_line(got)
+    assert ddp_vs_sync(rows, sync_edge=None) is None
+    assert ddp_vs_sync(rows[:3], sync_edge=0.2) is None  # no ddp rows
