@@ -19,9 +19,10 @@
 #    `pipesgd compare --study momentum`;
 # 4. put our numbers in SAPipe's table, beside theirs.
 #
-# Run it with `python tutorials/14_where_staleness_costs_accuracy.py`. Takes about 5 minutes
-# here on two shared cores (about 20 s with `PIPESGD_TUTORIAL_SMALL=1`, the quick version CI
-# runs); the training of section 3 is nearly all of it.
+# Run it with `python tutorials/14_where_staleness_costs_accuracy.py`. Takes about 40 s here on
+# two idle cores, five minutes when others share them (about 15 s with
+# `PIPESGD_TUTORIAL_SMALL=1`, the quick version CI runs); the training of section 3 is nearly
+# all of it.
 
 # %%
 import os
