@@ -50,8 +50,10 @@ best accuracy of its momentum).
 
 The problem (`PROBLEM`, in place of the compare preset's MLP; the command line's own keys
 win): digits, 4 workers of batch 32, a ResNet-20 of widths 8, 16, 32 (68,642 weights), 200
-steps with a cosine schedule. `QUICK_PROBLEM` (--quick): a ResNet-8 of widths 4, 8, 16, two
-rates, in seconds (CI). --momentum M runs momenta 0 and M.
+steps with a cosine schedule: 60 runs, 580 s on two cores here (1,030 to 1,190 s while others
+shared them). `QUICK_PROBLEM` (--quick): a ResNet-8 of widths 4, 8, 16, 40 steps at two
+effective steps, about 12 s (CI). --momentum M runs momenta 0 and M. The compare preset's
+model is the MLP, so --channels with three widths needs --model resnet beside it.
 
 Output (in --out): study.json (the problem, lam_eff, every run: method, momentum, lr,
 effective lr, final test accuracy and what study.py's runs keep; per momentum the measured
