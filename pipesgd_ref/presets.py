@@ -59,19 +59,19 @@ PRESETS: dict[str, dict[str, Any]] = {
     # the same on a 10 Gbit/s link, named here so that compare keeps it: compute-bound, where
     # pipelining has little to hide
     "compare-cnn-compute": {**_COMPARE_CNN, "bandwidth": "10Gbit"},
-    # `pipesgd compare --model resnet`: a deep net with batch norm, in the same
-    # communication-heavy regime (compare chooses the link's bandwidth: about 60 Mbit/s on a
-    # two-core machine here). Built-in digits (8 x 8): MNIST's 28 x 28 images cost about 12x
-    # the compute per image, minutes per method on two cores. Depth 8, the family's smallest
-    # (stem, one basic block per stage, two of them with a projection, dense head) at He et
-    # al.'s CIFAR widths 16, 32, 64: 77,754 parameters, a 311 KB gradient (the CNN's: 431 KB),
-    # ten backward units for ddp's buckets. Batch 32 a worker: 10-15 ms a step alone on a core.
-    # Plain SGD at lr 0.1: sync reached 95% in about 50 steps here, pipe and ps-async within a
-    # few of it; momentum 0.9 at lr 0.01 (the same effective step, lr / (1 - M)) reached it
-    # later (pipe: step 64) and costs two more passes an update. 100 steps (--quick: 80),
-    # twice what the target takes (about 98% at the end); the weights every 4 steps, each
-    # evaluation on the 360 test images about 0.1 s after the run. About 4 minutes, most of it
-    # ps-sync, whose server's link carries 8 gradients a step.
+    # `pipesgd compare --model resnet`: a deep net with batch norm, in the same communication-heavy
+    # regime (compare chooses the link's bandwidth: about 300 Mbit/s on a quiet two-core machine
+    # here, 100-130 on a busy one). Built-in digits (8 x 8): MNIST's 28 x 28 images cost about 12x
+    # the compute per image, minutes per method on two cores. Depth 8, the family's smallest (stem,
+    # one basic block per stage, two of them with a projection, dense head) at He et al.'s CIFAR
+    # widths 16, 32, 64: 77,754 parameters, a 311 KB gradient (the CNN's: 431 KB), ten backward
+    # units for ddp's buckets. Batch 32 a worker: 10-15 ms a step alone on a core. Plain SGD at lr
+    # 0.1: sync, ddp and ps-sync reached 95% at step 48 here, pipe at 52 (six runs); momentum 0.9 at
+    # lr 0.01 (the same effective step, lr / (1 - M)) reached it later (pipe: step 64) and costs two
+    # more passes an update. 100 steps (--quick: 80), twice what the target takes (97-98% at the
+    # end); the weights every 4 steps, each evaluation on the 360 test images about 0.1 s after the
+    # run. 70 s on a quiet machine here, 2 minutes on a busy one (--quick: 40 s to a minute), most
+    # of it ps-sync's, whose server's link carries 8 gradients a step.
     "compare-resnet": dict(
         dataset="digits",
         model="resnet",
