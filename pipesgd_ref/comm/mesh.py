@@ -36,21 +36,11 @@ for news. A rank that cannot finish tells every mesh peer and both ring neighbou
 it raises (frames.aborting_on_error, Communicator.abort): each rank waiting on it hears the
 story and passes it on, so the whole job stops with one cause.
 
-Blame of a stuck send. A mesh rank also waits on its own sending thread (a hop's range is
-overwritten only once sent), which a ring rank hardly does. When that wait times out, the
-peer is named only if it is the holdup: a send blocked by a peer that does not read leaves
-bytes in this socket's send queue, or, on a shared-memory link, slots the peer has not
-released. An empty queue (Linux's SIOCOUTQ) with every slot released means the peer took
-everything handed to it, so the frame is stuck in this process (a hung sending thread, a
-truncated frame): the error names this rank (`own_stall`), as its peer's "no data from
-rank ..." does, and no rank blames the peer.
+A mesh rank also waits on its own sending thread (a hop's range is overwritten only once
+sent); who is blamed when that wait times out is the sender's rule (comm/sender.py).
 """
 
 from __future__ import annotations
-
-import fcntl
-import struct
-import termios
 
 import numpy as np
 
@@ -59,7 +49,6 @@ from pipesgd_ref.comm.algorithms import ALGORITHMS, Hop, schedule
 from pipesgd_ref.comm.frames import aborting_on_error, frame_at, recv_checked
 from pipesgd_ref.comm.schedule import SEGMENT_BYTES, segments
 from pipesgd_ref.comm.wire import CODE_OF_DTYPE, Frame, Kind, Op, as_bytes
-from pipesgd_ref.errors import CommError, PeerTimeout
 
 # The jobs (JobSpec.allreduce) whose ranks make mesh links.
 JOBS_WITH_MESH = ("auto", "rd", "rab")
@@ -133,11 +122,8 @@ class _Hops:
 
     def drain(self, sender, at_most: int) -> None:
         """Wait until at most `at_most` frames are queued on `sender`; a timeout names the rank
-        that holds the frame up (`own_stall`)."""
-        try:
-            sender.wait_pending(at_most, self.comm.timeout)
-        except PeerTimeout as e:
-            raise own_stall(self.comm, e) from None
+        that holds the frame up (comm/sender.py, `own_stall`)."""
+        sender.wait_pending(at_most, self.comm.timeout)
 
     def waiting(self) -> None:
         """Each idle slice of a wait: tell every mesh peer this rank is alive (heartbeats; a
@@ -186,40 +172,3 @@ def _last_overlap(send, outs, per: int, s: int, e: int) -> int | None:
     if send is None or e <= s or e <= send[0] or send[1] <= s:
         return None
     return min((e - 1 - send[0]) // per, len(outs) - 1)
-
-
-def own_stall(comm, error: PeerTimeout) -> CommError:
-    """The error for a send to a peer that did not finish in time (`error`, naming the peer):
-    itself while bytes wait in the link's socket send queue (the peer does not read), else an
-    error naming this rank: the peer read all it was given, the frame is stuck in this process
-    (module docstring). A link where that cannot be told keeps it."""
-    link = getattr(error, "link", None)
-    if link is None or _untaken(link) != 0:
-        return error
-    return PeerTimeout(
-        f"rank {comm.rank}: a frame to rank {link.peer} has been stuck in this rank for "
-        f"{comm.timeout:.1f} s, though rank {link.peer} took every byte sent so far: this "
-        f"rank's sending thread is hung or its frame was cut short; look for this rank's "
-        f"error or fault above",
-        origin=comm.rank,
-        link=link,
-        doing=getattr(error, "doing", ""),
-    )
-
-
-def _untaken(link) -> int | None:
-    """What `link`'s peer has not taken yet of what this rank handed it: the bytes in the
-    socket's send queue, plus, on a shared-memory link (comm/shm.py), the slotted frames
-    written and not yet released; None where it cannot be told (another transport)."""
-    if getattr(link, "transport", "") not in ("tcp", "unix", "shm"):
-        return None
-    try:
-        queued = struct.unpack("i", fcntl.ioctl(link.sock.fileno(), termios.TIOCOUTQ, b"\0" * 4))
-    except (OSError, AttributeError, ValueError):
-        return None
-    if link.transport != "shm":
-        return queued[0]
-    consumed = getattr(link, "_consumed_out", None)  # the peer's count of released slots
-    if consumed is None:
-        return None
-    return queued[0] + link._sent - int(consumed[0])

@@ -11,11 +11,24 @@ between frames.
 
 A frame sent by the thread is sent under the name of what its caller was doing when it queued
 it (comm/activity.py), so an error on the way names the caller's operation.
+
+Blame of a stuck send. Every collective waits on its sending thread before it returns (the
+caller may reuse the buffer), and a mesh hop waits on it mid-collective too. When that wait
+times out, the peer is named only if it is the holdup: a send blocked by a peer that does not
+read leaves bytes in the socket's send queue, or, on a shared-memory link, slots the peer has
+not released. An empty queue (Linux's SIOCOUTQ) with every slot released means the peer took
+everything handed to it, so the frame is stuck in this process (a hung sending thread, a
+truncated frame): the error names this rank (`own_stall`), as its peer's "no data from rank
+..." does, and no rank blames the peer. Without this, the rank after a truncated frame and the
+rank that cut it short time out together, each naming the other.
 """
 
 from __future__ import annotations
 
+import fcntl
 import queue
+import struct
+import termios
 import threading
 import time
 
@@ -137,11 +150,16 @@ class Sender:
             while self.pending > at_most and self.error is None:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise PeerTimeout(
-                        f"rank {self.link.rank}: could not hand data to rank {self.link.peer} "
-                        f"for {timeout:.1f} s; is it alive? raise --timeout to wait longer",
-                        origin=self.link.peer,
-                        link=self.link,
+                    raise own_stall(
+                        self.link.rank,
+                        timeout,
+                        PeerTimeout(
+                            f"rank {self.link.rank}: could not hand data to rank "
+                            f"{self.link.peer} for {timeout:.1f} s; is it alive? raise "
+                            f"--timeout to wait longer",
+                            origin=self.link.peer,
+                            link=self.link,
+                        ),
                     )
                 self._idle.wait(min(left, POLL_SECONDS))
         self.check()
@@ -149,3 +167,40 @@ class Sender:
     def stop(self) -> None:
         self.jobs.put(None)
         self.thread.join(timeout=1.0)
+
+
+def own_stall(rank: int, timeout: float, error: PeerTimeout) -> PeerTimeout:
+    """The error for a send from `rank` to a peer that did not finish in `timeout` s (`error`,
+    naming the peer): itself while the peer has not taken what it was handed (the peer does
+    not read), else an error naming this rank: the peer took all it was given, so the frame is
+    stuck in this process (module docstring). A link where that cannot be told keeps it."""
+    link = getattr(error, "link", None)
+    if link is None or _untaken(link) != 0:
+        return error
+    return PeerTimeout(
+        f"rank {rank}: a frame to rank {link.peer} has been stuck in this rank for "
+        f"{timeout:.1f} s, though rank {link.peer} took every byte sent so far: this "
+        f"rank's sending thread is hung or its frame was cut short; look for this rank's "
+        f"error or fault above",
+        origin=rank,
+        link=link,
+        doing=getattr(error, "doing", ""),
+    )
+
+
+def _untaken(link) -> int | None:
+    """What `link`'s peer has not taken yet of what this rank handed it: the bytes in the
+    socket's send queue, plus, on a shared-memory link (comm/shm.py), the slotted frames
+    written and not yet released; None where it cannot be told (another transport)."""
+    if getattr(link, "transport", "") not in ("tcp", "unix", "shm"):
+        return None
+    try:
+        queued = struct.unpack("i", fcntl.ioctl(link.sock.fileno(), termios.TIOCOUTQ, b"\0" * 4))
+    except (OSError, AttributeError, ValueError):
+        return None
+    if link.transport != "shm":
+        return queued[0]
+    consumed = getattr(link, "_consumed_out", None)  # the peer's count of released slots
+    if consumed is None:
+        return None
+    return queued[0] + link._sent - int(consumed[0])

@@ -9,12 +9,14 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from types import SimpleNamespace
 
 import pytest
 
-from pipesgd_ref.comm.mesh import own_stall
+from pipesgd_ref.comm.sender import Sender, own_stall
+from pipesgd_ref.comm.wire import Frame, Kind
 from pipesgd_ref.commands.train import run_training
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.errors import ConfigError, PeerTimeout, WorkerFailed
@@ -84,14 +86,13 @@ def test_a_stuck_send_with_nothing_queued_names_this_rank():
     mine, theirs = socket.socketpair()
     try:
         link = SimpleNamespace(transport="unix", sock=mine, peer=0)
-        comm = SimpleNamespace(rank=1, timeout=2.0)
         error = PeerTimeout("could not hand data to rank 0", origin=0, link=link)
-        assert own_stall(comm, error).origin == 1  # rank 0 read everything: ours
+        assert own_stall(1, 2.0, error).origin == 1  # rank 0 read everything: ours
         mine.sendall(b"x" * 1000)  # unread by rank 0: it is the holdup
-        assert own_stall(comm, error) is error
+        assert own_stall(1, 2.0, error) is error
         shm = SimpleNamespace(transport="shm", sock=mine, peer=0)
         error = PeerTimeout("x", origin=0, link=shm)
-        assert own_stall(comm, error) is error
+        assert own_stall(1, 2.0, error) is error
     finally:
         mine.close()
         theirs.close()
@@ -112,11 +113,10 @@ def test_a_stuck_send_on_shared_memory_names_this_rank_once_every_slot_is_releas
     mine, theirs = socket.socketpair()
     try:
         link = SimpleNamespace(transport="shm", sock=mine, peer=0, _sent=5, _consumed_out=[5])
-        comm = SimpleNamespace(rank=1, timeout=2.0)
         error = PeerTimeout("could not hand data to rank 0", origin=0, link=link)
-        assert own_stall(comm, error).origin == 1  # rank 0 released every slot: ours
+        assert own_stall(1, 2.0, error).origin == 1  # rank 0 released every slot: ours
         link._consumed_out = [4]  # a slot rank 0 has not released: it is the holdup
-        assert own_stall(comm, error) is error
+        assert own_stall(1, 2.0, error) is error
     finally:
         mine.close()
         theirs.close()
@@ -174,3 +174,44 @@ def test_stop_as_pid_1_freezes_every_thread():
         out, err = proc.communicate(timeout=20)
     assert out.decode() == "", f"a thread ran after the freeze: {out.decode()[:200]!r}"
     assert "survived" not in first and faults.ANNOUNCE in err.decode()
+
+
+class _HungLink:
+    """A link whose sending never finishes (a sender stuck as a truncated frame leaves it)."""
+
+    transport, rank, peer = "unix", 2, 3
+
+    def __init__(self, sock):
+        self.sock, self.release = sock, threading.Event()
+
+    def send_without_waiting(self, frame, payload):
+        return None
+
+    def may_send_inline(self, frame, n):
+        return False
+
+    def send(self, frame, payload):
+        self.release.wait(10.0)
+
+
+def test_every_collectives_final_wait_on_a_hung_sender_names_this_rank():
+    """The wait a ring AllReduce ends with (Sender.flush), not only a mesh hop's: a sending
+    thread that hangs while the peer has read everything is this rank's fault; with bytes the
+    peer left unread, the peer's."""
+    mine, theirs = socket.socketpair()
+    link = _HungLink(mine)
+    sender = Sender(link)
+    try:
+        sender.put(Frame(kind=Kind.DATA), memoryview(b"x" * 64))
+        with pytest.raises(PeerTimeout) as stuck:
+            sender.flush(0.3)
+        assert stuck.value.origin == 2 and "stuck in this rank" in str(stuck.value)
+        mine.sendall(b"y" * 1000)  # unread by rank 3: now it is the holdup
+        with pytest.raises(PeerTimeout) as slow:
+            sender.flush(0.3)
+        assert slow.value.origin == 3 and "could not hand data to rank 3" in str(slow.value)
+    finally:
+        link.release.set()
+        sender.stop()
+        mine.close()
+        theirs.close()
