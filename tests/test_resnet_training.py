@@ -206,6 +206,21 @@ def summary_matches_checkpoint(out) -> np.ndarray:
     return stats
 
 
+@pytest.mark.timeout(120)
+def test_pipesgd_reference_evaluates_with_worker_0s_statistics(tmp_path):
+    """`pipesgd reference` on the ResNet (width 2: pipe's oracle): its accuracies are the
+    oracle's weights evaluated with the oracle's statistics (it once evaluated without any and
+    failed)."""
+    assert main(["reference", *ARGS[1:], "--steps=8", "--eval-every=4", "--width=2",
+                 f"--out={tmp_path}"]) == 0  # fmt: skip
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    params, stats = oracle(CFG.replace(algo="pipe", width=2))
+    w = Worker.build(CFG, 0, 2)
+    want = w.model.accuracy(params, w.data.X_test, w.data.y_test, stats)
+    assert summary["test_accuracy"] == want
+    assert [e["step"] for e in summary["eval_curve"]] == [4, 8]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("algo", ["pipe", "ps-sync"])

@@ -29,6 +29,9 @@ class Curves:
 
     def __init__(self, cfg: TrainConfig, inputs: JobInputs, label: str, progress: bool, log):
         self.cfg, self.inputs, self.label, self.log = cfg, inputs, label, log
+        # Batch norm's running statistics (empty without it): worker 0's, which its forward
+        # passes update (model_grad_fn), and every evaluation uses, as in a distributed run.
+        self.buffers = inputs.model.init_buffers()
         self.loss_curve: list[dict] = []
         self.eval_curve: list[dict] = []
         self.bar = progress_bar(inputs.steps, label, enabled=progress)
@@ -37,7 +40,7 @@ class Curves:
 
     def evaluate(self, step: int, params: np.ndarray) -> float:
         data = self.inputs.data
-        acc = self.inputs.model.accuracy(params, data.X_test, data.y_test)
+        acc = self.inputs.model.accuracy(params, data.X_test, data.y_test, buffers=self.buffers)
         elapsed = time.perf_counter() - self.start
         self.eval_curve.append({"step": step, "wall_time_s": elapsed, "test_accuracy": acc})
         return acc
@@ -77,7 +80,7 @@ def run_reference(
     # error, so NumPy's own overflow warnings would only be noise on the way.
     with np.errstate(over="ignore", invalid="ignore"):
         traj = delayed_sgd(
-            model_grad_fn(model, data, inputs.sampler),
+            model_grad_fn(model, data, inputs.sampler, curves.buffers),
             model.init_params(cfg.seed),
             cfg.world_size,
             steps,
