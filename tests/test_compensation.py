@@ -276,15 +276,15 @@ def test_resuming_a_compensated_run(tmp_path, capsys):
 
 @pytest.mark.timeout(180)
 def test_the_staleness_study_at_a_small_size(tmp_path, capsys):
-    """`pipesgd compare --study staleness` on a small MLP: every method at every lr, each row
-    the oracle's run (the pipe rows bitwise delayed_sgd's weights' accuracy), the table, the
-    edges and study.json; with matplotlib, the figure."""
+    """`pipesgd compare --study staleness --model mlp` on a small MLP: every method at every
+    lr, each row the oracle's run (the pipe rows bitwise delayed_sgd's weights' accuracy), the
+    table, the edges and study.json; with matplotlib, the figure."""
     import json
 
     from pipesgd_ref.commands.cli import main
 
     out = tmp_path / "study"
-    rc = main(["compare", "--study", "staleness", "--no-progress", "--hidden=16",
+    rc = main(["compare", "--study", "staleness", "--model=mlp", "--no-progress", "--hidden=16",
                "--world-size=2", "--steps=12", "--eval-every=4", "--target-accuracy=0.3",
                "--lrs", "0.1,0.5,5000", f"--out={out}"])  # fmt: skip
     assert rc == 0

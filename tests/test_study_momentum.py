@@ -1,4 +1,4 @@
-"""`pipesgd compare --study momentum` (commands/study_momentum.py): the ResNet with batch norm at
+"""`pipesgd compare --study staleness` (commands/study_momentum.py): the ResNet with batch norm at
 momentum 0 and 0.9, every run its oracle's (running statistics included), ddp within float
 rounding of sync, the effective-step grid, the command line's own keys kept, the SAPipe table
 with their figures labelled as theirs. Small sizes: the full study is the tutorial's and
@@ -44,7 +44,7 @@ def tiny_study(tmp_path_factory):
     out = tmp_path_factory.mktemp("study") / "momentum"
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        rc = main(["compare", "--study", "momentum", "--quick", "--no-progress", *TINY,
+        rc = main(["compare", "--study", "staleness", "--quick", "--no-progress", *TINY,
                    "--lrs", "0.6", f"--out={out}"])  # fmt: skip
     assert rc == 0
     return json.loads((out / "study.json").read_text()), printed.getvalue(), out
@@ -119,7 +119,7 @@ def test_ddp_average_sums_bucket_by_bucket_as_the_ring_does():
 def test_the_command_line_keys_are_its_own_not_the_presets(tmp_path):
     f = tmp_path / "c.toml"
     f.write_text("depth = 14\n")
-    argv = ["compare", "--study", "momentum", "--steps", "50", "--channels=4,8,8", "--quick",
+    argv = ["compare", "--study", "staleness", "--steps", "50", "--channels=4,8,8", "--quick",
             "--config", str(f), "--out", "x", "--no-progress"]  # fmt: skip
     assert command_line_keys(argv) == {"steps", "channels", "depth"}
     cfg = TrainConfig.preset("compare").replace(
@@ -129,6 +129,30 @@ def test_the_command_line_keys_are_its_own_not_the_presets(tmp_path):
     assert (got.steps, got.channels, got.depth) == (50, (4, 8, 8), 14)
     assert (got.model, got.batch_size, got.lr_schedule) == ("resnet", 32, "cosine")
     assert study_config(TrainConfig.preset("compare"), set()).steps == PROBLEM["steps"]
+
+
+@pytest.mark.parametrize(
+    "extra, model, preset_lr",
+    [
+        ([], "resnet", 0.1),  # no model named: the deep net, from compare-resnet
+        (["--model=resnet"], "resnet", 0.1),
+        (["--model=mlp"], "mlp", 0.03),  # the MLP's plain-SGD sweep, from compare
+        (["--config", "FILE"], "mlp", 0.03),  # a model named in --config's file counts
+        (["--channels=4,8,8"], "resnet", 0.1),  # three widths: a ResNet's, no kernels asked
+    ],
+)
+def test_the_study_trains_the_deep_net_unless_another_model_is_named(
+    extra, model, preset_lr, tmp_path
+):
+    from pipesgd_ref.commands.parser import build_parser, resolve_named
+
+    f = tmp_path / "c.toml"
+    f.write_text('model = "mlp"\n')
+    argv = ["compare", "--study", "staleness", *[str(f) if a == "FILE" else a for a in extra]]
+    cfg, _ = resolve_named(*build_parser().parse_known_args(argv))
+    assert (cfg.model, cfg.lr) == (model, preset_lr)
+    plain, _ = resolve_named(*build_parser().parse_known_args(["compare"]))
+    assert plain.model == "mlp"  # without --study, compare's own preset
 
 
 def test_momentum_names_the_second_momentum():
@@ -192,13 +216,13 @@ def test_the_effective_curvature_comes_from_syncs_lowest_measured_edge():
 @pytest.mark.parametrize(
     "extra, words",
     [
-        (["--repeats", "3"], ["--study momentum", "--repeats"]),
+        (["--repeats", "3"], ["--study staleness", "--repeats"]),
         (["--lrs", "0.6,fast"], ["--lrs", "fast"]),
         (["--lrs", "0.6,0.6"], ["more than once"]),
     ],
 )
 def test_a_bad_option_of_the_momentum_study_is_one_line(extra, words, tmp_path, capsys):
-    rc = main(["compare", "--study", "momentum", "--quick", *extra, f"--out={tmp_path}/x"])
+    rc = main(["compare", "--study", "staleness", "--quick", *extra, f"--out={tmp_path}/x"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and all(w in err[0] for w in words), err
 

@@ -203,9 +203,9 @@ if plt is not None:
 # %% [markdown]
 # ## 3. On a network: the staleness study
 #
-# `run_staleness_study` (what `pipesgd compare --study staleness` runs) trains the same problem
-# at several learning rates with each method, for the same number of steps, using the
-# one-process oracles (the distributed runs equal them; section 4 checks that). Each method's
+# `run_staleness_study` (what `pipesgd compare --study staleness --model mlp` runs) trains the
+# same problem at several learning rates with each method, for the same number of steps, using
+# the one-process oracles (the distributed runs equal them; section 4 checks that). Each method's
 # measured **edge** is the largest learning rate before a run that diverges or ends below half
 # the study's best accuracy. The theory's marks are printed too: 1/λmax and 2/λmax with λmax
 # of the Hessian at w_0. They sit far to the left of where the network actually diverges: its
@@ -214,8 +214,9 @@ if plt is not None:
 #
 # The problem is the compare preset's (digits, 4 workers of batch 352, 40 steps) with a
 # smaller network, two hidden layers of 256 instead of 1024 (at the small size, two of 64 and
-# 30 steps): the study of its own network, `pipesgd compare --study staleness`, takes several
-# minutes here and tells the same story.
+# 30 steps): the study of its own network, `pipesgd compare --study staleness --model mlp`,
+# takes several minutes here and tells the same story. Without `--model`, the study trains a
+# ResNet with momentum instead, where the delay costs far more (tutorial 14).
 
 # %%
 base = TrainConfig.preset("compare")

@@ -16,7 +16,7 @@
 # 2. watch both bounds at work on a quadratic, just inside and just outside;
 # 3. train the ResNet with momentum 0 and 0.9: sync, pipe (staleness one), pipe+dc and
 #    pipe+predict at a few effective steps, with `run_momentum_study`, the code of
-#    `pipesgd compare --study momentum`;
+#    `pipesgd compare --study staleness`;
 # 4. put our numbers in SAPipe's table, beside theirs.
 #
 # Run it with `python tutorials/14_where_staleness_costs_accuracy.py`. Takes about 40 s here on
@@ -128,7 +128,7 @@ for M in (0.0, 0.9):
 # oracles (the distributed runs equal them bitwise). Batch norm's running statistics come from
 # worker 0's forward passes, and the test accuracy is measured with them. The problem: digits,
 # 4 workers of batch 32, a ResNet-8 of widths 8, 16, 32, 120 steps with a cosine schedule (at
-# the small size: widths 4, 8, 16, batch 16, 40 steps); `pipesgd compare --study momentum`
+# the small size: widths 4, 8, 16, batch 16, 40 steps); `pipesgd compare --study staleness`
 # runs a ResNet-20 for 200 steps over six effective steps, with ddp beside sync. ddp is
 # sync's update summed in another order; it is left out here.
 
@@ -204,7 +204,7 @@ print(format_sapipe(report))
 # pipe loses tens of points and prediction wins most of them back, SAPipe's shape. The row
 # "each at its own best lr" is the practical way out: a pipeline whose learning rate is
 # retuned below its edge loses little, at the price of the speed the larger rate would have
-# bought. `pipesgd compare --study momentum` runs the same on a ResNet-20, where the edge
+# bought. `pipesgd compare --study staleness` runs the same on a ResNet-20, where the edge
 # comes earlier, over six effective steps with ddp beside sync; the ddp column shows how far
 # two runs of the *same* update end apart from float rounding alone, the noise floor under
 # any one-point difference.

@@ -11,9 +11,10 @@
                                                               ring AllReduce benchmark
 
 Config options, applied in order: --preset NAME (laptop, compare, compare-cnn,
-compare-cnn-compute, tiny), --config FILE (.toml/.json), then any --key=value (or --key value)
-naming a TrainConfig field, e.g. --lr=0.05 --hidden=128,64. `compare --model cnn` starts from
-the compare-cnn preset. Among them --transport (auto, the default: shared memory between ranks
+compare-cnn-compute, compare-resnet, tiny), --config FILE (.toml/.json), then any --key=value
+(or --key value) naming a TrainConfig field, e.g. --lr=0.05 --hidden=128,64. `compare --model
+cnn` starts from the compare-cnn preset, `--model resnet` (and `--study staleness` without a
+model) from compare-resnet. Among them --transport (auto, the default: shared memory between ranks
 on one host, tcp across; or tcp, unix, shm) and --allreduce (auto, the default: per message,
 the fastest by the calibrated models; or ring, rd, rab, oneshot, twoshot).
 
@@ -181,8 +182,9 @@ def cmd_compare(args: argparse.Namespace, cfg: TrainConfig, named=frozenset()) -
 
 
 def _study(args: argparse.Namespace, cfg: TrainConfig) -> int:
-    """`pipesgd compare --study staleness` (study.py) or `--study momentum` (study_momentum.py):
-    one process, the oracles."""
+    """`pipesgd compare --study staleness`: one process, the oracles. The deep net with
+    momentum (study_momentum.py; with no model named, the compare-resnet preset is the base,
+    parser.resolve_named), or for another model the plain-SGD sweep of it (study.py)."""
     from pipesgd_ref.commands.study import LRS, QUICK_LRS, run_staleness_study
 
     if cfg.comm == "mpi" or args.repeats is not None:
@@ -191,8 +193,8 @@ def _study(args: argparse.Namespace, cfg: TrainConfig) -> int:
             f"--study {args.study} runs the one-process oracles (it measures accuracy, not "
             f"speed): {flag} does nothing there; drop it"
         )
-    momentum = args.study == "momentum"  # the ResNet with momentum: study_momentum.py
-    if momentum:
+    deep = cfg.model == "resnet"
+    if deep:
         from pipesgd_ref.commands.study_momentum import EFFECTIVE_LRS, QUICK_EFFECTIVE_LRS
 
         lrs = QUICK_EFFECTIVE_LRS if args.quick else EFFECTIVE_LRS
@@ -212,7 +214,7 @@ def _study(args: argparse.Namespace, cfg: TrainConfig) -> int:
             raise ConfigError(f"--lrs {args.lrs!r} names a learning rate more than once")
     out = args.out_dir or "runs/study"
     with _claimed(out, args.overwrite):
-        if momentum:
+        if deep:
             from pipesgd_ref.commands.study_momentum import run_from_command_line
 
             run_from_command_line(cfg, args.argv, args.quick, tuple(sorted(lrs)), out)

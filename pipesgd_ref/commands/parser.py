@@ -124,18 +124,19 @@ def _add_compare(sub) -> None:
     c.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     c.add_argument(
         "--study",
-        choices=("staleness", "momentum"),
+        choices=("staleness",),
         default=None,
-        help="instead of the methods of the comparison: staleness, the learning-rate sweep of "
-        "sync, pipe and pipe's compensations on the MLP (study.py); momentum, the same on a "
-        "ResNet-20 at momentum 0 and 0.9, ddp beside sync (study_momentum.py)",
+        help="instead of the methods of the comparison: where staleness costs accuracy, the "
+        "learning-rate sweep of sync, ddp, pipe, pipe+dc and pipe+predict on a ResNet-20 at "
+        "momentum 0 and 0.9 (study_momentum.py); with --model mlp, softmax or cnn, the "
+        "plain-SGD sweep of that model with every compensation (study.py)",
     )
     c.add_argument(
         "--lrs",
         default=None,
-        help="--study's learning rates, a comma list (default: study.LRS; --quick: "
-        "study.QUICK_LRS); with --study momentum the effective steps lr/(1-M) (default "
-        "study_momentum.EFFECTIVE_LRS)",
+        help="--study's learning rates, a comma list: on the ResNet the effective steps "
+        "lr/(1-M) (default study_momentum.EFFECTIVE_LRS, --quick QUICK_EFFECTIVE_LRS); with "
+        "another --model the learning rates themselves (study.LRS, --quick QUICK_LRS)",
     )
     c.add_argument(
         "--peers",
@@ -275,17 +276,17 @@ def resolve_named(args: argparse.Namespace, rest: list[str]) -> tuple[TrainConfi
     overrides = split_overrides(rest)
     given = parse_overrides(overrides)
     preset = args.preset
-    model = given.get("model")
-    if args.command == "compare" and preset == "compare" and model in COMPARE_PRESET_OF_MODEL:
-        preset = COMPARE_PRESET_OF_MODEL[model]  # the model's own comparison (presets.py)
-    cfg = TrainConfig.preset(preset)
-    named = set(PRESETS[preset]) | set(given)
     if args.config == "":
         raise ConfigError("--config is empty; give a .toml or .json file of config keys")
-    if args.config:
-        from_file = read_config_file(args.config)
-        cfg = apply_dict(cfg, from_file)
-        named |= set(from_file)
+    from_file = read_config_file(args.config) if args.config else {}
+    model = given.get("model", from_file.get("model"))
+    if args.command == "compare" and preset == "compare":
+        if getattr(args, "study", None) and model is None:
+            model = "resnet"  # --study staleness: the deep net unless another model is named
+        if model in COMPARE_PRESET_OF_MODEL:
+            preset = COMPARE_PRESET_OF_MODEL[model]  # the model's own comparison (presets.py)
+    cfg = apply_dict(TrainConfig.preset(preset), from_file)
+    named = set(PRESETS[preset]) | set(given) | set(from_file)
     if given.get("comm") == "mpi" and not args.config and not {"latency", "bandwidth"} & set(given):
         # A preset's emulated link (compare's) paces the project's own sockets; under MPI the
         # library owns the wire, so the preset's link is dropped rather than refused.

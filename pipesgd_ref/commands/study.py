@@ -1,5 +1,5 @@
-"""`pipesgd compare --study staleness`: where Pipe-SGD's one-step delay costs accuracy, and how
-much each compensation pays back.
+"""`pipesgd compare --study staleness --model mlp` (or softmax, cnn): where Pipe-SGD's one-step
+delay costs accuracy with plain SGD, and how much each compensation pays back.
 
 The same problem is trained at several learning rates by sync, pipe (width 2: staleness one),
 pipe+dc, pipe+dc-adaptive and pipe+predict (methods/compensation.py), for the same number of
@@ -25,8 +25,9 @@ ratio: the plot also marks half of sync's measured edge, where the theory puts
 pipe's. Each method's measured edge (`edges`) is the largest lr before a run that diverged or
 ended below half the study's best accuracy.
 
-The same question on a deep net with momentum, SAPipe's setting: study_momentum.py
-(`--study momentum`), which reuses this module's runs, edges and recovered shares.
+The same question on a deep net with momentum, SAPipe's setting, is what `--study staleness`
+runs when the command line names no other model: study_momentum.py, which reuses this module's
+runs, edges and recovered shares.
 
 Output (in --out): study.json (the problem, lam_max, the bounds, every run's figures, the
 table) and, with matplotlib, staleness_study.png: final test accuracy and predicted time to

@@ -1,5 +1,6 @@
-"""`pipesgd compare --study momentum`: where staleness costs accuracy, on a deep net with
-momentum (SAPipe's setting in miniature).
+"""`pipesgd compare --study staleness`: where staleness costs accuracy, on a deep net with
+momentum (SAPipe's setting in miniature). With `--model mlp`, softmax or cnn the study is
+study.py's plain-SGD sweep of that model instead.
 
 SAPipe (Chen et al., NeurIPS 2022) reimplemented Pipe-SGD and trained CIFAR-10 with momentum
 SGD: staleness one cost a ResNet-50 3.9 points of test accuracy and a VGG-16 1.9, and weight
@@ -147,7 +148,7 @@ def command_line_keys(argv: list[str]) -> set[str]:
 def run_from_command_line(
     cfg: TrainConfig, argv: list[str], quick: bool, effective_lrs, out: str | Path
 ) -> dict[str, Any]:
-    """`pipesgd compare --study momentum`: cfg (the compare preset and the command line `argv`)
+    """`pipesgd compare --study staleness`: cfg (the compare preset and the command line `argv`)
     with the study's problem wherever the command line named no value of its own."""
     named_here = command_line_keys(argv)
     problem = study_config(cfg, named_here, quick)
