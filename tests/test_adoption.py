@@ -1,9 +1,15 @@
-"""What a project people can adopt carries: the licence its metadata points at (LICENSE)."""
+"""What a project people can adopt carries: the licence its metadata points at (LICENSE) and a
+citation file that validates (CITATION.cff, checked by cffconvert)."""
 
 from __future__ import annotations
 
+import re
+import shutil
+import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -25,3 +31,33 @@ def test_the_licence_is_the_file_the_metadata_names():
         assert (ROOT / name).is_file(), f"pyproject names {name}, which is not in the repository"
     text = (ROOT / "LICENSE").read_text(encoding="utf-8")
     assert text.startswith("MIT License") and "Permission is hereby granted" in text
+
+
+def validate_citation(path: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["cffconvert", "--validate", "-i", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+
+
+@pytest.mark.skipif(shutil.which("cffconvert") is None, reason="cffconvert is not installed")
+def test_the_citation_file_validates(tmp_path):
+    done = validate_citation(ROOT / "CITATION.cff")
+    assert done.returncode == 0, f"CITATION.cff does not validate:\n{done.stdout}{done.stderr}"
+    # and the validator does reject a file that breaks the schema
+    text = (ROOT / "CITATION.cff").read_text(encoding="utf-8")
+    (tmp_path / "CITATION.cff").write_text(text.replace("\nauthors:", "\nwriters:", 1))
+    assert validate_citation(tmp_path / "CITATION.cff").returncode != 0
+
+
+def test_the_citation_names_the_version_the_licence_and_the_paper():
+    text = (ROOT / "CITATION.cff").read_text(encoding="utf-8")
+    project = pyproject()["project"]
+    top = dict(re.findall(r"^([a-z-]+): *(\S.*)$", text, flags=re.M))
+    assert top["cff-version"] == "1.2.0"
+    assert top["version"] == project["version"], "CITATION.cff and pyproject differ in version"
+    assert top["license"] == project["license"]
+    assert "arXiv:1811.03619" in text and "NeurIPS 2018" in text
