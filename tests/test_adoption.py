@@ -1,8 +1,9 @@
-"""What a project people can adopt carries: the licence its metadata points at (LICENSE) and a
-citation file that validates (CITATION.cff, checked by cffconvert)."""
+"""What a project people can adopt carries: the licence its metadata points at (LICENSE), a
+citation file that validates (CITATION.cff, checked by cffconvert) and `pipesgd --version`."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import re
 import shutil
 import subprocess
@@ -10,6 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from pipesgd_ref.commands import parser
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -61,3 +64,23 @@ def test_the_citation_names_the_version_the_licence_and_the_paper():
     assert top["version"] == project["version"], "CITATION.cff and pyproject differ in version"
     assert top["license"] == project["license"]
     assert "arXiv:1811.03619" in text and "NeurIPS 2018" in text
+
+
+def test_version_prints_the_package_version_and_exits_0():
+    done = subprocess.run(
+        [sys.executable, "-m", "pipesgd_ref", "--version"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"pipesgd_ref {pyproject()['project']['version']}"
+
+
+def test_version_falls_back_to_pyproject_where_the_package_is_not_installed(monkeypatch):
+    def not_installed(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", not_installed)
+    assert parser.package_version() == pyproject()["project"]["version"]

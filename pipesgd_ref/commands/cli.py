@@ -459,7 +459,7 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     first = (sys.argv[1:] if argv is None else argv)[:1]
-    if first and first[0].startswith("-") and first[0] not in ("-h", "--help"):
+    if first and first[0].startswith("-") and first[0] not in ("-h", "--help", "--version"):
         # argparse would only say that the command is missing, not what it could not read
         return _error(
             f"unknown option {first[0]!r} before the command; write `pipesgd COMMAND "

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.metadata
 import math
+import sys
+from pathlib import Path
 
 from pipesgd_ref.config import (
     MIN_TIMEOUT,
@@ -23,6 +26,11 @@ from pipesgd_ref.config import (
 from pipesgd_ref.errors import ConfigError
 from pipesgd_ref.presets import COMPARE_PRESET_OF_MODEL
 from pipesgd_ref.runtime.launch import add_many_workers_flag
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
 
 EXIT_USAGE = 2
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -68,6 +76,19 @@ def seconds(text: str) -> float:
     return value
 
 
+def package_version() -> str:
+    """`pipesgd --version`: the installed version, or, run from a checkout that is not
+    installed, the version its pyproject.toml declares."""
+    try:
+        return importlib.metadata.version("pipesgd_ref")
+    except importlib.metadata.PackageNotFoundError:
+        pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+        try:
+            return tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]["version"]
+        except (OSError, KeyError, tomllib.TOMLDecodeError):
+            return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The whole tree: compare, train, reference, config, predict, bench allreduce."""
     p = Parser(
@@ -75,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Pipe-SGD reference implementation: train, compare, predict.",
         epilog="Config keys (as --key=value): " + ", ".join(field_names()),
     )
+    p.add_argument("--version", action="version", version=f"pipesgd_ref {package_version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_compare(sub)
     _add_train(sub)
