@@ -1,5 +1,6 @@
 """What a project people can adopt carries: the licence its metadata points at (LICENSE), a
-citation file that validates (CITATION.cff, checked by cffconvert) and `pipesgd --version`."""
+citation file that validates (CITATION.cff, checked by cffconvert), `pipesgd --version` and a
+changelog entry for the version pyproject declares (CHANGELOG.md)."""
 
 from __future__ import annotations
 
@@ -84,3 +85,13 @@ def test_version_falls_back_to_pyproject_where_the_package_is_not_installed(monk
 
     monkeypatch.setattr(importlib.metadata, "version", not_installed)
     assert parser.package_version() == pyproject()["project"]["version"]
+
+
+def test_the_changelog_has_an_entry_for_this_version():
+    text = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    version = pyproject()["project"]["version"]
+    releases = re.findall(r"^## \[([^\]]+)\](?: - (\d{4}-\d{2}-\d{2}))?$", text, flags=re.M)
+    assert releases and releases[0] == ("Unreleased", ""), "an Unreleased section comes first"
+    dated = {name: date for name, date in releases[1:]}
+    assert version in dated, f"CHANGELOG.md has no '## [{version}] - YYYY-MM-DD' entry"
+    assert dated[version], f"the {version} entry has no release date"
