@@ -1,6 +1,7 @@
 """What a project people can adopt carries: the licence its metadata points at (LICENSE), a
-citation file that validates (CITATION.cff, checked by cffconvert), `pipesgd --version` and a
-changelog entry for the version pyproject declares (CHANGELOG.md)."""
+citation file that validates (CITATION.cff, checked by cffconvert), `pipesgd --version`, a
+changelog entry for the version pyproject declares (CHANGELOG.md) and a CI workflow
+(.github/workflows/ci.yml) on Python versions the project supports."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from packaging.specifiers import SpecifierSet
 
 from pipesgd_ref.commands import parser
 
@@ -95,3 +97,56 @@ def test_the_changelog_has_an_entry_for_this_version():
     dated = {name: date for name, date in releases[1:]}
     assert version in dated, f"CHANGELOG.md has no '## [{version}] - YYYY-MM-DD' entry"
     assert dated[version], f"the {version} entry has no release date"
+
+
+WORKFLOW = ROOT / ".github" / "workflows" / "ci.yml"
+
+
+def workflow() -> dict:
+    # PyYAML comes with the dev extra (mkdocs needs it); `on:` reads as the boolean True in YAML 1.1
+    yaml = pytest.importorskip("yaml", reason="PyYAML is not installed")
+    data = yaml.safe_load(WORKFLOW.read_text(encoding="utf-8"))
+    data["on"] = data.pop(True, data.get("on"))
+    return data
+
+
+def python_versions(job: dict) -> list[str]:
+    """The Python versions a job names: its matrix's and any literal setup-python version."""
+    found = [str(v) for v in job.get("strategy", {}).get("matrix", {}).get("python-version", [])]
+    for step in job["steps"]:
+        version = str(step.get("with", {}).get("python-version", ""))
+        if step.get("uses", "").startswith("actions/setup-python") and "${{" not in version:
+            found.append(version)
+    return found
+
+
+def runs(job: dict) -> str:
+    return "\n".join(step.get("run", "") for step in job["steps"])
+
+
+def readme_test_command() -> str:
+    """The line in the bash block after README's `<!-- test-command -->` marker (.ci/run's)."""
+    after = (ROOT / "README.md").read_text(encoding="utf-8").split("<!-- test-command -->", 1)[1]
+    return after.split("```bash\n", 1)[1].splitlines()[0]
+
+
+def test_ci_runs_on_push_and_pull_requests_on_supported_pythons():
+    data = workflow()
+    assert {"push", "pull_request"} <= set(data["on"])
+    supported = SpecifierSet(pyproject()["project"]["requires-python"])
+    versions = [v for job in data["jobs"].values() for v in python_versions(job)]
+    assert versions, "the workflow names no Python version"
+    outside = [v for v in versions if v not in supported]
+    assert not outside, f"the workflow runs Python {outside}, outside requires-python {supported}"
+
+
+def test_ci_runs_the_full_suite_on_a_matrix_and_the_fast_subset_on_313():
+    jobs = workflow()["jobs"].values()
+    matrix = [job for job in jobs if "strategy" in job]
+    assert any("bash .ci/run" in runs(job) for job in matrix), "no matrix job runs .ci/run"
+    fast = [job for job in jobs if "3.13" in python_versions(job)]
+    assert fast, "no job runs Python 3.13"
+    install = readme_test_command().rsplit(" && ", 1)[0]  # the venv and pip install -e
+    for job in fast:
+        assert 'pytest -m "not slow"' in runs(job), "the 3.13 job does not run the fast subset"
+        assert install in runs(job), f"the 3.13 job does not install as README does: {install}"
