@@ -40,7 +40,6 @@ import numpy as np
 
 from pipesgd_ref import timing
 from pipesgd_ref.comm.netem import link_of
-from pipesgd_ref.comm.schedule import simulate_allreduce
 from pipesgd_ref.commands.predict_sweep import PAYS, crossings, format_value
 from pipesgd_ref.commands.train import run_training
 from pipesgd_ref.config import TrainConfig
@@ -254,8 +253,8 @@ else:
 #
 # - with **one bucket** ddp hands the ring exactly what sync does: **bitwise** sync's weights;
 # - with **several buckets** it equals, bitwise, the oracle `reference.sync_sgd` whose mean
-#   is taken bucket by bucket in the ring's order (re-derived below with
-#   `comm.schedule.simulate_allreduce`, which replays the ring's additions), and sync's run
+#   is taken bucket by bucket in the ring's order (`reference.bucketed_average`, whose eight
+#   lines replay the ring's additions with `comm.schedule.simulate_allreduce`), and sync's run
 #   **within float32 rounding** (1e−6 relative).
 #
 # The tiny preset (digits) with an MLP 64-16-8-10, 4 workers, each method run directly with
@@ -267,19 +266,6 @@ tiny = TrainConfig.preset("tiny").replace(model="mlp", hidden=(16, 8), world_siz
                                           steps=eq_steps)  # fmt: skip
 setup = Worker.build(tiny, 0, tiny.world_size)  # loads the data before the fork, too
 grad_fn = reference.model_grad_fn(setup.model, setup.data, setup.sampler)
-
-
-def bucket_mean(plan):
-    """An `average` for reference.sync_sgd: each bucket's mean summed in the ring's order."""
-
-    def average(grad_fn, params, world_size: int, step: int):
-        losses, grads = zip(*(grad_fn(params, r, step) for r in range(world_size)), strict=True)
-        mean = np.empty_like(params)
-        for lo, hi in plan:
-            mean[lo:hi] = simulate_allreduce([g[lo:hi] for g in grads], "mean")[0]
-        return sum(losses) / world_size, mean
-
-    return average
 
 
 def rel_gap(a: np.ndarray, b: np.ndarray) -> float:
@@ -294,7 +280,7 @@ for size in ("25MB", "0"):
     plan = buckets(setup.model.grad_units(), parse_size(size))
     run = launch_local(4, ddp_worker, (cfg,), start_method="fork")
     oracle = reference.sync_sgd(grad_fn, setup.params, 4, eq_steps, tiny.lr_at,
-                                average=bucket_mean(plan))  # fmt: skip
+                                average=reference.bucketed_average(plan))  # fmt: skip
     got = run[0].params
     equal_checks[size] = {
         "buckets": len(plan),

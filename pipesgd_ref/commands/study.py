@@ -217,11 +217,15 @@ def run_staleness_study(
     log("")
     log(format_table(report))
     if out:
-        out = Path(out)
-        write_json(out / "study.json", report)
-        figure = plot_study(report, out / "staleness_study.png")
-        log(f"wrote {out / 'study.json'}" + (f" and {figure}" if figure else " (no matplotlib)"))
+        write_study(report, Path(out), plot_study, "staleness_study.png", log)
     return report
+
+
+def write_study(report: dict, out: Path, plot: Callable, figure: str, log: Callable) -> None:
+    """study.json and, with matplotlib, the figure `plot` draws, in `out`; logged."""
+    write_json(out / "study.json", report)
+    drawn = plot(report, out / figure)
+    log(f"wrote {out / 'study.json'}" + (f" and {drawn}" if drawn else " (no matplotlib)"))
 
 
 def _cell(row: dict) -> str:

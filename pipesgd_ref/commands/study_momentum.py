@@ -72,13 +72,12 @@ from typing import Any
 import numpy as np
 
 from pipesgd_ref import timing
-from pipesgd_ref.comm.schedule import simulate_allreduce
-from pipesgd_ref.commands.study import BOUND_STYLES, edges, recovered, run_one
+from pipesgd_ref.commands.study import BOUND_STYLES, edges, recovered, run_one, write_study
 from pipesgd_ref.config import TrainConfig, model_label
 from pipesgd_ref.methods.optimizer import heavy_ball_bound
+from pipesgd_ref.methods.reference import bucketed_average
 from pipesgd_ref.methods.table import method
 from pipesgd_ref.models.layout import buckets
-from pipesgd_ref.outputs import write_json
 from pipesgd_ref.runtime.preflight import check_config
 from pipesgd_ref.runtime.worker import Worker
 from pipesgd_ref.timing.calibrate import cluster_calibration
@@ -163,20 +162,11 @@ def momenta_of(cfg: TrainConfig, named_here: set[str]) -> tuple[float, ...]:
 
 
 def ddp_average(cfg: TrainConfig) -> Callable:
-    """ddp's mean for reference.sync_sgd: each bucket of cfg's model (models/layout.buckets
-    of its grad_units at --bucket-size) averaged on its own in the ring's order of additions
-    (comm/schedule.simulate_allreduce), bitwise what a ddp job computes."""
+    """ddp's mean for reference.sync_sgd: reference.bucketed_average over the buckets of cfg's
+    model (models/layout.buckets of its grad_units at --bucket-size), bitwise what a ddp job
+    computes."""
     model = Worker.build(cfg, 0, cfg.world_size).model
-    plan = buckets(model.grad_units(), parse_size(cfg.bucket_size))
-
-    def average(grad_fn, params: np.ndarray, world_size: int, step: int):
-        losses, grads = zip(*(grad_fn(params, r, step) for r in range(world_size)), strict=True)
-        mean = np.empty_like(params)
-        for lo, hi in plan:
-            mean[lo:hi] = simulate_allreduce([g[lo:hi] for g in grads], "mean")[0]
-        return sum(losses) / world_size, mean
-
-    return average
+    return bucketed_average(buckets(model.grad_units(), parse_size(cfg.bucket_size)))
 
 
 def iteration_times(cfg: TrainConfig, methods=METHODS) -> dict[str, float]:
@@ -352,10 +342,7 @@ def run_momentum_study(
     log("")
     log(format_momentum_table(report))
     if out:
-        out = Path(out)
-        write_json(out / "study.json", report)
-        figure = plot_momentum_study(report, out / "momentum_study.png")
-        log(f"wrote {out / 'study.json'}" + (f" and {figure}" if figure else " (no matplotlib)"))
+        write_study(report, Path(out), plot_momentum_study, "momentum_study.png", log)
     return report
 
 

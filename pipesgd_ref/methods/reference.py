@@ -104,6 +104,24 @@ def average_gradient(
     return loss / world_size, total
 
 
+def bucketed_average(plan: Iterable[tuple[int, int]]) -> Callable:
+    """ddp's mean, an `average` for sync_sgd: each bucket [lo, hi) of `plan` (its own ring
+    AllReduce in a ddp job) averaged alone, in the ring's order of additions
+    (comm/schedule.simulate_allreduce), bitwise what a ddp job computes."""
+    from pipesgd_ref.comm.schedule import simulate_allreduce  # the ring's order, replayed
+
+    plan = list(plan)
+
+    def average(grad_fn: GradFn, params: np.ndarray, world_size: int, step: int):
+        losses, grads = zip(*(grad_fn(params, r, step) for r in range(world_size)), strict=True)
+        mean = np.empty_like(params)
+        for lo, hi in plan:
+            mean[lo:hi] = simulate_allreduce([g[lo:hi] for g in grads], "mean")[0]
+        return sum(losses) / world_size, mean
+
+    return average
+
+
 def sync_sgd(
     grad_fn: GradFn,
     params0: np.ndarray,
