@@ -14,12 +14,12 @@ import math
 import sys
 from pathlib import Path
 
+from pipesgd_ref.commands.help_groups import TOP_EPILOG, CommandsFormatter, add_config_groups
 from pipesgd_ref.config import (
     MIN_TIMEOUT,
     PRESETS,
     TrainConfig,
     apply_dict,
-    field_names,
     parse_overrides,
     read_config_file,
 )
@@ -94,7 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = Parser(
         prog="pipesgd",
         description="Pipe-SGD reference implementation: train, compare, predict.",
-        epilog="Config keys (as --key=value): " + ", ".join(field_names()),
+        epilog=TOP_EPILOG,
+        formatter_class=CommandsFormatter,
     )
     p.add_argument("--version", action="version", version=f"pipesgd_ref {package_version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -114,6 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
     lf.add_argument("--overwrite", action="store_true", help="replace the file if it exists")
     b = sub.add_parser("bench", help="benchmarks of the communication layer")
     _add_bench_allreduce(b.add_subparsers(dest="bench", required=True, metavar="BENCHMARK"))
+    for name in ("compare", "train", "reference", "config"):  # the commands of config keys
+        add_config_groups(sub.choices[name], name)
     return p
 
 
@@ -173,8 +176,7 @@ def _add_compare(sub) -> None:
 def _add_train(sub) -> None:
     t = sub.add_parser(
         "train",
-        help="train with --algo in worker processes (local, or one rank of a job that "
-        "torchrun, mpirun or srun started)",
+        help="train --algo in local workers, or as one rank of a torchrun, mpirun or srun job",
     )
     _add_config_flags(t)
     t.add_argument(
