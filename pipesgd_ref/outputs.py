@@ -160,15 +160,20 @@ def _same_folder(a: str | Path, b: Path) -> bool:
         return False
 
 
-def _refuse_earlier_run(folder: Path, overwrite: bool, resume: str | Path, flag: str) -> None:
+def _refuse_earlier_run(
+    folder: Path, overwrite: bool, resume: str | Path | None, flag: str
+) -> None:
+    """`resume`: the command's --resume ("" when not given), None for a command that cannot
+    resume, whose error then suggests no --resume."""
     if overwrite or (resume and _same_folder(resume, folder)):
         return
     found = earlier_run(folder)
     if found is not None:
+        to_resume = "" if resume is None else f"--resume={folder} to continue that run, "
         raise OutputError(
             f"{flag} {_shown(folder)} already holds an earlier run's results "
             f"({found.relative_to(folder)}); pass --overwrite to replace them, "
-            f"--resume={folder} to continue that run, or choose another {flag}"
+            f"{to_resume}or choose another {flag}"
         )
 
 
@@ -227,10 +232,14 @@ def _refuse_odd_names(folder: Path, flag: str) -> None:
 
 
 def prepare_out_dir(
-    path: str | Path, overwrite: bool = False, resume: str | Path = "", flag: str = "--out"
+    path: str | Path,
+    overwrite: bool = False,
+    resume: str | Path | None = None,
+    flag: str = "--out",
 ) -> Path:
     """Check and create the results folder `path` (OutputError when unusable); refuse a
-    folder with an earlier run's results unless `overwrite`, or `resume` names it."""
+    folder with an earlier run's results unless `overwrite`, or `resume` names it (None: the
+    command cannot resume)."""
     folder = Path(path)
     _make_dir(folder, flag)
     _refuse_odd_names(folder, flag)
@@ -411,7 +420,10 @@ def lock_out_dir(folder: str | Path, flag: str = "--out") -> Iterator[Path]:
 
 @contextlib.contextmanager
 def claim_out_dir(
-    path: str | Path, overwrite: bool = False, resume: str | Path = "", flag: str = "--out"
+    path: str | Path,
+    overwrite: bool = False,
+    resume: str | Path | None = None,
+    flag: str = "--out",
 ) -> Iterator[Path]:
     """The results folder of one command, from before its first worker to its end: checked
     and created (prepare_out_dir), locked (lock_out_dir), released on every exit. Folders it

@@ -81,9 +81,10 @@ PATH_ERRNOS = frozenset(
 )
 
 
-def _claimed(path: str, overwrite: bool, resume: str = "", flag: str = "--out"):
+def _claimed(path: str, overwrite: bool, resume: str | None = None, flag: str = "--out"):
     """The results folder of this command, checked, created and locked for the whole command
-    (outputs.claim_out_dir); nothing when there is none."""
+    (outputs.claim_out_dir); nothing when there is none. `resume`: train's --resume ("" when
+    not given); None for the commands that cannot resume."""
     if not path:
         return contextlib.nullcontext()
     from pipesgd_ref.outputs import claim_out_dir
@@ -303,7 +304,7 @@ def _train_lesson(args: argparse.Namespace, cfg: TrainConfig) -> int:
         )
     check_local_workers(n_ranks(cfg), args.allow_many_workers, "train")
     configure_parent_logging(args.log_level)
-    with _claimed(cfg.out, args.overwrite, cfg.resume):
+    with _claimed(cfg.out, args.overwrite):  # the lesson core starts from w_0
         run_lesson(cfg, threads=args.lesson_threads)
     return 0
 
@@ -386,7 +387,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, rest: list[s
         print(json.dumps(cfg.to_dict(), indent=2))
         return 0
     if args.command == "reference":
-        with _claimed(cfg.out, args.overwrite, cfg.resume):
+        with _claimed(cfg.out, args.overwrite):  # the oracle starts from w_0
             run_reference(cfg, progress=not args.no_progress)
         return 0
     if args.command == "train":
