@@ -2,6 +2,8 @@
 inline when the code runs in a notebook.
 
 Tutorials and reports call `pyplot()` once; None means "print the numbers, skip the plots".
+Every figure draws a method in its own colour and line style (`method_style`), the same in
+compare's figures, the studies' and the sweeps'.
 A tutorial runs two ways: as a script (`python tutorials/05_pipe_sgd.py`), where each figure is
 written to a file and its path printed, and as a notebook (Jupyter, VS Code, `jupyter nbconvert
 --execute`, the docs site), where the same figure is also displayed in the cell's output.
@@ -11,7 +13,28 @@ from __future__ import annotations
 
 import os
 import sys
+import zlib
 from pathlib import Path
+
+# Each method's (colour, line style): no two share a colour, so sync and ddp, or pipe and its
+# compensations, never look alike; a label not listed (another width, another codec) gets one
+# of SPARE's colours, chosen by its name, dash-dotted.
+METHOD_STYLES = {
+    "ps-sync": ("tab:red", "-"),
+    "ps-async": ("tab:orange", "--"),
+    "sync": ("tab:blue", "-"),
+    "ddp": ("tab:cyan", "--"),
+    "pipe": ("tab:green", "-"),
+    "pipe+trunc16": ("tab:olive", "--"),
+    "pipe+bf16": ("tab:brown", "-."),
+    "pipe+q8": ("tab:purple", ":"),
+    "pipe+dc": ("tab:pink", "--"),
+    "pipe+dc-adaptive": ("tab:gray", "-."),
+    "pipe+predict": ("black", "-"),
+    "torch-ddp": ("navy", ":"),
+    "torch-pipe": ("darkgoldenrod", ":"),
+}
+SPARE = ("teal", "maroon", "indigo", "darkorange", "slategray", "yellowgreen")
 
 
 def pyplot():
@@ -27,6 +50,15 @@ def pyplot():
     except ImportError:
         return None
     return plt
+
+
+def method_style(label: str) -> dict:
+    """matplotlib keywords (color, linestyle) for the method `label` (METHOD_STYLES)."""
+    if label in METHOD_STYLES:
+        color, style = METHOD_STYLES[label]
+    else:
+        color, style = SPARE[zlib.crc32(label.encode()) % len(SPARE)], (0, (5, 2, 1, 2))
+    return {"color": color, "linestyle": style}
 
 
 def in_notebook() -> bool:

@@ -9,15 +9,8 @@ import math
 from pathlib import Path
 
 from pipesgd_ref import timing
+from pipesgd_ref.plots import method_style
 
-COLORS = {
-    "ps-sync": "tab:red",
-    "ps-async": "tab:orange",
-    "sync": "tab:blue",
-    "pipe": "tab:green",
-    "pipe+trunc16": "tab:olive",
-    "pipe+q8": "tab:purple",
-}
 TIMELINE_RUNS = ("sync", "pipe")  # the runs whose timelines are drawn, one above the other
 
 
@@ -44,16 +37,16 @@ def _loss_figure(plt, summaries, cfg):
     """1. Loss and test accuracy against wall-clock time, one line per run."""
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     for label, s in summaries.items():
-        c = COLORS.get(label)
+        style = method_style(label)
         loss, evals = s["loss_curve"], s["eval_curve"]
         ax1.plot(
-            [p["wall_time_s"] for p in loss], [p["loss"] for p in loss], label=label, color=c, lw=1
+            [p["wall_time_s"] for p in loss], [p["loss"] for p in loss], label=label, lw=1, **style
         )
         ax2.plot(
             [p["wall_time_s"] for p in evals],
             [p["test_accuracy"] for p in evals],
             label=label,
-            color=c,
+            **style,
         )
     ax1.set(
         xlabel="wall-clock time (s)",
@@ -108,12 +101,12 @@ def _bandwidth_figure(plt, report, summaries, cal, cfg):
     fig, ax = plt.subplots(figsize=(8, 4.5))
     grid = _geomspace(10e6 / 8, 100e9 / 8, 40)
     for label, pr in report["predictions"].items():
-        color = COLORS.get(label)
+        style = method_style(label)
         ys = [_predicted_ms(pr, cfg, cal.with_network(bandwidth=b)) for b in grid]
-        ax.plot([b * 8 / 1e9 for b in grid], ys, color=color, label=label)
+        ax.plot([b * 8 / 1e9 for b in grid], ys, label=label, **style)
         if math.isfinite(cal.bandwidth):  # unemulated: no bandwidth to put the dot at
             x, y = cal.bandwidth * 8 / 1e9, summaries[label]["iter_time_s"] * 1e3
-            ax.scatter([x], [y], color=color, edgecolor="black", zorder=3)
+            ax.scatter([x], [y], color=style["color"], edgecolor="black", zorder=3)
     ax.set(
         xscale="log",
         yscale="log",

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pipesgd_ref.commands.predict_scenario import Scenario
+from pipesgd_ref.plots import method_style
 from pipesgd_ref.units import format_bandwidth, format_seconds
 
 # pipe must beat sync by this factor to be worth its staleness (docs/paper.md, section 5)
@@ -220,7 +221,7 @@ def plot_sweep(
     xs = [v * scale for v in values]
     for label in rows[0]:
         times_ms = [preds[label].iter_time_s * 1e3 for preds in rows]
-        ax.plot(xs, times_ms, marker="o", ms=3, label=label)
+        ax.plot(xs, times_ms, marker="o", ms=3, label=label, **method_style(label))
     ax.set_xscale("log", base=2 if key == "world_size" else 10)
     ax.set_yscale("log")
     ax.set_xlabel(unit)

@@ -50,6 +50,7 @@ from pipesgd_ref.data import load_dataset
 from pipesgd_ref.methods.optimizer import SGD
 from pipesgd_ref.methods.reference import delayed_sgd, model_grad_fn, sync_sgd
 from pipesgd_ref.outputs import write_json
+from pipesgd_ref.plots import method_style
 from pipesgd_ref.runtime.preflight import check_config, check_memory, n_params_of
 from pipesgd_ref.runtime.worker import Worker
 from pipesgd_ref.timing.calibrate import cluster_calibration
@@ -335,8 +336,8 @@ def plot_study(report: dict, path: Path) -> Path | None:
         lrs = [r["lr"] for r in rows]
         acc = [np.nan if r["diverged"] else r["test_accuracy"] for r in rows]
         ttt = [np.nan if r["time_to_target_s"] is None else r["time_to_target_s"] for r in rows]
-        acc_ax.plot(lrs, acc, marker="o", label=m)
-        time_ax.plot(lrs, ttt, marker="o", label=m)
+        acc_ax.plot(lrs, acc, marker="o", label=m, **method_style(m))
+        time_ax.plot(lrs, ttt, marker="o", label=m, **method_style(m))
     marks = [
         (lr, f"{name} bound at w_0", BOUND_STYLES[name]) for name, lr in report["bounds"].items()
     ]

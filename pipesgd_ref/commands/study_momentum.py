@@ -78,6 +78,7 @@ from pipesgd_ref.methods.optimizer import heavy_ball_bound
 from pipesgd_ref.methods.reference import bucketed_average
 from pipesgd_ref.methods.table import method
 from pipesgd_ref.models.layout import buckets
+from pipesgd_ref.plots import method_style
 from pipesgd_ref.runtime.preflight import check_config
 from pipesgd_ref.runtime.worker import Worker
 from pipesgd_ref.timing.calibrate import cluster_calibration
@@ -459,7 +460,8 @@ def plot_momentum_study(report: dict, path: Path) -> Path | None:
         for label in report["methods"]:
             rows = [r for r in b["rows"] if r["method"] == label]
             acc = [np.nan if r["diverged"] else r["test_accuracy"] for r in rows]
-            ax.plot([r["effective_lr"] for r in rows], acc, marker="o", label=label)
+            ax.plot([r["effective_lr"] for r in rows], acc, marker="o", label=label,
+                    **method_style(label))  # fmt: skip
         for name, lr in b["bounds"].items():
             ax.axvline(lr / (1 - m), color="gray", linestyle=BOUND_STYLES[name], linewidth=1,
                        label=f"{name}'s edge, theory at lam_eff")  # fmt: skip
