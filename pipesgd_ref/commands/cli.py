@@ -57,6 +57,7 @@ from pipesgd_ref.commands.parser import EXIT_USAGE, build_parser, resolve_named
 from pipesgd_ref.commands.reference import run_reference
 from pipesgd_ref.commands.train import run_training
 from pipesgd_ref.commands.train_joined import run_training_joined, stopped_mpi_job
+from pipesgd_ref.commands.tutorials import cmd_tutorials
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.errors import (
     CommError,
@@ -355,17 +356,17 @@ def _end_mpi_job(rc: int) -> int:
 
 def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, rest: list[str]) -> int:
     """The command of `args`; raises the errors main() prints as one line."""
+    if args.command in ("lesson-file", "tutorials", "bench", "predict") and rest:  # no keys
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if args.command == "tutorials":  # copy the tutorials into a folder: tutorials.py
+        return cmd_tutorials(args)
     if args.command == "lesson-file":
         from pipesgd_ref.commands.lesson import write_lesson_file
 
-        if rest:
-            parser.error(f"unrecognized arguments: {' '.join(rest)}")
         path = write_lesson_file(args.path, args.overwrite)
         print(f"wrote {path}: the lesson core in one file; run it with `python {path}`")
         return 0
     if args.command in ("bench", "predict"):
-        if rest:
-            parser.error(f"unrecognized arguments: {' '.join(rest)}")
         if args.command == "predict":
             from pipesgd_ref.commands.predict import cmd_predict
 

@@ -113,6 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     lf.add_argument("path", help="the file to write, e.g. pipe_sgd.py")
     lf.add_argument("--overwrite", action="store_true", help="replace the file if it exists")
+    from pipesgd_ref.commands.tutorials import add_parser as add_tutorials_parser
+
+    add_tutorials_parser(sub)  # beside its command: tutorials.py
     b = sub.add_parser("bench", help="benchmarks of the communication layer")
     _add_bench_allreduce(b.add_subparsers(dest="bench", required=True, metavar="BENCHMARK"))
     for name in ("compare", "train", "reference", "config"):  # the commands of config keys
