@@ -6,8 +6,15 @@ and figures, beside the notes on the paper and the reference pages.
     python docs/build.py --only 05 12    # just these tutorials (the others' pages are left out)
     python docs/build.py --sync          # rewrite tutorials/*.ipynb from the .py sources, stop
 
-The site lands in build/docs/site/ (open index.html; `--out DIR` to move it). Needs the `docs`
-extra: pip install -e ".[docs]".
+The site lands in build/docs/site/ (`--out DIR` to move it). Browse it served, as the search
+box needs (a browser will not load the search index from file://):
+
+    python -m http.server -d build/docs/site     # then open http://127.0.0.1:8000/
+
+Opening build/docs/site/index.html directly works too (pages are .html files, not folders),
+search aside. The equations are typeset by MathJax from its CDN (without a network they show
+as their TeX source). Needs the `docs` extra: pip install -e ".[docs]". The tools and how to
+replace them: docs/reference/docs_stack.md.
 
 How it works: the tutorials' source is tutorials/NN_topic.py in jupytext's percent format
 (`# %%` cells). Each is read as a notebook and run by a Jupyter kernel (nbclient), in the
@@ -28,6 +35,7 @@ import shutil
 import subprocess
 import sys
 import time
+from html import escape
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,6 +43,23 @@ DOCS = ROOT / "docs"
 TUTORIALS = ROOT / "tutorials"
 PAGES = ["index.md", "paper.md", "glossary.md", "solutions.md"]  # docs/ pages of the site
 REFERENCE = DOCS / "reference"  # the reference pages (commands, methods, figures, layout)
+# reference pages whose file name does not capitalise into their navigation title
+REFERENCE_TITLES = {"gpu": "GPU", "allreduce": "AllReduce", "docs_stack": "Documentation stack"}
+# MathJax 3 typesets the pages' TeX (pymdownx.arithmatex, generic mode). Neither mkdocs-material
+# nor pymdownx ships it, so it comes from its CDN; offline, the TeX source stays readable.
+MATHJAX_URL = "https://cdn.jsdelivr.net/npm/mathjax@3/es5/tex-mml-chtml.js"
+MATHJAX_CONFIG = """window.MathJax = {
+  tex: {inlineMath: [["\\\\(", "\\\\)"]], displayMath: [["\\\\[", "\\\\]"]],
+        processEscapes: true, processEnvironments: true},
+  options: {ignoreHtmlClass: ".*|", processHtmlClass: "arithmatex"}
+};
+"""
+# Material's column is 61rem wide: 100-character code lines and the wide tables need more.
+PLACEHOLDER_ALT = 'alt="No description has been provided for this image"'  # nbconvert's
+SITE_CSS = """.md-grid { max-width: 1440px; }
+.md-typeset table:not([class]) { font-size: 0.7rem; }
+.md-typeset table:not([class]) code { white-space: nowrap; }
+"""
 
 
 def tutorial_sources() -> list[Path]:
@@ -101,6 +126,40 @@ def count_outputs(nb) -> tuple[int, list[str]]:
     return images, errors
 
 
+def tidy_outputs(nb, workdir: Path) -> list[str]:
+    """Tidy what the page shows of the executed notebook: paths relative to the notebook's
+    folder (the build folder's absolute path means nothing to a reader; `figure:
+    out/05_timeline.png` is where Jupyter writes it too). Returns each image's alt text, in
+    order, from the file save_figure announced just before it ("Figure: 05 timeline")."""
+    prefix = str(workdir.resolve())
+    figure, alts = None, []
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "stream":
+                out["text"] = out["text"].replace(prefix + os.sep, "").replace(prefix, ".")
+                for line in out["text"].splitlines():
+                    if line.startswith("figure: "):
+                        figure = Path(line[len("figure: ") :].strip())
+            elif "image/png" in out.get("data", {}):
+                name = figure.with_suffix("").as_posix() if figure else f"{len(alts) + 1}"
+                words = name.removeprefix("out/").replace("/", " ").replace("_", " ")
+                alts.append(f"Figure: {words}")
+    return alts
+
+
+def label_figures(site: Path, results: list[dict]) -> None:
+    """Give each tutorial page's figures their alt text (tidy_outputs'): nbconvert's HTML
+    template ignores an output's alt metadata and writes the same placeholder for all."""
+    for r in results:
+        page = site / "tutorials" / f"{r['name']}.html"
+        if not page.is_file():
+            continue
+        html = page.read_text(encoding="utf-8")
+        for alt in r["alts"]:
+            html = html.replace(PLACEHOLDER_ALT, f'alt="{escape(alt)}"', 1)
+        page.write_text(html, encoding="utf-8")
+
+
 def execute(src: Path, workdir: Path, timeout: float) -> dict:
     """Run one tutorial as a notebook in `workdir`; write the executed notebook there, even a
     failed one (the outputs up to the failing cell are what a reader debugs from)."""
@@ -119,6 +178,7 @@ def execute(src: Path, workdir: Path, timeout: float) -> dict:
     except CellExecutionError as err:
         failure = str(err).strip().splitlines()[-1] if str(err).strip() else repr(err)
     seconds = time.perf_counter() - start
+    alts = tidy_outputs(nb, workdir)
     nbformat.write(nb, workdir / src.with_suffix(".ipynb").name)
     images, errors = count_outputs(nb)
     if failure and not errors:
@@ -129,13 +189,18 @@ def execute(src: Path, workdir: Path, timeout: float) -> dict:
         "seconds": seconds,
         "images": images,
         "errors": errors,
+        "alts": alts,
     }
 
 
 def nav_of(results: list[dict]) -> list:
     tutorials = [{r["title"]: f"tutorials/{r['name']}.ipynb"} for r in results]
     reference = [
-        {page.stem.replace("-", " ").capitalize(): f"reference/{page.name}"}
+        {
+            REFERENCE_TITLES.get(
+                page.stem, page.stem.replace("-", " ").capitalize()
+            ): f"reference/{page.name}"
+        }
         for page in sorted(REFERENCE.glob("*.md"))
     ]
     nav = [
@@ -156,6 +221,10 @@ def stage_pages(stage: Path) -> None:
         shutil.copy2(DOCS / name, stage / name)
     if REFERENCE.is_dir():
         shutil.copytree(REFERENCE, stage / "reference", dirs_exist_ok=True)
+    assets = stage / "assets"
+    assets.mkdir(exist_ok=True)
+    (assets / "site.css").write_text(SITE_CSS, encoding="utf-8")
+    (assets / "mathjax.js").write_text(MATHJAX_CONFIG, encoding="utf-8")
 
 
 def render(out: Path, stage: Path, nav: list) -> float:
@@ -175,8 +244,20 @@ def base_config() -> dict:
     return {
         "site_name": "pipesgd_ref",
         "site_description": "Pipe-SGD and its baselines, taught and measured",
-        "theme": {"name": "material", "features": ["navigation.sections"]},
-        "markdown_extensions": ["admonition", "tables", "toc", "pymdownx.details"],
+        # pages as page.html, not page/index.html: a link opened from file:// is the page,
+        # not a folder listing
+        "use_directory_urls": False,
+        # no Google Fonts (font: false): the system's fonts, and no request that fails offline
+        "theme": {"name": "material", "features": ["navigation.sections"], "font": False},
+        "extra_css": ["assets/site.css"],
+        "extra_javascript": ["assets/mathjax.js", {"path": MATHJAX_URL, "async": True}],
+        "markdown_extensions": [
+            "admonition",
+            "tables",
+            "toc",
+            "pymdownx.details",
+            {"pymdownx.arithmatex": {"generic": True}},
+        ],
         "plugins": [
             "search",
             {
@@ -230,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"    {r['seconds']:.1f} s, {r['images']} figures, {state}", flush=True)
         results.append(r)
     render_s = render(out, stage, nav_of(results))
+    label_figures(out / "site", results)
     total = time.perf_counter() - start
     (out / "build.json").write_text(
         json.dumps(
