@@ -50,7 +50,7 @@ from pipesgd_ref.data import load_dataset
 from pipesgd_ref.methods.optimizer import SGD
 from pipesgd_ref.methods.reference import delayed_sgd, model_grad_fn, sync_sgd
 from pipesgd_ref.outputs import write_json
-from pipesgd_ref.plots import method_style
+from pipesgd_ref.plots import method_style, pyplot, save_figure
 from pipesgd_ref.runtime.preflight import check_config, check_memory, n_params_of
 from pipesgd_ref.runtime.worker import Worker
 from pipesgd_ref.timing.calibrate import cluster_calibration
@@ -323,12 +323,8 @@ def format_table(report: dict) -> str:
 
 def plot_study(report: dict, path: Path) -> Path | None:
     """Final test accuracy and predicted time to target against lr, the bounds marked."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return None
     fig, (acc_ax, time_ax) = plt.subplots(1, 2, figsize=(11, 4.2))
     for m in report["methods"]:
@@ -364,8 +360,4 @@ def plot_study(report: dict, path: Path) -> Path | None:
     acc_ax.legend(fontsize=8)
     c = report["config"]
     fig.suptitle(f"staleness study: {c['world_size']} workers, {c['dataset']}, {c['steps']} steps")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)  # announced, and shown inline in a notebook

@@ -78,7 +78,7 @@ from pipesgd_ref.methods.optimizer import heavy_ball_bound
 from pipesgd_ref.methods.reference import bucketed_average
 from pipesgd_ref.methods.table import method
 from pipesgd_ref.models.layout import buckets
-from pipesgd_ref.plots import method_style
+from pipesgd_ref.plots import method_style, pyplot, save_figure
 from pipesgd_ref.runtime.preflight import check_config
 from pipesgd_ref.runtime.worker import Worker
 from pipesgd_ref.timing.calibrate import cluster_calibration
@@ -446,12 +446,8 @@ def format_sapipe(report: dict) -> str:
 def plot_momentum_study(report: dict, path: Path) -> Path | None:
     """Final test accuracy against the effective step lr/(1-M), one panel per momentum, with
     the quadratic's edges at lam_eff in effective steps (pipe's the same in every panel)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return None
     blocks = report["blocks"]
     fig, axes = plt.subplots(1, len(blocks), figsize=(5.5 * len(blocks), 4.2), squeeze=False)
@@ -476,8 +472,4 @@ def plot_momentum_study(report: dict, path: Path) -> Path | None:
         f"staleness with momentum: {c['world_size']} workers, {c['dataset']}, "
         f"{report['model']}, {c['steps']} steps"
     )
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)  # announced, and shown inline in a notebook
