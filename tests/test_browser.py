@@ -19,7 +19,7 @@ import threading
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from test_site import figures_announced
+from site_pages import figures_announced
 
 pytestmark = pytest.mark.slow  # the site's build (shared with test_site.py), then ~10 s here
 

@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 
 import pytest
+from site_pages import figures_announced
 
 ROOT = Path(__file__).parent.parent
 TUTORIALS = sorted((ROOT / "tutorials").glob("[0-9][0-9]_*.py"))
@@ -21,18 +22,6 @@ pytestmark = pytest.mark.slow  # the whole site, built once (tests/conftest.py):
 
 pytest.importorskip("mkdocs_jupyter", reason="the docs extra: pip install -e '.[docs]'")
 pytest.importorskip("matplotlib", reason="the tutorials' figures need the plot extra")
-
-
-def figures_announced(cells: list[dict]) -> int:
-    """How many figures the tutorial wrote: save_figure prints `figure: PATH` for each (a
-    tutorial may list paths again later, so distinct paths are counted)."""
-    text = "".join(
-        "".join(o.get("text", ""))
-        for c in cells
-        for o in c.get("outputs", [])
-        if o.get("name") == "stdout"
-    )
-    return len(set(re.findall(r"^figure: (.+)$", text, flags=re.M)))
 
 
 def test_the_site_has_a_page_per_tutorial_and_the_paper_notes(site):
