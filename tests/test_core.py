@@ -161,6 +161,7 @@ def test_a_rank_that_raises_is_named_and_the_others_stop(threads):
     assert "rank 2" in text and "rank 1" in text.split("rank 2 failed", 1)[1], text
 
 
+@pytest.mark.slow
 def test_a_rank_paused_as_in_a_debugger_trips_no_timeout_as_threads_only():
     prob = failing("pause")
     assert np.array_equal(
