@@ -101,9 +101,8 @@ class Janitor:
     def __enter__(self) -> Janitor:
         return self
 
-    def __exit__(self, *exc) -> bool:
+    def __exit__(self, *exc) -> None:
         self.close()
-        return False
 
 
 # --- the janitor's side ------------------------------------------------------------------------
