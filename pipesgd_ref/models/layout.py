@@ -105,6 +105,6 @@ def buckets(
         if (hi - lo) * itemsize >= cap_bytes:
             out.append((lo, hi))
             lo = hi = None
-    if hi is not None:
+    if lo is not None and hi is not None:  # set together
         out.append((lo, hi))
     return out

@@ -48,7 +48,7 @@ from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.data import Dataset, MinibatchSampler
 from pipesgd_ref.errors import TrainingDiverged
 from pipesgd_ref.methods.optimizer import SGD, learning_rate
-from pipesgd_ref.models import CNN, MLP, model_for
+from pipesgd_ref.models import CNN, MLP, ResNet, model_for
 from pipesgd_ref.ops import OP_NAMES
 from pipesgd_ref.runtime import faults
 from pipesgd_ref.runtime.inputs import JobInputs
@@ -64,7 +64,7 @@ class Worker:
     index: int  # this worker's index among the n_workers that compute gradients
     n_workers: int
     data: Dataset
-    model: MLP | CNN
+    model: MLP | CNN | ResNet
     sampler: MinibatchSampler
     steps: int
     params: np.ndarray  # w_0: identical on every rank (same seed), or the checkpoint's (on the
