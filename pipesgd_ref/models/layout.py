@@ -77,7 +77,7 @@ def on_device(array) -> bool:
 
 
 def buckets(
-    units: list[tuple[int, int]], cap_bytes: int, itemsize: int = 4
+    units: list[tuple[int, int]], cap_bytes: float, itemsize: int = 4
 ) -> list[tuple[int, int]]:
     """Group a backward pass's gradient units into the buckets a ddp step all-reduces.
 
