@@ -315,5 +315,4 @@ class ShmLink(Link):
 
     def close(self) -> None:
         super().close()
-        # Dropped, so the mappings can close (a live view would keep them open); never used again.
-        self._out = self._in = self._consumed_out = self._consumed_in = self._claimed = None  # type: ignore[assignment]  # closed
+        self._out = self._in = self._consumed_out = self._consumed_in = self._claimed = None  # type: ignore[assignment]  # closed: views dropped so the mappings can close
