@@ -20,6 +20,7 @@ Every layer raises these instead of reaching into another layer for them.
 from __future__ import annotations
 
 import signal
+from typing import Any
 
 
 class ConfigError(ValueError):
@@ -83,7 +84,9 @@ class JobStopped(Exception):
         # A rank of `train --comm mpi` run alone: the launcher it told ends the job, with one
         # line for all the ranks and the signal's code (comm/mpi.py report_stop); exit 0 here.
         self.told_launcher = False
-        self.cfg = None  # set by train.py: the config of the run that was stopped
+        # set by train.py: the config.TrainConfig of the run that was stopped (Any: config
+        # imports this module)
+        self.cfg: Any = None
         self.restarts: list[dict] = []  # and the restarts before it
 
     @property

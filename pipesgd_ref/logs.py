@@ -209,6 +209,7 @@ class WorkerLogging:
         if self._listener is not None:
             self._listener.stop()  # handles every record queued before it, then joins
             self._listener = None
+            assert self.queue is not None  # the listener read this queue
             self.queue.close()
             self.queue.join_thread()
         logger = logging.getLogger(LOGGER_NAME)

@@ -294,7 +294,7 @@ def space_needed(path: Path, needed: int, e: OSError) -> str:
     return f"{what}: it needs {_size(needed)}{free}"
 
 
-def _size(n: int) -> str:
+def _size(n: float) -> str:
     for unit in ("bytes", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
             return f"{n} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"

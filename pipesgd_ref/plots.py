@@ -54,6 +54,7 @@ def pyplot():
 
 def method_style(label: str) -> dict:
     """matplotlib keywords (color, linestyle) for the method `label` (METHOD_STYLES)."""
+    style: str | tuple[int, tuple[int, ...]]  # a named line style, or (offset, dashes)
     if label in METHOD_STYLES:
         color, style = METHOD_STYLES[label]
     else:

@@ -303,6 +303,21 @@ def test_a_restart_without_a_checkpoint_starts_over(tmp_path, monkeypatch, capsy
     assert "restart 1 of 1" in err and "starting over" in err, err
 
 
+@pytest.mark.timeout(120)
+def test_a_restart_of_a_resumed_run_without_its_own_checkpoint_resumes_where_resume_said(
+    tmp_path, monkeypatch, capsys
+):
+    """--resume DIR, no --out: the restart resumes from DIR's checkpoint again (it read the
+    step from --out's checkpoint, which there is none of, and failed)."""
+    first = tmp_path / "first"
+    common = ["train", "--preset=tiny", "--algo=sync", "--world-size=2", "--no-progress"]
+    assert main([*common, "--steps=20", f"--out={first}"]) == 0
+    monkeypatch.setenv("PIPESGD_FAULT", "kill@0:25")
+    assert main([*common, "--steps=40", f"--resume={first}", "--max-restarts=1"]) == 0
+    err = capsys.readouterr().err
+    assert "restart 1 of 1" in err and "resuming from step 20" in err, err
+
+
 def _start_joined(out: Path, algo: str, world_size: int) -> list[subprocess.Popen]:
     """The ranks of a joined job (as torchrun starts them: RANK, WORLD_SIZE, MASTER_ADDR,
     MASTER_PORT), each in a session of its own: a signal reaches only the rank it is sent to."""

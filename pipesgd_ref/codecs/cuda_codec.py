@@ -27,6 +27,8 @@ imports it, when asked.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 from numba import cuda
 
@@ -46,6 +48,9 @@ from pipesgd_ref.codecs.cuda_kernels import (
 )
 from pipesgd_ref.codecs.reference import q8_scale
 from pipesgd_ref.ops.cuda_support import gpu_problem
+
+if TYPE_CHECKING:
+    from numba.cuda.cudadrv.devicearray import DeviceNDArray
 
 
 def _is_device_array(a) -> bool:
@@ -84,8 +89,8 @@ class CudaCodec(Codec):
             raise RuntimeError(f"codec backend 'cuda' cannot run here: {problem}")
         # q8's scratch: [max|x| bits, up to MAX_PARTIALS block maxima]. Allocated once, on the
         # first q8 encode, and reused: a device allocation costs more than a whole small encode.
-        self._scratch = None
-        self._no_uniforms = None
+        self._scratch: DeviceNDArray | None = None
+        self._no_uniforms: DeviceNDArray | None = None
         super().__init__(name, "cuda", stochastic=stochastic, seed=seed)
 
     def _functions(self):

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import math
 from types import SimpleNamespace
+from typing import Any, no_type_check
 
 import numpy as np
 from numba import cuda, types
@@ -59,17 +60,20 @@ from pipesgd_ref.ops.cuda_support import THREADS_PER_BLOCK, launch_1d, simulated
 if simulated():
     # The simulator runs kernels as Python on NumPy scalars and has no libdevice: these are the
     # NumPy meanings of the libdevice functions the kernels call (bit casts, exact rounding).
-    libdevice = SimpleNamespace(
+    libdevice: Any = SimpleNamespace(
         int_as_float=lambda bits: np.int32(bits).view(np.float32),
         float_as_int=lambda x: np.float32(x).view(np.int32),
         rintf=lambda x: np.rint(np.float32(x)),
         fmul_rn=lambda a, b: np.float32(a) * np.float32(b),
     )
 else:
-    from numba.cuda import libdevice
+    from numba.cuda import libdevice as _libdevice
+
+    libdevice = _libdevice
 
 
 @cuda.jit(device=True)
+@no_type_check  # a Numba kernel: its body is typed by Numba, not by mypy
 def _quieted(x):
     """A NaN x with its quiet bit set and its payload kept: the NaN NumPy returns for a NaN
     operand of an addition (a GPU's own addition would return its canonical NaN instead)."""
@@ -108,6 +112,7 @@ def grid_for(n: int, max_blocks: int | None = None) -> tuple[int, int]:
 
 
 @cuda.jit
+@no_type_check  # a Numba kernel: its body is typed by Numba, not by mypy
 def trunc16_encode_kernel(bits, out16):
     """trunc16 encode (reference.trunc16_encode), on the float32 bits as uint32:
         for i in range(n):
@@ -126,6 +131,7 @@ def trunc16_encode_kernel(bits, out16):
 
 
 @cuda.jit
+@no_type_check  # a Numba kernel: its body is typed by Numba, not by mypy
 def bf16_encode_kernel(bits, out16):
     """bf16 encode (reference.bf16_encode): round to nearest, ties to even, on the bits:
         for i in range(n):
@@ -145,6 +151,7 @@ def bf16_encode_kernel(bits, out16):
 
 
 @cuda.jit
+@no_type_check  # a Numba kernel: its body is typed by Numba, not by mypy
 def half16_decode_kernel(src16, out_bits):
     """trunc16 / bf16 decode (reference.half16_decode), into the bits of the float32 output:
         for i in range(n): out_bits[i] = src16[i] << 16
@@ -156,6 +163,7 @@ def half16_decode_kernel(src16, out_bits):
 
 
 @cuda.jit
+@no_type_check  # a Numba kernel: its body is typed by Numba, not by mypy
 def half16_add_kernel(src16, dst):
     """trunc16 / bf16 decode-add (reference.half16_add_decoded_into):
         for i in range(n): dst[i] += float32_from_bits(src16[i] << 16)
@@ -177,6 +185,7 @@ def half16_add_kernel(src16, dst):
 
 
 @cuda.jit
+@no_type_check  # a Numba kernel: its body is typed by Numba, not by mypy
 def f32_add_kernel(src, dst):
     """none decode-add (reference.none_add_decoded_into): for i in range(n): dst[i] += src[i].
 
@@ -194,6 +203,7 @@ def f32_add_kernel(src, dst):
 
 
 @cuda.jit
+@no_type_check  # a Numba kernel: its body is typed by Numba, not by mypy
 def abs_max_bits_kernel(bits, block_max):
     """q8's max |x|, as bits: block_max[b] = max(bits[i] & 0x7FFFFFFF for the i of block b).
 
@@ -231,6 +241,7 @@ def abs_max_bits_kernel(bits, block_max):
 
 
 @cuda.jit
+@no_type_check  # a Numba kernel: its body is typed by Numba, not by mypy
 def q8_codes_kernel(x, amax, uniforms, header, codes):
     """q8 codes (reference.q8_encode), from amax[0] = the bits of max|x|; writes the scale too:
         scale = q8_scale(float32_from_bits(amax[0]))   # NaN if Inf/NaN, else min(amax / 127, cap)
@@ -274,6 +285,7 @@ def q8_codes_kernel(x, amax, uniforms, header, codes):
 
 
 @cuda.jit
+@no_type_check  # a Numba kernel: its body is typed by Numba, not by mypy
 def q8_decode_kernel(codes, header, out):
     """q8 decode (reference.q8_decode): for i in range(n): out[i] = float32(codes[i]) * header[0].
 
@@ -290,6 +302,7 @@ def q8_decode_kernel(codes, header, out):
 
 
 @cuda.jit
+@no_type_check  # a Numba kernel: its body is typed by Numba, not by mypy
 def q8_add_kernel(codes, header, dst):
     """q8 decode-add (reference.q8_add_decoded_into):
         for i in range(n): dst[i] += float32(codes[i]) * header[0]   (the product rounded first)

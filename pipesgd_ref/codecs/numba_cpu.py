@@ -22,6 +22,8 @@ Optimisations, and why:
 
 from __future__ import annotations
 
+from typing import no_type_check
+
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
@@ -75,6 +77,7 @@ def _half16_decode_loop(src16, out_bits):
 
 
 @_jit
+@no_type_check  # compiled by Numba: its intrinsic's call is typed by Numba, not by mypy
 def _half16_add_loop(src16, dst):
     for i in range(src16.size):
         dst[i] += _float32_from_bits(np.uint32(src16[i]) << HALF_SHIFT)

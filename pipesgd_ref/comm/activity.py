@@ -41,6 +41,7 @@ class doing:
         self.token = _current.set(self.what)
 
     def __exit__(self, *exc: object) -> None:
+        assert self.token is not None  # set by __enter__
         _current.reset(self.token)
 
 

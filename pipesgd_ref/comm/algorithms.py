@@ -108,7 +108,7 @@ def _rd(v: int | None, p2: int, n: int, p: int) -> list[Hop | None]:
     steps = p2.bit_length() - 1
     if v is None:
         return [None] * steps
-    hops = []
+    hops: list[Hop | None] = []
     for k in range(steps):
         last = k == steps - 1
         peer = real_rank(v ^ (1 << k), p)
@@ -125,7 +125,8 @@ def _rab(v: int | None, p2: int, n: int, p: int) -> list[Hop | None]:
     def elements(lo: int, hi: int) -> tuple[int, int]:  # chunks [lo, hi) as elements
         return bounds[lo][0], bounds[hi - 1][1]
 
-    hops, lo, hi = [], 0, p2
+    hops: list[Hop | None] = []
+    lo, hi = 0, p2
     for k in range(steps):  # reduce-scatter by recursive halving: masks p2/2, p2/4, ..., 1
         mask = p2 >> (k + 1)
         mid = (lo + hi) // 2

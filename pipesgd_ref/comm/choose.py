@@ -30,6 +30,7 @@ import math
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
 from pipesgd_ref.comm import algorithms, shm_group
 from pipesgd_ref.errors import ConfigError
@@ -135,7 +136,8 @@ def read_models(path) -> dict[str, dict[str, tuple[float, float]]]:
         for name, m in algos.items():
             if name not in NAMES:
                 continue
-            figures = [m.get(k) if isinstance(m, dict) else None for k in ("alpha", "beta")]
+            pair = ("alpha", "beta")
+            figures: list[Any] = [m.get(k) if isinstance(m, dict) else None for k in pair]
             ok = all(
                 isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
                 and v >= 0 for v in figures
@@ -260,7 +262,7 @@ def _choose(comm, spec, p: int, nbytes: int) -> str:
     made without one) and the job's transport, so every rank picks alike."""
     link = getattr(spec, "link", None)
     emulated = link is not None and link.enabled
-    latency, bandwidth = (link.latency, link.bandwidth) if emulated else (0.0, math.inf)
+    latency, bandwidth = (link.latency, link.bandwidth) if link and emulated else (0.0, math.inf)
     if getattr(comm, "auto_models", None) is None:
         comm.auto_models = job_models()
     figures = comm.auto_models.get(transport_of(comm), {})

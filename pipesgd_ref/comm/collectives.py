@@ -82,10 +82,12 @@ def _in_group(comm: Communicator, array: np.ndarray, code: Op, algo: str) -> int
     seq = comm.next_seq()
     if comm.world_size == 1:
         return 0  # the sum of one array is itself; the mean divides by 1
+    group = comm.group
+    assert group is not None  # the caller picked the group's path: the group formed
     try:
-        return comm.group.allreduce(array, code, seq, algo)
+        return group.allreduce(array, code, seq, algo)
     except CommError as e:
-        comm.group.abort(e)
+        group.abort(e)
         raise
 
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import signal
 import time
+from typing import TYPE_CHECKING, TypeGuard
 
 import numpy as np
 
@@ -39,6 +40,9 @@ from pipesgd_ref.comm.links import Link
 from pipesgd_ref.comm.wire import ABORT_LINGER_SECONDS, POLL_SECONDS, News
 from pipesgd_ref.errors import CommError, PeerAborted, PeerClosed
 from pipesgd_ref.runtime import lifetime
+
+if TYPE_CHECKING:
+    from pipesgd_ref.comm.shm_group import ShmGroup
 
 # A left neighbour that closed in the middle of a frame may have died, or may have failed
 # because of another rank without being able to say so (its frame to us was stuck half sent):
@@ -67,7 +71,8 @@ class Communicator:
         self.server: Link | None = None  # star links (parameter server): worker -> rank 0
         self.clients: dict[int, Link] = {}  # on rank 0: one link per worker rank
         self.mesh: dict[int, Link] = {}  # peer rank -> link (comm/mesh.py), when asked for
-        self.group = None  # one host's shared-memory group (comm/shm_group.py), when formed
+        # one host's shared-memory group (comm/shm_group.py), when formed
+        self.group: ShmGroup | None = None
         # What `auto` chooses by, the same on every rank (set at rendezvous: comm/choose.py):
         # the figures rank 0 read, and the slowest transport among the job's links.
         self.auto_models: dict | None = None
@@ -127,11 +132,11 @@ class Communicator:
         weights are float32; the runtime's own small AllReduces, the --skip-nonfinite flags,
         the options' agreement and a joined job's summary gather, are float64, and a barrier
         reduces no data)."""
-        dtype = np.dtype(dtype)
+        wanted = np.dtype(dtype)
         return [
             {"bytes": n, "algorithm": a, "transport": t, "calls": calls, "bytes_sent": sent}
             for (a, t, d, n), (calls, sent) in sorted(self.allreduces.items(), key=_by_size)
-            if d == dtype
+            if d == wanted
         ]
 
     @property
@@ -190,7 +195,7 @@ class Communicator:
         frame to us was stuck (then it told its left neighbour, and the news comes round)."""
         link = error.link if isinstance(error, PeerClosed) else None
         right = self.right
-        if link is None or link is not self.left or not link.mid_frame or right is None:
+        if link is not self.left or link is None or not link.mid_frame or right is None:
             return error
         deadline = time.monotonic() + min(CAUSE_WAIT_SECONDS, self.timeout / 2)
         while (left := deadline - time.monotonic()) > 0:
@@ -238,7 +243,7 @@ def _by_size(item) -> tuple:
     return nbytes, algorithm, transport
 
 
-def _between_frames(link: Link | None) -> bool:
+def _between_frames(link: Link | None) -> TypeGuard[Link]:
     """Whether one more frame (news) may go out on `link` now: it exists, and its sending
     thread, cancelled, has no frame stuck half-sent (another header would garble the stream)."""
     if link is None:

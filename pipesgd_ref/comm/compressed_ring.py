@@ -30,6 +30,8 @@ is on the wire (codes) and how a hop reduces it, and comm/ring.py joins the two 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 from pipesgd_ref.comm.wire import Op
@@ -42,8 +44,16 @@ class CompressedHops:
 
     wire_dtype = np.dtype(np.uint8)  # the frames carry codes
 
+    if TYPE_CHECKING:  # RingReduce's, after this mixin in the MRO (comm/ring.py, not imported)
+        comm: Any
+        flat: np.ndarray
+        dtype: np.dtype
+        op: Op
+
     def __init__(self, comm, flat: np.ndarray, op, segment_bytes: int, codec):
-        super().__init__(comm, flat, op, segment_bytes, name=f"allreduce[{codec.name}]")
+        super().__init__(  # type: ignore[call-arg]  # a mixin: super() is RingReduce's
+            comm, flat, op, segment_bytes, name=f"allreduce[{codec.name}]"
+        )
         self.codec = codec
         self.kept: list[np.ndarray] = []  # codes queued for sending: alive until sent
 
@@ -61,7 +71,7 @@ class CompressedHops:
 
     def send(self, step: int, chunk: int, part: int, codes: np.ndarray) -> None:
         self.kept.append(codes)
-        super().send(step, chunk, part, codes)
+        super().send(step, chunk, part, codes)  # type: ignore[misc]  # a mixin: RingReduce's
 
     def outgoing(self, s: int, e: int) -> np.ndarray:
         return self.encode(self.flat[s:e])

@@ -187,10 +187,10 @@ class DeviceRingReduce(RingReduce):
                 flat[s:e].copy_to_device(slot)
         return slot  # forwarded at once: the next hop needs it now
 
-    def place(self, slot: np.ndarray, s: int, e: int) -> np.ndarray:
+    def place(self, got: np.ndarray, s: int, e: int) -> np.ndarray:
         if e > s:
-            self.flat[s:e].copy_to_device(slot)  # H2D into place
-        return slot  # forwarded from the same slot
+            self.flat[s:e].copy_to_device(got)  # H2D into place (`got` is the pinned slot)
+        return got  # forwarded from the same slot
 
 
 class DirectDeviceRingReduce(DeviceRingReduce):

@@ -14,6 +14,7 @@ import queue
 import socket
 import threading
 import time
+from typing import Any
 
 from pipesgd_ref.comm.activity import doing
 from pipesgd_ref.comm.links import Link
@@ -74,7 +75,7 @@ class HelloReader:
     def __init__(self, rank: int, make_link):
         self.rank = rank
         self.make_link = make_link  # socket -> Link (with this rank's link emulation)
-        self.said: queue.Queue = queue.Queue()
+        self.said: queue.Queue[tuple[Link, dict, Any]] = queue.Queue()
         self.lock = threading.Lock()
         self.pending: dict[Link, object] = {}  # accepted, hello still awaited: link -> addr
         self.closed = False
@@ -124,7 +125,7 @@ class HelloReader:
                     return
             time.sleep(0.005)
 
-    def take(self, wait: float):
+    def take(self, wait: float) -> tuple[Link, dict, Any] | None:
         """The next (link, hello, addr) of a connection that said hello; None within `wait`."""
         try:
             return self.said.get(timeout=wait)

@@ -26,6 +26,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 from pipesgd_ref.comm.activity import current, doing
 from pipesgd_ref.comm.netem import LinkEmulator, LinkSpec, wait_until
@@ -106,7 +107,8 @@ class Link:
         # True while a frame is half read: the receive stream is not at a frame boundary, so
         # no ABORT can be looked for in it (see take_news).
         self.mid_frame = False
-        self._news_lock = threading.Lock()  # news is read by the main or the sending thread
+        # news is read by the main or the sending thread (MPILink: one thread, no lock)
+        self._news_lock: AbstractContextManager[object] = threading.Lock()
         self._news_ended = False  # the peer closed this direction: no news can come any more
         self.transport = "unix" if sock.family == socket.AF_UNIX else "tcp"  # shm: ShmLink
         self.spin_seconds = SPIN_SECONDS if self._same_host() else 0.0
@@ -438,6 +440,11 @@ class Link:
         """Whether a frame of `nbytes` may be sent from the calling thread when the sending
         thread is idle: it fits the socket buffer, so sending cannot block."""
         return nbytes <= INLINE_SEND_BYTES
+
+    def has_frame(self) -> bool:
+        """Whether a frame has begun to arrive (no wait): ps-async's server asks this of links it
+        cannot select on (comm/ps.py; MPILink's own answer probes MPI)."""
+        return bool(select.select([self.sock], [], [], 0)[0])
 
     def start_sender(self) -> Sender:
         """A background thread that sends queued frames in order, so a rank can send to one

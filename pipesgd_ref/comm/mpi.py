@@ -263,13 +263,23 @@ def run_under_mpirun(n: int, argv: list[str], stops: list[dict] | None = None) -
             janitor.remove(folder)
             env[STOP_DIR_ENV] = folder  # each rank's report of a stop (report_stop)
             command[1:1] = ["-x", STOP_DIR_ENV]
-            proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, process_group=0)
+            proc = _own_group(command, env)
             janitor.watch(proc.pid)
             rc = relay(proc, forward_to_ranks=True, extra=(signal.SIGINT,))
             for report in sorted(Path(folder).glob("rank-*.json")):
                 stops.append(json.loads(report.read_text()))
     stops.sort(key=lambda r: r["rank"])
     return rc
+
+
+def _own_group(command: list[str], env: dict):
+    """mpirun started in a process group of its own (Popen's process_group is Python 3.11's;
+    on 3.10 the child calls setpgid(0, 0) itself before it runs mpirun)."""
+    import subprocess
+
+    if sys.version_info >= (3, 11):
+        return subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, process_group=0)
+    return subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, preexec_fn=os.setpgrp)
 
 
 def relay(proc, forward_to_ranks: bool, extra: tuple = ()) -> int:

@@ -66,7 +66,7 @@ class MPILink(Link):
     bytes" is receiving the next message, which must be n bytes long.
     """
 
-    sock = None  # no socket: comm/ps.py's ps-async server polls these links (has_frame)
+    sock = None  # type: ignore[assignment]  # no socket: comm/ps.py's ps-async server polls these links (has_frame)
     transport = "mpi"  # what Communicator.transports reports, and the ring reads
 
     def __init__(
@@ -87,7 +87,7 @@ class MPILink(Link):
         self.emulator = LinkEmulator(self.spec)
         self.max_frame_bytes = 1 << 31
         self.bytes_sent = self.bytes_received = 0
-        self._sender: _MPISender | None = None
+        self._sender: _MPISender | None = None  # type: ignore[assignment]  # duck-typed: sender.Sender's methods, not its class
         self.mid_frame = False
         self._news_lock = _NoLock()  # one thread calls MPI (module docstring)
         self._news_ended = False
@@ -175,7 +175,7 @@ class MPILink(Link):
         except CommError:
             return None
 
-    def start_sender(self) -> _MPISender:
+    def start_sender(self) -> _MPISender:  # type: ignore[override]  # duck-typed: sender.Sender's methods, not its class
         if self._sender is None:
             self._sender = _MPISender(self)
         return self._sender
@@ -222,7 +222,7 @@ class _MPISender:
             self.inflight.popleft()
         return len(self.inflight)
 
-    def put(self, frame: Frame, payload: memoryview) -> None:
+    def put(self, frame: Frame, payload: memoryview | bytes) -> None:
         self.check()
         link = self.link
         header = dataclasses.replace(frame, nbytes=len(payload), deliver_at=0.0).pack()

@@ -194,7 +194,9 @@ class LinkEmulator:
             # A frame on the wire honours the timeout: refuse it now rather than book (and make
             # the receiver sleep) longer than any peer waits. check_link_against_timeout
             # (runtime/preflight.py) finds this before a run starts; this guards every frame.
-            raise LinkTooSlow(frame_problem(link, nbytes, link.timeout))
+            problem = frame_problem(link, nbytes, link.timeout)
+            assert problem is not None  # the frame takes longer than the timeout
+            raise LinkTooSlow(problem)
         now = self._clock()
         depart = max(now, self.wire_free)
         if depart > now:
@@ -263,7 +265,8 @@ class ServerNIC:
     """
 
     def __init__(self, links: list, header_bytes: int):
-        self.link = links[0].spec if links else None  # every client link has the same spec
+        # Every client link has the same spec; without links, an ideal one (never emulated).
+        self.link: LinkSpec = links[0].spec if links else LinkSpec()
         self.enabled = bool(links) and self.link.enabled
         self.header_bytes = header_bytes
         self.ingress_free = -math.inf
@@ -283,6 +286,7 @@ class ServerNIC:
         if not self.enabled:
             return 0.0
         size = nbytes + self.header_bytes
+        assert self.egress is not None  # enabled
         arrive = self.egress.schedule(n_messages * size)
         one = self.link.message_time(size)
         wait_until(arrive - one, max_wait=n_messages * one + 1.0)

@@ -176,10 +176,10 @@ class ServerLinks:
         behind every push of the round that departed before it, read or not (the server reads
         in worker order, for its sum; the emulated wire takes them in the order they left)."""
         frames = self._round
-        frames[i] = frames[i] or self._push_header(self.links[i], version, phase)
+        frame = frames[i] = frames[i] or self._push_header(self.links[i], version, phase)
         self._read_started_headers(version, phase)
         with self.timeline.span("recv", "server", version):
-            self._read_payload(i, frames[i], phase)
+            self._read_payload(i, frame, phase)
             self.nic.arrive_in_round(frames, i)
         return float(self.loss_buf[0])
 
@@ -288,6 +288,7 @@ class ServerLinks:
                     break
                 time.sleep(POLL_PAUSE_S)
             return ready
+        assert self._selector is not None  # inside watching()
         return [key.data for key, _ in self._selector.select(timeout=POLL_SECONDS)]
 
     def drop(self, i: int) -> None:
@@ -295,9 +296,9 @@ class ServerLinks:
         if self._polled is not None:
             self._polled.discard(i)
             return
-        sock = self.links[i].sock
-        if sock in self._selector.get_map():
-            self._selector.unregister(sock)
+        sock, selector = self.links[i].sock, self._selector  # watching(): a selector
+        if selector is not None and sock in selector.get_map():
+            selector.unregister(sock)
 
     def check_silence(self, left: list[int], version: int) -> None:
         """ps-async: a worker that died closes its link (readable: PeerClosed); one that hangs

@@ -185,9 +185,11 @@ def _admit(link: Link, hello: dict, addr, spec: JobSpec, expected, addrs, links:
         log.warning("rank %d: refused a connection from %s:%s: %s", spec.rank, *where(addr), reason)
         refuse(link, reason, "hello")
         return
-    link.peer, link.timeout = key[1], spec.timeout
+    peer = key[1]
+    assert isinstance(peer, int)  # _peer_refusal admits a rank number only
+    link.peer, link.timeout = peer, spec.timeout
     if how == "shm":  # the connector's region came right after its hello
-        link = _shm_link(link, theirs=shm.recv_region(link.sock, spec.rank, key[1], spec.timeout))
+        link = _shm_link(link, theirs=shm.recv_region(link.sock, spec.rank, peer, spec.timeout))
     else:
         link.send_json(Kind.WELCOME, {})
     links[key] = link

@@ -327,6 +327,7 @@ def _ring_broadcast(comm: Communicator, array: np.ndarray, root: int, segment_by
     dtype = CODE_OF_DTYPE[flat.dtype]
     header = Frame(Kind.DATA, Op.BROADCAST, dtype, seq=seq, src=rank, total_len=flat.size)
     forward = (rank + 1) % p != root  # the last rank before the root keeps what it gets
+    assert comm.right is not None  # p > 1: every rank has a right neighbour
     sender = comm.right.start_sender() if (rank == root or forward) else None
     with doing(f"broadcast #{seq} from rank {root}"):
         for part, (a, b) in enumerate(segments(0, flat.size, per)):

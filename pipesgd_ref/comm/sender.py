@@ -85,12 +85,13 @@ class Sender:
                 self.pending -= 1
                 self._idle.notify_all()
 
-    def put(self, frame: Frame, payload: memoryview) -> None:
+    def put(self, frame: Frame, payload: memoryview | bytes) -> None:
         """Queue a frame. With nothing queued ahead of it, the calling thread starts it at once
         and hands the kernel what its socket buffer takes without waiting; only the rest (if
         any) goes to the sending thread. Waking that thread costs a scheduler wake-up on a busy
         or virtual machine (benchmarks/RESULTS.md), once per ring hop: the latency term of
         every step."""
+        queued: tuple[Frame | None, memoryview | bytes | list[memoryview]] = (frame, payload)
         with self._idle:
             idle = self.pending == 0
         if idle:
@@ -102,12 +103,12 @@ class Sender:
             if rest is not None:
                 if not rest:
                     return
-                frame, payload = None, rest  # the sending thread finishes this frame
+                queued = (None, rest)  # the sending thread finishes this frame
         with self._idle:
             self.pending += 1
-            if frame is None:
+            if queued[0] is None:
                 self.half_sent = True  # its first bytes are on the wire already
-        self.jobs.put((frame, payload, current()))
+        self.jobs.put((*queued, current()))
 
     def check(self) -> None:
         """Raise the sending thread's error, if it had one (called from the main thread)."""

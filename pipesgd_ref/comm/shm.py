@@ -272,7 +272,9 @@ class ShmLink(Link):
 
     def send_claimed(self, frame: Frame) -> None:
         """Send the header of the claimed slot, now filled."""
-        nbytes, self._claimed = self._claimed.size, None
+        claimed = self._claimed
+        assert claimed is not None  # claim() returned a slot
+        nbytes, self._claimed = claimed.size, None
         self._send_header(self._header_for(frame, nbytes, None), nbytes)
 
     # --- receiving ------------------------------------------------------------------------
@@ -313,4 +315,4 @@ class ShmLink(Link):
 
     def close(self) -> None:
         super().close()
-        self._out = self._in = self._consumed_out = self._consumed_in = self._claimed = None
+        self._out = self._in = self._consumed_out = self._consumed_in = self._claimed = None  # type: ignore[assignment]  # closed: views dropped so the mappings can close

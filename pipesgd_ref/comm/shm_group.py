@@ -335,6 +335,7 @@ class ShmGroup:
         self.abort_line[NEWS_AT:] = 0
         self.abort_line[NEWS_AT : NEWS_AT + len(text)] = np.frombuffer(text, np.uint8)
         words[1], words[2] = news.signal, 0 if news.step is None else news.step + 1
+        assert news.origin is not None  # tell_stopped's news names this rank
         words[0] = news.origin + 1  # last: the story is there before anyone reads it
         self._wake_everyone()  # whoever sleeps on a word looks at the abort line now
         return True
@@ -344,7 +345,7 @@ class ShmGroup:
         if self.lines is not None:
             self.lines[:, self.rank, CLOSED] = 1
             self._wake_everyone()
-        self.lines = self.slots = self.abort_line = self.pids = None
+        self.lines = self.slots = self.abort_line = self.pids = None  # type: ignore[assignment]  # closed: views dropped so the mapping can close
 
 
 @lru_cache(maxsize=64)

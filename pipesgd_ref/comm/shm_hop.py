@@ -17,10 +17,15 @@ slot now, or does not fit one.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 from pipesgd_ref.comm.frames import checked_header, frame_at, waiting_check
-from pipesgd_ref.comm.wire import Op, as_bytes
+from pipesgd_ref.comm.wire import Frame, Op, as_bytes
+
+if TYPE_CHECKING:
+    from pipesgd_ref.comm.sender import Sender
 
 
 class SlotHops:
@@ -29,6 +34,20 @@ class SlotHops:
     `SlotRingReduce`, which the ring runs when both of its links are shared memory and the
     reduction is the host ring's own (a variant with its own `reduce` or `inbox`, the
     compressed or the device ring, keeps the usual hop)."""
+
+    if TYPE_CHECKING:  # RingReduce's, after this mixin in the MRO (comm/ring.py, not imported)
+        comm: Any
+        flat: np.ndarray
+        dtype: np.dtype
+        op: Op
+        header: Frame
+        sender: Sender
+        sent: int
+
+        def inbox(self, s: int, e: int, gathering: bool) -> Any: ...
+        def reduce(self, got: Any, s: int, e: int, last: bool) -> Any: ...
+        def send(self, step: int, chunk: int, part: int, payload: Any) -> None: ...
+        def trace(self, step: int, chunk: int, part: int) -> None: ...
 
     def hop(self, step: int, chunk: int, part: int, s: int, e: int, last: bool) -> None:
         """One reduce-scatter hop for segment `part` ([s, e) of `chunk`) at `step`."""

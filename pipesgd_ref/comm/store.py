@@ -18,6 +18,7 @@ import logging
 import socket
 import threading
 import time
+from typing import TypeGuard
 
 from pipesgd_ref.comm import choose
 from pipesgd_ref.comm.activity import doing
@@ -145,7 +146,7 @@ class Store:
             refuse(link, reason, "rendezvous")
 
 
-def is_int(value: object) -> bool:
+def is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 

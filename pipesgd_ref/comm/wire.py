@@ -75,7 +75,7 @@ class Op(IntEnum):
     BARRIER = 4
 
 
-DTYPE_CODES = {
+DTYPE_CODES: dict[int, np.dtype] = {
     0: np.dtype(np.uint8),
     1: np.dtype(np.float32),
     2: np.dtype(np.float64),
@@ -175,7 +175,7 @@ def as_bytes(array: np.ndarray) -> memoryview:
         return DeviceBytes(array)
     if not array.flags.c_contiguous:
         raise ValueError("only contiguous arrays can be sent without a copy")
-    return memoryview(array.reshape(-1).view(np.uint8))
+    return array.reshape(-1).view(np.uint8).data  # a memoryview of the same bytes
 
 
 @dataclass(frozen=True)

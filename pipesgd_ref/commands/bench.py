@@ -297,6 +297,7 @@ def skipped_peers(peers, link: LinkSpec, print_fn=_print) -> dict[str, str]:
     is emulated and the peers' traffic would not pass through the emulation."""
     skipped = {}
     for peer in peers:
+        why: str | None
         if link.enabled:
             why = (
                 "the link is emulated (--latency/--bandwidth) and the peers' traffic does not "

@@ -21,6 +21,7 @@ import datetime
 import json
 import platform
 import socket
+from typing import Any
 
 import numpy as np
 
@@ -116,7 +117,7 @@ def finish_fit(models: dict, rows, p: int, path, argv: str, print_fn) -> None:
 
 def write_fit(models: dict, p: int, path, argv: str) -> dict:
     """Write the fitted figures where `auto` reads them (keeping other transports' figures)."""
-    data = {"models": {}}
+    data: dict[str, Any] = {"models": {}}
     if path.exists():
         choose.read_models(path)  # a ConfigError naming the file, if it is not a models file
         data = json.loads(path.read_text())

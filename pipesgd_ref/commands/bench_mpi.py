@@ -54,6 +54,7 @@ def time_allreduce(size_bytes: int, reps: int, warmup: int) -> dict | None:
     every = comm.gather(times, root=0)
     if comm.Get_rank() != 0:
         return None
+    assert every is not None  # rank 0 gathers
     # A call's time is its slowest rank's: the collective is done when the last rank has it.
     slowest = [max(rank[i] for rank in every) for i in range(reps)]
     library = MPI.Get_library_version().replace("\0", "").strip().splitlines()[0]

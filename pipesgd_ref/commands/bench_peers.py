@@ -152,7 +152,7 @@ def remove_stale_folders(root: str | None = None) -> list[str]:
     TemporaryDirectory's cleanup): each is named after its bench's pid, and one whose pid is
     gone, and that is this user's, is left over. The paths removed."""
     root = root or tempfile.gettempdir()
-    removed = []
+    removed: list[str] = []
     try:
         entries = list(os.scandir(root))
     except OSError:

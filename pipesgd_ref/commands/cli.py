@@ -52,6 +52,7 @@ import errno
 import math
 import os
 import sys
+from typing import Any
 
 from pipesgd_ref.commands.parser import EXIT_USAGE, build_parser, resolve_named
 from pipesgd_ref.commands.reference import run_reference
@@ -107,7 +108,7 @@ def _check_faults(n_ranks: int, cfg: TrainConfig | None) -> None:
     except ValueError as e:
         raise ConfigError(str(e)) from None
     local = cfg is not None and cfg.comm != "mpi" and detect_env() is None  # (mpi: no group)
-    if local and _forms_a_group(cfg, n_ranks):
+    if local and cfg is not None and _forms_a_group(cfg, n_ranks):
         why = faults.wire_fault_refusal()
         if why:
             raise ConfigError(why)
@@ -162,7 +163,7 @@ def cmd_compare(args: argparse.Namespace, cfg: TrainConfig, named=frozenset()) -
         )
     check_compare_options(cfg, named=named, preset=args.preset)
     args.out_dir = args.out_dir or "runs/compare"
-    more = {"repeats": REPEATS}
+    more: dict[str, Any] = {"repeats": REPEATS}  # run_compare's keywords
     if args.quick:
         cfg = quick_config(cfg)
         more = {
@@ -196,6 +197,7 @@ def _study(args: argparse.Namespace, cfg: TrainConfig) -> int:
             f"speed): {flag} does nothing there; drop it"
         )
     deep = cfg.model == "resnet"
+    lrs: tuple[float, ...]
     if deep:
         from pipesgd_ref.commands.study_momentum import EFFECTIVE_LRS, QUICK_EFFECTIVE_LRS
 

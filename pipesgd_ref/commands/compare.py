@@ -44,7 +44,7 @@ from __future__ import annotations
 import math
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -114,8 +114,8 @@ def run_config(
     row = method(algo)
     folder = ""
     if out:
-        folder = out / timing.run_label(algo, codec)
-        folder = str(folder / f"repeat-{repeat}" if repeat is not None else folder)
+        run_dir = out / timing.run_label(algo, codec)
+        folder = str(run_dir / f"repeat-{repeat}" if repeat is not None else run_dir)
     return cfg.replace(
         algo=algo,
         codec=codec,
@@ -331,7 +331,7 @@ def run_repeats(
     progress: bool,
     log: Callable[[str], None],
     train: Callable[..., tuple[dict, list]],
-    peers: list[str] = (),
+    peers: Sequence[str] = (),
 ) -> tuple[dict[str, list[dict]], dict[str, list[list[dict]]]]:
     """Every run `repeats` times, in passes (all runs once, then all again, each pass ending
     with the `peers`' runs): {label: each repeat's summary} and {label: each repeat's trace
@@ -454,7 +454,8 @@ def format_table(rows: list[dict], cfg: TrainConfig) -> str:
     ]
 
     def num(x, fmt):  # a missing figure keeps the column's width (fmt is ">W..." here)
-        width = int(re.match(r">[+ -]?(\d*)", fmt).group(1) or 0)
+        m = re.match(r">[+ -]?(\d*)", fmt)
+        width = int(m.group(1) or 0) if m else 0
         return format(x, fmt) if x is not None else "-".rjust(width)
 
     for r in rows:

@@ -87,7 +87,7 @@ def headline(compressed: list[str], by: dict) -> dict:
     if not reached:
         text = f"compressed pipe vs {BASELINE}: a run did not reach the target"
         return {**check, "run": None, "ratio": None, "ok": False, "text": text}
-    run = max(reached, key=reached.get)
+    run = max(reached, key=reached.__getitem__)
     ok = reached[run] >= HEADLINE
     others = ", ".join(f"{k} {v:.2f}x" for k, v in reached.items() if k != run)
     text = (

@@ -39,7 +39,7 @@ def peer_names(text: str | None) -> list[str]:
     """--peers as a list of peers in PEERS' order; ConfigError for an unknown name."""
     if text is None or text.strip().lower() in ("", "none"):
         return []
-    asked = set()
+    asked: set[str] = set()
     for name in (part.strip().lower() for part in text.split(",")):
         if name in GROUPS:
             asked.update(GROUPS[name])

@@ -149,7 +149,7 @@ def command_defaults(command: str, preset: str) -> dict[str, str]:
 def add_config_groups(sp: argparse.ArgumentParser, command: str) -> None:
     """Document every config key in `sp`'s help, one group each of CONFIG_GROUPS; a key that
     one of the command's own flags already spells (compare's --out) is left to that flag."""
-    types = {f.name: f.type for f in dataclasses.fields(TrainConfig)}
+    types = {f.name: str(f.type) for f in dataclasses.fields(TrainConfig)}  # annotations: str
     preset = sp.get_default("preset")
     defaults = command_defaults(command, preset)
     for title, rows in CONFIG_GROUPS:

@@ -55,12 +55,14 @@ class Scenario:
     def at(self, key: str | None = None, value: float | None = None) -> tuple[Calibration, int]:
         """(calibration, p) with `key` (bandwidth, latency, world_size) set to `value`."""
         cal, p = self.cal, self.world_size
-        if key == "bandwidth":
-            cal = cal.with_network(bandwidth=min(value, self.stream_cap))
-        elif key == "latency":
-            cal = cal.with_network(alpha=value + self.hop)
-        elif key == "world_size":
-            p = int(value)
+        if key is not None:
+            assert value is not None, key  # a knob moves to a value
+            if key == "bandwidth":
+                cal = cal.with_network(bandwidth=min(value, self.stream_cap))
+            elif key == "latency":
+                cal = cal.with_network(alpha=value + self.hop)
+            elif key == "world_size":
+                p = int(value)
         if self.cores_per_worker is not None:  # a cluster grows its cores with its workers
             cal = replace(cal, cores=p * self.cores_per_worker)
         return cal, p
@@ -281,6 +283,7 @@ def _calibrate_cluster(
     and t_comp as given) and per-byte costs timed in this process, the network as given."""
     units: tuple = ()  # --params: no model, the backward's profile assumed (timing/buckets.py)
     if n is not None:
+        assert t_comp is not None  # _check_params: --params comes with --t-comp
         t_update = _time_update(n, cfg.backend)
         source = {
             "t_comp": f"--t-comp {args.t_comp}",

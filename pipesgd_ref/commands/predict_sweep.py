@@ -43,17 +43,18 @@ def crossings(
                 lo, hi = (mid, hi) if (f(mid) >= threshold) == s_lo else (lo, mid)
         else:
             while hi / lo > 1 + 1e-12:
-                mid = math.sqrt(lo * hi)
-                if mid in (lo, hi):  # no float strictly between: done
+                geo = math.sqrt(lo * hi)  # the geometric midpoint
+                if geo in (lo, hi):  # no float strictly between: done
                     break
-                lo, hi = (mid, hi) if (f(mid) >= threshold) == s_lo else (lo, mid)
+                lo, hi = (geo, hi) if (f(geo) >= threshold) == s_lo else (lo, geo)
         out.append((float(hi), bool(s_hi)))
     return out
 
 
 def _intervals(values, first_state: bool, changes) -> list[tuple[float, float]]:
     """[lo, hi) ranges of `values` where the state holds, from its first value and changes."""
-    out, start, state = [], (values[0] if first_state else None), first_state
+    out: list[tuple[float, float]] = []
+    start, state = values[0], first_state  # start: where the state last began to hold
     for v, new in changes:
         if state and not new:
             out.append((start, v))

@@ -132,7 +132,7 @@ def run_one(
         if watch is not None:
             watch(done, params)
 
-    common = dict(callback=on_step, optimizer=SGD.of(run))
+    common: dict[str, Any] = dict(callback=on_step, optimizer=SGD.of(run))
     try:
         with np.errstate(over="ignore", invalid="ignore"):
             if average is not None:

@@ -247,7 +247,9 @@ class SyncWatch:
     as far as both runs went."""
 
     def __init__(self, at: tuple[int, ...]):
-        self.at, self.seen, self.gaps = set(at), {}, []
+        self.at = set(at)
+        self.seen: dict[int, np.ndarray] = {}
+        self.gaps: list[list[float]] = []
 
     def keep(self, step: int, params: np.ndarray) -> None:
         if step in self.at:
@@ -320,7 +322,7 @@ def run_momentum_study(
     blocks = []
     for m in momenta:
         rows = run_grid(cfg, m, effective_lrs, methods, iters, log)
-        found = {"edges": edges(rows), "recovered": recovered(rows, triples)}
+        found: dict[str, Any] = {"edges": edges(rows), "recovered": recovered(rows, triples)}
         found["ddp_vs_sync"] = ddp_vs_sync(rows, found["edges"].get(SYNC))
         blocks.append({"momentum": m, **found, "rows": rows})
     curvature = effective_curvature(blocks)

@@ -220,7 +220,8 @@ def _launch_with_restarts(cfg: TrainConfig, launch: dict, job_args: tuple, input
     from pipesgd_ref.runtime import checkpoint, faults
     from pipesgd_ref.runtime.launch import launch_local
 
-    ran, restarts = cfg, []
+    ran = cfg
+    restarts: list[dict] = []
     fault_env = os.environ.get(faults.ENV)
     try:
         while True:
@@ -244,7 +245,9 @@ def _launch_with_restarts(cfg: TrainConfig, launch: dict, job_args: tuple, input
                     raise
                 saved = Path(cfg.out) / checkpoint.FILE if cfg.out else None
                 ran = cfg.replace(resume=cfg.out) if saved and saved.is_file() else cfg
-                from_step = _checkpoint_step(saved) if ran.resume else 0
+                # The restart resumes from cfg.out's checkpoint, else from --resume's own
+                resumed = Path(ran.resume) / checkpoint.FILE
+                from_step = _checkpoint_step(resumed) if ran.resume else 0
                 cause = e.errors.get(e.cause) if e.cause is not None else None
                 cause = (cause or next(iter(e.errors.values()), "")).strip().splitlines()[-1]
                 restarts.append(
@@ -260,7 +263,7 @@ def _launch_with_restarts(cfg: TrainConfig, launch: dict, job_args: tuple, input
                     len(restarts),
                     cfg.max_restarts,
                     cause,
-                    f"resuming from step {from_step} ({saved})"
+                    f"resuming from step {from_step} ({resumed})"
                     if ran.resume
                     else "starting over (no checkpoint: --out DIR --checkpoint-every N)",
                 )

@@ -94,9 +94,9 @@ def _process(r, prob, algo, pairs, listeners, timeout, pipe) -> None:
             inn[peer] = sock
         for sock in listeners:
             sock.close()
-        out = {p: Link(s, r, p, timeout) for p, s in out.items()}
-        inn = {p: Link(s, r, p, timeout) for p, s in inn.items()}
-        pipe.send(_run(rank_of(r, prob, algo, out, inn), algo))
+        dialled = {p: Link(s, r, p, timeout) for p, s in out.items()}
+        accepted = {p: Link(s, r, p, timeout) for p, s in inn.items()}
+        pipe.send(_run(rank_of(r, prob, algo, dialled, accepted), algo))
     except BaseException:
         pipe.send(f"rank {r} failed:\n{traceback.format_exc()}")
 
@@ -115,7 +115,8 @@ def _run(me: Rank, algo: str) -> dict:
 def _in_threads(prob: Problem, algo: str, n: int, pairs: list) -> list:
     """Every rank a thread of this process, each link a socketpair, no timeouts (a debugger
     may hold any rank as long as it likes)."""
-    out, inn = [{} for _ in range(n)], [{} for _ in range(n)]
+    out: list[dict[int, Link]] = [{} for _ in range(n)]
+    inn: list[dict[int, Link]] = [{} for _ in range(n)]
     for a, b in pairs:
         sa, sb = socket.socketpair()
         out[a][b], inn[b][a] = Link(sa, a, b, None), Link(sb, b, a, None)

@@ -65,6 +65,8 @@ def sync_worker(me: Rank) -> dict:
     """Synchronous SGD on ring rank me.rank: compute, AllReduce, update; compute and network
     take turns, each idle while the other works. Iteration: t_comp + T_ring + t_update."""
     prob, p = me.problem, me.problem.world_size
+    left, right = me.left, me.right
+    assert left is not None and right is not None  # a ring rank has both neighbours
     model = prob.model()
     w = model.init_params(prob.seed)  # the same w_0 on every rank: nothing to broadcast
     g = np.empty_like(w)  # allocated once: the loop allocates no gradient
@@ -72,7 +74,7 @@ def sync_worker(me: Rank) -> dict:
         with me.span("compute", "compute", t):  # g_r = grad f(w_t; minibatch (r, t))
             loss = prob.gradient(model, w, me.rank, t, g)
         with me.span("allreduce", "comm", t):  # g = sum_r g_r / p: every rank waits here
-            ring_allreduce(me.rank, p, me.left, me.right, g)
+            ring_allreduce(me.rank, p, left, right, g)
         prob.sgd_step(w, g, t)  # w_{t+1} = w_t - lr_t g, identical on every rank
         me.step_done(t, loss, w)
     return me.result(w)
@@ -90,6 +92,8 @@ def pipe_worker(me: Rank) -> dict:
     Iteration in steady state: max(t_comp + t_update, T_ring). Every rank applies the same
     averaged gradients in the same order, so the replicas stay identical."""
     prob, p = me.problem, me.problem.world_size
+    left, right = me.left, me.right
+    assert left is not None and right is not None  # a ring rank has both neighbours
     K, s, W = prob.width, prob.width - 1, prob.warmup
     model = prob.model()
     w = model.init_params(prob.seed)
@@ -102,7 +106,7 @@ def pipe_worker(me: Rank) -> dict:
             t, g = item
             try:
                 with me.span("allreduce", "comm", t):
-                    ring_allreduce(me.rank, p, me.left, me.right, g)
+                    ring_allreduce(me.rank, p, left, right, g)
             except BaseException as e:  # handed to the compute thread, which raises it
                 done.put(e)
                 return
@@ -142,6 +146,8 @@ def ps_sync(me: Rank) -> dict:
 def _work(me: Rank) -> dict:
     """Worker i: compute on the weights last pulled, push the gradient and loss, pull."""
     prob, i = me.problem, me.rank - 1
+    server = me.server
+    assert server is not None  # a worker's link to rank 0
     model = prob.model()
     w = model.init_params(prob.seed)
     g, loss_box = np.empty_like(w), np.empty(1)
@@ -149,10 +155,10 @@ def _work(me: Rank) -> dict:
         with me.span("compute", "compute", t):
             loss_box[0] = loss = prob.gradient(model, w, i, t, g)
         with me.span("push", "comm", t):
-            me.server.send(t, 0, g)
-            me.server.send(t, 1, loss_box)
+            server.send(t, 0, g)
+            server.send(t, 1, loss_box)
         with me.span("pull", "comm", t):  # waits for the slowest worker's push: the barrier
-            me.server.recv_into(t, 2, w)
+            server.recv_into(t, 2, w)
         me.step_done(t, loss, w)
     return me.result(w)
 

@@ -33,7 +33,7 @@ class Link:
         self.bytes_sent = 0
 
     def send(self, step: int, tag: int, array: np.ndarray) -> None:
-        payload = memoryview(np.ascontiguousarray(array)).cast("B")
+        payload = np.ascontiguousarray(array).data.cast("B")  # its bytes (a memoryview)
         try:
             self.sock.sendall(HEADER.pack(MAGIC, step, tag, payload.nbytes))
             self.sock.sendall(payload)  # a break here stops rank `me` at its send
@@ -52,7 +52,7 @@ class Link:
                 f"rank {self.peer}; got magic {bytes(magic)!r}, step {got_step}, tag "
                 f"{got_tag}, {nbytes} bytes (do both ranks run the same job?)"
             )
-        self._fill(memoryview(out).cast("B"), step)
+        self._fill(out.data.cast("B"), step)
         return out
 
     def _fill(self, view: memoryview, step: int) -> None:

@@ -28,7 +28,7 @@ MNIST_FILES = {
     "test_labels": "t10k-labels-idx1-ubyte",
 }
 # IDX type code -> big-endian dtype of the data on disk.
-IDX_DTYPES = {
+IDX_DTYPES: dict[int, np.dtype] = {
     0x08: np.dtype(">u1"),
     0x09: np.dtype(">i1"),
     0x0B: np.dtype(">i2"),

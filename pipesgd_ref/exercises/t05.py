@@ -128,6 +128,7 @@ def applied_at_step_five() -> int:
 
     traj = delayed_sgd(unit_grad, np.zeros(steps), 1, steps, 1.0, staleness=K - 1,
                        warmup_steps=warmup, record=True)  # fmt: skip
+    assert traj.history is not None  # record=True
     moved = np.flatnonzero(traj.history[step + 1] != traj.history[step])
     return int(moved[0])
 

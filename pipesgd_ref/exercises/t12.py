@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from pipesgd_ref.commands.predict_sweep import PAYS, crossings
@@ -71,7 +73,7 @@ def ddp_iteration():
     return _reference_ddp_iteration
 
 
-EXERCISE_4 = dict(
+EXERCISE_4: dict[str, Any] = dict(
     n_params=2_634_762,
     t_comp=0.040,
     t_update=0.0,

@@ -147,7 +147,7 @@ def sync_sgd(
         loss, g = average(grad_fn, w, world_size, t)
         update(w, g, lr_at(t), own=average is average_gradient)
         out.losses.append(loss)
-        if record:
+        if out.history is not None:  # record
             out.history.append(w.copy())
         if callback:
             callback(t, w, loss)
@@ -165,7 +165,7 @@ def _predicted_gradient(grad_fn, w, world_size: int, t: int, in_flight, lr_ahead
         ahead = [(lr_ahead(u), own[rank]) for u, _, _, own in in_flight]
         at = predicted_weights(w, ahead, predicted, update.rule, update.velocity)
         grads.append(grad_fn(at, rank, t))
-    loss, g = average_gradient(lambda _w, r, _t, got=grads: got[r], w, world_size, t)
+    loss, g = average_gradient(lambda _w, r, _t: grads[r], w, world_size, t)
     return loss, g, [gr for _, gr in grads]
 
 
@@ -237,7 +237,7 @@ def delayed_sgd(
                 update(w, stale(u, g_old, w_then), lr_at(t))
             # else: fill phase, no gradient has finished its trip yet; w_{t+1} = w_t
         out.losses.append(loss)
-        if record:
+        if out.history is not None:  # record
             out.history.append(w.copy())
         if callback:
             callback(t, w, loss)
@@ -246,7 +246,7 @@ def delayed_sgd(
         u, g_old, w_then, _ = in_flight.popleft()
         update(w, stale(u, g_old, w_then), lr_at(t))
         t += 1
-        if record:
+        if out.history is not None:  # record
             out.history.append(w.copy())
     return out
 
@@ -282,7 +282,8 @@ def async_ps_sgd(
     lr_at = _lr_fn(lr)
     w = params0.copy()
     update = _Update(optimizer, w)
-    out = Trajectory(params=w, history=[w.copy()] if record else None, staleness=[])
+    staleness: list[int] = []  # the age of each applied gradient
+    out = Trajectory(params=w, history=[w.copy()] if record else None, staleness=staleness)
     pulled = [(w.copy(), 0) for _ in range(world_size)]  # (weights, version) each worker holds
     local_step = [0] * world_size
     held: list[int] = []  # workers whose pull waits for the slowest (max_staleness)
@@ -302,7 +303,7 @@ def async_ps_sgd(
             )
         w_r, v_r = pulled[rank]
         loss, g = grad_fn(w_r, rank, local_step[rank])
-        out.staleness.append(version - v_r)
+        staleness.append(version - v_r)
         if dc is not None:
             g = dc.correct(g, w, w_r)
         update(w, g, lr_at(version), own=dc is not None)  # grad_fn's g: copied if need be
@@ -318,7 +319,7 @@ def async_ps_sgd(
                     held.remove(r)
                     pulled[r] = (w.copy(), version)
         out.losses.append(loss)
-        if record:
+        if out.history is not None:  # record
             out.history.append(w.copy())
     return out
 

@@ -48,10 +48,9 @@ def build_model(
                 f"--model {name} needs images: this data set has {n_features} features and no "
                 f"(channels, height, width) shape; use --dataset digits, mnist5k or mnist:PATH"
             )
-    if name == "cnn":
-        channels = channels or (6, 16)
-        return CNN(image_shape, n_classes, channels, kernels, hidden, backend=backend)
-    if name == "resnet":
+        if name == "cnn":
+            channels = channels or (6, 16)
+            return CNN(image_shape, n_classes, channels, kernels, hidden, backend=backend)
         channels = channels or (16, 32, 64)
         return ResNet(image_shape, n_classes, depth, channels, backend=backend)
     raise ValueError(f"unknown model {name!r}; choose one of: {', '.join(MODELS)}")

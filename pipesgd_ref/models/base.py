@@ -35,6 +35,7 @@ class FlatModel:
     n_classes: int
     widths: tuple[int, ...]  # the dense layers' sizes, input first
     buffer_layout: ParamLayout = ParamLayout([])  # none: a model with buffers sets its own
+    image_shape: tuple[int, ...]  # (C, H, W): an image model's (CNN, ResNet) alone
 
     def _use_backend(self, backend: Backend | str) -> None:
         self.backend = get_backend(backend) if isinstance(backend, str) else backend
@@ -60,7 +61,10 @@ class FlatModel:
 
     def _empty(self, shape: tuple[int, ...], dtype, device: bool):
         """One buffer: on the device through the backend's allocator, else np.empty."""
-        return self._device_empty(shape, dtype) if device else np.empty(shape, dtype=dtype)
+        if device:
+            assert self._device_empty is not None  # a device backend has `empty`
+            return self._device_empty(shape, dtype)
+        return np.empty(shape, dtype=dtype)
 
     def _ops_for(self, params) -> Backend:
         """The ops that work where `params` live: the model's backend; for host weights on a

@@ -104,7 +104,7 @@ class CNN(FlatModel):
             self.maps.append((conv_out(h, POOL, POOL, 0), conv_out(w, POOL, POOL, 0), c_out))
         h, w, c = self.maps[-1]
         self.widths = (h * w * c, *self.hidden, n_classes)  # the dense head, as the MLP's
-        shapes = []
+        shapes: list[tuple[str, tuple[int, ...]]] = []
         for l, (c_out, k) in enumerate(zip(channels, kernels, strict=True)):
             shapes.append((f"C{l}", (k * k * self.maps[l][2], c_out)))
             shapes.append((f"c{l}", (c_out,)))

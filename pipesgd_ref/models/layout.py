@@ -77,7 +77,7 @@ def on_device(array) -> bool:
 
 
 def buckets(
-    units: list[tuple[int, int]], cap_bytes: int, itemsize: int = 4
+    units: list[tuple[int, int]], cap_bytes: float, itemsize: int = 4
 ) -> list[tuple[int, int]]:
     """Group a backward pass's gradient units into the buckets a ddp step all-reduces.
 
@@ -105,6 +105,6 @@ def buckets(
         if (hi - lo) * itemsize >= cap_bytes:
             out.append((lo, hi))
             lo = hi = None
-    if hi is not None:
+    if lo is not None and hi is not None:  # set together
         out.append((lo, hi))
     return out

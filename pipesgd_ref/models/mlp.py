@@ -48,7 +48,7 @@ class MLP(FlatModel):
         self._use_backend(backend)
         self.widths = (n_features, *self.hidden, n_classes)  # layer l maps widths[l] -> widths[l+1]
         self.n_layers = len(self.widths) - 1
-        shapes = []
+        shapes: list[tuple[str, tuple[int, ...]]] = []
         for l in range(self.n_layers):
             shapes.append((f"W{l}", (self.widths[l], self.widths[l + 1])))
             shapes.append((f"b{l}", (self.widths[l + 1],)))

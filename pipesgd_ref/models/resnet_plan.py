@@ -124,7 +124,7 @@ def param_shapes(plan: Plan, n_classes: int) -> list[tuple[str, tuple[int, ...]]
     """The flat parameter layout: per unit its filters (k*k*c_in, c_out) (im2col's rows: (u, v,
     c) row-major, so a torch weight (c_out, c_in, k, k) maps by transpose(2, 3, 1, 0).reshape),
     its BN's gamma and beta (c_out,); then the dense head fc.W (c_last, n_classes), fc.b."""
-    shapes = []
+    shapes: list[tuple[str, tuple[int, ...]]] = []
     for u in plan.units():
         conv, g, b = u.params
         shapes += [(conv, (u.k * u.k * u.c_in, u.c_out)), (g, (u.c_out,)), (b, (u.c_out,))]
@@ -133,7 +133,7 @@ def param_shapes(plan: Plan, n_classes: int) -> list[tuple[str, tuple[int, ...]]
 
 def buffer_shapes(plan: Plan) -> list[tuple[str, tuple[int, ...]]]:
     """The running statistics' layout: per BN, in the units' order, mean then var (c_out,)."""
-    out = []
+    out: list[tuple[str, tuple[int, ...]]] = []
     for u in plan.units():
         out += [(f"{u.bn}.mean", (u.c_out,)), (f"{u.bn}.var", (u.c_out,))]
     return out

@@ -16,6 +16,10 @@ from __future__ import annotations
 
 import importlib
 from types import ModuleType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pipesgd_ref.ops import numpy_ops as _reference
 
 OP_NAMES = (
     "dense_forward",  # Y = X @ W + b
@@ -48,6 +52,27 @@ BACKENDS = {
 
 class Backend:
     """A named set of ops; attribute access gives the op, e.g. `backend.sgd_step(p, g, lr)`."""
+
+    if TYPE_CHECKING:  # every backend's ops have the reference's signatures (OP_NAMES)
+        dense_forward = staticmethod(_reference.dense_forward)
+        dense_backward = staticmethod(_reference.dense_backward)
+        dense_input_grad = staticmethod(_reference.dense_input_grad)
+        relu_forward = staticmethod(_reference.relu_forward)
+        relu_backward = staticmethod(_reference.relu_backward)
+        softmax_xent_grad = staticmethod(_reference.softmax_xent_grad)
+        add_into = staticmethod(_reference.add_into)
+        scale = staticmethod(_reference.scale)
+        sgd_step = staticmethod(_reference.sgd_step)
+        im2col = staticmethod(_reference.im2col)
+        col2im = staticmethod(_reference.col2im)
+        maxpool_forward = staticmethod(_reference.maxpool_forward)
+        maxpool_backward = staticmethod(_reference.maxpool_backward)
+        batchnorm_forward = staticmethod(_reference.batchnorm_forward)
+        batchnorm_backward = staticmethod(_reference.batchnorm_backward)
+        batchnorm_eval = staticmethod(_reference.batchnorm_eval)
+        running_average = staticmethod(_reference.running_average)
+        global_avgpool_forward = staticmethod(_reference.global_avgpool_forward)
+        global_avgpool_backward = staticmethod(_reference.global_avgpool_backward)
 
     def __init__(self, name: str, module: ModuleType):
         self.name = name

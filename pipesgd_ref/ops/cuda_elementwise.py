@@ -7,10 +7,13 @@ cuda_support.launch_1d covers any length with the same launch. Any float dtype.
 
 from __future__ import annotations
 
+from typing import no_type_check
+
 from numba import cuda
 
 
 @cuda.jit
+@no_type_check  # a Numba kernel: its body is typed by Numba, not by mypy
 def relu_forward_kernel(z, a):
     """a[i] = max(z[i], 0) for i in range(n). Grid-stride loop, coalesced."""
     for i in range(cuda.grid(1), z.shape[0], cuda.gridsize(1)):
@@ -23,6 +26,7 @@ def relu_forward_kernel(z, a):
 
 
 @cuda.jit
+@no_type_check  # a Numba kernel: its body is typed by Numba, not by mypy
 def relu_backward_kernel(z, da, dz):
     """dz[i] = da[i] if z[i] > 0 else 0 for i in range(n). Grid-stride loop, coalesced."""
     for i in range(cuda.grid(1), z.shape[0], cuda.gridsize(1)):
@@ -33,6 +37,7 @@ def relu_backward_kernel(z, da, dz):
 
 
 @cuda.jit
+@no_type_check  # a Numba kernel: its body is typed by Numba, not by mypy
 def add_into_kernel(dst, src):
     """dst[i] += src[i] for i in range(n). Grid-stride loop, coalesced."""
     for i in range(cuda.grid(1), dst.shape[0], cuda.gridsize(1)):
@@ -40,6 +45,7 @@ def add_into_kernel(dst, src):
 
 
 @cuda.jit
+@no_type_check  # a Numba kernel: its body is typed by Numba, not by mypy
 def scale_kernel(x, alpha):
     """x[i] *= alpha for i in range(n). Grid-stride loop, coalesced."""
     for i in range(cuda.grid(1), x.shape[0], cuda.gridsize(1)):
@@ -47,6 +53,7 @@ def scale_kernel(x, alpha):
 
 
 @cuda.jit
+@no_type_check  # a Numba kernel: its body is typed by Numba, not by mypy
 def sgd_step_kernel(params, grads, lr):
     """params[i] -= lr * grads[i] for i in range(n). Grid-stride loop, coalesced."""
     for i in range(cuda.grid(1), params.shape[0], cuda.gridsize(1)):
@@ -54,6 +61,7 @@ def sgd_step_kernel(params, grads, lr):
 
 
 @cuda.jit
+@no_type_check  # a Numba kernel: its body is typed by Numba, not by mypy
 def fill_kernel(x, value):
     """x[i] = value for i in range(n) (used by `zeros`). Grid-stride loop, coalesced."""
     for i in range(cuda.grid(1), x.shape[0], cuda.gridsize(1)):

@@ -18,12 +18,15 @@ The tiles are float32 in shared memory: these kernels take float32 only.
 
 from __future__ import annotations
 
+from typing import no_type_check
+
 from numba import cuda, float32
 
 from pipesgd_ref.ops.cuda_support import TILE, launch, launch_2d
 
 
 @cuda.jit
+@no_type_check  # a Numba kernel: its body is typed by Numba, not by mypy
 def matmul_tiled_kernel(A, B, bias, C, trans_a, trans_b):
     """C = op(A) @ op(B) (+ bias), op(M) = M^T when its flag is set, else M.
 
@@ -83,6 +86,7 @@ REGISTER_TILED_FROM = 64 * 64  # outputs from which dense ops use the register-t
 
 
 @cuda.jit
+@no_type_check  # a Numba kernel: its body is typed by Numba, not by mypy
 def matmul_register_tiled_kernel(A, B, bias, C, trans_a, trans_b):
     """C = op(A) @ op(B) (+ bias): the same product as `matmul_tiled_kernel`, one rung up.
 
@@ -170,6 +174,7 @@ def matmul(A, B, bias, C, trans_a: bool, trans_b: bool) -> None:
 
 
 @cuda.jit
+@no_type_check  # a Numba kernel: its body is typed by Numba, not by mypy
 def column_sum_kernel(dY, db):
     """db[j] = sum_i dY[i, j] (the bias gradient).
 

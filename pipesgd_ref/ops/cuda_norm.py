@@ -24,6 +24,7 @@ float32, so the results agree within float32 rounding, not bitwise.
 from __future__ import annotations
 
 import math
+from typing import no_type_check
 
 from numba import cuda, float32
 
@@ -44,6 +45,7 @@ def chunks(n_rows: int) -> int:
 
 
 @cuda.jit
+@no_type_check  # a Numba kernel: its body is typed by Numba, not by mypy
 def partial_sums_kernel(A, B, center, mode, partial):
     """partial[r, c] = the sum over the rows of chunk r of one of, by `mode`:
 
@@ -84,6 +86,7 @@ def partial_sums_kernel(A, B, center, mode, partial):
 
 
 @cuda.jit
+@no_type_check  # a Numba kernel: its body is typed by Numba, not by mypy
 def finish_sums_kernel(partial, scale, out):
     """out[c] = scale * sum_r partial[r, c], r in order: one thread per channel."""
     R, C = partial.shape
@@ -95,6 +98,7 @@ def finish_sums_kernel(partial, scale, out):
 
 
 @cuda.jit
+@no_type_check  # a Numba kernel: its body is typed by Numba, not by mypy
 def batchnorm_apply_kernel(X, gamma, beta, mean, var, eps, xhat, Y, keep_xhat):
     """xhat[n, c] = (X[n, c] - mean[c]) / sqrt(var[c] + eps), Y = gamma[c] xhat + beta[c].
 
@@ -112,6 +116,7 @@ def batchnorm_apply_kernel(X, gamma, beta, mean, var, eps, xhat, Y, keep_xhat):
 
 
 @cuda.jit
+@no_type_check  # a Numba kernel: its body is typed by Numba, not by mypy
 def batchnorm_input_grad_kernel(dY, xhat, gamma, var, eps, dbeta, dgamma, inv_n, dX):
     """dX = gamma / sqrt(var + eps) * (dY - dbeta / N - xhat * dgamma / N), per element
     (dbeta and dgamma the channel sums finish_sums_kernel wrote). One thread per element."""
@@ -124,6 +129,7 @@ def batchnorm_input_grad_kernel(dY, xhat, gamma, var, eps, dbeta, dgamma, inv_n,
 
 
 @cuda.jit
+@no_type_check  # a Numba kernel: its body is typed by Numba, not by mypy
 def running_average_kernel(running, batch, momentum, correction):
     """running[c] = (1 - momentum) running[c] + momentum correction batch[c]."""
     for c in range(cuda.grid(1), running.shape[0], cuda.gridsize(1)):
@@ -131,6 +137,7 @@ def running_average_kernel(running, batch, momentum, correction):
 
 
 @cuda.jit
+@no_type_check  # a Numba kernel: its body is typed by Numba, not by mypy
 def global_avgpool_forward_kernel(X, Y):
     """Y[b, c] = sum_{y, x} X[b, y, x, c] / (H W): one thread per (b, c), summing in
     row-major pixel order; a warp reads 32 consecutive channels of a pixel (coalesced)."""
@@ -147,6 +154,7 @@ def global_avgpool_forward_kernel(X, Y):
 
 
 @cuda.jit
+@no_type_check  # a Numba kernel: its body is typed by Numba, not by mypy
 def global_avgpool_backward_kernel(dY, dX):
     """dX[b, y, x, c] = dY[b, c] / (H W): one thread per element of dX, grid-stride."""
     B, H, W, C = dX.shape

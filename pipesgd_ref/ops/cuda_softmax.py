@@ -9,6 +9,7 @@ memory in a fixed order (no atomics), so repeated runs give identical bits.
 from __future__ import annotations
 
 import math
+from typing import no_type_check
 
 from numba import cuda, float32
 
@@ -18,6 +19,7 @@ ROW_THREADS = 32  # softmax: one warp per row; a row has C classes (10 here), ra
 
 
 @cuda.jit(device=True)
+@no_type_check  # a Numba kernel: its body is typed by Numba, not by mypy
 def _block_sum(buf, tid, n_threads):
     """Tree sum of buf[0:n_threads] (n_threads a power of two) into buf[0], in shared memory."""
     half = n_threads // 2
@@ -29,6 +31,7 @@ def _block_sum(buf, tid, n_threads):
 
 
 @cuda.jit(device=True)
+@no_type_check  # a Numba kernel: its body is typed by Numba, not by mypy
 def _block_max(buf, tid, n_threads):
     """Tree max of buf[0:n_threads] (n_threads a power of two) into buf[0], in shared memory."""
     half = n_threads // 2
@@ -42,6 +45,7 @@ def _block_max(buf, tid, n_threads):
 
 
 @cuda.jit
+@no_type_check  # a Numba kernel: its body is typed by Numba, not by mypy
 def softmax_xent_rows_kernel(logits, y, dlogits, row_loss):
     """Per-row softmax cross-entropy and its gradient.
 
@@ -86,6 +90,7 @@ def softmax_xent_rows_kernel(logits, y, dlogits, row_loss):
 
 
 @cuda.jit
+@no_type_check  # a Numba kernel: its body is typed by Numba, not by mypy
 def mean_kernel(x, out):
     """out[0] = mean(x) (0 when x is empty); launched as ONE block.
 

@@ -17,6 +17,8 @@ lie in [0, Ho); columns likewise.
 
 from __future__ import annotations
 
+from typing import no_type_check
+
 from numba import cuda, float32
 
 from pipesgd_ref.ops.numpy_ops import conv_out
@@ -25,6 +27,7 @@ _conv_out = cuda.jit(device=True)(conv_out)
 
 
 @cuda.jit(device=True)
+@no_type_check  # a Numba kernel: its body is typed by Numba, not by mypy
 def _unflatten(e, n1, n2, n3):
     """(a, b, c, d) of the flat row-major index e into an array of shape (_, n1, n2, n3)."""
     r = e // n3
@@ -36,6 +39,7 @@ def _unflatten(e, n1, n2, n3):
 
 
 @cuda.jit
+@no_type_check  # a Numba kernel: its body is typed by Numba, not by mypy
 def im2col_kernel(X, kh, kw, stride, pad, cols):
     """cols[(b*Ho + i)*Wo + j, (u*kw + v)*C + c] = X[b, i*stride + u - pad, j*stride + v - pad, c]
     (0 outside X), as numpy_ops.im2col.
@@ -61,6 +65,7 @@ def im2col_kernel(X, kh, kw, stride, pad, cols):
 
 
 @cuda.jit
+@no_type_check  # a Numba kernel: its body is typed by Numba, not by mypy
 def col2im_kernel(cols, kh, kw, stride, pad, dX):
     """dX[b, y, x, c] = the sum of every cols entry that im2col read from (b, y, x, c), as
     numpy_ops.col2im.
@@ -87,6 +92,7 @@ def col2im_kernel(cols, kh, kw, stride, pad, dX):
 
 
 @cuda.jit
+@no_type_check  # a Numba kernel: its body is typed by Numba, not by mypy
 def maxpool_forward_kernel(X, k, stride, Y, argmax):
     """Y[b, i, j, c] = max over u, v < k of X[b, i*stride + u, j*stride + v, c] and argmax the
     first u*k + v that attains it, as numpy_ops.maxpool_forward.
@@ -115,6 +121,7 @@ def maxpool_forward_kernel(X, k, stride, Y, argmax):
 
 
 @cuda.jit
+@no_type_check  # a Numba kernel: its body is typed by Numba, not by mypy
 def maxpool_backward_kernel(dY, argmax, k, stride, dX):
     """dX[b, y, x, c] = the sum of dY over the windows whose argmax is (y, x), as
     numpy_ops.maxpool_backward.

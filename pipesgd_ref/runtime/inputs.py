@@ -18,7 +18,7 @@ import numpy as np
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.data import Dataset, MinibatchSampler, load_dataset
 from pipesgd_ref.errors import ConfigError
-from pipesgd_ref.models import model_for
+from pipesgd_ref.models import CNN, MLP, ResNet, model_for
 
 
 def steps_for(cfg: TrainConfig, sampler: MinibatchSampler) -> int:
@@ -33,7 +33,7 @@ class JobInputs:
     data: Dataset
     sampler: MinibatchSampler  # minibatch (worker, step) of n_workers shards
     steps: int  # the first step not run
-    model: object  # the host model (models.FlatModel): layout, size, w_0
+    model: MLP | CNN | ResNet  # the host model (models.FlatModel): layout, size, w_0
     # --resume: the checkpoint's weights, the step it continues from, (pipe) the averaged
     # gradients still in flight when it was written, (momentum) the optimiser's velocity, and
     # (batch norm) the model's running statistics, worker 0's, which every rank starts from

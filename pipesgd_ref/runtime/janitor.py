@@ -92,18 +92,19 @@ class Janitor:
     def _say(self, line: str) -> None:
         if "\n" in line:
             raise ValueError(f"a janitor's message is one line: {line!r}")
+        stdin = self._proc.stdin
+        assert stdin is not None  # started with stdin=PIPE
         try:
-            self._proc.stdin.write((line + "\n").encode())
-            self._proc.stdin.flush()
+            stdin.write((line + "\n").encode())
+            stdin.flush()
         except (OSError, ValueError):  # the janitor is gone: nothing to tell
             pass
 
     def __enter__(self) -> Janitor:
         return self
 
-    def __exit__(self, *exc) -> bool:
+    def __exit__(self, *exc) -> None:
         self.close()
-        return False
 
 
 # --- the janitor's side ------------------------------------------------------------------------
@@ -229,7 +230,7 @@ def _same(pid: int, start: int | None, table: dict) -> bool:
 
 def _process_table() -> dict[int, tuple[int, int, str]]:
     """pid -> (parent, start time, state) of every process, from /proc; {} without it."""
-    table = {}
+    table: dict[int, tuple[int, int, str]] = {}
     try:
         names = os.listdir("/proc")
     except OSError:

@@ -60,9 +60,9 @@ def detect_env(environ: Mapping[str, str] | None = None) -> JobEnv | None:
     for rank_var, size_var, source in ENV_CONVENTIONS:
         if rank_var in env or size_var in env:
             if rank_var not in env or size_var not in env:
-                missing = size_var if rank_var in env else rank_var
+                absent = size_var if rank_var in env else rank_var
                 raise LaunchError(
-                    f"{source} job: {missing} is not set (need both {rank_var} and {size_var})"
+                    f"{source} job: {absent} is not set (need both {rank_var} and {size_var})"
                 )
             try:
                 rank, world_size = int(env[rank_var]), int(env[size_var])

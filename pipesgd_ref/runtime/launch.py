@@ -112,14 +112,15 @@ def _worker_main(
     worker_signals(plan, spec.rank)
     work_done = bind_to_parent(parent, grace, lambda: plan.request(signal.SIGTERM))
     logging_setup.worker_init(spec.rank)
+    store: socket.socket | None = store_sock
     if spec.rank != 0:  # a forked worker's copy of the store's listener: rank 0's alone
         store_sock.close()
-        store_sock = None
+        store = None
     if pin:
         pin_to_core(spec.rank)
     comm = None
     try:
-        comm = init_process_group(spec, star=star, store_sock=store_sock)
+        comm = init_process_group(spec, star=star, store_sock=store)
         value = target(comm, *args)
         results.put(("ok", spec.rank, value))
     except (CommError, JobError, ConfigError, DataError) as e:  # ours say what happened and

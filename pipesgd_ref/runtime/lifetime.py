@@ -242,7 +242,9 @@ def worker_signals(plan, rank: int | None = None) -> None:
 PR_SET_PDEATHSIG = 1
 
 
-def bind_to_parent(parent_pid: int, grace: float, on_orphan: Callable[[], None]) -> threading.Event:
+def bind_to_parent(
+    parent_pid: int, grace: float, on_orphan: Callable[[], object]
+) -> threading.Event:
     """Make this worker stop when its launcher dies, even by SIGKILL; returns the event the
     worker sets once its work is done (all that is left is handing its result over).
 

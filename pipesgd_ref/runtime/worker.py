@@ -41,6 +41,7 @@ import logging
 import math
 import threading
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -48,12 +49,15 @@ from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.data import Dataset, MinibatchSampler
 from pipesgd_ref.errors import TrainingDiverged
 from pipesgd_ref.methods.optimizer import SGD, learning_rate
-from pipesgd_ref.models import CNN, MLP, model_for
+from pipesgd_ref.models import CNN, MLP, ResNet, model_for
 from pipesgd_ref.ops import OP_NAMES
 from pipesgd_ref.runtime import faults
 from pipesgd_ref.runtime.inputs import JobInputs
 from pipesgd_ref.runtime.jobenv import local_rank
 from pipesgd_ref.runtime.priority import compute_priority
+
+if TYPE_CHECKING:  # a GPU worker's arrays (typed as the host arrays they stand for)
+    from numba.cuda.cudadrv.devicearray import DeviceNDArray
 
 log = logging.getLogger("pipesgd.worker")
 
@@ -64,7 +68,7 @@ class Worker:
     index: int  # this worker's index among the n_workers that compute gradients
     n_workers: int
     data: Dataset
-    model: MLP | CNN
+    model: MLP | CNN | ResNet
     sampler: MinibatchSampler
     steps: int
     params: np.ndarray  # w_0: identical on every rank (same seed), or the checkpoint's (on the
@@ -204,14 +208,14 @@ class Worker:
 
     def host(self, array) -> np.ndarray:
         """A host copy of a device array; a host array itself."""
-        return array.copy_to_host() if self.on_device else array
+        return cast("DeviceNDArray", array).copy_to_host() if self.on_device else array
 
     def params_host(self) -> np.ndarray:
         """The weights on the host: the array itself on the CPU; on the GPU a copy into a
         reusable pinned buffer, overwritten by the next call (copy it to keep it)."""
         if not self.on_device:
             return self.params
-        return self.params.copy_to_host(self._params_host)
+        return cast("DeviceNDArray", self.params).copy_to_host(self._params_host)
 
     def average(self, comm, buf, codec, ok: bool = True) -> list[int]:
         """buf = the mean of every rank's buf: the host ring, or on the GPU the device ring
@@ -323,7 +327,7 @@ class Worker:
             if math.isfinite(loss) and math.isfinite(self._sum(grads)):
                 return True
         if self.on_device:
-            grads = grads.copy_to_host()  # the rare case: count on the host
+            grads = cast("DeviceNDArray", grads).copy_to_host()  # the rare case: on the host
         bad = int(grads.size - np.count_nonzero(np.isfinite(grads)))
         if bad == 0 and math.isfinite(loss):
             return True
@@ -371,9 +375,10 @@ class Worker:
 
                 self._grads_host = cuda.pinned_array(grads.shape, grads.dtype)
             part = self._grads_host[lo:hi]
-            grads[lo:hi].copy_to_host(part)
+            device = cast("DeviceNDArray", grads)
+            device[lo:hi].copy_to_host(part)
             self._feed_back_host(part, codec, lo)
-            grads[lo:hi].copy_to_device(part)
+            device[lo:hi].copy_to_device(part)
             return
         self._feed_back_host(grads[lo:hi], codec, lo)
 

@@ -252,7 +252,7 @@ def pipe(
     if busy is not None:  # measured with the communication running: it holds the cpu
         bounds["compute"] = busy + tu  # bound's extra CPU work, and more (wake-ups)
         del bounds["cpu"]
-    bound = max(bounds, key=bounds.get)
+    bound = max(bounds, key=bounds.__getitem__)
     it = bounds[bound]
     hidden = min(t_ar, tc + tu)
     return Prediction("pipe", codec, world_size, width, it, tc + tu, t_ar, hidden, bound)

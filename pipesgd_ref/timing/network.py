@@ -82,10 +82,10 @@ def p2p_job(comm, nbytes: int, reps: int) -> dict:
         barrier(comm)
         cpu_start, start = time.thread_time(), time.perf_counter()
         if comm.rank == 0:
-            comm.right.send(frame, memoryview(buf))
+            comm.right.send(frame, buf.data)
         else:
             got = comm.left.recv_header()
-            comm.left.recv_payload_into(got, memoryview(buf))
+            comm.left.recv_payload_into(got, buf.data)
         times.append(time.perf_counter() - start)
         cpu.append(time.thread_time() - cpu_start)
     barrier(comm)
@@ -93,13 +93,13 @@ def p2p_job(comm, nbytes: int, reps: int) -> dict:
     start = time.perf_counter()
     for _ in range(pings):
         if comm.rank == 0:
-            comm.right.send(frame, memoryview(small))
+            comm.right.send(frame, small.data)
             got = comm.left.recv_header()
-            comm.left.recv_payload_into(got, memoryview(small))
+            comm.left.recv_payload_into(got, small.data)
         else:
             got = comm.left.recv_header()
-            comm.left.recv_payload_into(got, memoryview(small))
-            comm.right.send(frame, memoryview(small))
+            comm.left.recv_payload_into(got, small.data)
+            comm.right.send(frame, small.data)
     rtt = (time.perf_counter() - start) / pings
     return {"times": times, "cpu": cpu, "one_way": rtt / 2}
 

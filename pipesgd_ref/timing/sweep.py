@@ -24,6 +24,8 @@ def sweep_values(spec: str) -> tuple[str, list[float]]:
     key, rng = spec.split("=", 1)
     key = key.strip().replace("-", "_")
     lo_text, hi_text = rng.split("..", 1)
+    lo: float
+    hi: float
     if key == "world_size":
         try:
             lo, hi = int(lo_text), int(hi_text)

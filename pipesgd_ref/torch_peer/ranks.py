@@ -43,10 +43,9 @@ from pipesgd_ref.units import parse_size
 try:
     import torch
     import torch.distributed as dist
-    import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel as DDP
 except ImportError:  # the optional extra: torch_peer.torch_problem says how to install it
-    torch = dist = F = DDP = None
+    torch = dist = DDP = None
 
 PIPE = "torch-pipe"  # the peer that registers hook.py's hook (torch-ddp: DDP's own)
 MIB = 1 << 20  # DDP's bucket_cap_mb counts MiB
@@ -109,7 +108,7 @@ def rank_run(rank: int, world: int, cfg: TrainConfig, peer: str, inputs: JobInpu
     start = time.perf_counter()
     for t in range(steps):
         X, y = inputs.sampler.batch(inputs.data, rank, t)
-        loss = F.cross_entropy(ddp(torch.from_numpy(X)), torch.from_numpy(y))
+        loss = torch.nn.functional.cross_entropy(ddp(torch.from_numpy(X)), torch.from_numpy(y))
         opt.zero_grad()
         loss.backward()  # DDP all-reduces each bucket here (torch-pipe: the hook)
         if hook is None or hook.applies():

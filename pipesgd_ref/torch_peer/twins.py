@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from types import SimpleNamespace
 
 import numpy as np
@@ -47,7 +48,7 @@ class Pair:
 
     vector: str  # "params" (the flat parameter vector) or "buffers" (running statistics)
     name: str  # its name in model.layout or model.buffer_layout
-    tensor: object  # the torch tensor (a Parameter or a buffer)
+    tensor: torch.Tensor  # a Parameter or a buffer
     to_torch: Callable[[np.ndarray], np.ndarray]  # our view -> torch's array
     from_torch: Callable[[np.ndarray], np.ndarray]  # torch's array -> our view's shape
 
@@ -187,15 +188,16 @@ def pairs(model, module) -> list[Pair]:
     convs = [m for m in module if isinstance(m, nn.Conv2d)]
     out = []
     for l, conv in enumerate(convs):
-        to_t = lambda C, k=model.kernels[l]: conv_to_torch(C, k)  # noqa: E731
-        out.append(Pair("params", f"C{l}", conv.weight, to_t, conv_from_torch))
+        to_torch = partial(conv_to_torch, k=model.kernels[l])
+        out.append(Pair("params", f"C{l}", conv.weight, to_torch, conv_from_torch))
         out.append(Pair("params", f"c{l}", conv.bias, same, same))
     for l, lin in enumerate(dense):
-        to_t, from_t = transpose, transpose
+        to_t: Callable[[np.ndarray], np.ndarray] = transpose
+        from_t: Callable[[np.ndarray], np.ndarray] = transpose
         if l == 0 and convs:  # the head reads the last map: NHWC rows in ours, NCHW in torch's
             h, w, c = model.maps[-1]
-            to_t = lambda W, h=h, w=w, c=c: head_to_torch(W, h, w, c)  # noqa: E731
-            from_t = lambda W, h=h, w=w, c=c: head_from_torch(W, h, w, c)  # noqa: E731
+            to_t = partial(head_to_torch, h=h, w=w, c=c)
+            from_t = partial(head_from_torch, h=h, w=w, c=c)
         out.append(Pair("params", f"W{l}", lin.weight, to_t, from_t))
         out.append(Pair("params", f"b{l}", lin.bias, same, same))
     return out
