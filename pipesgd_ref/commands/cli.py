@@ -49,7 +49,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
-import math
 import os
 import sys
 from typing import Any
@@ -188,7 +187,7 @@ def _study(args: argparse.Namespace, cfg: TrainConfig) -> int:
     """`pipesgd compare --study staleness`: one process, the oracles. The deep net with
     momentum (study_momentum.py; with no model named, the compare-resnet preset is the base,
     parser.resolve_named), or for another model the plain-SGD sweep of it (study.py)."""
-    from pipesgd_ref.commands.study import LRS, QUICK_LRS, run_staleness_study
+    from pipesgd_ref.commands.study import LRS, QUICK_LRS, parse_lrs, run_staleness_study
 
     if cfg.comm == "mpi" or args.repeats is not None:
         flag = "--comm mpi" if cfg.comm == "mpi" else "--repeats"
@@ -205,17 +204,7 @@ def _study(args: argparse.Namespace, cfg: TrainConfig) -> int:
     else:
         lrs = QUICK_LRS if args.quick else LRS
     if args.lrs is not None:
-        try:
-            lrs = tuple(float(x) for x in args.lrs.split(","))
-        except ValueError:
-            lrs = ()
-        if not lrs or not all(math.isfinite(x) and x > 0 for x in lrs):
-            raise ConfigError(
-                f"--lrs {args.lrs!r}: give a comma list of positive learning rates, e.g. "
-                f"--lrs 0.1,0.5,1"
-            )
-        if len(set(lrs)) != len(lrs):
-            raise ConfigError(f"--lrs {args.lrs!r} names a learning rate more than once")
+        lrs = parse_lrs(args.lrs)
     out = args.out_dir or "runs/study"
     with _claimed(out, args.overwrite):
         if deep:

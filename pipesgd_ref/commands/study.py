@@ -47,6 +47,7 @@ import numpy as np
 from pipesgd_ref import timing
 from pipesgd_ref.config import TrainConfig, model_label
 from pipesgd_ref.data import load_dataset
+from pipesgd_ref.errors import ConfigError
 from pipesgd_ref.methods.optimizer import SGD
 from pipesgd_ref.methods.reference import delayed_sgd, model_grad_fn, sync_sgd
 from pipesgd_ref.outputs import write_json
@@ -220,6 +221,21 @@ def run_staleness_study(
     if out:
         write_study(report, Path(out), plot_study, "staleness_study.png", log)
     return report
+
+
+def parse_lrs(text: str) -> tuple[float, ...]:
+    """--lrs: a comma list of distinct positive learning rates (a ConfigError otherwise)."""
+    try:
+        lrs = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        lrs = ()
+    if not lrs or not all(math.isfinite(x) and x > 0 for x in lrs):
+        raise ConfigError(
+            f"--lrs {text!r}: give a comma list of positive learning rates, e.g. --lrs 0.1,0.5,1"
+        )
+    if len(set(lrs)) != len(lrs):
+        raise ConfigError(f"--lrs {text!r} names a learning rate more than once")
+    return lrs
 
 
 def write_study(report: dict, out: Path, plot: Callable, figure: str, log: Callable) -> None:
