@@ -125,7 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_config_flags(sp: argparse.ArgumentParser) -> None:
     """The flags of every command that resolves a TrainConfig (the keys come as --key=value)."""
-    presets = "laptop, compare, compare-cnn, compare-cnn-compute, compare-resnet or tiny"
+    *first, last = PRESETS  # every preset, named as presets.py defines them
+    presets = f"{', '.join(first)} or {last}"
     sp.add_argument("--preset", default="laptop", help=presets)
     sp.add_argument("--config", help="a .toml or .json file of config keys")
     sp.add_argument("--no-progress", action="store_true", help="no progress bar")
