@@ -235,6 +235,39 @@ def test_a_broken_models_file_is_one_line_naming_it_before_any_worker(
     assert not (out / "summary.json").exists()
 
 
+@pytest.mark.parametrize("kind", ["truncated", "symlink into /proc"])
+def test_a_broken_models_file_in_the_users_cache_is_one_line(tmp_path, monkeypatch, capsys, kind):
+    """The default place, ~/.cache/pipesgd/allreduce_models.json (no $PIPESGD_ALLREDUCE_MODELS):
+    a bad file there broke every default `pipesgd train`; now one line naming it, exit 2."""
+    home = tmp_path / "home"
+    cache = home / ".cache" / "pipesgd"
+    cache.mkdir(parents=True)
+    _broken_models(tmp_path, kind).rename(cache / "allreduce_models.json")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("PIPESGD_ALLREDUCE_MODELS", raising=False)
+    argv = ["train", "--preset=tiny", "--no-progress", "--steps=4", f"--out={tmp_path / 'out'}"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"pipesgd: error: AllReduce models file {cache}/allreduce_models.json"), (
+        err
+    )
+    assert err.count("\n") == 1, err
+
+
+def test_a_models_file_named_but_missing_is_said_once_and_the_job_trains(
+    tmp_path, monkeypatch, capsys
+):
+    """$PIPESGD_ALLREDUCE_MODELS naming a file that does not exist (a typo, or no fit yet)
+    passed unseen: the job chooses by the package's figures and says so once."""
+    missing = tmp_path / "modles.json"
+    monkeypatch.setenv("PIPESGD_ALLREDUCE_MODELS", str(missing))
+    out = tmp_path / "out"
+    assert main(["train", "--preset=tiny", "--no-progress", "--steps=4", f"--out={out}"]) == 0
+    err = capsys.readouterr().err
+    assert err.count(f"names {missing}, which does not exist") == 1, err
+    assert (out / "summary.json").exists()
+
+
 @pytest.mark.parametrize(
     "argv, named",
     [
@@ -242,6 +275,9 @@ def test_a_broken_models_file_is_one_line_naming_it_before_any_worker(
              "machine)"),
         (["--latency=1ms", "--bandwidth=1Gbit"], "(--latency 1ms and --bandwidth 1Gbit)"),
         (["--latency=0"], "(a bandwidth compare chooses for this machine)"),
+        (["--quick"], "(the compare preset's --latency 50us and a bandwidth compare chooses "
+                      "for this machine)"),
+        (["--latency=2ms", "--bandwidth=unlimited"], "(--latency 2ms)"),
     ],
 )  # fmt: skip
 def test_compare_refuses_the_group_at_once_naming_only_what_was_given(argv, named, capsys):
@@ -254,3 +290,23 @@ def test_compare_refuses_the_group_at_once_naming_only_what_was_given(argv, name
         f"the emulated link compare trains every method over {named}; use --allreduce auto"
     ), err
     assert err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("latency", ["0", "0us", "0s"])
+@pytest.mark.parametrize("bandwidth", ["inf", "unlimited"])
+def test_compare_takes_the_group_on_plain_links_however_spelled(latency, bandwidth, capsys):
+    """No emulated link, spelled any way the units take (0us, unlimited), lets the group past
+    compare's link check (it compared the strings to "0" and "inf"): the refusal that follows
+    is the next check's, about --width."""
+    argv = ["compare", "--allreduce=twoshot", f"--latency={latency}", f"--bandwidth={bandwidth}"]
+    assert main([*argv, "--width=1"]) == 2
+    err = capsys.readouterr().err
+    assert "--width 1 makes compare's pipe runs synchronous" in err, err
+    assert "shared memory" not in err, err
+
+
+def test_compare_leaves_a_bad_bandwidth_to_the_value_check(capsys):
+    """A zero bandwidth is not an emulated link to name but a bad value, said as train says it."""
+    assert main(["compare", "--allreduce=twoshot", "--latency=0", "--bandwidth=0"]) == 2
+    err = capsys.readouterr().err
+    assert "bandwidth must be > 0" in err and "shared memory" not in err, err

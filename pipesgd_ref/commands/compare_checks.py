@@ -32,10 +32,13 @@ Each check is a dict: "check" (its name), "ok" (True, False, or None for a figur
 
 from __future__ import annotations
 
+import math
+
 from pipesgd_ref import timing
 from pipesgd_ref.config import TrainConfig
 from pipesgd_ref.errors import ConfigError
 from pipesgd_ref.methods.table import method
+from pipesgd_ref.units import parse_bandwidth, parse_latency
 
 HEADLINE = 5.4  # the paper's: Pipe-SGD trains a four-node cluster up to 5.4x faster
 HEADLINE_RUNS = ("pipe+q8", "pipe+trunc16")  # compressed Pipe-SGD, the sooner one counts
@@ -251,10 +254,17 @@ def _check_group_over_a_link(cfg: TrainConfig, named, preset: str | None) -> Non
         return f"the {preset} preset's --{key} {value}" if ours.get(key) == value else (
             f"--{key} {value}")  # fmt: skip
 
-    link = [shown("latency")] if cfg.latency not in ("0", "") else []
+    try:  # the values, however spelled (0us, unlimited); a bad one is the generic check's
+        latency = parse_latency(cfg.latency or 0)
+        bandwidth = parse_bandwidth(cfg.bandwidth) if "bandwidth" in named else math.inf
+    except ValueError:
+        return
+    if latency < 0:
+        return  # refused by the generic check, in its words
+    link = [shown("latency")] if latency > 0 else []
     if "bandwidth" not in named:
         link.append("a bandwidth compare chooses for this machine")
-    elif cfg.bandwidth != "inf":
+    elif bandwidth != math.inf:
         link.append(shown("bandwidth"))
     if not link:
         return  # no emulated link: the group runs as in `pipesgd train`
