@@ -29,6 +29,7 @@ import json
 import math
 import os
 import stat
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -162,6 +163,23 @@ def job_models() -> dict[str, dict[str, tuple[float, float]]]:
         for transport, algos in read_models(user).items():
             out.setdefault(transport, {}).update(algos)
     return out
+
+
+def launcher_models() -> None:
+    """`job_models()` read by a launcher before any rank starts (train, compare, bench), so a
+    broken file is one ConfigError line, not one per rank. A file $PIPESGD_ALLREDUCE_MODELS
+    names that does not exist yet is said once on stderr: a typo in the path would otherwise
+    pass unseen, the package's figures silently in its place (`bench allreduce --fit` writes
+    the file there, so it is no error)."""
+    job_models()
+    env = os.environ.get("PIPESGD_ALLREDUCE_MODELS")
+    if env and not (Path(env).exists() or Path(env).is_symlink()):
+        print(
+            f"pipesgd: note: $PIPESGD_ALLREDUCE_MODELS names {env}, which does not exist; "
+            f"auto chooses by the package's figures (`pipesgd bench allreduce --fit` writes "
+            f"that file)",
+            file=sys.stderr,
+        )
 
 
 def fitted(transport: str) -> dict[str, tuple[float, float]]:

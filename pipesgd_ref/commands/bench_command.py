@@ -97,9 +97,9 @@ def _check_local(args, algorithms, transports, peers, sizes: list[int], link: Li
     _check_something_runs(algorithms, transports, peers, link)
     _check_fit(args, sizes, link, algorithms, transports)
     if "auto" in algorithms or (args.codec == "none" and not link.enabled):
-        from pipesgd_ref.comm.choose import job_models
+        from pipesgd_ref.comm.choose import launcher_models
 
-        job_models()  # a broken models file: one line here, not one per rank
+        launcher_models()  # a broken models file: one line here, not one per rank
 
 
 def _check_no_fit(args: argparse.Namespace) -> None:

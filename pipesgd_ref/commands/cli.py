@@ -275,11 +275,11 @@ def check_models(cfg: TrainConfig) -> None:
     """A local job whose AllReduce is auto reads its figures here first (comm/choose.py), so a
     broken models file is one line before any worker starts, not one per rank. (A joined job's
     rank 0 reads them at rendezvous: comm/store.py.)"""
-    from pipesgd_ref.comm.choose import job_models
+    from pipesgd_ref.comm.choose import launcher_models
     from pipesgd_ref.runtime.job import job_allreduce, n_ranks
 
     if job_allreduce(cfg) == "auto" and n_ranks(cfg) > 1:
-        job_models()
+        launcher_models()
 
 
 def _train_lesson(args: argparse.Namespace, cfg: TrainConfig) -> int:

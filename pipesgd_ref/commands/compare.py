@@ -134,7 +134,7 @@ def preflight_runs(cfg: TrainConfig, runs=timing.COMPARE_RUNS) -> None:
     worker starts: its options make a run, its model fits in memory, its link delivers a frame
     within --timeout. One line for the first run that fails, not a failure minutes in; and
     auto's figures read once here (a broken models file: one line, not one per rank)."""
-    from pipesgd_ref.comm.choose import job_models
+    from pipesgd_ref.comm.choose import launcher_models
     from pipesgd_ref.runtime.job import job_allreduce
 
     n_params = n_params_of(cfg, load_dataset(cfg.dataset))  # the same model in every run
@@ -145,7 +145,7 @@ def preflight_runs(cfg: TrainConfig, runs=timing.COMPARE_RUNS) -> None:
     if cfg.world_size > 1 and any(
         job_allreduce(run_config(cfg, a, c, None)) == "auto" for a, c in runs
     ):
-        job_models()
+        launcher_models()
 
 
 def soonest(repeats: list[dict]) -> int:
