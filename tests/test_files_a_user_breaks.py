@@ -112,6 +112,30 @@ def test_a_broken_checkpoint_is_one_line_naming_it_once_per_job(kind, words, tmp
     assert words in err and "rank" not in err, err
 
 
+@pytest.mark.parametrize(
+    "kind, words",
+    [
+        ("missing", "no such folder"),
+        ("a FIFO", "that is not a folder (a FIFO or a device)"),
+        ("/proc", "which the kernel makes up as it is read, not a run's folder"),
+        ("folder without one", "no checkpoint.npz there"),
+    ],
+)
+def test_a_resume_path_that_is_no_runs_folder_says_what_it_is(kind, words, tmp_path, capsys):
+    """--resume of a path that is missing, a FIFO or a kernel file said 'no checkpoint.npz
+    there' (and of /proc/self/status suggested --resume /proc/self): now what the path is."""
+    folder = tmp_path / "run"
+    if kind == "a FIFO":
+        os.mkfifo(folder)
+    elif kind == "/proc":
+        folder = Path("/proc/self/status")
+    elif kind == "folder without one":
+        folder.mkdir()
+    assert main(["train", *TINY, f"--resume={folder}"]) == 2
+    err = _one_line(capsys)
+    assert err.startswith(f"pipesgd: error: --resume {folder}: ") and words in err, err
+
+
 @pytest.mark.parametrize("command", ["bench", "compare"])
 def test_a_broken_models_file_is_one_line_before_bench_or_compare_starts_a_rank(
     command, tmp_path, monkeypatch, capsys

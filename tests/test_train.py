@@ -99,7 +99,7 @@ def test_digits_every_algorithm_reaches_95_percent_and_pipe_tracks_sync(tmp_path
         (["--codec=zip"], "codec must be none, trunc16, bf16 or q8"),
         (["--codec-pull=zip"], "codec_pull must be none, trunc16, bf16 or q8"),
         (["--checkpoint-every=-1"], "checkpoint_every must be >= 0"),
-        (["--resume=/nonexistent"], "no checkpoint.npz there"),
+        (["--resume=/nonexistent"], "--resume /nonexistent: no such folder"),
         (["--master-port=70000"], "master_port must be 0..65535"),
         (["--device=tpu"], "device must be cpu or cuda"),
         (["--device=cuda", "--algo=ps-sync"], "--device cuda trains with the ring methods"),

@@ -139,20 +139,19 @@ def save(
     return path
 
 
-def load(
-    folder: str | Path, cfg: TrainConfig, n_params: int | None = None, n_buffers: int | None = None
-) -> Restored:
-    """(params, next_step, pending gradients by step, velocity, buffers) from
-    folder/checkpoint.npz, after checking that it belongs to a run like `cfg` (and, given
-    n_params and n_buffers, to its model).
-
-    Every way a checkpoint can be unusable (not there, empty, truncated, not an .npz, a key
-    missing, a vector of the wrong size, NaN or Inf weights or statistics, another run's
-    settings) is a
-    ConfigError naming the file, what is wrong and what to do: a bad --resume is a user error,
-    found before any worker starts, never a traceback."""
-    folder = Path(folder)
-    path = folder / FILE
+def _check_folder(folder: Path, path: Path) -> None:
+    """--resume's folder holds a checkpoint file that can be read (ConfigError naming it)."""
+    where = "point --resume at the folder of a run that wrote one (its --out)"
+    if not (folder.exists() or folder.is_symlink()):
+        raise ConfigError(f"--resume {folder}: no such folder; {where}")
+    real = kernel_file(folder)
+    if real is not None:
+        raise ConfigError(
+            f"--resume {folder}: that is {real}, which the kernel makes up as it is read, "
+            f"not a run's folder; {where}"
+        )
+    if not (folder.is_dir() or folder.is_file()):
+        raise ConfigError(f"--resume {folder}: that is not a folder (a FIFO or a device); {where}")
     if folder.is_file():
         raise ConfigError(
             f"--resume {folder}: that is a file; --resume takes the run's folder (the --out of "
@@ -174,6 +173,23 @@ def load(
             f"--resume {folder}: no {FILE} there (did the run write one? use --out=DIR to save, "
             f"--checkpoint-every=N for periodic ones)"
         )
+
+
+def load(
+    folder: str | Path, cfg: TrainConfig, n_params: int | None = None, n_buffers: int | None = None
+) -> Restored:
+    """(params, next_step, pending gradients by step, velocity, buffers) from
+    folder/checkpoint.npz, after checking that it belongs to a run like `cfg` (and, given
+    n_params and n_buffers, to its model).
+
+    Every way a checkpoint can be unusable (not there, empty, truncated, not an .npz, a key
+    missing, a vector of the wrong size, NaN or Inf weights or statistics, another run's
+    settings) is a
+    ConfigError naming the file, what is wrong and what to do: a bad --resume is a user error,
+    found before any worker starts, never a traceback."""
+    folder = Path(folder)
+    path = folder / FILE
+    _check_folder(folder, path)
     saved, params, next_step, pending, velocity, buffers = _read(path, n_params)
     _check_contents(path, params, next_step, pending, n_params)
     _check_velocity(path, velocity, params.size)
