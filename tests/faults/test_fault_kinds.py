@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from pipesgd_ref.comm import shm_group
 from pipesgd_ref.comm.sender import Sender, own_stall
 from pipesgd_ref.comm.wire import Frame, Kind
 from pipesgd_ref.commands.train import run_training
@@ -215,3 +216,17 @@ def test_every_collectives_final_wait_on_a_hung_sender_names_this_rank():
         sender.stop()
         mine.close()
         theirs.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("action", ["kill", "stop", "nan", "inf"])
+def test_process_faults_act_under_the_shared_memory_group(action, tmp_path, monkeypatch):
+    """The defaults on one host (--transport auto --allreduce auto: the shared-memory group,
+    which sends no frame): every process fault still happens, and the job names rank 1, a
+    stopped rank by the group's timeout."""
+    error = _train(tmp_path, monkeypatch, f"{action}@1:3", transport="auto", allreduce="auto")
+    assert error.cause == 1, str(error)
+    assert "point to rank 1" in str(error).splitlines()[0], str(error)
+    if shm_group.supported():
+        assert "shared memory" in str(error), str(error)  # it was the group that saw it
