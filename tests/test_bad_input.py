@@ -780,6 +780,7 @@ def _train_ok(tmp_path: Path, *args: str) -> dict:
     return json.loads((out / "summary.json").read_text())
 
 
+@pytest.mark.slow
 def test_one_step_is_a_run(tmp_path):
     """--steps 1 is not an error: it trains one step and writes summary.json (issue 18:
     it crashed in train._log_outcome after training, rc 1, no summary)."""
@@ -787,6 +788,7 @@ def test_one_step_is_a_run(tmp_path):
     assert summary["steps"] == 1
 
 
+@pytest.mark.slow
 def test_a_tiny_fraction_of_an_epoch_is_a_run(tmp_path):
     """--epochs 0.0001: fewer samples than one step; at least one step is run."""
     summary = _train_ok(tmp_path, "--epochs=0.0001")

@@ -16,6 +16,7 @@ from pipesgd_ref.runtime.launch import free_port
 from pipesgd_ref.timing import ring_allreduce_time
 
 
+@pytest.mark.slow
 def test_bench_allreduce_writes_verified_rows(tmp_path, capsys):
     out = tmp_path / "bench.json"
     rc = main(["bench", "allreduce", "--world-size=2", "--sizes=4KB,64KB", "--reps=2",
@@ -48,6 +49,7 @@ def _check_row_figures(row: dict, p: int) -> None:
     )
 
 
+@pytest.mark.slow
 def test_bench_rows_per_transport_and_peer(tmp_path, capsys):
     """Two transports and gloo (where torch is installed), in one run: one row of each per
     size, positive finite figures, t/peer the row's time over the fastest peer's, and the

@@ -243,6 +243,7 @@ def test_gpu_check_script_parses():
         assert hasattr(importlib.import_module(module), name), f"gpu_check.sh: {module}.{name}"
 
 
+@pytest.mark.slow
 def test_trace_lines_counts_one_iteration_of_the_core_and_the_product(tmp_path):
     """One steady-state pipe iteration traced on rank 0: the core's lines all lie in core/
     and number fewer than the product's on the same ring and tcp; every row traced some."""

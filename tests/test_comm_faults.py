@@ -55,6 +55,7 @@ def record(case: str, seconds: float) -> None:
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.slow
 def test_rank_killed_mid_allreduce_is_named_by_every_rank(tmp_path):
     p, victim = 4, 2
     failed, elapsed = run_failing(p, killed_job, (victim, 4_000_000, 5, tmp_path))
@@ -81,6 +82,7 @@ def _killed_while_downstream_sleeps(comm, victim, sleeper, n, pid_dir):
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.slow
 def test_a_neighbour_that_passed_the_failure_on_and_exited_is_not_blamed(tmp_path):
     """The CI failure of issue 18, made certain: rank 2 is killed; rank 1 (sending to it) sees
     the reset, passes the news on and exits, long before rank 3 (the other way round the ring)
@@ -312,12 +314,14 @@ def test_stopped_rank_is_timed_out_and_cleaned_up(stopped_run):
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.slow
 def test_stopped_rank_is_listed_among_the_failed(stopped_run):
     failed, _, _ = stopped_run
     assert 2 in failed.errors, f"rank 2 (stopped, then killed) is not reported: {failed}"
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.slow
 def test_stopped_rank_ends_within_twice_the_timeout(stopped_run):
     _, elapsed, _ = stopped_run
     bound = 2 * TIMEOUT + STOP_GRACE

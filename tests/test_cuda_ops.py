@@ -179,6 +179,7 @@ def test_softmax_xent_grad(B, C, seed, label_dtype, labels_on_device):
     check_softmax(B, C, seed, label_dtype, labels_on_device)
 
 
+@pytest.mark.slow
 def test_grid_stride_loops_cover_more_elements_than_threads():
     """A grid smaller than the data (as launch_1d's MAX_BLOCKS cap makes it for huge arrays):
     every element must still be visited exactly once."""

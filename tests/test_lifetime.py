@@ -304,6 +304,7 @@ def test_a_restart_without_a_checkpoint_starts_over(tmp_path, monkeypatch, capsy
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_a_restart_of_a_resumed_run_without_its_own_checkpoint_resumes_where_resume_said(
     tmp_path, monkeypatch, capsys
 ):

@@ -141,6 +141,7 @@ def test_collectives_over_mpi_are_the_ring_schedule_bitwise(tmp_path):
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("cuda_aware", ["0", "1"])
+@pytest.mark.slow
 def test_device_ring_over_mpi_in_the_cuda_simulator(tmp_path, cuda_aware):
     """--device cuda over MPI (2 ranks, Numba's CUDA simulator, tiny sizes), bitwise the host
     ring's result both ways: staged through pinned host buffers (this Open MPI is built without

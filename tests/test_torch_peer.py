@@ -165,6 +165,7 @@ def check_trajectory(cfg: TrainConfig, peer: str) -> None:
 
 
 @pytest.mark.parametrize("peer", ["torch-ddp", "torch-pipe"])
+@pytest.mark.slow
 def test_a_peer_follows_its_oracle(peer):
     """2 ranks, 6 steps of an MLP: torch-ddp is sync_sgd, torch-pipe (the hook) delayed_sgd
     with staleness one, a synchronous warm-up step, and the drain."""

@@ -390,6 +390,7 @@ def test_rank_zero_trains_with_the_worker_it_built_for_the_recorder(monkeypatch)
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("algo", ["sync", "pipe", "ps-sync"])
+@pytest.mark.slow
 def test_each_process_builds_one_worker_and_the_launcher_none(algo, tmp_path, monkeypatch):
     """A Worker loads the data and the checkpoint and builds w_0: every rank of a job builds
     exactly one, the launcher (which checks the inputs, then summarises) builds none, and a

@@ -173,6 +173,7 @@ def _sigkilled_job(comm):
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.slow
 def test_shared_memory_leaves_nothing_behind():
     """The regions are anonymous memfds handed over the socket: nothing is ever named in
     /dev/shm, so no exit, a SIGKILL included, can leave a segment there."""

@@ -222,6 +222,7 @@ def beside_python_or_on_path(program: str) -> str | None:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_real_torchrun(tmp_path, tmp_path_factory):
     """`torchrun --nproc-per-node=4` itself, where PyTorch is installed (it is no dependency):
     its agent keeps its own store on MASTER_PORT, so ours listens on MASTER_PORT + 1. pipe."""
