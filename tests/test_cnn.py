@@ -151,6 +151,7 @@ def test_image_data_sets_keep_their_shape():
 
 # --- every method trains it, against its oracle -----------------------------------------------
 
+SLOW = pytest.mark.slow  # in the full suite only: the fast subset keeps one run of each kind
 SMALL = TrainConfig.preset("tiny").replace(model="cnn", channels=(3, 4), kernels=(3, 3),
                                            hidden=(8,), steps=12, lr=0.05)  # fmt: skip
 
@@ -159,9 +160,9 @@ SMALL = TrainConfig.preset("tiny").replace(model="cnn", channels=(3, 4), kernels
 @pytest.mark.parametrize(
     "algo,extra",
     [("sync", {}), ("pipe", {}), ("pipe", {"compensation": "predict"}),
-     ("pipe", {"compensation": "dc"}), ("pipe", {"codec": "trunc16"}), ("sync", {"codec": "q8"}),
-     ("pipe", {"codec": "bf16"}),
-     ("pipe", {"transport": "shm"}), ("sync", {"transport": "unix"})],
+     ("pipe", {"compensation": "dc"}), pytest.param("pipe", {"codec": "trunc16"}, marks=SLOW),
+     ("sync", {"codec": "q8"}), pytest.param("pipe", {"codec": "bf16"}, marks=SLOW),
+     ("pipe", {"transport": "shm"}), pytest.param("sync", {"transport": "unix"}, marks=SLOW)],
 )  # fmt: skip
 def test_ring_methods_train_the_cnn_bitwise_their_oracle(algo, extra):
     """sync and pipe (plain, with each compensation, over the unix and shm transports) on 2

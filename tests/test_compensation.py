@@ -39,7 +39,15 @@ def pipe_oracle(cfg: TrainConfig, monkeypatch=None):
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("compensation", ["dc", "dc-adaptive", "predict"])
-@pytest.mark.parametrize("p,width,warmup", [(1, 2, 0), (2, 2, 0), (2, 3, 2), (3, 2, 1)])
+@pytest.mark.parametrize(
+    "p,width,warmup",
+    [
+        pytest.param(1, 2, 0, marks=pytest.mark.slow),
+        pytest.param(2, 2, 0, marks=pytest.mark.slow),
+        (2, 3, 2),
+        (3, 2, 1),
+    ],
+)
 def test_compensated_pipe_equals_its_oracle(compensation, p, width, warmup, monkeypatch):
     """Pipe-SGD with each compensation: the replicas bitwise identical, and bitwise the oracle
     (p <= 2: the plain oracle; p = 3: the oracle that sums in the ring's order). dc's lambda

@@ -110,7 +110,7 @@ def tiny(**kw) -> TrainConfig:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("p", [1, 2, 3, 4])
+@pytest.mark.parametrize("p", [1, 2, pytest.param(3, marks=pytest.mark.slow), 4])
 @pytest.mark.parametrize("bucket_size", ["0", "600", "1MB"])
 def test_ddp_equals_sync_sgd_bitwise_in_bucket_order(p, bucket_size):
     """Every rank bitwise the same, and bitwise sync_sgd with each bucket's mean in the ring's

@@ -36,7 +36,7 @@ def test_pipe_equals_delayed_sgd(p, width, warmup, model, seed):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("p", [1, 2, 3, 4])
+@pytest.mark.parametrize("p", [1, 2, pytest.param(3, marks=pytest.mark.slow), 4])
 @pytest.mark.parametrize("model", ["softmax", "mlp"])
 def test_sync_equals_sync_sgd(p, model):
     cfg = TrainConfig.preset("tiny").replace(world_size=p, model=model, hidden=(8,), steps=25)

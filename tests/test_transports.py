@@ -55,7 +55,8 @@ def _ring_job(comm, n, segment_bytes, seed):
         (2, 0, 1 << 20),  # nothing to send: every frame is empty (never a slot)
         (3, 2, 8),  # fewer elements than ranks
         (4, 1000, 64),  # 63 segments a chunk: the slots wrap round, the sender waits for them
-        (4, 300_001, 1 << 20),  # whole slots and a part-filled one
+        # whole slots and a part-filled one (in the full suite only)
+        pytest.param(4, 300_001, 1 << 20, marks=pytest.mark.slow),
     ],
 )
 def test_ring_equals_its_simulation_bitwise(transport, p, n, segment_bytes):
