@@ -9,6 +9,10 @@ The documentation site (`site`): built once per session at CI's size by docs/bui
 tests/test_site.py (its pages and notebooks) and tests/test_browser.py (the same pages in
 Chromium); a run that selects neither never builds it.
 
+auto's AllReduce figures: the package's own (PIPESGD_ALLREDUCE_MODELS points at them), so
+the figures a user of this machine fitted into ~/.cache/pipesgd (or a broken file there) do not
+change what the suite's jobs choose. Tests of the user's file set or unset the variable.
+
 CUDA: the kernels run in Numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1, set here before
 anything imports numba) unless PIPESGD_GPU_TESTS=1, which runs them on the real GPU, together
 with the tests marked `gpu` (large sizes); those are skipped elsewhere, saying why.
@@ -20,6 +24,10 @@ import sys
 from pathlib import Path
 
 import pytest
+
+os.environ["PIPESGD_ALLREDUCE_MODELS"] = str(
+    Path(__file__).resolve().parents[1] / "pipesgd_ref" / "comm" / "allreduce_models.json"
+)
 
 if os.environ.get("PIPESGD_GPU_TESTS") != "1":
     os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")

@@ -143,11 +143,10 @@ class Installed:
         self.work = base / "work"  # every command's working folder: outside the checkout
         self.work.mkdir()
         self.bin = self.venv / "bin"
-        self.env = {
-            k: v
-            for k, v in os.environ.items()
-            if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONSTARTUP")
-        }
+        # conftest points auto's figures at the checkout's: the wheel reads its own
+        dropped = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONSTARTUP")
+        dropped += ("PIPESGD_ALLREDUCE_MODELS",)
+        self.env = {k: v for k, v in os.environ.items() if k not in dropped}
         self.env.update(
             PATH=f"{self.bin}{os.pathsep}{os.environ.get('PATH', '')}",
             PYTHONNOUSERSITE="1",  # the user's site comes only through the .pth, if at all
