@@ -215,6 +215,16 @@ def test_the_sdist_and_the_wheel_carry_every_package_file_and_the_tutorials(inst
     }
     assert tutorials | {"LICENSE", "README.md", "pyproject.toml"} <= names
     assert not any(n.startswith("tutorials/out/") for n in names), "the sdist ships figures"
+    # What a packager needs to run the tests from the sdist: every test with its conftest and
+    # helpers, and the docs, benchmarks and project files the tests read (MANIFEST.in).
+    tree = {
+        str(p.relative_to(ROOT))
+        for top in ("tests", "docs", "benchmarks", ".github", ".ci")
+        for p in (ROOT / top).rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts and p.suffix not in CACHE_SUFFIXES
+    }
+    tree |= {"CHANGELOG.md", "CITATION.cff", "tests/conftest.py"}
+    assert tree - names == set(), f"the sdist lacks {sorted(tree - names)}"
 
 
 @pytest.mark.slow
