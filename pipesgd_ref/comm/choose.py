@@ -38,12 +38,13 @@ from pipesgd_ref.errors import ConfigError
 
 NAMES = ("ring", "rd", "rab", "oneshot", "twoshot")
 DEFAULT_MODELS = Path(__file__).with_name("allreduce_models.json")
+MODELS_ENV = "PIPESGD_ALLREDUCE_MODELS"  # names the user's file (user_models_path)
 
 
 def user_models_path() -> Path:
     """Where `pipesgd bench allreduce --fit` writes this machine's figures (they win over the
     package's): $PIPESGD_ALLREDUCE_MODELS, else ~/.cache/pipesgd/allreduce_models.json."""
-    env = os.environ.get("PIPESGD_ALLREDUCE_MODELS")
+    env = os.environ.get(MODELS_ENV)
     if env:
         return Path(env)
     return Path.home() / ".cache" / "pipesgd" / "allreduce_models.json"
@@ -172,10 +173,10 @@ def launcher_models() -> None:
     pass unseen, the package's figures silently in its place (`bench allreduce --fit` writes
     the file there, so it is no error)."""
     job_models()
-    env = os.environ.get("PIPESGD_ALLREDUCE_MODELS")
-    if env and not (Path(env).exists() or Path(env).is_symlink()):
+    user = user_models_path()
+    if os.environ.get(MODELS_ENV) and not (user.exists() or user.is_symlink()):
         print(
-            f"pipesgd: note: $PIPESGD_ALLREDUCE_MODELS names {env}, which does not exist; "
+            f"pipesgd: note: ${MODELS_ENV} names {user}, which does not exist; "
             f"auto chooses by the package's figures (`pipesgd bench allreduce --fit` writes "
             f"that file)",
             file=sys.stderr,

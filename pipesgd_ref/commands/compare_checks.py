@@ -254,13 +254,11 @@ def _check_group_over_a_link(cfg: TrainConfig, named, preset: str | None) -> Non
         return f"the {preset} preset's --{key} {value}" if ours.get(key) == value else (
             f"--{key} {value}")  # fmt: skip
 
-    try:  # the values, however spelled (0us, unlimited); a bad one is the generic check's
-        latency = parse_latency(cfg.latency or 0)
+    try:  # the values, however spelled (0us, unlimited); a bad one (negative, zero, unread)
+        latency = parse_latency(cfg.latency or 0)  # is the generic check's to refuse
         bandwidth = parse_bandwidth(cfg.bandwidth) if "bandwidth" in named else math.inf
     except ValueError:
         return
-    if latency < 0:
-        return  # refused by the generic check, in its words
     link = [shown("latency")] if latency > 0 else []
     if "bandwidth" not in named:
         link.append("a bandwidth compare chooses for this machine")
